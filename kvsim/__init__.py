@@ -1,0 +1,19 @@
+"""kvsim: a trace-driven discrete-event simulator of KV-cache memory in LLM serving engines."""
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # Lazy so that `import kvsim` stays cheap and the CLI starts fast.
+    if name in ("run", "run_to_dir", "load_results"):
+        from kvsim import api
+
+        return getattr(api, name)
+    if name == "load_scenario":
+        from kvsim.config import load_scenario
+
+        return load_scenario
+    raise AttributeError(name)
+
+
+__all__ = ["__version__", "load_scenario", "load_results", "run", "run_to_dir"]

@@ -1,0 +1,187 @@
+"""The Python API: run scenarios into result directories, and load them back.
+
+``kvsim.run(scenario)`` returns a :class:`RunResult` in memory; ``run_to_dir`` is what
+``kvsim run`` calls; ``load_results(dir)`` reads a run directory back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from kvsim import __version__
+from kvsim.config import LoadedScenario, Scenario, load_scenario
+from kvsim.errors import ConfigError, TraceError
+from kvsim.results import atomic_dir, write_json, write_parquet, write_yaml
+from kvsim.run import RunResult, build_trace, resolved_dict
+from kvsim.run import run as run_scenario
+
+
+def run(scenario: Scenario | LoadedScenario | str | Path, *, base_dir: Path | str | None = None,
+        check_invariants: bool = False) -> RunResult | dict[str, RunResult]:
+    """Simulate in memory. A path or LoadedScenario with variants returns {variant: RunResult}."""
+    if isinstance(scenario, (str, Path)):
+        scenario = load_scenario(scenario)
+    if isinstance(scenario, LoadedScenario):
+        base = Path(base_dir) if base_dir is not None else scenario.path.parent
+        results = _run_all(scenario, base, check_invariants)
+        return results if scenario.variants else next(iter(results.values()))
+    return run_scenario(scenario, Path(base_dir or "."), check_invariants=check_invariants)
+
+
+def _run_all(loaded: LoadedScenario, base_dir: Path, check_invariants: bool) -> dict[str, RunResult]:
+    traces = _TraceCache(base_dir, str(loaded.path))
+    out = {}
+    for name, scn in loaded.runs.items():
+        trace, report = traces.get(scn)
+        out[name] = run_scenario(scn, base_dir, trace=trace, trace_report=report,
+                                 check_invariants=check_invariants, where=str(loaded.path))
+    return out
+
+
+class _TraceCache:
+    """Variants share one trace when their trace section, seed and max length agree."""
+
+    def __init__(self, base_dir: Path, where: str = "scenario"):
+        self.base_dir = base_dir
+        self.where = where
+        self._cache: dict[str, tuple] = {}
+
+    def get(self, scn: Scenario):
+        key = json.dumps([scn.trace.model_dump(mode="json"), scn.seed, scn.model.max_model_len_tokens],
+                         sort_keys=True)
+        if key not in self._cache:
+            try:
+                self._cache[key] = build_trace(scn, self.base_dir)
+            except TraceError as e:
+                raise TraceError(f"{self.where}: trace: {e}") from None
+        return self._cache[key]
+
+
+class _Progress:
+    def __init__(self, total: int, enabled: bool):
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="req", desc="simulating", file=sys.stderr, leave=False)
+
+    def __call__(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def set_description(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description(text)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def default_out_dir(loaded: LoadedScenario, reports: list[dict]) -> Path:
+    payload = {name: resolved_dict(s) for name, s in loaded.runs.items()}
+    payload["__traces__"] = [r.get("sha256") for r in reports]
+    h = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:8]
+    return Path("results") / f"{loaded.name}-{h}"
+
+
+def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invariants: bool = False,
+               progress: bool | None = None, plots: bool = True, log=None) -> Path:
+    """Run every variant of ``loaded`` and write the result directory atomically. Returns its path."""
+    from kvsim import plots as plotting
+
+    base_dir = loaded.path.parent
+    runs = loaded.runs
+    traces = _TraceCache(base_dir, str(loaded.path))
+    built = {name: traces.get(scn) for name, scn in runs.items()}
+    if out is None:
+        out = default_out_dir(loaded, [r for _, r in built.values()])
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a directory")
+    if progress is None:
+        progress = sys.stderr.isatty()
+    total = sum(len(t) for t, _ in built.values())
+    bar = _Progress(total, progress)
+    try:
+        with atomic_dir(out) as tmp:
+            write_yaml(tmp / "scenario.resolved.yaml", {
+                "kvsim_version": __version__,
+                "scenario_file": str(loaded.path),
+                "name": loaded.name,
+                "runs": {name: {"scenario": resolved_dict(s), "trace": built[name][1]} for name, s in runs.items()},
+            })
+            summaries = {}
+            for name, scn in runs.items():
+                d = tmp / name if loaded.variants else tmp
+                d.mkdir(exist_ok=True)
+                bar.set_description(name)
+                trace, report = built[name]
+                res = run_scenario(scn, base_dir, trace=trace, trace_report=report,
+                                   steps_path=d / "steps.parquet", check_invariants=check_invariants,
+                                   progress=bar, where=str(loaded.path))
+                summary = {"name": name, "scenario": loaded.name, "kvsim_version": __version__, **res.summary}
+                write_parquet(d / "requests.parquet", res.requests)
+                write_json(d / "summary.json", summary)
+                summaries[name] = summary
+                if plots:
+                    plotting.plot_run_dir(d)
+                if log:
+                    log(f"{name}: {summary['requests_finished']}/{summary['requests_total']} finished, "
+                        f"max concurrency {summary['concurrency']['max']}, "
+                        f"token states {100 * summary['kv']['token_states_frac']:.1f}% of KV")
+            if loaded.variants:
+                write_parquet(tmp / "comparison.parquet", comparison_table(summaries))
+                comparison_table(summaries).to_csv(tmp / "comparison.csv", index=False)
+                if plots:
+                    plotting.plot_comparison_dir(tmp, list(summaries))
+    finally:
+        bar.close()
+    return out
+
+
+def comparison_table(summaries: dict[str, dict]) -> pd.DataFrame:
+    rows = []
+    for name, s in summaries.items():
+        rows.append({
+            "variant": name,
+            "requests_finished": s["requests_finished"],
+            "requests_rejected": s["requests_rejected"],
+            "throughput_requests_per_s": s["throughput_requests_per_s"],
+            "throughput_output_tokens_per_s": s["throughput_output_tokens_per_s"],
+            "ttft_p50_s": s["ttft_s"]["p50"], "ttft_p99_s": s["ttft_s"]["p99"],
+            "tpot_p50_s": s["tpot_s"]["p50"], "e2e_p50_s": s["e2e_s"]["p50"], "e2e_p99_s": s["e2e_s"]["p99"],
+            "concurrency_max": s["concurrency"]["max"], "concurrency_mean": s["concurrency"]["mean"],
+            **{f"kv_{k}": s["kv"][k] for k in ("token_states_frac", "reservation_frac", "internal_frag_frac",
+                                                "external_frag_frac", "free_frac")},
+            "preemptions": s["preemptions"],
+        })
+    return pd.DataFrame(rows)
+
+
+@dataclass
+class LoadedRun:
+    path: Path
+    summary: dict
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+
+
+def load_results(path: str | Path) -> LoadedRun | dict[str, LoadedRun]:
+    """Read a run directory (or a variants directory: returns {variant: LoadedRun})."""
+    from kvsim.errors import KvsimError
+
+    path = Path(path)
+    if (path / "summary.json").exists():
+        return LoadedRun(path, json.loads((path / "summary.json").read_text()),
+                         pd.read_parquet(path / "requests.parquet"), pd.read_parquet(path / "steps.parquet"))
+    subs = sorted(p for p in path.iterdir() if (p / "summary.json").exists()) if path.is_dir() else []
+    if not subs:
+        raise KvsimError(f"{path}: not a kvsim result directory (no summary.json)")
+    return {p.name: load_results(p) for p in subs}  # type: ignore[misc]

@@ -1,0 +1,126 @@
+"""Command line: ``kvsim run | validate | models | trace | calibrate``. Thin: parse, call, report.
+
+User errors print one line on stderr (``kvsim: error: ...``) and exit 2; ``--debug`` shows the
+traceback instead. Ctrl-C stops cleanly with exit 130 and leaves partial output marked INCOMPLETE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+from kvsim import __version__
+from kvsim.errors import KvsimError
+
+
+def _cmd_run(args) -> int:
+    from kvsim.api import run_to_dir
+    from kvsim.config import load_scenario
+
+    loaded = load_scenario(args.file, args.set or [])
+    out = run_to_dir(loaded, Path(args.out) if args.out else None, check_invariants=args.check_invariants,
+                     progress=None if not args.quiet else False, plots=not args.no_plots,
+                     log=None if args.quiet else (lambda m: print(m, file=sys.stderr)))
+    print(out)
+    return 0
+
+
+def _cmd_validate(args) -> int:
+    from kvsim.config import load_scenario
+    from kvsim.run import build_allocator
+
+    loaded = load_scenario(args.file, args.set or [])
+    for name, scn in loaded.runs.items():
+        alloc, budget = build_allocator(scn, str(loaded.path))
+        print(f"{name}: ok ({scn.model.name} on {scn.gpu.name}, {scn.kv_dtype} KV, allocator {scn.allocator.kind}, "
+              f"KV capacity {alloc.capacity_tokens} tokens = {budget / 2**30:.2f} GiB)")
+    return 0
+
+
+def _cmd_models(args) -> int:
+    from kvsim.hw import presets_table
+
+    table = presets_table()
+    if args.json:
+        print(json.dumps(table, indent=2))
+        return 0
+    dtypes = list(table["kv_dtypes"])
+    print(f"{'model':<14}{'layers':>7}{'heads':>6}{'kv':>4}{'hd':>5}{'params':>8}{'max len':>9}  KV bytes/token "
+          + " ".join(f"{d:>8}" for d in dtypes))
+    for name, m in table["models"].items():
+        print(f"{name:<14}{m['num_layers']:>7}{m['num_attention_heads']:>6}{m['num_kv_heads']:>4}{m['head_dim']:>5}"
+              f"{m['num_params'] / 1e9:>7.2f}B{m['max_model_len_tokens']:>9}  {'':14}"
+              + " ".join(f"{m['kv_bytes_per_token'][d]:>8}" for d in dtypes))
+    print()
+    print(f"{'gpu':<16}{'memory GiB':>11}{'HBM TB/s':>10}{'bf16 TFLOP/s':>14}")
+    for name, g in table["gpus"].items():
+        print(f"{name:<16}{g['memory_bytes'] / 2**30:>11.0f}{g['hbm_bandwidth_bytes_per_s'] / 1e12:>10.3f}"
+              f"{g['bf16_flops_per_s'] / 1e12:>14.1f}")
+    return 0
+
+
+# Sub-commands contributed by sub-packages: (module, function adding the sub-parser).
+PLUGIN_COMMANDS = [("kvsim.trace.cli", "register"), ("kvsim.calibration.cli", "register")]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvsim", description="Trace-driven simulator of KV-cache memory in LLM serving.")
+    p.add_argument("--version", action="version", version=f"kvsim {__version__}")
+    p.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    r = sub.add_parser("run", help="simulate a scenario YAML (all its variants) into a result directory")
+    r.add_argument("file", help="scenario YAML")
+    r.add_argument("--out", help="result directory (default results/<name>-<hash of resolved config>)")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a key, e.g. --set allocator.block_size=32 (repeatable; applies to every variant)")
+    r.add_argument("--check-invariants", action="store_true", help="check allocator/scheduler invariants every step")
+    r.add_argument("--no-plots", action="store_true", help="skip PNG plots")
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress bar or per-variant lines")
+    r.set_defaults(func=_cmd_run)
+
+    v = sub.add_parser("validate", help="check a scenario YAML without running it")
+    v.add_argument("file")
+    v.add_argument("--set", action="append", metavar="KEY=VALUE")
+    v.set_defaults(func=_cmd_validate)
+
+    m = sub.add_parser("models", help="list model and GPU presets with KV bytes per token")
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(func=_cmd_models)
+
+    for module, fn in PLUGIN_COMMANDS:
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        getattr(mod, fn)(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in argv
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.func(args) or 0)
+    except KvsimError as e:
+        if debug:
+            raise
+        print(f"kvsim: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kvsim: interrupted; no complete result directory was written "
+              "(partial output, if any, is marked INCOMPLETE)", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as e:  # a bug: say so in one line unless --debug
+        if debug:
+            raise
+        print(f"kvsim: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return 1

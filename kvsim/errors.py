@@ -1,0 +1,46 @@
+"""User-facing errors.
+
+Every problem caused by the user's input (a scenario file, a trace, a calibration directory, a
+command-line flag) is raised as a :class:`KvsimError` subclass. The CLI prints ``str(error)`` as a
+single line on stderr and exits with status 2; it never shows a traceback unless ``--debug`` is
+given. Messages name the file, the field (a dotted key path, a row or a line) and, where there is a
+closed set, the valid choices.
+
+Bugs (violated invariants, misuse of an allocator) raise ordinary exceptions such as
+``RuntimeError``/``ValueError``/``AssertionError``: those are ours to fix, not the user's.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class KvsimError(Exception):
+    """Base class of errors caused by user input; ``str()`` is the one-line message."""
+
+
+class ConfigError(KvsimError):
+    """A scenario/spec YAML file is malformed or has an invalid value."""
+
+
+class TraceError(KvsimError):
+    """A trace file cannot be read or holds invalid requests."""
+
+
+class CalibrationError(KvsimError):
+    """A calibration directory is missing, inconsistent, or for another model/GPU."""
+
+
+class SimulationLimitError(KvsimError):
+    """A run exceeded a configured simulated-time or wall-time limit."""
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """Return `` (did you mean 'x'?)`` for the closest choice, or an empty string."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def format_choices(choices: Iterable[str]) -> str:
+    return ", ".join(sorted(choices))

@@ -1,0 +1,167 @@
+"""The allocator boundary: what the scheduler may ask of any KV allocator.
+
+The scheduler never sees block ids or addresses. It talks to an allocator in tokens:
+
+* ``max_footprint_fits(req)`` -- could ``req`` ever be held, alone, in an empty cache? Requests
+  that cannot are rejected at arrival instead of looping forever in preemption.
+* ``allocate(req, hold_tokens)`` -- admit ``req`` holding room for ``hold_tokens`` tokens (all or
+  nothing). ``False`` means "does not fit now" and changes nothing.
+* ``ensure_slots(request_id, num_tokens)`` -- before a step computes tokens ``[c, num_tokens)``:
+  make room for ``num_tokens`` tokens. On success the first ``num_tokens`` slots count as written
+  (token states); ``False`` means "does not fit" and changes nothing, so the scheduler preempts
+  and retries.
+* ``free(request_id)`` -- release everything the request holds.
+* ``usage(head)`` -- a :class:`KVUsage` snapshot; ``head`` is the request at the head of the waiting
+  queue (external fragmentation is defined relative to it).
+* ``check_invariants()`` -- raise ``AssertionError`` with a diagnostic message if internal state is
+  inconsistent. Cheap enough to run after every step in tests.
+
+Misuse (allocating a request twice, touching an unknown request, shrinking) raises ``ValueError``.
+
+Memory accounting (all allocators; see docs/metrics.md). For each admitted request let ``A`` be the
+slots it holds, ``W`` the slots written and ``F`` its final KV length (``prompt + output - 1``: the
+last sampled token's KV is never computed). Then ``token_states = W``, ``reservation = min(A, F) - W``
+and ``internal = A - min(A, F)``. ``free`` splits into ``external`` (free but unusable, below) and
+``free``; the five parts sum to ``capacity``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class KVRequest:
+    """What an allocator is told about a request when it is admitted (immutable)."""
+
+    request_id: int
+    prompt_tokens: int
+    output_tokens: int  # the true output length; only the `oracle` reservation may look at it
+    max_model_len_tokens: int
+
+    @property
+    def final_kv_tokens(self) -> int:
+        return self.prompt_tokens + self.output_tokens - 1
+
+
+@dataclass(frozen=True)
+class KVUsage:
+    """A snapshot of KV memory in token slots. The five parts sum to ``capacity_tokens``."""
+
+    capacity_tokens: int
+    token_states_tokens: int
+    reservation_tokens: int
+    internal_frag_tokens: int
+    external_frag_tokens: int
+    free_tokens: int
+    num_requests: int
+
+    @property
+    def used_tokens(self) -> int:
+        return self.token_states_tokens + self.reservation_tokens + self.internal_frag_tokens
+
+
+class KVAllocator(Protocol):
+    capacity_tokens: int
+    block_size_tokens: int | None
+
+    def max_footprint_fits(self, req: KVRequest) -> bool: ...
+
+    def allocate(self, req: KVRequest, hold_tokens: int) -> bool: ...
+
+    def ensure_slots(self, request_id: int, num_tokens: int) -> bool: ...
+
+    def free(self, request_id: int) -> None: ...
+
+    def held_tokens(self, request_id: int) -> int: ...
+
+    def usage(self, head: KVRequest | None = None, head_hold_tokens: int = 0) -> KVUsage: ...
+
+    def check_invariants(self) -> None: ...
+
+
+class SlotLedger:
+    """Per-request (held, written, final) slot counts with running sums, shared by all allocators.
+
+    Keeps ``sum(W)``, ``sum(min(A, F))`` and ``sum(A)`` incrementally so a usage snapshot is O(1).
+    """
+
+    __slots__ = ("held", "written", "final", "sum_held", "sum_written", "sum_useful")
+
+    def __init__(self) -> None:
+        self.held: dict[int, int] = {}
+        self.written: dict[int, int] = {}
+        self.final: dict[int, int] = {}
+        self.sum_held = 0
+        self.sum_written = 0
+        self.sum_useful = 0  # sum of min(A, F)
+
+    def __contains__(self, request_id: int) -> bool:
+        return request_id in self.held
+
+    def __len__(self) -> int:
+        return len(self.held)
+
+    def add(self, request_id: int, final_tokens: int, held_tokens: int) -> None:
+        if request_id in self.held:
+            raise ValueError(f"request {request_id} is already allocated")
+        self.held[request_id] = held_tokens
+        self.written[request_id] = 0
+        self.final[request_id] = final_tokens
+        self.sum_held += held_tokens
+        self.sum_useful += min(held_tokens, final_tokens)
+
+    def set_held(self, request_id: int, held_tokens: int) -> None:
+        old = self.held[request_id]
+        f = self.final[request_id]
+        self.held[request_id] = held_tokens
+        self.sum_held += held_tokens - old
+        self.sum_useful += min(held_tokens, f) - min(old, f)
+
+    def set_written(self, request_id: int, written_tokens: int) -> None:
+        old = self.written[request_id]
+        if written_tokens > self.held[request_id]:
+            raise ValueError(f"request {request_id}: {written_tokens} written > {self.held[request_id]} held")
+        self.written[request_id] = written_tokens
+        self.sum_written += written_tokens - old
+
+    def remove(self, request_id: int) -> None:
+        if request_id not in self.held:
+            raise ValueError(f"request {request_id} is not allocated")
+        a = self.held.pop(request_id)
+        w = self.written.pop(request_id)
+        f = self.final.pop(request_id)
+        self.sum_held -= a
+        self.sum_written -= w
+        self.sum_useful -= min(a, f)
+
+    def require(self, request_id: int) -> None:
+        if request_id not in self.held:
+            raise ValueError(f"request {request_id} is not allocated")
+
+    def usage(self, capacity_tokens: int, external_tokens: int) -> KVUsage:
+        free_total = capacity_tokens - self.sum_held
+        return KVUsage(
+            capacity_tokens=capacity_tokens,
+            token_states_tokens=self.sum_written,
+            reservation_tokens=self.sum_useful - self.sum_written,
+            internal_frag_tokens=self.sum_held - self.sum_useful,
+            external_frag_tokens=external_tokens,
+            free_tokens=free_total - external_tokens,
+            num_requests=len(self.held),
+        )
+
+    def check(self, who: str) -> None:
+        assert self.sum_held == sum(self.held.values()), f"{who}: sum_held out of sync"
+        assert self.sum_written == sum(self.written.values()), f"{who}: sum_written out of sync"
+        useful = sum(min(a, self.final[r]) for r, a in self.held.items())
+        assert self.sum_useful == useful, f"{who}: sum_useful out of sync"
+        for r, a in self.held.items():
+            w = self.written[r]
+            assert 0 <= w <= a, f"{who}: request {r} written {w} outside [0, held {a}]"
+            assert w <= self.final[r], f"{who}: request {r} written {w} beyond final {self.final[r]}"

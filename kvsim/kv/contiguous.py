@@ -1,0 +1,158 @@
+"""Contiguous KV allocator: one extent per request in a linear slot address space.
+
+Each admitted request gets a single extent of ``reservation_tokens(policy, req)`` slots, placed
+``first-fit`` (lowest address that fits) or ``best-fit`` (smallest free extent that fits, lowest
+address on ties). Freed extents coalesce with free neighbours. Extents never move, so external
+fragmentation is real: free slots split across holes smaller than the next request's reservation.
+
+Invariants: extents and free holes are disjoint, sorted, tile ``[0, capacity)`` exactly, and no two
+free holes are adjacent (they would have been coalesced).
+
+External fragmentation for a snapshot: if the request at the head of the waiting queue does not fit
+in the largest hole but would fit in the total free space, every free slot is external
+fragmentation (free but unusable for it); otherwise the free slots outside the largest hole are.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Literal
+
+from pydantic import Field
+
+from kvsim.config_base import StrictModel
+from kvsim.kv.base import KVRequest, KVUsage, SlotLedger
+from kvsim.kv.reservation import ReservationPolicy, reservation_tokens
+from kvsim.registry import ALLOCATORS
+
+
+class ContiguousAllocatorConfig(StrictModel):
+    kind: Literal["contiguous"] = "contiguous"
+    reservation: ReservationPolicy = Field("max", description="max | pow2 | oracle")
+    placement: Literal["first-fit", "best-fit"] = "first-fit"
+
+
+class ContiguousAllocator:
+    block_size_tokens = None
+
+    def __init__(self, capacity_tokens: int, reservation: ReservationPolicy = "max",
+                 placement: str = "first-fit"):
+        if capacity_tokens < 1:
+            raise ValueError("capacity must be at least one token")
+        self.capacity_tokens = capacity_tokens
+        self.reservation = reservation
+        self.placement = placement
+        self.hole_starts: list[int] = [0]  # sorted start addresses of free holes
+        self.hole_sizes: list[int] = [capacity_tokens]
+        self.extents: dict[int, tuple[int, int]] = {}  # request -> (start, size)
+        self.ledger = SlotLedger()
+
+    @classmethod
+    def from_capacity(cls, cfg: ContiguousAllocatorConfig, capacity_tokens: int) -> "ContiguousAllocator":
+        return cls(capacity_tokens, cfg.reservation, cfg.placement)
+
+    def max_footprint_fits(self, req: KVRequest) -> bool:
+        return reservation_tokens(self.reservation, req) <= self.capacity_tokens
+
+    def held_tokens(self, request_id: int) -> int:
+        return self.ledger.held[request_id]
+
+    def extent(self, request_id: int) -> tuple[int, int]:
+        return self.extents[request_id]
+
+    def _find_hole(self, size: int) -> int:
+        """Index of the hole to place ``size`` slots in, or -1."""
+        best = -1
+        for i, hole in enumerate(self.hole_sizes):
+            if hole >= size:
+                if self.placement == "first-fit":
+                    return i
+                if best < 0 or hole < self.hole_sizes[best]:
+                    best = i
+        return best
+
+    def allocate(self, req: KVRequest, hold_tokens: int) -> bool:
+        if req.request_id in self.ledger:
+            raise ValueError(f"request {req.request_id} is already allocated")
+        size = reservation_tokens(self.reservation, req)
+        if hold_tokens > size:
+            raise ValueError(f"request {req.request_id}: hold {hold_tokens} exceeds its reservation {size}")
+        i = self._find_hole(size)
+        if i < 0:
+            return False
+        start = self.hole_starts[i]
+        if self.hole_sizes[i] == size:
+            del self.hole_starts[i]
+            del self.hole_sizes[i]
+        else:
+            self.hole_starts[i] += size
+            self.hole_sizes[i] -= size
+        self.extents[req.request_id] = (start, size)
+        self.ledger.add(req.request_id, req.final_kv_tokens, size)
+        return True
+
+    def ensure_slots(self, request_id: int, num_tokens: int) -> bool:
+        self.ledger.require(request_id)
+        if num_tokens > self.ledger.held[request_id]:
+            # The reservation covers prompt + output by construction: growing past it is a bug.
+            raise ValueError(
+                f"request {request_id}: {num_tokens} tokens exceed its extent of {self.ledger.held[request_id]}"
+            )
+        if num_tokens < self.ledger.written[request_id]:
+            raise ValueError(f"request {request_id}: written tokens cannot shrink")
+        self.ledger.set_written(request_id, num_tokens)
+        return True
+
+    def free(self, request_id: int) -> None:
+        self.ledger.remove(request_id)
+        start, size = self.extents.pop(request_id)
+        i = bisect.bisect_left(self.hole_starts, start)
+        # Coalesce with the previous and/or next hole when they touch.
+        merge_prev = i > 0 and self.hole_starts[i - 1] + self.hole_sizes[i - 1] == start
+        merge_next = i < len(self.hole_starts) and start + size == self.hole_starts[i]
+        if merge_prev and merge_next:
+            self.hole_sizes[i - 1] += size + self.hole_sizes[i]
+            del self.hole_starts[i]
+            del self.hole_sizes[i]
+        elif merge_prev:
+            self.hole_sizes[i - 1] += size
+        elif merge_next:
+            self.hole_starts[i] = start
+            self.hole_sizes[i] += size
+        else:
+            self.hole_starts.insert(i, start)
+            self.hole_sizes.insert(i, size)
+
+    def largest_hole_tokens(self) -> int:
+        return max(self.hole_sizes, default=0)
+
+    def usage(self, head: KVRequest | None = None, head_hold_tokens: int = 0) -> KVUsage:
+        free_total = self.capacity_tokens - self.ledger.sum_held
+        largest = self.largest_hole_tokens()
+        external = free_total - largest
+        if head is not None:
+            need = reservation_tokens(self.reservation, head)
+            if largest < need <= free_total:
+                external = free_total
+        return self.ledger.usage(self.capacity_tokens, external)
+
+    def check_invariants(self) -> None:
+        self.ledger.check("contiguous")
+        pieces = [(s, z, "hole") for s, z in zip(self.hole_starts, self.hole_sizes)]
+        pieces += [(s, z, f"request {r}") for r, (s, z) in self.extents.items()]
+        pieces.sort()
+        pos = 0
+        prev_kind = None
+        for s, z, who in pieces:
+            assert z > 0, f"{who}: empty piece at {s}"
+            assert s == pos, f"{who} starts at {s}, expected {pos} (overlap or gap)"
+            assert not (who == "hole" and prev_kind == "hole"), f"adjacent holes at {s} not coalesced"
+            pos = s + z
+            prev_kind = who
+        assert pos == self.capacity_tokens, f"pieces cover {pos} of {self.capacity_tokens} slots"
+        assert self.hole_starts == sorted(self.hole_starts), "hole list not sorted"
+        for r, (s, z) in self.extents.items():
+            assert self.ledger.held[r] == z, f"request {r}: extent {z} != held {self.ledger.held[r]}"
+
+
+ALLOCATORS.register("contiguous", ContiguousAllocatorConfig, ContiguousAllocator.from_capacity)

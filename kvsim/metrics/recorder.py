@@ -1,0 +1,121 @@
+"""Append-only step rows, kept as typed column buffers and flushed to parquet in chunks.
+
+Rows are either engine steps (``kind == "step"``) or idle gaps (``kind == "idle"``, the engine
+waiting for an arrival) so that time-weighted summaries cover the whole simulated span. Memory
+components are a snapshot taken right after scheduling, i.e. the state the step runs in.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kvsim.kv.base import KVUsage
+
+STEP_COLUMNS: dict[str, str] = {
+    # name -> numpy dtype; order is the file's column order
+    "step": "int64",
+    "idle": "bool",
+    "start_s": "float64",
+    "duration_s": "float64",
+    "num_steps": "int64",
+    "batch_size": "int64",
+    "prefill_tokens": "int64",
+    "decode_tokens": "int64",
+    "running": "int64",
+    "waiting": "int64",
+    "admitted": "int64",
+    "preempted": "int64",
+    "finished": "int64",
+    "token_states_bytes": "int64",
+    "reservation_bytes": "int64",
+    "internal_frag_bytes": "int64",
+    "external_frag_bytes": "int64",
+    "free_bytes": "int64",
+    "kv_bytes_read": "int64",
+    "weights_read_s": "float64",
+    "kv_read_s": "float64",
+    "linear_compute_s": "float64",
+    "attention_compute_s": "float64",
+    "attention_s": "float64",
+    "overhead_s": "float64",
+    "swap_s": "float64",
+    "compute_s": "float64",
+}
+BREAKDOWN_COLUMNS = [
+    "weights_read_s", "kv_read_s", "linear_compute_s", "attention_compute_s", "attention_s",
+    "overhead_s", "swap_s", "compute_s",
+]
+
+
+class StepRecorder:
+    """Buffers rows column-wise; ``flush_every`` rows go to a parquet row group (bounded memory)."""
+
+    def __init__(self, bytes_per_token: int, path: Path | None = None, flush_every: int = 65536):
+        self.bytes_per_token = bytes_per_token
+        self.path = path
+        self.flush_every = flush_every
+        self._cols: dict[str, list] = {name: [] for name in STEP_COLUMNS}
+        self._writer: pq.ParquetWriter | None = None
+        self._chunks: list[pa.Table] = []  # only used when path is None (in-memory runs)
+        self.num_rows = 0
+        self.schema = pa.schema([(n, pa.from_numpy_dtype(np.dtype(t))) for n, t in STEP_COLUMNS.items()])
+
+    def row(self, *, idle: bool, start_s: float, duration_s: float, batch_size: int, prefill_tokens: int,
+            decode_tokens: int, running: int, waiting: int, admitted: int, preempted: int, finished: int,
+            usage: KVUsage, kv_bytes_read: int, breakdown: dict[str, float], num_steps: int = 1) -> None:
+        c = self._cols
+        bpt = self.bytes_per_token
+        c["step"].append(self.num_rows)
+        c["idle"].append(idle)
+        c["start_s"].append(start_s)
+        c["duration_s"].append(duration_s)
+        c["num_steps"].append(0 if idle else num_steps)
+        c["batch_size"].append(batch_size)
+        c["prefill_tokens"].append(prefill_tokens)
+        c["decode_tokens"].append(decode_tokens)
+        c["running"].append(running)
+        c["waiting"].append(waiting)
+        c["admitted"].append(admitted)
+        c["preempted"].append(preempted)
+        c["finished"].append(finished)
+        c["token_states_bytes"].append(usage.token_states_tokens * bpt)
+        c["reservation_bytes"].append(usage.reservation_tokens * bpt)
+        c["internal_frag_bytes"].append(usage.internal_frag_tokens * bpt)
+        c["external_frag_bytes"].append(usage.external_frag_tokens * bpt)
+        c["free_bytes"].append(usage.free_tokens * bpt)
+        c["kv_bytes_read"].append(kv_bytes_read)
+        for k in BREAKDOWN_COLUMNS:
+            c[k].append(breakdown.get(k, 0.0))
+        self.num_rows += 1
+        if len(c["step"]) >= self.flush_every:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._cols["step"]:
+            return
+        table = pa.table(
+            {n: pa.array(np.asarray(v, dtype=STEP_COLUMNS[n])) for n, v in self._cols.items()},
+            schema=self.schema,
+        )
+        for v in self._cols.values():
+            v.clear()
+        if self.path is None:
+            self._chunks.append(table)
+            return
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(str(self.path), self.schema)
+        self._writer.write_table(table)
+
+    def close(self) -> pa.Table | None:
+        """Flush and close; returns the whole table for in-memory runs, else None."""
+        self._flush()
+        if self.path is None:
+            return pa.concat_tables(self._chunks) if self._chunks else self.schema.empty_table()
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(str(self.path), self.schema)
+        self._writer.close()
+        return None

@@ -1,0 +1,88 @@
+"""Pure pandas summaries: request and step tables in, ``summary.json`` dict out.
+
+Every formula here is documented in docs/metrics.md. Time-weighted means weight each step row
+(engine steps and idle gaps alike) by its ``duration_s``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+MEMORY_PARTS = ["token_states", "reservation", "internal_frag", "external_frag", "free"]
+
+
+def _dist(values: pd.Series) -> dict[str, float | None]:
+    v = values.dropna().to_numpy(dtype=float)
+    if v.size == 0:
+        return {"mean": None, "p50": None, "p90": None, "p99": None, "max": None}
+    q = np.quantile(v, [0.5, 0.9, 0.99])
+    return {"mean": float(v.mean()), "p50": float(q[0]), "p90": float(q[1]), "p99": float(q[2]),
+            "max": float(v.max())}
+
+
+def time_weighted_mean(values: pd.Series, weights: pd.Series) -> float:
+    total = float(weights.sum())
+    if total <= 0:
+        return 0.0
+    return float((values.to_numpy(dtype=float) * weights.to_numpy(dtype=float)).sum() / total)
+
+
+def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: int, bytes_per_token: int,
+              block_size_tokens: int | None, budget_bytes: int, end_s: float, start_s: float) -> dict:
+    fin = requests[requests["status"] == "finished"]
+    rejected = requests[requests["status"] == "rejected"]
+    duration = max(end_s - start_s, 0.0)
+    dur = steps["duration_s"]
+    capacity_bytes = capacity_tokens * bytes_per_token
+    is_step = ~steps["idle"]
+
+    kv = {
+        "budget_bytes": int(budget_bytes),
+        "capacity_bytes": int(capacity_bytes),
+        "capacity_tokens": int(capacity_tokens),
+        "bytes_per_token": int(bytes_per_token),
+        "block_size_tokens": block_size_tokens,
+    }
+    for part in MEMORY_PARTS:
+        frac = steps[f"{part}_bytes"] / capacity_bytes if capacity_bytes else steps[f"{part}_bytes"] * 0.0
+        kv[f"{part}_frac"] = time_weighted_mean(frac, dur)
+    kv["peak_used_frac"] = float(
+        ((steps["token_states_bytes"] + steps["reservation_bytes"] + steps["internal_frag_bytes"]).max()
+         / capacity_bytes) if len(steps) and capacity_bytes else 0.0
+    )
+
+    out_tokens = float(fin["output_tokens"].sum())
+    norm = (fin["e2e_s"] / fin["output_tokens"]).mean() if len(fin) else math.nan
+    step_time_total = float(dur[is_step].sum())
+    breakdown = {c: float(steps.loc[is_step, c].sum()) for c in steps.columns
+                 if c.endswith("_s") and c not in ("start_s", "duration_s")}
+    return {
+        "requests_total": int(len(requests)),
+        "requests_finished": int(len(fin)),
+        "requests_rejected": int(len(rejected)),
+        "requests_unfinished": int(len(requests) - len(fin) - len(rejected)),
+        "rejected_by_reason": {str(k): int(v) for k, v in sorted(rejected["reject_reason"].value_counts().items())},
+        "duration_s": duration,
+        "throughput_requests_per_s": len(fin) / duration if duration > 0 else 0.0,
+        "throughput_output_tokens_per_s": out_tokens / duration if duration > 0 else 0.0,
+        "ttft_s": _dist(fin["ttft_s"]),
+        "tpot_s": _dist(fin["tpot_s"]),
+        "e2e_s": _dist(fin["e2e_s"]),
+        "normalized_latency_s_per_token": None if math.isnan(norm) else float(norm),
+        "concurrency": {
+            "max": int(steps["running"].max()) if len(steps) else 0,
+            "mean": time_weighted_mean(steps["running"], dur),
+            "mean_batch_size": time_weighted_mean(steps["batch_size"], dur),
+        },
+        "kv": kv,
+        "preemptions": int(requests["preemptions"].sum()),
+        "recomputed_tokens": int(requests["recomputed_tokens"].sum()),
+        "engine_steps": int(steps["num_steps"].sum()),
+        "busy_time_s": step_time_total,
+        "busy_frac": step_time_total / duration if duration > 0 else 0.0,
+        "kv_bytes_read_total": int(steps["kv_bytes_read"].sum()),
+        "step_time_breakdown_s": breakdown,
+    }

@@ -1,0 +1,120 @@
+"""Wiring: a validated Scenario in, a RunResult out. No file output here (see results.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from kvsim.config import Scenario
+from kvsim.engine import Engine, EngineLimits
+from kvsim.errors import ConfigError
+from kvsim.metrics.recorder import StepRecorder
+from kvsim.metrics.requests import requests_table
+from kvsim.metrics.summarize import summarize
+from kvsim.registry import ALLOCATORS, TIMING_MODELS
+from kvsim.sched.scheduler import Scheduler
+from kvsim.timing.context import TimingContext
+from kvsim.trace.schema import Trace
+
+
+@dataclass
+class RunResult:
+    name: str
+    scenario: Scenario
+    requests: pd.DataFrame
+    steps: pd.DataFrame | None  # None when streamed to a file
+    summary: dict
+    trace_report: dict = field(default_factory=dict)
+
+
+def resolved_dict(scn: Scenario) -> dict:
+    """The scenario with every default filled in (JSON-able), minus the variants table."""
+    d = scn.model_dump(mode="json")
+    d.pop("variants", None)
+    return d
+
+
+def config_hash(scn: Scenario, trace_report: dict | None = None) -> str:
+    payload = {"scenario": resolved_dict(scn), "trace": (trace_report or {}).get("sha256")}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def build_trace(scn: Scenario, base_dir: Path) -> tuple[Trace, dict]:
+    from kvsim.trace.config import build_trace as _build
+
+    return _build(scn.trace, base_dir, scn.seed, scn.model.max_model_len_tokens)
+
+
+def build_allocator(scn: Scenario, where: str = "scenario"):
+    budget = scn.kv_budget_bytes()
+    bpt = scn.kv_bytes_per_token
+    if budget <= 0:
+        raise ConfigError(
+            f"{where}: kv_budget: derived KV budget is {budget / 2**30:.2f} GiB: GPU memory "
+            f"{scn.gpu.memory_bytes / 2**30:.1f} GiB x gpu_memory_utilization {scn.kv_budget.gpu_memory_utilization} "
+            f"- weights {scn.weight_bytes / 2**30:.1f} GiB ({scn.model.name}, {scn.weight_dtype}) - activation "
+            f"reserve {scn.kv_budget.activation_reserve_bytes / 2**30:.1f} GiB; use a bigger gpu, a smaller model "
+            f"or set kv_budget.bytes / kv_budget.tokens"
+        )
+    capacity_tokens = budget // bpt
+    unit = getattr(scn.allocator, "block_size", None) or getattr(scn.allocator, "min_block_tokens", 1)
+    if capacity_tokens < unit:
+        raise ConfigError(
+            f"{where}: kv_budget: {budget} bytes hold {capacity_tokens} tokens of {bpt} bytes, "
+            f"less than one {unit}-token block of allocator '{scn.allocator.kind}'"
+        )
+    return ALLOCATORS.build(scn.allocator, capacity_tokens), budget
+
+
+def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None, trace_report: dict | None = None,
+        steps_path: Path | None = None, check_invariants: bool = False,
+        progress: Callable[[int], None] | None = None, event_log: list | None = None,
+        where: str = "scenario") -> RunResult:
+    """Simulate one scenario (no variants). ``steps_path`` streams step rows to parquet there."""
+    base_dir = Path(base_dir)
+    if trace is None:
+        trace, trace_report = build_trace(scn, base_dir)
+    allocator, budget = build_allocator(scn, where)
+    ctx = TimingContext(
+        model=scn.model.spec(), gpu=scn.gpu.spec(), kv_dtype=scn.kv_dtype,
+        kv_bytes_per_token=scn.kv_bytes_per_token, weight_bytes=scn.weight_bytes,
+        block_size_tokens=allocator.block_size_tokens, base_dir=base_dir,
+    )
+    timing = TIMING_MODELS.build(scn.timing, ctx)
+    max_len = scn.model.max_model_len_tokens
+    scheduler = Scheduler(scn.scheduler, allocator, max_len,
+                          want_context_lens=bool(getattr(timing, "needs_context_lens", False)))
+    if not scn.scheduler.chunked_prefill and scheduler.token_budget < max_len:
+        raise ConfigError(
+            f"{where}: scheduler.max_num_batched_tokens ({scheduler.token_budget}) is smaller than the model's "
+            f"max length ({max_len}); without chunked_prefill a long prompt could never be scheduled: raise it "
+            f"or set scheduler.chunked_prefill: true"
+        )
+    recorder = StepRecorder(scn.kv_bytes_per_token, path=steps_path)
+    engine = Engine(trace, scheduler, timing, recorder, max_len, check_invariants=check_invariants,
+                    limits=EngineLimits(scn.limits.max_sim_time_s, scn.limits.max_wall_time_s),
+                    progress=progress, event_log=event_log)
+    try:
+        engine.run()
+    finally:
+        table = recorder.close()
+    if table is not None:
+        steps = table.to_pandas()
+    else:
+        import pyarrow.parquet as pq
+
+        steps = pq.read_table(steps_path).to_pandas()
+    all_requests = list(scheduler.requests.values())
+    reqs = requests_table(all_requests)
+    start = float(trace.arrival_s[0]) if len(trace) else 0.0
+    summary = summarize(reqs, steps, capacity_tokens=allocator.capacity_tokens,
+                        bytes_per_token=scn.kv_bytes_per_token, block_size_tokens=allocator.block_size_tokens,
+                        budget_bytes=budget, end_s=engine.end_s, start_s=start)
+    return RunResult(name=str(scn.name), scenario=scn, requests=reqs,
+                     steps=None if steps_path is not None else steps, summary=summary,
+                     trace_report=trace_report or {})

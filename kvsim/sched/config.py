@@ -1,0 +1,27 @@
+"""Scheduler settings (the ``scheduler:`` section of a scenario)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from kvsim.config_base import StrictModel
+
+VictimPolicy = Literal["latest_admitted", "lowest_priority", "largest_kv", "fewest_tokens_left"]
+
+
+class SchedulerConfig(StrictModel):
+    max_num_seqs: int = Field(256, ge=1, description="most requests running in one step")
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1,
+        description="token budget per step; default max(max_model_len, 2048), or 2048 with chunked prefill",
+    )
+    chunked_prefill: bool = False
+    preemption_mode: Literal["recompute"] = "recompute"
+    victim: VictimPolicy = "latest_admitted"
+
+    def token_budget(self, max_model_len_tokens: int) -> int:
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return 2048 if self.chunked_prefill else max(max_model_len_tokens, 2048)

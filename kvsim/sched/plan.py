@@ -1,0 +1,22 @@
+"""The scheduler -> engine boundary for one step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvsim.timing.base import BatchShape
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What one engine step runs. ``scheduled`` pairs request ids with their new-token counts, in
+    scheduling order; ``preempted``/``admitted`` list request ids changed by this schedule() call."""
+
+    scheduled: tuple[tuple[int, int], ...]
+    shape: BatchShape
+    admitted: tuple[int, ...]
+    preempted: tuple[int, ...]
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled

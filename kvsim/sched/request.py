@@ -1,0 +1,60 @@
+"""Per-request progress. Owned and mutated only by the scheduler."""
+
+from __future__ import annotations
+
+import enum
+import math
+
+from kvsim.kv.base import KVRequest
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    FINISHED = 2
+    REJECTED = 3
+
+
+class Request:
+    """Phase-free progress: ``num_tokens = prompt + generated`` and ``num_computed_tokens`` catches
+    up to it. Whenever it has caught up, the step that did so samples one more output token.
+
+    After a recompute preemption ``num_computed_tokens`` drops to 0 while generated tokens are kept,
+    so the request's next "prefill" recomputes ``prompt + generated`` tokens (vLLM semantics).
+    """
+
+    __slots__ = (
+        "request_id", "arrival_s", "prompt_tokens", "output_tokens", "kv", "status",
+        "num_computed_tokens", "num_generated", "admitted_s", "first_token_s", "finish_s",
+        "num_preemptions", "recomputed_tokens", "admit_seq", "reject_reason",
+    )
+
+    def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
+                 max_model_len_tokens: int):
+        self.request_id = request_id
+        self.arrival_s = arrival_s
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.kv = KVRequest(request_id, prompt_tokens, output_tokens, max_model_len_tokens)
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_generated = 0
+        self.admitted_s = math.nan  # first admission
+        self.first_token_s = math.nan
+        self.finish_s = math.nan
+        self.num_preemptions = 0
+        self.recomputed_tokens = 0
+        self.admit_seq = -1  # admission order, for "latest admitted" victim selection
+        self.reject_reason = ""
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_tokens + self.num_generated
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id}, {self.status.name}, computed={self.num_computed_tokens}/"
+                f"{self.num_tokens}, generated={self.num_generated}/{self.output_tokens})")

@@ -1,0 +1,35 @@
+"""Constant step time, for tests and exact timelines: ``step_s + per_token_s * num_tokens``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from kvsim.config_base import StrictModel
+from kvsim.registry import TIMING_MODELS
+from kvsim.timing.base import BatchShape, StepTiming
+from kvsim.timing.context import TimingContext
+
+
+class ConstantTimingConfig(StrictModel):
+    kind: Literal["constant"] = "constant"
+    step_s: float = Field(0.01, gt=0)
+    per_token_s: float = Field(0.0, ge=0)
+
+
+class ConstantTiming:
+    def __init__(self, cfg: ConstantTimingConfig, ctx: TimingContext | None = None):
+        self.cfg = cfg
+        self.kv_bytes_per_token = ctx.kv_bytes_per_token if ctx else 0
+
+    def step_time(self, shape: BatchShape) -> StepTiming:
+        compute = self.cfg.per_token_s * shape.num_tokens
+        return StepTiming(
+            duration_s=self.cfg.step_s + compute,
+            breakdown_s={"overhead_s": self.cfg.step_s, "compute_s": compute},
+            kv_bytes_read=shape.kv_tokens_read * self.kv_bytes_per_token,
+        )
+
+
+TIMING_MODELS.register("constant", ConstantTimingConfig, ConstantTiming)

@@ -1,0 +1,152 @@
+"""Low-level file access shared by the trace loaders and writers.
+
+* :func:`open_trace_file` opens a path for streaming, transparently un-gzipping it (detected from
+  the magic bytes, not the name) while hashing the bytes *as stored*, so one pass over the file
+  yields both its requests and its sha256.
+* :class:`LineReader` iterates a decompressed binary stream line by line and counts 1-based line
+  numbers, turning decompression failures (a truncated or corrupt ``.gz``) into a
+  :class:`~kvsim.errors.TraceError` that names the last line that could be read.
+
+Nothing here holds more than one buffer of the file in memory.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import os
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from kvsim.errors import TraceError
+
+GZIP_MAGIC = b"\x1f\x8b"
+PARQUET_MAGIC = b"PAR1"
+_HASH_BLOCK_BYTES = 1 << 20
+
+
+class HashingReader(io.RawIOBase):
+    """A read-only raw stream that feeds every byte it returns into a sha256."""
+
+    def __init__(self, raw: io.BufferedIOBase):
+        self._raw = raw
+        self.sha256 = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self._raw.read(len(buffer))
+        n = len(data)
+        buffer[:n] = data
+        self.sha256.update(data)
+        return n
+
+    def drain(self) -> str:
+        """Read (and hash) whatever is left; return the hex digest of the whole file."""
+        while True:
+            data = self._raw.read(_HASH_BLOCK_BYTES)
+            if not data:
+                return self.sha256.hexdigest()
+            self.sha256.update(data)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+def sha256_of_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(_HASH_BLOCK_BYTES), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_path(path: Path) -> None:
+    """Raise a TraceError unless ``path`` is a readable regular file."""
+    if not path.exists():
+        raise TraceError(f"{path}: trace file does not exist")
+    if path.is_dir():
+        raise TraceError(f"{path}: is a directory, expected a trace file")
+    if not os.access(path, os.R_OK):
+        raise TraceError(f"{path}: trace file is not readable (permission denied)")
+
+
+class OpenTrace:
+    """An open trace file: ``stream`` yields the decompressed bytes.
+
+    ``compressed`` says whether the file was gzip; ``first_bytes`` are the first (up to 4096)
+    decompressed bytes, used to sniff the container (CSV, JSON lines or parquet).
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._hasher = HashingReader(open(path, "rb"))
+        buffered = io.BufferedReader(self._hasher, buffer_size=1 << 16)
+        self.compressed = buffered.peek(2)[:2] == GZIP_MAGIC
+        if self.compressed:
+            self.stream: io.BufferedIOBase = io.BufferedReader(
+                gzip.GzipFile(fileobj=buffered, mode="rb"), buffer_size=1 << 16  # type: ignore[arg-type]
+            )
+        else:
+            self.stream = buffered
+        try:
+            self.first_bytes = self.stream.peek(4096)[:4096]
+        except (EOFError, OSError, zlib.error) as exc:
+            raise TraceError(f"{path}: line 1: cannot decompress the gzip file ({_describe(exc)})") from None
+
+    def sha256(self) -> str:
+        """The sha256 of the file as stored (compressed bytes for a .gz); reads the rest."""
+        return self._hasher.drain()
+
+    def close(self) -> None:
+        self.stream.close()
+        self._hasher.close()
+
+    def __enter__(self) -> "OpenTrace":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, EOFError):
+        return "the file is truncated: the compressed stream ends before its end marker"
+    return f"corrupt compressed data: {exc}"
+
+
+class LineReader:
+    """Iterate the lines (bytes, newline kept) of a decompressed stream, counting line numbers.
+
+    ``line_no`` is the 1-based number of the last line returned. A decompression failure raises
+    a TraceError naming the file and the last complete line read before the damage.
+    """
+
+    def __init__(self, stream: io.BufferedIOBase, path: Path):
+        self._stream = stream
+        self._path = path
+        self.line_no = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        it = iter(self._stream)
+        while True:
+            try:
+                line = next(it)
+            except StopIteration:
+                return
+            except (EOFError, OSError, zlib.error) as exc:
+                raise TraceError(
+                    f"{self._path}: line {self.line_no + 1}: cannot read past line {self.line_no}: "
+                    f"{_describe(exc)}"
+                ) from None
+            self.line_no += 1
+            yield line
+
+    def readline(self) -> bytes:
+        for line in self:
+            return line
+        return b""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import re
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -280,7 +281,7 @@ def _model_from_annotation(ann: Any) -> Any:
     origin = get_origin(ann)
     if origin is Annotated:
         return _model_from_annotation(get_args(ann)[0])
-    if origin is Union or (origin is not None and str(origin) == "types.UnionType"):
+    if origin is Union or origin is types.UnionType:
         members = [a for a in get_args(ann) if isinstance(a, type) and issubclass(a, BaseModel)]
         if len(members) == 1:
             return members[0]

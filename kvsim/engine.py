@@ -46,9 +46,17 @@ class Engine:
         self.progress = progress
         self.event_log = event_log  # optional [(request_id, event, time_s)] for exact-timeline tests
         self._wakeup: simpy.Event | None = None
+        self._block_keys = None
+        alloc = scheduler.allocator
+        if getattr(alloc, "prefix_caching", False) and trace.prefix_keys is not None:
+            from kvsim.trace.prefix import block_keys
+
+            self._block_keys = block_keys(trace, alloc.block_size_tokens)
+        self._priority = trace.priority
         self._arrivals_done = False
         self.num_steps = 0
         self.end_s = 0.0
+        self._last_evictions = 0
 
     def _log(self, rid: int, event: str, t: float) -> None:
         if self.event_log is not None:
@@ -63,7 +71,9 @@ class Engine:
             t = float(arr[i])
             if t > env.now:
                 yield env.timeout(t - env.now)
-            req = Request(i, t, int(prompt[i]), int(output[i]), self.max_model_len_tokens)
+            req = Request(i, t, int(prompt[i]), int(output[i]), self.max_model_len_tokens,
+                          priority=0 if self._priority is None else int(self._priority[i]),
+                          block_keys=None if self._block_keys is None else self._block_keys[i])
             accepted = self.scheduler.add_request(req)
             self._log(i, "arrive" if accepted else "reject", env.now)
             if accepted and self._wakeup is not None and not self._wakeup.triggered:
@@ -105,6 +115,7 @@ class Engine:
             for rid in plan.admitted:
                 self._log(rid, "admit", start)
             usage = sched.usage()
+            evictions = getattr(sched.allocator, "evictions", 0)
             timing = self.timing.step_time(plan.shape)
             yield env.timeout(timing.duration_s)
             first, done = sched.on_step_done(env.now)
@@ -117,7 +128,10 @@ class Engine:
                     prefill_tokens=shape.num_prefill_tokens, decode_tokens=shape.num_decode_tokens,
                     running=len(sched.running) + len(done), waiting=len(sched.waiting),
                     admitted=len(plan.admitted), preempted=len(plan.preempted), finished=len(done),
-                    usage=usage, kv_bytes_read=timing.kv_bytes_read, breakdown=timing.breakdown_s)
+                    usage=usage, kv_bytes_read=timing.kv_bytes_read, breakdown=timing.breakdown_s,
+                    evictions=evictions - self._last_evictions, swap_in_bytes=shape.swap_in_bytes,
+                    swap_out_bytes=shape.swap_out_bytes)
+            self._last_evictions = evictions
             self.num_steps += 1
             if self.check_invariants:
                 sched.check_invariants()

@@ -88,7 +88,8 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     timing = TIMING_MODELS.build(scn.timing, ctx)
     max_len = scn.model.max_model_len_tokens
     scheduler = Scheduler(scn.scheduler, allocator, max_len,
-                          want_context_lens=bool(getattr(timing, "needs_context_lens", False)))
+                          want_context_lens=bool(getattr(timing, "needs_context_lens", False)),
+                          kv_bytes_per_token=scn.kv_bytes_per_token)
     if not scn.scheduler.chunked_prefill and scheduler.token_budget < max_len:
         raise ConfigError(
             f"{where}: scheduler.max_num_batched_tokens ({scheduler.token_budget}) is smaller than the model's "
@@ -113,6 +114,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     reqs = requests_table(all_requests)
     start = float(trace.arrival_s[0]) if len(trace) else 0.0
     summary = summarize(reqs, steps, capacity_tokens=allocator.capacity_tokens,
+                        prefix_caching=bool(getattr(allocator, "prefix_caching", False)),
                         bytes_per_token=scn.kv_bytes_per_token, block_size_tokens=allocator.block_size_tokens,
                         budget_bytes=budget, end_s=engine.end_s, start_s=start)
     return RunResult(name=str(scn.name), scenario=scn, requests=reqs,

@@ -5,7 +5,8 @@ The scheduler never sees block ids or addresses. It talks to an allocator in tok
 * ``max_footprint_fits(req)`` -- could ``req`` ever be held, alone, in an empty cache? Requests
   that cannot are rejected at arrival instead of looping forever in preemption.
 * ``allocate(req, hold_tokens)`` -- admit ``req`` holding room for ``hold_tokens`` tokens (all or
-  nothing). ``False`` means "does not fit now" and changes nothing.
+  nothing). Returns an :class:`Allocation` (how many leading tokens were found in a prefix cache and
+  need no computing), or ``None``: "does not fit now", and nothing changed.
 * ``ensure_slots(request_id, num_tokens)`` -- before a step computes tokens ``[c, num_tokens)``:
   make room for ``num_tokens`` tokens. On success the first ``num_tokens`` slots count as written
   (token states); ``False`` means "does not fit" and changes nothing, so the scheduler preempts
@@ -27,7 +28,7 @@ and ``internal = A - min(A, F)``. ``free`` splits into ``external`` (free but un
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -43,10 +44,25 @@ class KVRequest:
     prompt_tokens: int
     output_tokens: int  # the true output length; only the `oracle` reservation may look at it
     max_model_len_tokens: int
+    # Content keys of the prompt's full blocks at the allocator's block size (equal key at index k
+    # <=> equal prompt prefix up to block k's end); None = no prefix information.
+    block_keys: object = field(default=None, compare=False, repr=False)
+    priority: int = 0
 
     @property
     def final_kv_tokens(self) -> int:
         return self.prompt_tokens + self.output_tokens - 1
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A successful admission. ``cached_tokens`` leading tokens were found in the prefix cache
+    (already computed); the request's first step computes only the rest."""
+
+    cached_tokens: int = 0
+
+
+NO_HIT = Allocation(0)
 
 
 @dataclass(frozen=True)
@@ -60,6 +76,7 @@ class KVUsage:
     external_frag_tokens: int
     free_tokens: int
     num_requests: int
+    cached_free_tokens: int = 0  # part of `free` holding reusable prefix-cache content
 
     @property
     def used_tokens(self) -> int:
@@ -72,7 +89,7 @@ class KVAllocator(Protocol):
 
     def max_footprint_fits(self, req: KVRequest) -> bool: ...
 
-    def allocate(self, req: KVRequest, hold_tokens: int) -> bool: ...
+    def allocate(self, req: KVRequest, hold_tokens: int) -> Allocation | None: ...
 
     def ensure_slots(self, request_id: int, num_tokens: int) -> bool: ...
 
@@ -144,16 +161,20 @@ class SlotLedger:
         if request_id not in self.held:
             raise ValueError(f"request {request_id} is not allocated")
 
-    def usage(self, capacity_tokens: int, external_tokens: int) -> KVUsage:
-        free_total = capacity_tokens - self.sum_held
+    def usage(self, capacity_tokens: int, external_tokens: int, shared_tokens: int = 0,
+              cached_free_tokens: int = 0) -> KVUsage:
+        """``shared_tokens``: slots counted by more than one owner (full prefix blocks shared by
+        reference count); they are subtracted once per extra owner so the parts stay physical."""
+        free_total = capacity_tokens - (self.sum_held - shared_tokens)
         return KVUsage(
             capacity_tokens=capacity_tokens,
-            token_states_tokens=self.sum_written,
+            token_states_tokens=self.sum_written - shared_tokens,
             reservation_tokens=self.sum_useful - self.sum_written,
             internal_frag_tokens=self.sum_held - self.sum_useful,
             external_frag_tokens=external_tokens,
             free_tokens=free_total - external_tokens,
             num_requests=len(self.held),
+            cached_free_tokens=cached_free_tokens,
         )
 
     def check(self, who: str) -> None:

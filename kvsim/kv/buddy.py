@@ -22,7 +22,7 @@ from typing import Literal
 from pydantic import Field
 
 from kvsim.config_base import StrictModel
-from kvsim.kv.base import KVRequest, KVUsage, SlotLedger, cdiv
+from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, SlotLedger, cdiv
 from kvsim.kv.reservation import ReservationPolicy, reservation_tokens
 from kvsim.registry import ALLOCATORS
 
@@ -75,7 +75,7 @@ class BuddyAllocator:
     def _top_order(self, addr: int) -> int:
         return self.top_orders[bisect.bisect_right(self.top_bases, addr) - 1]
 
-    def allocate(self, req: KVRequest, hold_tokens: int) -> bool:
+    def allocate(self, req: KVRequest, hold_tokens: int) -> Allocation | None:
         if req.request_id in self.ledger:
             raise ValueError(f"request {req.request_id} is already allocated")
         order = self.order_for(req)
@@ -85,14 +85,14 @@ class BuddyAllocator:
         while j <= self.max_order and not self.free_lists[j]:
             j += 1
         if j > self.max_order:
-            return False
+            return None
         addr = self.free_lists[j].pop(0)  # lowest address of that order
         while j > order:  # split, keeping the lower half
             j -= 1
             bisect.insort(self.free_lists[j], addr + (1 << j))
         self.extents[req.request_id] = (addr, order)
         self.ledger.add(req.request_id, req.final_kv_tokens, (1 << order) * self.unit)
-        return True
+        return NO_HIT
 
     def ensure_slots(self, request_id: int, num_tokens: int) -> bool:
         self.ledger.require(request_id)

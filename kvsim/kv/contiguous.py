@@ -21,7 +21,7 @@ from typing import Literal
 from pydantic import Field
 
 from kvsim.config_base import StrictModel
-from kvsim.kv.base import KVRequest, KVUsage, SlotLedger
+from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, SlotLedger
 from kvsim.kv.reservation import ReservationPolicy, reservation_tokens
 from kvsim.registry import ALLOCATORS
 
@@ -71,7 +71,7 @@ class ContiguousAllocator:
                     best = i
         return best
 
-    def allocate(self, req: KVRequest, hold_tokens: int) -> bool:
+    def allocate(self, req: KVRequest, hold_tokens: int) -> Allocation | None:
         if req.request_id in self.ledger:
             raise ValueError(f"request {req.request_id} is already allocated")
         size = reservation_tokens(self.reservation, req)
@@ -79,7 +79,7 @@ class ContiguousAllocator:
             raise ValueError(f"request {req.request_id}: hold {hold_tokens} exceeds its reservation {size}")
         i = self._find_hole(size)
         if i < 0:
-            return False
+            return None
         start = self.hole_starts[i]
         if self.hole_sizes[i] == size:
             del self.hole_starts[i]
@@ -89,7 +89,7 @@ class ContiguousAllocator:
             self.hole_sizes[i] -= size
         self.extents[req.request_id] = (start, size)
         self.ledger.add(req.request_id, req.final_kv_tokens, size)
-        return True
+        return NO_HIT
 
     def ensure_slots(self, request_id: int, num_tokens: int) -> bool:
         self.ledger.require(request_id)

@@ -1,15 +1,31 @@
-"""Paged KV allocator: fixed-size blocks, per-request block tables, a free-block queue.
+"""Paged KV allocator: fixed-size blocks, per-request block tables, a free-block pool, and optional
+automatic prefix caching with vLLM v1 semantics.
 
 Invariants (``check_invariants``):
-* every block is either free (in the queue, ref count 0) or owned (ref count == number of block
-  tables that contain it, >= 1), never both;
-* ``len(block_table[r]) == cdiv(held_tokens[r], block_size)`` and held tokens are whole blocks;
-* free blocks + owned blocks == num_blocks.
+* every block is either free (in the pool, ref count 0) or owned (ref count == number of block
+  tables that contain it, >= 1), never both; free + owned == num_blocks;
+* ``len(block_table[r]) * block_size == held_tokens[r]``;
+* with prefix caching: ``key_to_block[k] == b`` iff ``block_key[b] == k``; a keyed block is full
+  (all its tokens computed by the request that registered it).
 
-Blocks are allocated on demand: admission takes ``cdiv(hold_tokens, block_size)`` blocks, and each
-step's ``ensure_slots`` takes only the blocks the new tokens spill into. A request's blocks are
-freed tail first (reverse block-table order). A ``watermark`` fraction of blocks is kept free at
-admission (vLLM v0's ``watermark``) so running requests can grow without immediate preemption.
+Blocks are allocated on demand: admission takes ``cdiv(hold_tokens, block_size)`` blocks less the
+prefix-cache hits, and each step's ``ensure_slots`` takes only the blocks new tokens spill into.
+A ``watermark`` fraction of blocks is kept free at admission (vLLM v0) so running requests can grow.
+
+Prefix caching (``prefix_caching: true``):
+* Only full blocks are cached. Block *k* of a request is keyed by the trace's content key for that
+  block (chained on its whole prefix, see :mod:`kvsim.trace.prefix`) when the trace has prefix
+  information and the block lies inside the prompt; otherwise by ``(request_id, k)`` -- content no
+  other request shares, which a preempted request still hits when it is readmitted.
+* A block is registered in the cache when ``ensure_slots`` makes it full (at scheduling time, like
+  vLLM's ``cache_blocks``); if another block already holds that key, the new one stays unkeyed.
+* On admission the longest run of leading cached blocks is hit, but at least the last prompt token
+  is always computed: at most ``(num_tokens - 1) // block_size`` blocks can hit, so an exact
+  full-prompt repeat does not hit its last block. A hit on a free block takes it out of the free
+  pool; every hit bumps the block's reference count.
+* Freed blocks keep their content and stay reusable in the free pool until evicted; a request's
+  blocks are freed in reverse order (tail first). Allocation evicts per the eviction policy
+  (:mod:`kvsim.kv.eviction`; default LRU = vLLM's free queue exactly).
 """
 
 from __future__ import annotations
@@ -19,19 +35,25 @@ from typing import Literal
 from pydantic import Field
 
 from kvsim.config_base import StrictModel
-from kvsim.kv.base import KVRequest, KVUsage, SlotLedger, cdiv
-from kvsim.kv.block_pool import FreeBlockQueue
+from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, SlotLedger, cdiv
+from kvsim.kv.eviction import (EVICTION_POLICIES, BlockStats, FIFOEvictionConfig, LFUEvictionConfig,
+                               LRUEvictionConfig, LRUKEvictionConfig, PriorityEvictionConfig)
 from kvsim.registry import ALLOCATORS
+
+EvictionConfig = LRUEvictionConfig | FIFOEvictionConfig | LFUEvictionConfig | LRUKEvictionConfig | PriorityEvictionConfig
 
 
 class PagedAllocatorConfig(StrictModel):
     kind: Literal["paged"] = "paged"
     block_size: int = Field(16, ge=1, le=512, description="tokens per block")
     watermark: float = Field(0.01, ge=0, lt=1, description="fraction of blocks kept free at admission")
+    prefix_caching: bool = Field(False, description="reuse full blocks across requests (vLLM v1 semantics)")
+    eviction: EvictionConfig = Field(default_factory=LRUEvictionConfig, discriminator="kind")
 
 
 class PagedAllocator:
-    def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0):
+    def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0,
+                 prefix_caching: bool = False, eviction=None):
         if num_blocks < 1:
             raise ValueError("a paged allocator needs at least one block")
         if not 1 <= block_size <= 512:
@@ -41,14 +63,31 @@ class PagedAllocator:
         self.block_size_tokens = block_size
         self.capacity_tokens = num_blocks * block_size
         self.watermark_blocks = int(watermark * num_blocks)
-        self.free_queue = FreeBlockQueue(num_blocks)
+        self.prefix_caching = prefix_caching
+        eviction = eviction or LRUEvictionConfig()
+        self.eviction_kind = eviction.kind
+        self.pool, self._history_k = EVICTION_POLICIES.build(eviction, num_blocks)
         self.ref_counts = [0] * num_blocks
         self.block_tables: dict[int, list[int]] = {}
         self.ledger = SlotLedger()
+        # prefix cache state
+        self.block_key: list[object] = [None] * num_blocks
+        self.key_to_block: dict[object, int] = {}
+        self.block_stats: dict[int, BlockStats] = {}
+        self._requests: dict[int, KVRequest] = {}
+        self._registered: dict[int, int] = {}  # request -> blocks of its table already considered
+        self._shared_extra = 0  # sum over owned blocks of (ref count - 1)
+        self._cached_free = 0  # free blocks that still hold cached content
+        self._tick = 0
+        # counters (read by the metrics)
+        self.hit_blocks = 0
+        self.query_blocks = 0
+        self.evictions = 0
 
     @classmethod
     def from_capacity(cls, cfg: PagedAllocatorConfig, capacity_tokens: int) -> "PagedAllocator":
-        return cls(capacity_tokens // cfg.block_size, cfg.block_size, cfg.watermark)
+        return cls(capacity_tokens // cfg.block_size, cfg.block_size, cfg.watermark, cfg.prefix_caching,
+                   cfg.eviction)
 
     # -- queries -------------------------------------------------------------------------------
     def max_footprint_fits(self, req: KVRequest) -> bool:
@@ -63,57 +102,149 @@ class PagedAllocator:
 
     @property
     def num_free_blocks(self) -> int:
-        return self.free_queue.num_free
+        return self.pool.num_free
+
+    def free_block_order(self) -> list[int]:
+        """Free blocks in the order they would be reused (for tests)."""
+        return self.pool.order()
+
+    @property
+    def free_queue(self):
+        """The LRU free queue (only with the default LRU eviction)."""
+        return self.pool.queue
+
+    def _key(self, req: KVRequest, k: int):
+        keys = req.block_keys
+        if keys is not None and k < len(keys):
+            return int(keys[k])
+        return (req.request_id, k)
 
     # -- mutations -------------------------------------------------------------------------------
-    def _take_blocks(self, table: list[int], count: int) -> None:
-        for _ in range(count):
-            b = self.free_queue.popleft()
-            self.ref_counts[b] = 1
-            table.append(b)
+    def _new_block(self) -> int:
+        b = self.pool.pop()
+        key = self.block_key[b]
+        if key is not None:  # evict the cached content
+            self._cached_free -= 1
+            del self.key_to_block[key]
+            self.block_key[b] = None
+            self.block_stats.pop(b, None)
+            self.evictions += 1
+        self.ref_counts[b] = 1
+        return b
 
-    def allocate(self, req: KVRequest, hold_tokens: int) -> bool:
-        if req.request_id in self.ledger:
-            raise ValueError(f"request {req.request_id} is already allocated")
+    def _cache_hits(self, req: KVRequest, num_tokens: int) -> list[int]:
+        hits: list[int] = []
+        if not self.prefix_caching:
+            return hits
+        max_hit = (num_tokens - 1) // self.block_size  # the last token is always computed
+        for k in range(max_hit):
+            b = self.key_to_block.get(self._key(req, k))
+            if b is None:
+                break
+            hits.append(b)
+        return hits
+
+    def peek_cached_tokens(self, req: KVRequest, num_tokens: int) -> int:
+        """Tokens ``allocate(req, num_tokens)`` would find cached (no side effects)."""
+        return len(self._cache_hits(req, num_tokens)) * self.block_size
+
+    def allocate(self, req: KVRequest, hold_tokens: int) -> Allocation | None:
+        rid = req.request_id
+        if rid in self.ledger:
+            raise ValueError(f"request {rid} is already allocated")
         if hold_tokens < 1:
             raise ValueError(f"hold_tokens must be >= 1, got {hold_tokens}")
-        need = cdiv(hold_tokens, self.block_size)
-        if self.free_queue.num_free - need < self.watermark_blocks:
-            return False
+        total = cdiv(hold_tokens, self.block_size)
+        hits = self._cache_hits(req, hold_tokens)
+        hits_in_pool = sum(1 for b in hits if self.ref_counts[b] == 0)
+        if self.pool.num_free - hits_in_pool - (total - len(hits)) < self.watermark_blocks:
+            return None
+        self._tick += 1
         table: list[int] = []
-        self._take_blocks(table, need)
-        self.block_tables[req.request_id] = table
-        self.ledger.add(req.request_id, req.final_kv_tokens, need * self.block_size)
-        return True
+        for b in hits:
+            if self.ref_counts[b] == 0:
+                self.pool.remove(b)
+                self._cached_free -= 1
+            else:
+                self._shared_extra += 1
+            self.ref_counts[b] += 1
+            stats = self.block_stats.get(b)
+            if stats is not None:
+                stats.touch(self._tick, req.priority)
+            table.append(b)
+        for _ in range(total - len(hits)):
+            table.append(self._new_block())
+        self.block_tables[rid] = table
+        self.ledger.add(rid, req.final_kv_tokens, total * self.block_size)
+        cached = len(hits) * self.block_size
+        if self.prefix_caching:
+            self._requests[rid] = req
+            self._registered[rid] = len(hits)
+            self.query_blocks += cdiv(req.prompt_tokens, self.block_size)
+            self.hit_blocks += len(hits)
+        if cached:
+            self.ledger.set_written(rid, cached)
+            return Allocation(cached)
+        return NO_HIT
 
     def ensure_slots(self, request_id: int, num_tokens: int) -> bool:
         self.ledger.require(request_id)
         table = self.block_tables[request_id]
         need = cdiv(num_tokens, self.block_size) - len(table)
         if need > 0:
-            if need > self.free_queue.num_free:
+            if need > self.pool.num_free:
                 return False
-            self._take_blocks(table, need)
+            for _ in range(need):
+                table.append(self._new_block())
             self.ledger.set_held(request_id, len(table) * self.block_size)
         if num_tokens < self.ledger.written[request_id]:
             raise ValueError(f"request {request_id}: written tokens cannot shrink")
         self.ledger.set_written(request_id, num_tokens)
+        if self.prefix_caching:
+            self._register_full_blocks(request_id, num_tokens)
         return True
+
+    def _register_full_blocks(self, rid: int, num_tokens: int) -> None:
+        full = num_tokens // self.block_size
+        start = self._registered[rid]
+        if full <= start:
+            return
+        req = self._requests[rid]
+        table = self.block_tables[rid]
+        k_hist = self._history_k
+        for k in range(start, full):
+            key = self._key(req, k)
+            if key in self.key_to_block:
+                continue  # the same content is already cached in another block: keep that one
+            b = table[k]
+            self.key_to_block[key] = b
+            self.block_key[b] = key
+            stats = BlockStats(self._tick, k_hist)
+            stats.touch(self._tick, req.priority)
+            self.block_stats[b] = stats
+        self._registered[rid] = full
 
     def free(self, request_id: int) -> None:
         self.ledger.remove(request_id)
         table = self.block_tables.pop(request_id)
-        for b in reversed(table):  # tail first: see the eviction order in block_pool
+        self._requests.pop(request_id, None)
+        self._registered.pop(request_id, None)
+        for b in reversed(table):  # tail first: see the eviction order in kvsim.kv.eviction
             self.ref_counts[b] -= 1
             if self.ref_counts[b] == 0:
-                self.free_queue.append(b)
+                self.pool.add(b, self.block_stats.get(b))
+                if self.block_key[b] is not None:
+                    self._cached_free += 1
+            else:
+                self._shared_extra -= 1
 
     def usage(self, head: KVRequest | None = None, head_hold_tokens: int = 0) -> KVUsage:
         # Any free block can serve any request: paging has no external fragmentation.
-        return self.ledger.usage(self.capacity_tokens, 0)
+        return self.ledger.usage(self.capacity_tokens, 0, self._shared_extra * self.block_size,
+                                 self._cached_free * self.block_size)
 
     def check_invariants(self) -> None:
-        self.free_queue.check_invariants()
+        self.pool.check_invariants()
         self.ledger.check("paged")
         owners = [0] * self.num_blocks
         for r, table in self.block_tables.items():
@@ -121,16 +252,29 @@ class PagedAllocator:
             assert len(table) * self.block_size == self.ledger.held[r], (
                 f"request {r}: {len(table)} blocks but {self.ledger.held[r]} held tokens"
             )
+            assert len(set(table)) == len(table), f"request {r} holds a block twice"
             for b in table:
                 owners[b] += 1
+        extra = 0
         for b in range(self.num_blocks):
-            free = b in self.free_queue
+            free = b in self.pool
             assert self.ref_counts[b] == owners[b], (
                 f"block {b}: ref count {self.ref_counts[b]} != owners {owners[b]}"
             )
             assert not (free and owners[b]), f"block {b} is both free and owned"
             assert free or owners[b], f"block {b} is neither free nor owned (leaked)"
+            extra += max(owners[b] - 1, 0)
+        assert extra == self._shared_extra, f"shared-owner count {self._shared_extra} != {extra}"
         assert len(self.block_tables) == len(self.ledger), "block tables and ledger disagree"
+        assert self.pool.num_free + sum(1 for o in owners if o) == self.num_blocks, "blocks leaked"
+        for key, b in self.key_to_block.items():
+            assert self.block_key[b] == key, f"cache map says key -> block {b}, block says {self.block_key[b]}"
+        cached_free = sum(1 for b in range(self.num_blocks) if self.block_key[b] is not None and owners[b] == 0)
+        assert cached_free == self._cached_free, f"cached-free count {self._cached_free} != {cached_free}"
+        keyed = sum(1 for k in self.block_key if k is not None)
+        assert keyed == len(self.key_to_block), "keyed blocks and cache map disagree"
+        if not self.prefix_caching:
+            assert not self.key_to_block, "cache entries without prefix caching"
 
 
 ALLOCATORS.register("paged", PagedAllocatorConfig, PagedAllocator.from_capacity)

@@ -35,6 +35,10 @@ STEP_COLUMNS: dict[str, str] = {
     "internal_frag_bytes": "int64",
     "external_frag_bytes": "int64",
     "free_bytes": "int64",
+    "cached_free_bytes": "int64",
+    "evictions": "int64",
+    "swap_in_bytes": "int64",
+    "swap_out_bytes": "int64",
     "kv_bytes_read": "int64",
     "weights_read_s": "float64",
     "kv_read_s": "float64",
@@ -66,7 +70,8 @@ class StepRecorder:
 
     def row(self, *, idle: bool, start_s: float, duration_s: float, batch_size: int, prefill_tokens: int,
             decode_tokens: int, running: int, waiting: int, admitted: int, preempted: int, finished: int,
-            usage: KVUsage, kv_bytes_read: int, breakdown: dict[str, float], num_steps: int = 1) -> None:
+            usage: KVUsage, kv_bytes_read: int, breakdown: dict[str, float], num_steps: int = 1,
+            evictions: int = 0, swap_in_bytes: int = 0, swap_out_bytes: int = 0) -> None:
         c = self._cols
         bpt = self.bytes_per_token
         c["step"].append(self.num_rows)
@@ -87,6 +92,10 @@ class StepRecorder:
         c["internal_frag_bytes"].append(usage.internal_frag_tokens * bpt)
         c["external_frag_bytes"].append(usage.external_frag_tokens * bpt)
         c["free_bytes"].append(usage.free_tokens * bpt)
+        c["cached_free_bytes"].append(usage.cached_free_tokens * bpt)
+        c["evictions"].append(evictions)
+        c["swap_in_bytes"].append(swap_in_bytes)
+        c["swap_out_bytes"].append(swap_out_bytes)
         c["kv_bytes_read"].append(kv_bytes_read)
         for k in BREAKDOWN_COLUMNS:
             c[k].append(breakdown.get(k, 0.0))

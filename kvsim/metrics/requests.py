@@ -28,6 +28,9 @@ def requests_table(requests: list[Request]) -> pd.DataFrame:
         "output_tokens": col("output_tokens", np.int64),
         "preemptions": col("num_preemptions", np.int64),
         "recomputed_tokens": col("recomputed_tokens", np.int64),
+        "swaps": col("num_swaps", np.int64),
+        "cached_tokens": col("cached_tokens", np.int64),
+        "priority": col("priority", np.int64),
         "status": pd.Series([STATUS_NAMES[r.status] for r in reqs], dtype="string"),
         "reject_reason": pd.Series([r.reject_reason for r in reqs], dtype="string"),
     })

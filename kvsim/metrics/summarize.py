@@ -31,6 +31,7 @@ def time_weighted_mean(values: pd.Series, weights: pd.Series) -> float:
 
 
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: int, bytes_per_token: int,
+              prefix_caching: bool = False,
               block_size_tokens: int | None, budget_bytes: int, end_s: float, start_s: float) -> dict:
     fin = requests[requests["status"] == "finished"]
     rejected = requests[requests["status"] == "rejected"]
@@ -79,10 +80,36 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: i
         },
         "kv": kv,
         "preemptions": int(requests["preemptions"].sum()),
+        "preemptions_by_mode": {"recompute": int(requests["preemptions"].sum() - requests["swaps"].sum()),
+                                "swap": int(requests["swaps"].sum())},
+        "swapped_out_bytes": int(steps["swap_out_bytes"].sum()),
+        "swapped_in_bytes": int(steps["swap_in_bytes"].sum()),
+        "prefix_cache": _prefix_cache(requests, steps, block_size_tokens, bytes_per_token) if prefix_caching else None,
         "recomputed_tokens": int(requests["recomputed_tokens"].sum()),
         "engine_steps": int(steps["num_steps"].sum()),
         "busy_time_s": step_time_total,
         "busy_frac": step_time_total / duration if duration > 0 else 0.0,
         "kv_bytes_read_total": int(steps["kv_bytes_read"].sum()),
         "step_time_breakdown_s": breakdown,
+    }
+
+
+def _prefix_cache(requests: pd.DataFrame, steps: pd.DataFrame, block_size: int | None, bytes_per_token: int) -> dict:
+    """Hit ratios over first admissions: a readmission after preemption hitting its own blocks is
+    not counted as a prefix hit."""
+    adm = requests[requests["cached_tokens"] >= 0]
+    prompt = adm["prompt_tokens"].to_numpy()
+    cached = adm["cached_tokens"].to_numpy()
+    bs = block_size or 1
+    blocks_total = int(((prompt + bs - 1) // bs).sum())
+    return {
+        "hit_ratio_tokens": float(cached.sum() / prompt.sum()) if prompt.sum() else 0.0,
+        "hit_ratio_blocks": float((cached // bs).sum() / blocks_total) if blocks_total else 0.0,
+        "hit_tokens": int(cached.sum()),
+        "evictions": int(steps["evictions"].sum()),
+        "offloaded_blocks": 0,
+        "tier_hits": {"gpu": int((cached // bs).sum()), "cpu": 0, "ssd": 0},
+        "cached_free_frac_mean": time_weighted_mean(
+            steps["cached_free_bytes"] / max(1, steps[[f"{p}_bytes" for p in MEMORY_PARTS]].sum(axis=1).max()),
+            steps["duration_s"]),
     }

@@ -18,7 +18,9 @@ class SchedulerConfig(StrictModel):
         description="token budget per step; default max(max_model_len, 2048), or 2048 with chunked prefill",
     )
     chunked_prefill: bool = False
-    preemption_mode: Literal["recompute"] = "recompute"
+    preemption_mode: Literal["recompute", "swap"] = Field(
+        "recompute", description="recompute: drop the victim's KV; swap: move it to the host tier")
+    swap_space_bytes: int = Field(4 << 30, ge=0, description="host (CPU DRAM) capacity for swapped KV")
     victim: VictimPolicy = "latest_admitted"
 
     def token_budget(self, max_model_len_tokens: int) -> int:

@@ -13,6 +13,7 @@ class RequestStatus(enum.IntEnum):
     RUNNING = 1
     FINISHED = 2
     REJECTED = 3
+    SWAPPED = 4
 
 
 class Request:
@@ -26,16 +27,22 @@ class Request:
     __slots__ = (
         "request_id", "arrival_s", "prompt_tokens", "output_tokens", "kv", "status",
         "num_computed_tokens", "num_generated", "admitted_s", "first_token_s", "finish_s",
-        "num_preemptions", "recomputed_tokens", "admit_seq", "reject_reason",
+        "num_preemptions", "recomputed_tokens", "admit_seq", "reject_reason", "priority",
+        "cached_tokens", "num_swaps", "swapped_tokens",
     )
 
     def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
-                 max_model_len_tokens: int):
+                 max_model_len_tokens: int, priority: int = 0, block_keys=None):
         self.request_id = request_id
         self.arrival_s = arrival_s
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
-        self.kv = KVRequest(request_id, prompt_tokens, output_tokens, max_model_len_tokens)
+        self.kv = KVRequest(request_id, prompt_tokens, output_tokens, max_model_len_tokens,
+                            block_keys=block_keys, priority=priority)
+        self.priority = priority
+        self.cached_tokens = -1  # prefix-cache hit at first admission (-1: never admitted)
+        self.num_swaps = 0
+        self.swapped_tokens = 0  # tokens held in the host tier while swapped out
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_generated = 0

@@ -6,13 +6,18 @@ tokens, within a per-step token budget. The order of one ``schedule()`` call:
 
 1. running requests, in admission order. Each asks the allocator for room for its new tokens; when
    that fails the scheduler preempts a victim (default: the most recently admitted running request,
-   as vLLM does), frees its KV, resets its computed tokens to 0 (recompute) and puts it at the
-   *front* of the waiting queue, then retries. If the victim is the request itself it is not
-   scheduled this step.
-2. waiting requests, FCFS, only if nothing was preempted in this call: the head is admitted only if
+   as vLLM does) and retries. If the victim is the request itself it is not scheduled this step.
+   Preemption by ``recompute`` frees the victim's KV, resets its computed tokens to 0 and puts it at
+   the *front* of the waiting queue; by ``swap`` it moves the victim's KV to the host tier (if it has
+   room, else recompute) and parks it in the swapped queue, with its computed tokens kept.
+2. swapped requests (oldest admission first), swapped back in when they fit; the transfer is part
+   of this step's batch shape (``swap_in_bytes``) and so of its time. While any request is swapped
+   out no new request is admitted (vLLM v0).
+3. waiting requests, FCFS, only if nothing was preempted in this call: the head is admitted only if
    the allocator can hold its whole current prompt at once (all or nothing) and ``max_num_seqs`` and
-   the token budget allow. Without chunked prefill a prompt is scheduled whole or not at all; with it,
-   the head may take the remaining budget and catch up over several steps.
+   the token budget allow. Leading prompt blocks found in the prefix cache count as computed (at
+   least the last token is always computed). Without chunked prefill the rest of the prompt is
+   scheduled whole or not at all; with it, the head may take the remaining budget.
 
 Requests that could never run are rejected when they arrive and counted: longer than the model's
 max length (prompt + output), or larger than the whole KV budget. The scheduler never sees block ids.
@@ -20,6 +25,7 @@ max length (prompt + output), or larger than the whole KV budget. The scheduler 
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 
@@ -36,7 +42,7 @@ REJECT_BUDGET = "exceeds_batch_token_budget"
 
 class Scheduler:
     def __init__(self, cfg: SchedulerConfig, allocator: KVAllocator, max_model_len_tokens: int,
-                 want_context_lens: bool = False):
+                 want_context_lens: bool = False, kv_bytes_per_token: int = 0):
         self.cfg = cfg
         self.allocator = allocator
         self.max_model_len_tokens = max_model_len_tokens
@@ -44,14 +50,23 @@ class Scheduler:
         self.token_budget = cfg.token_budget(max_model_len_tokens)
         self.chunked_prefill = cfg.chunked_prefill
         self.want_context_lens = want_context_lens
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.swap_mode = cfg.preemption_mode == "swap"
+        self.swap_capacity_tokens = cfg.swap_space_bytes // kv_bytes_per_token if kv_bytes_per_token else 0
+        self.swap_used_tokens = 0
+        self._peek = getattr(allocator, "peek_cached_tokens", None)
         self.requests: dict[int, Request] = {}
         self.waiting: deque[Request] = deque()
+        self.swapped: list[Request] = []  # ordered by admit_seq
         self.running: list[Request] = []
         self.finished: list[Request] = []
         self.rejected: list[Request] = []
         self._admit_counter = 0
         self._plan: StepPlan | None = None
         self.num_preemptions = 0
+        self.preemptions_by_mode = {"recompute": 0, "swap": 0}
+        self.swapped_out_bytes = 0
+        self.swapped_in_bytes = 0
 
     # -- arrivals ------------------------------------------------------------------------------
     def add_request(self, req: Request) -> bool:
@@ -77,10 +92,12 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.swapped)
 
-    # -- one step --------------------------------------------------------------------------------
+    # -- preemption ------------------------------------------------------------------------------
     def _pick_victim(self) -> Request:
+        """The victim among running requests. Eviction orders (ties: latest admitted loses):
+        latest_admitted (vLLM) | lowest_priority | largest_kv (most slots held) | fewest_tokens_left."""
         policy = self.cfg.victim
         if policy == "latest_admitted":
             return self.running[-1]
@@ -89,20 +106,38 @@ class Scheduler:
         if policy == "fewest_tokens_left":
             return min(self.running, key=lambda r: (r.output_tokens - r.num_generated, -r.admit_seq))
         if policy == "lowest_priority":
-            # No priorities in the request record yet: every request ties, latest admitted loses.
-            return self.running[-1]
+            return min(self.running, key=lambda r: (r.priority, -r.admit_seq))
         raise ValueError(f"unknown victim policy {policy!r}")
 
-    def _preempt(self, victim: Request) -> None:
+    def _preempt(self, victim: Request) -> int:
+        """Preempt ``victim``; returns bytes swapped out (0 for recompute)."""
         self.allocator.free(victim.request_id)
-        victim.recomputed_tokens += victim.num_computed_tokens
-        victim.num_computed_tokens = 0
-        victim.num_preemptions += 1
-        victim.status = RequestStatus.WAITING
         self.running.remove(victim)
-        self.waiting.appendleft(victim)
+        victim.num_preemptions += 1
         self.num_preemptions += 1
+        computed = victim.num_computed_tokens
+        if self.swap_mode and computed and self.swap_used_tokens + computed <= self.swap_capacity_tokens:
+            victim.status = RequestStatus.SWAPPED
+            victim.num_swaps += 1
+            victim.swapped_tokens = computed
+            self.swap_used_tokens += computed
+            keys = [r.admit_seq for r in self.swapped]
+            self.swapped.insert(bisect.bisect(keys, victim.admit_seq), victim)
+            self.preemptions_by_mode["swap"] += 1
+            nbytes = computed * self.kv_bytes_per_token
+            self.swapped_out_bytes += nbytes
+            return nbytes
+        victim.recomputed_tokens += computed
+        victim.num_computed_tokens = 0
+        victim.status = RequestStatus.WAITING
+        self.waiting.appendleft(victim)
+        self.preemptions_by_mode["recompute"] += 1
+        return 0
 
+    def _peek_cached(self, req: Request) -> int:
+        return self._peek(req.kv, req.num_tokens) if self._peek is not None else 0
+
+    # -- one step --------------------------------------------------------------------------------
     def schedule(self, now_s: float) -> StepPlan:
         if self._plan is not None:
             raise RuntimeError("schedule() called twice without on_step_done()")
@@ -111,6 +146,7 @@ class Scheduler:
         scheduled: dict[int, int] = {}
         preempted: list[int] = []
         admitted: list[int] = []
+        swap_out = swap_in = 0
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -126,7 +162,7 @@ class Scheduler:
                 vi = self.running.index(victim)
                 if victim.request_id in scheduled:
                     budget += scheduled.pop(victim.request_id)
-                self._preempt(victim)
+                swap_out += self._preempt(victim)
                 preempted.append(victim.request_id)
                 if victim is req:
                     n = 0
@@ -138,16 +174,49 @@ class Scheduler:
                 budget -= n
                 i += 1
 
-        while (self.waiting and not preempted and len(self.running) < self.max_num_seqs and budget > 0):
-            req = self.waiting[0]
-            n = req.num_tokens
+        # Swapped requests come back before any new admission.
+        while self.swapped and not preempted and len(self.running) < self.max_num_seqs and budget > 0:
+            req = self.swapped[0]
+            n = req.num_uncomputed_tokens
             if n > budget:
                 if not self.chunked_prefill:
                     break
                 n = budget
-            if not alloc.allocate(req.kv, req.num_tokens):
+            got = alloc.allocate(req.kv, req.num_tokens)
+            if got is None:
                 break
-            if not alloc.ensure_slots(req.request_id, n):
+            self.swapped.pop(0)
+            computed = max(req.num_computed_tokens, got.cached_tokens)
+            transfer = req.num_computed_tokens - min(got.cached_tokens, req.num_computed_tokens)
+            req.num_computed_tokens = computed
+            n = min(n, req.num_uncomputed_tokens)
+            self.swap_used_tokens -= req.swapped_tokens
+            req.swapped_tokens = 0
+            swap_in += transfer * self.kv_bytes_per_token
+            self.swapped_in_bytes += transfer * self.kv_bytes_per_token
+            if not alloc.ensure_slots(req.request_id, computed + n):
+                raise RuntimeError(f"request {req.request_id}: swapped in but its next tokens do not fit")
+            req.status = RequestStatus.RUNNING
+            self._insert_running(req)
+            scheduled[req.request_id] = n
+            budget -= n
+
+        while (self.waiting and not self.swapped and not preempted and len(self.running) < self.max_num_seqs
+               and budget > 0):
+            req = self.waiting[0]
+            cached = self._peek_cached(req)
+            n = req.num_tokens - cached
+            if n > budget:
+                if not self.chunked_prefill:
+                    break
+                n = budget
+            got = alloc.allocate(req.kv, req.num_tokens)
+            if got is None:
+                break
+            if got.cached_tokens != cached:
+                raise RuntimeError(f"request {req.request_id}: cache hit changed between peek and allocate")
+            req.num_computed_tokens = cached
+            if not alloc.ensure_slots(req.request_id, cached + n):
                 raise RuntimeError(f"request {req.request_id}: admitted but its first chunk does not fit")
             self.waiting.popleft()
             req.status = RequestStatus.RUNNING
@@ -155,6 +224,7 @@ class Scheduler:
             self._admit_counter += 1
             if math.isnan(req.admitted_s):
                 req.admitted_s = now_s
+                req.cached_tokens = cached
             self.running.append(req)
             admitted.append(req.request_id)
             scheduled[req.request_id] = n
@@ -162,14 +232,19 @@ class Scheduler:
 
         plan = StepPlan(
             scheduled=tuple(scheduled.items()),
-            shape=self._batch_shape(scheduled),
+            shape=self._batch_shape(scheduled, swap_in, swap_out),
             admitted=tuple(admitted),
             preempted=tuple(preempted),
         )
         self._plan = plan
         return plan
 
-    def _batch_shape(self, scheduled: dict[int, int]) -> BatchShape:
+    def _insert_running(self, req: Request) -> None:
+        """Keep the running list in admission order (a swapped-in request returns to its place)."""
+        keys = [r.admit_seq for r in self.running]
+        self.running.insert(bisect.bisect(keys, req.admit_seq), req)
+
+    def _batch_shape(self, scheduled: dict[int, int], swap_in: int, swap_out: int) -> BatchShape:
         n_pre_seqs = n_dec_seqs = pre_tok = dec_tok = kv_read = pairs = 0
         ctx: list[int] = []
         for rid, n in scheduled.items():
@@ -188,7 +263,7 @@ class Scheduler:
         return BatchShape(
             num_seqs=len(scheduled), num_prefill_seqs=n_pre_seqs, num_decode_seqs=n_dec_seqs,
             num_prefill_tokens=pre_tok, num_decode_tokens=dec_tok, kv_tokens_read=kv_read,
-            attention_pairs=pairs, context_lens=tuple(ctx),
+            attention_pairs=pairs, swap_in_bytes=swap_in, swap_out_bytes=swap_out, context_lens=tuple(ctx),
         )
 
     def on_step_done(self, now_s: float) -> tuple[list[Request], list[Request]]:
@@ -218,7 +293,7 @@ class Scheduler:
         return first, done
 
     def usage(self):
-        head = self.waiting[0].kv if self.waiting else None
+        head = self.waiting[0].kv if self.waiting and not self.swapped else None
         return self.allocator.usage(head)
 
     def check_invariants(self) -> None:
@@ -232,7 +307,12 @@ class Scheduler:
         for r in self.waiting:
             assert r.status == RequestStatus.WAITING, f"{r} in waiting queue"
             assert r.num_computed_tokens == 0, f"{r}: waiting with computed tokens"
-        ids = [r.request_id for r in self.running] + [r.request_id for r in self.waiting]
+        assert sum(r.swapped_tokens for r in self.swapped) == self.swap_used_tokens, "host tier usage out of sync"
+        assert self.swap_used_tokens <= self.swap_capacity_tokens or not self.swapped, "host tier over capacity"
+        for r in self.swapped:
+            assert r.status == RequestStatus.SWAPPED, f"{r} in swapped queue"
+        ids = [r.request_id for r in self.running] + [r.request_id for r in self.waiting] + \
+            [r.request_id for r in self.swapped]
         assert len(ids) == len(set(ids)), "a request is queued twice"
         fin = [r.request_id for r in self.finished]
         assert len(fin) == len(set(fin)), "a request finished twice"

@@ -86,7 +86,7 @@ def build_trace(
     """Load or generate the trace of ``cfg`` and apply its transforms.
 
     Returns the trace and a JSON-able report: ``source`` (``file`` | ``synthetic``), ``file``,
-    ``sha256`` (of the file as stored), ``format``, ``repairs``, request counts after each step
+    ``sha256`` (of the file as stored), ``content_sha256`` (decompressed), ``format``, ``repairs``, request counts after each step
     (``requests_loaded``, ``requests_after_time_slice``, ``requests_after_length_policy``,
     ``requests``), the length policy's ``over_long``/``capped``/``dropped`` counts and
     ``rate_scale``. For a synthetic trace, ``spec_sha256`` identifies the spec and ``seed`` the
@@ -104,6 +104,7 @@ def build_trace(
             source="file",
             file=str(path),
             sha256=src["sha256"],
+            content_sha256=src["content_sha256"],
             format=src["format"],
             requests_in_file=src["requests_in_file"],
             repairs=list(src["repairs"]),

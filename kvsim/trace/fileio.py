@@ -88,19 +88,28 @@ class OpenTrace:
         buffered = io.BufferedReader(self._hasher, buffer_size=1 << 16)
         self.compressed = buffered.peek(2)[:2] == GZIP_MAGIC
         if self.compressed:
-            self.stream: io.BufferedIOBase = io.BufferedReader(
-                gzip.GzipFile(fileobj=buffered, mode="rb"), buffer_size=1 << 16  # type: ignore[arg-type]
-            )
+            # Hash the decompressed bytes too: for a .gz copy of an upstream file this is the
+            # upstream file's sha256.
+            self._content_hasher: HashingReader | None = HashingReader(gzip.GzipFile(fileobj=buffered, mode="rb"))  # type: ignore[arg-type]
+            self.stream: io.BufferedIOBase = io.BufferedReader(self._content_hasher, buffer_size=1 << 16)
         else:
+            self._content_hasher = None
             self.stream = buffered
         try:
             self.first_bytes = self.stream.peek(4096)[:4096]
         except (EOFError, OSError, zlib.error) as exc:
             raise TraceError(f"{path}: line 1: cannot decompress the gzip file ({_describe(exc)})") from None
 
-    def sha256(self) -> str:
-        """The sha256 of the file as stored (compressed bytes for a .gz); reads the rest."""
-        return self._hasher.drain()
+    def sha256(self) -> tuple[str, str]:
+        """(sha256 of the file as stored, sha256 of its decompressed content); reads the rest."""
+        content = None
+        if self._content_hasher is not None:
+            try:
+                content = self._content_hasher.drain()
+            except (EOFError, OSError, zlib.error) as exc:
+                raise TraceError(f"{self.path}: cannot decompress the end of the file ({_describe(exc)})") from None
+        stored = self._hasher.drain()
+        return stored, content or stored
 
     def close(self) -> None:
         self.stream.close()

@@ -50,8 +50,10 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from kvsim.errors import TraceError, format_choices
+from kvsim.trace.arrays import split_flat
 from kvsim.trace.fileio import PARQUET_MAGIC, LineReader, OpenTrace, check_path, sha256_of_file
 from kvsim.trace.schema import Trace
 
@@ -203,25 +205,33 @@ class _CsvSource(_Source):
 
 
 class _JsonlSource(_Source):
+    """JSON lines. Each chunk is parsed by pyarrow's C++ JSON reader (fast, typed columns); if
+    that fails or yields unusable types, the chunk is re-parsed line by line with :mod:`json` so
+    the error names the exact line and problem."""
+
     def __init__(self, opened: OpenTrace, where: str):
         self._where = where
         self._lines = LineReader(opened.stream, opened.path)
         self.metadata = {}
-        self._pending: tuple[dict, int] | None = None
+        self.prefix_column: str | None = None  # set once the format is known
+        self._first: tuple[bytes, int] | None = None
         for line in self._lines:
             if line.strip():
-                self._pending = (self._decode(line, self._lines.line_no), self._lines.line_no)
+                self._first = (line, self._lines.line_no)
                 break
-        if self._pending is None:
+        if self._first is None:
             raise TraceError(f"{where}: line 1: the file is empty (no JSON objects)")
-        self.columns = list(self._pending[0].keys())
+        self.columns = list(self._decode(*self._first).keys())
 
     def _decode(self, line: bytes, line_no: int) -> dict:
         try:
             obj = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             reason = exc.msg if isinstance(exc, json.JSONDecodeError) else f"not UTF-8 text ({exc.reason})"
-            raise TraceError(f"{self._where}: line {line_no}: not a valid JSON object: {reason}") from None
+            raise TraceError(
+                f"{self._where}: line {line_no}: not a valid JSON object: {reason} "
+                f"(JSON-lines traces hold one complete object per line)"
+            ) from None
         if not isinstance(obj, dict):
             raise TraceError(
                 f"{self._where}: line {line_no}: expected a JSON object {{...}}, got {type(obj).__name__}"
@@ -229,35 +239,61 @@ class _JsonlSource(_Source):
         return obj
 
     def chunks(self) -> Iterator[_Chunk]:
-        assert self._pending is not None
-        records = [self._pending[0]]
-        line_nos = [self._pending[1]]
+        assert self._first is not None
+        lines = [self._first[0]]
+        line_nos = [self._first[1]]
         for line in self._lines:
-            if not line.strip():
+            if not line.strip():  # blank lines are allowed and skipped
                 continue
-            records.append(self._decode(line, self._lines.line_no))
+            lines.append(line)
             line_nos.append(self._lines.line_no)
-            if len(records) >= CHUNK_LINES:
-                yield self._frame(records, line_nos)
-                records, line_nos = [], []
-        if records:
-            yield self._frame(records, line_nos)
+            if len(lines) >= CHUNK_LINES:
+                yield self._chunk(lines, line_nos)
+                lines, line_nos = [], []
+        if lines:
+            yield self._chunk(lines, line_nos)
 
-    def _frame(self, records: list[dict], line_nos: list[int]) -> _Chunk:
-        # Build columns directly (faster and type-preserving compared with DataFrame(records)).
+    def _chunk(self, lines: list[bytes], line_nos: list[int]) -> _Chunk:
+        numbers = np.asarray(line_nos, dtype=np.int64)
+        try:
+            return self._fast(lines, numbers)
+        except (_SlowPath, pa.ArrowException):
+            pass  # let the exact line-by-line parser find and explain the problem
+        records = [self._decode(line, n) for line, n in zip(lines, line_nos)]
         data = {c: [r.get(c) for r in records] for c in self.columns}
         frame = pd.DataFrame({c: pd.Series(v, dtype=object) for c, v in data.items()})
-        return _Chunk(frame, np.asarray(line_nos, dtype=np.int64))
+        return _Chunk(frame, numbers)
+
+    def _fast(self, lines: list[bytes], numbers: np.ndarray) -> _Chunk:
+        import pyarrow.json as pj
+
+        data = b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines)
+        table = pj.read_json(io.BytesIO(data), read_options=pj.ReadOptions(block_size=max(1 << 20, len(data) + 1)))
+        if table.num_rows != len(lines):
+            raise _SlowPath
+        keys = None
+        if self.prefix_column is not None and self.prefix_column in table.column_names:
+            col = table.column(self.prefix_column).combine_chunks()
+            keys = _arrow_key_lists(col, self._where, numbers, "line", strict=False)
+            table = table.drop_columns([self.prefix_column])
+        keep = [c for c in self.columns if c in table.column_names]
+        frame = table.select(keep).to_pandas()
+        for c in self.columns:  # columns absent from every line of this chunk
+            if c not in frame.columns and c != self.prefix_column:
+                frame[c] = pd.Series([None] * len(frame), dtype=object)
+        return _Chunk(frame, numbers, keys)
+
+
+class _SlowPath(Exception):
+    """The fast (arrow) parse of a chunk is unusable; re-parse it line by line."""
 
 
 class _ParquetSource(_Source):
     unit = "row"
 
     def __init__(self, path: Path, where: str):
-        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        self._pa = pa
         try:
             self._file = pq.ParquetFile(path)
         except (pa.ArrowException, OSError) as exc:
@@ -272,7 +308,6 @@ class _ParquetSource(_Source):
             raise TraceError(f"{where}: row 1: the file is empty (no rows)")
 
     def chunks(self) -> Iterator[_Chunk]:
-        pa = self._pa
         first_row = 1
         try:
             for batch in self._file.iter_batches(batch_size=CHUNK_LINES):
@@ -280,7 +315,8 @@ class _ParquetSource(_Source):
                 if self.prefix_column in batch.schema.names:
                     col = batch.column(self.prefix_column)
                     if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
-                        keys = _arrow_key_lists(col, self._where, first_row)
+                        rows = np.arange(first_row, first_row + len(col), dtype=np.int64)
+                        keys = _arrow_key_lists(col, self._where, rows, "row", strict=True)
                         batch = batch.drop_columns([self.prefix_column])
                 frame = batch.to_pandas()
                 lines = np.arange(first_row, first_row + len(frame), dtype=np.int64)
@@ -290,18 +326,28 @@ class _ParquetSource(_Source):
             raise TraceError(f"{self._where}: near row {first_row}: cannot read the parquet file: {exc}") from None
 
 
-def _arrow_key_lists(col, where: str, first_row: int) -> list[np.ndarray]:
+def _arrow_key_lists(col, where: str, lines: np.ndarray, unit: str, strict: bool) -> list[np.ndarray]:
+    """An arrow list column -> int64 arrays. With ``strict=False`` any problem raises _SlowPath
+    (the caller re-parses exactly); with ``strict=True`` it raises a TraceError."""
+
+    def fail(i: int, message: str):
+        if not strict:
+            raise _SlowPath
+        raise TraceError(f"{where}: {unit} {int(lines[i])}: {message}")
+
+    if pa.types.is_null(col.type):
+        fail(0, "prefix key list is missing (null)")
     if col.null_count:
-        row = first_row + int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
-        raise TraceError(f"{where}: row {row}: prefix key list is missing (null)")
-    values = col.values
-    if values.null_count:
-        raise TraceError(f"{where}: rows {first_row}-: a prefix key list contains a null")
-    if not (values.type.id in (2, 3, 4, 5, 6, 7, 8, 9)):  # arrow integer type ids
-        raise TraceError(f"{where}: rows {first_row}-: prefix keys must be integers, got {values.type}")
-    offsets = col.offsets.to_numpy()
-    flat = values.to_numpy().astype(np.int64, copy=False)
-    return np.split(flat, offsets[1:-1] - offsets[0]) if len(col) else []
+        fail(int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0]), "prefix key list is missing (null)")
+    offsets = col.offsets.to_numpy().astype(np.int64)
+    lengths = np.diff(offsets)
+    values = col.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    if pa.types.is_null(values.type):  # every list of the chunk is empty
+        return [np.zeros(0, np.int64) for _ in range(len(col))]
+    if not pa.types.is_integer(values.type) or values.null_count:
+        fail(int(np.argmax(lengths > 0)), f"prefix keys must be a list of integers, got a list of {values.type}")
+    flat = values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    return split_flat(flat, lengths)
 
 
 def _open_source(opened: OpenTrace, where: str) -> _Source:
@@ -414,8 +460,20 @@ _KEY_TYPES = {int, str, np.int64, np.int32, np.int16, np.int8, np.uint8, np.uint
 
 
 def _key_lists(col: pd.Series, name: str, lines: np.ndarray, ctx: _Ctx) -> list[np.ndarray]:
-    """A column of key lists (JSON arrays or space-separated strings) -> int64 arrays."""
+    """A column of key lists (space-separated strings or JSON arrays) -> int64 arrays."""
     values = col.to_numpy(dtype=object)
+    if len(values) and all(type(v) is str for v in values):
+        try:  # fast path: arrow splits and parses all strings in C++
+            import pyarrow.compute as pc
+
+            text = pc.utf8_trim_whitespace(pa.array(values, pa.string()))
+            if pc.any(pc.equal(text, "")).as_py():
+                raise ValueError("empty key list")
+            lists = pc.cast(pc.utf8_split_whitespace(text), pa.list_(pa.int64()))
+            offsets = lists.offsets.to_numpy().astype(np.int64)
+            return split_flat(lists.values.to_numpy().astype(np.int64, copy=False), np.diff(offsets))
+        except (ValueError, pa.ArrowException):
+            pass  # fall through to the exact per-row parser
     lengths = np.empty(len(values), dtype=np.int64)
     flat_parts: list = []
     for i, v in enumerate(values):
@@ -448,7 +506,7 @@ def _key_lists(col: pd.Series, name: str, lines: np.ndarray, ctx: _Ctx) -> list[
                     raise ctx.fail(lines[i], f"column '{name}' must hold 64-bit integers, got {_show(x)}") from None
         raise  # pragma: no cover - the loop above finds the culprit
     del flat_list
-    return np.split(flat, np.cumsum(lengths)[:-1]) if len(values) else []
+    return split_flat(flat, lengths)
 
 
 # --------------------------------------------------------------------------------------------
@@ -475,7 +533,8 @@ def load_trace(
 ) -> Trace:
     """Load a trace file (any format in any container, optionally gzip) into a validated Trace.
 
-    ``trace.source`` records ``path``, ``sha256`` (of the file as stored), ``format``,
+    ``trace.source`` records ``path``, ``sha256`` (of the file as stored), ``content_sha256`` (of
+    the decompressed bytes; equal to ``sha256`` for an uncompressed file), ``format``,
     ``container``, ``compressed``, ``requests_in_file`` and ``repairs`` (strings describing any
     repair applied).
     """
@@ -499,17 +558,21 @@ def load_trace(
                 f"{where}: {source.unit} 1: missing column(s) {', '.join(repr(c) for c in missing)} "
                 f"required by the {fmt} format (found: {shown})"
             )
-        if isinstance(source, _ParquetSource):
+        if isinstance(source, (_ParquetSource, _JsonlSource)):
             source.prefix_column = schema.prefix
         ctx = _Ctx(where, source.unit)
         trace, repairs, n_in_file = _read_all(source, schema, ctx, on_unsorted, on_zero_output)
         container = "parquet" if isinstance(source, _ParquetSource) else (
             "jsonl" if isinstance(source, _JsonlSource) else "csv")
-        sha = sha256_of_file(path) if container == "parquet" else opened.sha256()
+        if container == "parquet":
+            sha = content_sha = sha256_of_file(path)
+        else:
+            sha, content_sha = opened.sha256()
     info = {
         "kind": "file",
         "path": str(path),
         "sha256": sha,
+        "content_sha256": content_sha,
         "format": fmt,
         "container": container,
         "compressed": bool(opened.compressed),

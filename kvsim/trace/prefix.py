@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvsim.trace.arrays import split_flat
 from kvsim.trace.hashing import fmix64, mix64
 from kvsim.trace.schema import Trace
 
@@ -106,7 +107,7 @@ def block_keys(trace: Trace, block_size_tokens: int) -> list[np.ndarray] | None:
     if unknown.any():
         lonely = mix64(mix64(fmix64(np.full(total, _UNKNOWN_TAG)), req), end_tok)
         key = np.where(unknown, lonely, key)
-    return np.split(key, np.cumsum(n_blocks)[:-1])
+    return split_flat(key, n_blocks)
 
 
 def shared_prefix_blocks(keys_a: np.ndarray, keys_b: np.ndarray) -> int:

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.errors import TraceError
+from kvsim.trace.arrays import split_flat
 from kvsim.trace.schema import Trace
 from kvsim.trace.spec import (
     ArrivalSpec,
@@ -227,7 +228,7 @@ def _single_turn_keys(prompt: np.ndarray, has_sys: np.ndarray, sys_tokens: int, 
     is_shared = pos < np.repeat(shared, n_keys)
     fresh_index = np.cumsum(~is_shared) - 1
     flat = np.where(is_shared, pos, n_sys_keys + fresh_index).astype(np.int64)
-    return np.split(flat, np.cumsum(n_keys)[:-1])
+    return split_flat(flat, n_keys)
 
 
 def _conversations(spec, rngs, prompt_dist, output_dist, empirical):

@@ -18,13 +18,13 @@ Writing streams in chunks of rows, so memory stays proportional to one chunk plu
 from __future__ import annotations
 
 import gzip
-import io
 import json
 from pathlib import Path
 
 import numpy as np
 
 from kvsim.errors import TraceError
+from kvsim.trace.arrays import flatten
 from kvsim.trace.schema import Trace
 
 CHUNK_ROWS = 100_000
@@ -56,12 +56,11 @@ def _columns(trace: Trace) -> list[str]:
     return cols
 
 
-def _open_text(path: Path, gz: bool):
+def _open_binary(path: Path, gz: bool):
     raw = open(path, "wb")
     if gz:
-        return io.TextIOWrapper(gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6),
-                                encoding="utf-8", newline="\n"), raw
-    return io.TextIOWrapper(raw, encoding="utf-8", newline="\n"), None
+        return gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6), raw
+    return raw, None
 
 
 def write_trace(trace: Trace, path: str | Path) -> Path:
@@ -74,11 +73,14 @@ def write_trace(trace: Trace, path: str | Path) -> Path:
         if container == "parquet":
             _write_parquet(trace, path)
         else:
-            text, raw = _open_text(path, gz)
+            out, raw = _open_binary(path, gz)
             try:
-                (_write_csv if container == "csv" else _write_jsonl)(trace, text)
+                if container == "csv":
+                    out.write((",".join(_columns(trace)) + "\n").encode())
+                for lo in range(0, len(trace), CHUNK_ROWS):
+                    out.write(_text_rows(trace, lo, min(len(trace), lo + CHUNK_ROWS), container))
             finally:
-                text.close()
+                out.close()
                 if raw is not None:
                     raw.close()
     except OSError as exc:
@@ -86,48 +88,51 @@ def write_trace(trace: Trace, path: str | Path) -> Path:
     return path
 
 
-def _float_text(values: np.ndarray) -> list[str]:
-    return [repr(v) for v in values.tolist()]  # shortest round-trip representation
+def _key_list_array(keys: list[np.ndarray]):
+    import pyarrow as pa
+
+    flat, lengths = flatten(keys)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.int64()))
 
 
-def _write_csv(trace: Trace, out) -> None:
-    cols = _columns(trace)
-    out.write(",".join(cols) + "\n")
-    n = len(trace)
-    for lo in range(0, n, CHUNK_ROWS):
-        hi = min(n, lo + CHUNK_ROWS)
-        fields = [_float_text(trace.arrival_s[lo:hi]),
-                  trace.prompt_tokens[lo:hi].astype(str).tolist(),
-                  trace.output_tokens[lo:hi].astype(str).tolist()]
-        if trace.prefix_keys is not None:
-            fields.append([str(trace.prefix_block_tokens)] * (hi - lo))
-            fields.append([" ".join(map(str, k.tolist())) for k in trace.prefix_keys[lo:hi]])
-        for c in ("session_id", "priority", "num_samples"):
-            col = getattr(trace, c)
-            if col is not None:
-                fields.append(col[lo:hi].astype(str).tolist())
-        out.write("".join(",".join(row) + "\n" for row in zip(*fields)))
+def _text_rows(trace: Trace, lo: int, hi: int, container: str) -> bytes:
+    """Rows ``[lo, hi)`` as CSV or JSON-lines bytes, formatted by arrow in C++.
 
+    Arrow prints float64 with the shortest representation that parses back to the same value
+    (checked by the round-trip tests), e.g. ``0.25``, ``3``, ``1e-07``.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
-def _write_jsonl(trace: Trace, out) -> None:
-    cols = _columns(trace)
-    n = len(trace)
-    for lo in range(0, n, CHUNK_ROWS):
-        hi = min(n, lo + CHUNK_ROWS)
-        fields = [_float_text(trace.arrival_s[lo:hi]),
-                  trace.prompt_tokens[lo:hi].astype(str).tolist(),
-                  trace.output_tokens[lo:hi].astype(str).tolist()]
-        if trace.prefix_keys is not None:
-            fields.append([str(trace.prefix_block_tokens)] * (hi - lo))
-            fields.append(["[" + ", ".join(map(str, k.tolist())) + "]" for k in trace.prefix_keys[lo:hi]])
-        for c in ("session_id", "priority", "num_samples"):
-            col = getattr(trace, c)
-            if col is not None:
-                fields.append(col[lo:hi].astype(str).tolist())
-        names = [json.dumps(c) + ": " for c in cols]
-        out.write("".join(
-            "{" + ", ".join(name + value for name, value in zip(names, row)) + "}\n" for row in zip(*fields)
-        ))
+    def text(values: np.ndarray):
+        return pc.cast(pa.array(values), pa.string())
+
+    fields = [text(trace.arrival_s[lo:hi]), text(trace.prompt_tokens[lo:hi]), text(trace.output_tokens[lo:hi])]
+    if trace.prefix_keys is not None:
+        fields.append(pa.scalar(str(int(trace.prefix_block_tokens))))
+        keys = pc.cast(_key_list_array(trace.prefix_keys[lo:hi]), pa.large_list(pa.string()))
+        sep = " " if container == "csv" else ", "
+        joined = pc.binary_join(keys, sep)
+        fields.append(joined if container == "csv" else pc.binary_join_element_wise("[", joined, "]", ""))
+    for c in ("session_id", "priority", "num_samples"):
+        col = getattr(trace, c)
+        if col is not None:
+            fields.append(text(col[lo:hi]))
+    if container == "csv":
+        pieces = []
+        for f in fields:
+            pieces += [f, ","]
+        pieces[-1] = "\n"
+    else:
+        pieces = []
+        for name, f in zip(_columns(trace), fields):
+            pieces += [(", " if pieces else "{") + json.dumps(name) + ": ", f]
+        pieces.append("}\n")
+    lines = pc.binary_join_element_wise(*pieces, "")
+    lines = lines.cast(pa.large_string()) if not pa.types.is_large_string(lines.type) else lines
+    offsets = np.frombuffer(lines.buffers()[1], dtype=np.int64)[lines.offset: lines.offset + len(lines) + 1]
+    return bytes(memoryview(lines.buffers()[2])[offsets[0]:offsets[-1]])
 
 
 def _write_parquet(trace: Trace, path: Path) -> None:
@@ -141,11 +146,8 @@ def _write_parquet(trace: Trace, path: Path) -> None:
     }
     metadata = {}
     if trace.prefix_keys is not None:
-        lengths = np.fromiter((k.shape[0] for k in trace.prefix_keys), np.int64, len(trace))
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        flat = np.concatenate([np.asarray(k, np.int64) for k in trace.prefix_keys]) if len(trace) else np.zeros(0, np.int64)
         arrays["prefix_block_tokens"] = pa.array(np.full(len(trace), trace.prefix_block_tokens, np.int64))
-        arrays["prefix_keys"] = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.int64()))
+        arrays["prefix_keys"] = _key_list_array(trace.prefix_keys)
         metadata["kvsim.prefix_block_tokens"] = str(int(trace.prefix_block_tokens))
     for c in ("session_id", "priority", "num_samples"):
         col = getattr(trace, c)

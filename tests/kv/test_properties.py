@@ -37,7 +37,7 @@ def check_capacity_sums(alloc, head=None):
     assert sum(parts) == u.capacity_tokens == alloc.capacity_tokens
 
 
-def drive(alloc, ops, on_alloc=None, on_free=None):
+def drive(alloc, ops, on_alloc=None, on_free=None, keys_for=None):
     """Apply ops; track written tokens so grows are legal; verify the ledger against the model."""
     written: dict[int, int] = {}
     reqs: dict[int, KVRequest] = {}
@@ -46,14 +46,16 @@ def drive(alloc, ops, on_alloc=None, on_free=None):
     for verb, slot, a, b in ops:
         rid = slot_to_id.get(slot)
         if verb == "alloc" and rid is None:
-            r = KVRequest(next_id, a, b, MAX_LEN)
+            r = KVRequest(next_id, a, b, MAX_LEN, block_keys=keys_for(slot, a) if keys_for else None)
             next_id += 1
-            ok = alloc.allocate(r, a)
+            got = alloc.allocate(r, a)
+            ok = got is not None
             if on_alloc:
                 on_alloc(r, ok)
             if ok:
                 slot_to_id[slot] = r.request_id
                 reqs[r.request_id] = r
+                assert 0 <= got.cached_tokens < a, "a hit must leave at least the last token to compute"
                 assert alloc.ensure_slots(r.request_id, a)
                 written[r.request_id] = a
         elif verb == "grow" and rid is not None:
@@ -75,7 +77,9 @@ def drive(alloc, ops, on_alloc=None, on_free=None):
         check_capacity_sums(alloc)
         check_capacity_sums(alloc, KVRequest(10**6, a, b, MAX_LEN))
         u = alloc.usage()
-        assert u.token_states_tokens == sum(written.values())
+        # shared prefix blocks are physical once (check_invariants verified the shared-owner count)
+        shared = getattr(alloc, "_shared_extra", 0) * (getattr(alloc, "block_size", 1) or 1)
+        assert u.token_states_tokens == sum(written.values()) - shared
         assert u.num_requests == len(written)
 
 
@@ -161,3 +165,21 @@ def test_buddy_random_sequences(ops, capacity, unit, policy):
         assert all(not alloc.free_lists[j] for j in range(order, alloc.max_order + 1)) or order > alloc.max_order
 
     drive(alloc, ops, on_alloc=on_alloc)
+
+
+@SETTINGS
+@given(ops=ops_strategy, block_size=st.sampled_from([1, 2, 4]), blocks=st.integers(1, 40),
+       eviction=st.sampled_from(["lru", "fifo", "lfu", "lru-k", "priority"]))
+def test_prefix_caching_random_sequences(ops, block_size, blocks, eviction):
+    """Requests in the same slot family (slot % 2) share their whole prompt prefix, so hits, shared
+    reference counts and evictions all happen; invariants: ref counts == owners, nothing both free
+    and owned, the five memory parts sum to capacity with shared blocks counted once."""
+    from kvsim.kv.eviction import EVICTION_POLICIES
+
+    cfg = EVICTION_POLICIES.default_config(eviction)
+    alloc = PagedAllocator(blocks, block_size, 0.0, prefix_caching=True, eviction=cfg)
+
+    def keys_for(slot, prompt):
+        return [(slot % 2) * 1000 + k for k in range(prompt // block_size)]
+
+    drive(alloc, ops, keys_for=keys_for)

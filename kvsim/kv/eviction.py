@@ -1,0 +1,203 @@
+"""Eviction policies for reusable (cached, unreferenced) KV blocks.
+
+A *free pool* holds the blocks with reference count 0 and hands one out when a new block is
+needed. Two implementations:
+
+* :class:`LRUFreePool` (``eviction: {kind: lru}``, the default) is vLLM v1's free-block queue,
+  exactly: one queue of all free blocks, cached or not; allocation pops the front, evicting its
+  cached content if any; freed blocks are appended at the back, a request's blocks in reverse
+  order. Eviction order: (1) least recently freed first, (2) among blocks freed together the tail
+  of a prefix chain before its head. Never-used blocks start at the front in id order.
+* :class:`PolicyFreePool` (every other kind) keeps never-used/uncached free blocks in a FIFO that is
+  always used first, then evicts the cached free block with the lowest policy score:
+
+  ========== ==========================================================================
+  fifo        score = when the content was first cached (oldest content evicted first)
+  lfu         score = (number of accesses, last access)
+  lru-k       score = time of the K-th most recent access; blocks with fewer than K accesses
+              score -inf and go first, ties by last access (O'Neil et al., 1993)
+  priority    score = (highest request priority that used the block, number of distinct
+              requests that hit it, last access): keeps blocks of high-priority requests and
+              of prefixes shared by many requests
+  ========== ==========================================================================
+
+"Time" is a logical access counter owned by the allocator (deterministic, no wall clock).
+Ties always break by block id, so runs are reproducible.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import Literal
+
+from pydantic import Field
+
+from kvsim.config_base import StrictModel
+from kvsim.kv.block_pool import FreeBlockQueue
+from kvsim.registry import Registry
+
+EVICTION_POLICIES = Registry("eviction")
+
+
+class BlockStats:
+    """Access history of one block's cached content (reset when the content is evicted)."""
+
+    __slots__ = ("first_cached", "accesses", "last_access", "history", "max_priority", "users")
+
+    def __init__(self, now: int, k: int):
+        self.first_cached = now
+        self.accesses = 0
+        self.last_access = now
+        self.history: deque[int] = deque(maxlen=k)
+        self.max_priority = 0
+        self.users = 0
+
+    def touch(self, now: int, priority: int) -> None:
+        self.accesses += 1
+        self.last_access = now
+        self.history.append(now)
+        self.users += 1
+        if priority > self.max_priority:
+            self.max_priority = priority
+
+
+class LRUFreePool:
+    """vLLM's free-block queue (see module docstring)."""
+
+    def __init__(self, num_blocks: int):
+        self.queue = FreeBlockQueue(num_blocks)
+
+    @property
+    def num_free(self) -> int:
+        return self.queue.num_free
+
+    def __contains__(self, block: int) -> bool:
+        return block in self.queue
+
+    def pop(self) -> int:
+        return self.queue.popleft()
+
+    def remove(self, block: int) -> None:
+        self.queue.remove(block)
+
+    def add(self, block: int, stats: BlockStats | None) -> None:
+        self.queue.append(block)
+
+    def order(self) -> list[int]:
+        return self.queue.all_free_blocks()
+
+    def check_invariants(self) -> None:
+        self.queue.check_invariants()
+
+
+class PolicyFreePool:
+    """Uncached free blocks first (FIFO), then the cached free block with the lowest score."""
+
+    def __init__(self, num_blocks: int, score):
+        self.score = score
+        self.empty: deque[int] = deque(range(num_blocks))
+        self._empty_set = set(range(num_blocks))
+        self.heap: list[tuple] = []
+        self._entry_version: dict[int, int] = {}  # cached free block -> version of its live heap entry
+        self._version = 0
+
+    @property
+    def num_free(self) -> int:
+        return len(self._empty_set) + len(self._entry_version)
+
+    def __contains__(self, block: int) -> bool:
+        return block in self._empty_set or block in self._entry_version
+
+    def pop(self) -> int:
+        while self.empty:
+            b = self.empty.popleft()
+            if b in self._empty_set:
+                self._empty_set.discard(b)
+                return b
+        while self.heap:
+            *_, version, b = heapq.heappop(self.heap)
+            if self._entry_version.get(b) == version:
+                del self._entry_version[b]
+                return b
+        raise ValueError("no free blocks to pop")
+
+    def remove(self, block: int) -> None:
+        if block in self._empty_set:
+            self._empty_set.discard(block)  # lazily skipped in the deque
+        elif block in self._entry_version:
+            del self._entry_version[block]  # lazily skipped in the heap
+        else:
+            raise RuntimeError(f"remove() called on block {block}, which is not free")
+
+    def add(self, block: int, stats: BlockStats | None) -> None:
+        if block in self:
+            raise RuntimeError(f"add() called on block {block}, which is already free")
+        if stats is None:
+            self.empty.append(block)
+            self._empty_set.add(block)
+            return
+        self._version += 1
+        self._entry_version[block] = self._version
+        heapq.heappush(self.heap, (*self.score(stats), block, self._version, block))
+
+    def order(self) -> list[int]:
+        live = sorted(e for e in self.heap if self._entry_version.get(e[-1]) == e[-2])
+        return [b for b in self.empty if b in self._empty_set] + [e[-1] for e in live]
+
+    def check_invariants(self) -> None:
+        empties = [b for b in self.empty if b in self._empty_set]
+        assert len(empties) == len(set(empties)) == len(self._empty_set), "empty free list out of sync"
+        assert not (self._empty_set & set(self._entry_version)), "a block is both empty-free and cached-free"
+        live = [e for e in self.heap if self._entry_version.get(e[-1]) == e[-2]]
+        assert len(live) == len(self._entry_version), "cached free heap out of sync"
+
+
+class LRUEvictionConfig(StrictModel):
+    kind: Literal["lru"] = "lru"
+
+
+class FIFOEvictionConfig(StrictModel):
+    kind: Literal["fifo"] = "fifo"
+
+
+class LFUEvictionConfig(StrictModel):
+    kind: Literal["lfu"] = "lfu"
+
+
+class LRUKEvictionConfig(StrictModel):
+    kind: Literal["lru-k"] = "lru-k"
+    k: int = Field(2, ge=1, le=16, description="history depth: evict by the K-th most recent access")
+
+
+class PriorityEvictionConfig(StrictModel):
+    kind: Literal["priority"] = "priority"
+
+
+NEG_INF = float("-inf")
+
+
+def make_pool(cfg, num_blocks: int):
+    """Build the free pool for an eviction config. Returns (pool, history depth K)."""
+    kind = cfg.kind
+    if kind == "lru":
+        return LRUFreePool(num_blocks), 1
+    if kind == "fifo":
+        return PolicyFreePool(num_blocks, lambda s: (s.first_cached,)), 1
+    if kind == "lfu":
+        return PolicyFreePool(num_blocks, lambda s: (s.accesses, s.last_access)), 1
+    if kind == "lru-k":
+        k = cfg.k
+
+        def lru_k(s: BlockStats):
+            kth = s.history[0] if len(s.history) >= k else NEG_INF
+            return (kth, s.last_access)
+
+        return PolicyFreePool(num_blocks, lru_k), k
+    if kind == "priority":
+        return PolicyFreePool(num_blocks, lambda s: (s.max_priority, s.users, s.last_access)), 1
+    raise ValueError(f"unknown eviction kind {kind!r}")
+
+
+for _cls in (LRUEvictionConfig, FIFOEvictionConfig, LFUEvictionConfig, LRUKEvictionConfig, PriorityEvictionConfig):
+    EVICTION_POLICIES.register(_cls.model_fields["kind"].default, _cls, make_pool)

@@ -1,0 +1,154 @@
+"""Flat metric rows from ``summary.json``, and flat parameter rows from resolved scenarios.
+
+:func:`summary_metrics` is the one place that decides which summary numbers become table columns
+(the sweep index, ``comparison.csv`` and the HTML report all use it). Optional sections are
+included when a summary has them: ``prefix_cache.*`` (prefix caching) as ``prefix_cache_<key>``
+and ``kv_bandwidth_utilisation`` (calibrated timing).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# column -> path into summary.json
+METRICS: dict[str, tuple[str, ...]] = {
+    "requests_total": ("requests_total",),
+    "requests_finished": ("requests_finished",),
+    "requests_rejected": ("requests_rejected",),
+    "requests_unfinished": ("requests_unfinished",),
+    "duration_s": ("duration_s",),
+    "throughput_requests_per_s": ("throughput_requests_per_s",),
+    "throughput_output_tokens_per_s": ("throughput_output_tokens_per_s",),
+    "ttft_mean_s": ("ttft_s", "mean"),
+    "ttft_p50_s": ("ttft_s", "p50"),
+    "ttft_p99_s": ("ttft_s", "p99"),
+    "tpot_mean_s": ("tpot_s", "mean"),
+    "tpot_p50_s": ("tpot_s", "p50"),
+    "tpot_p99_s": ("tpot_s", "p99"),
+    "e2e_mean_s": ("e2e_s", "mean"),
+    "e2e_p50_s": ("e2e_s", "p50"),
+    "e2e_p99_s": ("e2e_s", "p99"),
+    "normalized_latency_s_per_token": ("normalized_latency_s_per_token",),
+    "concurrency_max": ("concurrency", "max"),
+    "concurrency_mean": ("concurrency", "mean"),
+    "concurrency_mean_batch_size": ("concurrency", "mean_batch_size"),
+    "kv_capacity_tokens": ("kv", "capacity_tokens"),
+    "kv_block_size_tokens": ("kv", "block_size_tokens"),
+    "kv_bytes_per_token": ("kv", "bytes_per_token"),
+    "kv_token_states_frac": ("kv", "token_states_frac"),
+    "kv_reservation_frac": ("kv", "reservation_frac"),
+    "kv_internal_frag_frac": ("kv", "internal_frag_frac"),
+    "kv_external_frag_frac": ("kv", "external_frag_frac"),
+    "kv_free_frac": ("kv", "free_frac"),
+    "kv_peak_used_frac": ("kv", "peak_used_frac"),
+    "preemptions": ("preemptions",),
+    "recomputed_tokens": ("recomputed_tokens",),
+    "engine_steps": ("engine_steps",),
+    "busy_frac": ("busy_frac",),
+}
+INT_METRICS = ("requests_total", "requests_finished", "requests_rejected", "requests_unfinished",
+               "concurrency_max", "kv_capacity_tokens", "kv_block_size_tokens", "kv_bytes_per_token",
+               "preemptions", "recomputed_tokens", "engine_steps")
+PREFIX_HIT_KEY = ("prefix_cache", "hit_ratio_tokens")
+BANDWIDTH_KEY = "kv_bandwidth_utilisation"
+
+
+def get_path(d: dict, path: tuple[str, ...] | list[str], default: Any = None) -> Any:
+    for p in path:
+        if not isinstance(d, dict) or p not in d:
+            return default
+        d = d[p]
+    return d
+
+
+def _num(v: Any) -> Any:
+    if isinstance(v, bool) or v is None:
+        return v
+    if isinstance(v, (int, float)):
+        return v
+    return None
+
+
+def summary_metrics(summary: dict) -> dict[str, Any]:
+    """The metric columns of one run (missing values are None)."""
+    row = {col: _num(get_path(summary, path)) for col, path in METRICS.items()}
+    pc = summary.get("prefix_cache")
+    if isinstance(pc, dict):
+        for k, v in flatten(pc).items():
+            if _num(v) is not None:
+                row[f"prefix_cache_{k.replace('.', '_')}"] = v
+    bw = summary.get(BANDWIDTH_KEY)
+    if isinstance(bw, dict):
+        for k, v in flatten(bw).items():
+            if _num(v) is not None:
+                row[f"{BANDWIDTH_KEY}_{k.replace('.', '_')}"] = v
+    elif _num(bw) is not None:
+        row[BANDWIDTH_KEY] = bw
+    return row
+
+
+def bandwidth_value(summary: dict) -> float | None:
+    """``kv_bandwidth_utilisation`` as one number (a mapping gives its ``mean``), or None."""
+    bw = summary.get(BANDWIDTH_KEY)
+    if isinstance(bw, dict):
+        bw = bw.get("mean", bw.get("value"))
+    return float(bw) if isinstance(bw, (int, float)) and not isinstance(bw, bool) else None
+
+
+def prefix_hit_value(summary: dict) -> float | None:
+    v = get_path(summary, PREFIX_HIT_KEY)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested mappings to dotted keys; lists become JSON text."""
+    out: dict[str, Any] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if isinstance(v, dict) and v:
+                out.update(flatten(v, key))
+            else:
+                out[key] = json.dumps(v, sort_keys=True) if isinstance(v, (list, dict)) else v
+    return out
+
+
+def resolved_scenario(run_dir: Path) -> dict | None:
+    """The resolved scenario of a run directory (or variant subdirectory), or None."""
+    run_dir = Path(run_dir)
+    for path, name in ((run_dir / "scenario.resolved.yaml", None),
+                       (run_dir.parent / "scenario.resolved.yaml", run_dir.name)):
+        if not path.exists():
+            continue
+        try:
+            doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError:
+            return None
+        runs = doc.get("runs") or {}
+        if name is None and len(runs) == 1:
+            return next(iter(runs.values())).get("scenario")
+        if name is not None and name in runs:
+            return runs[name].get("scenario")
+    return None
+
+
+def is_missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def fmt(v: Any) -> str:
+    """Compact text for tables: 4 significant digits for floats."""
+    if is_missing(v):
+        return ""
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, float):
+        if v == int(v) and abs(v) < 1e15:
+            return str(int(v))
+        return f"{v:.4g}"
+    return str(v)

@@ -1,0 +1,162 @@
+"""``run_sweep``: validate, skip complete points, run the rest, write the index and the report.
+
+Layout of ``SWEEP_DIR``::
+
+    sweep.resolved.yaml       the sweep: source file, base scenario, every point's id and overrides
+    points/<point-id>/        one run directory per point (written atomically by run_to_dir)
+    errors/<point-id>.txt     the last traceback of each failed point (removed once it succeeds)
+    index.parquet, index.csv  one row per point (see kvsim.sweep.index)
+    compare/                  comparison tables and plots (kvsim compare SWEEP_DIR)
+    report.html               self-contained HTML report
+
+A point is *complete* when its run directory is complete (:func:`kvsim.results.is_complete_run_dir`)
+and was made from the same resolved scenario; complete points are skipped on a rerun, so an
+interrupted sweep resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from kvsim.errors import ConfigError
+from kvsim.results import is_complete_run_dir, write_text_atomic, write_yaml
+from kvsim.sweep.executors import EXECUTORS, Outcome, execute
+from kvsim.sweep.index import STATUS_FAILED, STATUS_OK, build_index, write_index
+from kvsim.sweep.spec import LoadedSweep, _jsonable, load_sweep
+from kvsim.sweep.worker import make_task
+
+
+def _resolved_matches(point_dir: Path, point) -> bool:
+    """Was ``point_dir`` produced from exactly this point's scenario?"""
+    from kvsim.run import resolved_dict
+
+    try:
+        doc = yaml.safe_load((point_dir / "scenario.resolved.yaml").read_text(encoding="utf-8")) or {}
+        stored = next(iter((doc.get("runs") or {}).values()))["scenario"]
+    except (OSError, yaml.YAMLError, StopIteration, KeyError, TypeError):
+        return False
+    want = yaml.safe_load(yaml.safe_dump(_jsonable(resolved_dict(point.scenario)), sort_keys=False))
+    return stored == want
+
+
+def point_state(sweep: LoadedSweep, out: Path, point) -> str:
+    """``complete`` | ``stale`` (complete but from another scenario) | ``missing``."""
+    d = out / "points" / point.id
+    if not is_complete_run_dir(d):
+        return "missing"
+    return "complete" if _resolved_matches(d, point) else "stale"
+
+
+def default_sweep_dir(sweep: LoadedSweep) -> Path:
+    return Path("results") / "sweeps" / sweep.name
+
+
+def run_sweep(sweep_file_or_spec: str | Path | dict | LoadedSweep, out_dir: str | Path | None = None, *,
+              jobs: int | None = None, executor: str = "local", address: str | None = None,
+              retries: int = 1, plots: bool = True, report: bool = True, force: bool = False,
+              progress: bool | None = None, base_dir: str | Path | None = None, log=None) -> pd.DataFrame:
+    """Run every point of a sweep into ``out_dir`` and return the index DataFrame.
+
+    ``sweep_file_or_spec``: a sweep YAML path, the same mapping in memory (relative paths resolve
+    against ``base_dir``, default the current directory), or a :class:`LoadedSweep`.
+    ``out_dir``: the sweep directory (default ``results/sweeps/<name>``).
+    ``jobs``: parallel points (default: the number of CPUs). ``executor``: ``local`` (process pool),
+    ``ray`` (``address`` of a cluster, or a local Ray instance) or ``inline`` (this process).
+    ``retries``: extra attempts for a failing point. ``plots``: per-point PNGs.
+    ``report``: write ``compare/`` and ``report.html`` at the end. ``force``: rerun complete points.
+    ``progress``: a tqdm bar over points (default: when stderr is a terminal). ``log``: a callable
+    taking one line of text.
+
+    ``df.attrs["sweep"]`` holds the run's counts: points, ran, skipped, failed, wall_s, sweep_dir.
+    Failed points are rows with ``status == "failed"``; this function does not raise for them.
+    """
+    import os
+
+    t_start = time.perf_counter()
+    if executor not in EXECUTORS:
+        raise ConfigError(f"unknown executor {executor!r}; valid executors: {', '.join(EXECUTORS)}")
+    sweep = sweep_file_or_spec if isinstance(sweep_file_or_spec, LoadedSweep) else \
+        load_sweep(sweep_file_or_spec, base_dir=base_dir)
+    out = Path(out_dir) if out_dir is not None else default_sweep_dir(sweep)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a directory")
+    out = out.resolve()
+    (out / "points").mkdir(parents=True, exist_ok=True)
+    write_yaml(out / "sweep.resolved.yaml", sweep.resolved())
+    say = log or (lambda m: None)
+
+    status: dict[str, tuple[str, str]] = {}
+    todo = []
+    stale = 0
+    for p in sweep.points:
+        state = "missing" if force else point_state(sweep, out, p)
+        if state == "complete":
+            status[p.id] = (STATUS_OK, "")
+        else:
+            stale += state == "stale"
+            todo.append(p)
+    skipped = len(sweep.points) - len(todo)
+    if jobs is None:
+        jobs = os.cpu_count() or 1
+    say(f"sweep {sweep.name}: {len(sweep.points)} points, {skipped} already complete (skipped), "
+        f"{len(todo)} to run" + (f" ({stale} stale: made from another scenario)" if stale else "")
+        + (f" with {executor} executor, {jobs} jobs" if todo else ""))
+
+    if progress is None:
+        progress = sys.stderr.isatty()
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(sweep.points), initial=skipped, unit="point", desc=f"sweep {sweep.name}",
+                   file=sys.stderr)
+    errors_dir = out / "errors"
+    failed: list[Outcome] = []
+
+    def on_outcome(o: Outcome) -> None:
+        err_file = errors_dir / f"{o.point_id}.txt"
+        if o.ok:
+            status[o.point_id] = (STATUS_OK, "")
+            if err_file.exists():
+                err_file.unlink()
+        else:
+            status[o.point_id] = (STATUS_FAILED, o.error)
+            failed.append(o)
+            errors_dir.mkdir(exist_ok=True)
+            write_text_atomic(err_file, f"point {o.point_id} failed after {o.attempts} attempt(s)\n\n{o.traceback}")
+            say(f"point {o.point_id} FAILED after {o.attempts} attempt(s): {o.error}")
+        if bar is not None:
+            bar.update(1)
+
+    def on_retry(point_id: str, attempt: int, error: str) -> None:
+        say(f"point {point_id} attempt {attempt} failed ({error}); retrying")
+
+    tasks = [make_task(sweep, p, out, plots) for p in todo]
+    try:
+        execute(tasks, on_outcome, executor=executor, jobs=jobs, retries=retries, address=address,
+                on_retry=on_retry)
+    finally:
+        if bar is not None:
+            bar.close()
+        # Also on Ctrl-C: the index lists every point, the unfinished ones as "pending".
+        df = build_index(sweep, out, status)
+        write_index(df, out)
+
+    if report:
+        try:
+            from kvsim.report import write_run_report
+
+            write_run_report(out)
+        except Exception as e:  # noqa: BLE001 -- the sweep's results stand without the report
+            say(f"warning: could not write the sweep report: {type(e).__name__}: {e}")
+    wall = time.perf_counter() - t_start
+    df.attrs["sweep"] = {"points": len(sweep.points), "ran": len(todo), "skipped": skipped,
+                         "failed": len(failed), "wall_s": wall, "sweep_dir": str(out)}
+    say(f"sweep {sweep.name}: {len(todo) - len(failed)} ran, {skipped} skipped, {len(failed)} failed "
+        f"in {wall:.1f} s -> {out}")
+    return df

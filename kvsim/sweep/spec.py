@@ -1,0 +1,321 @@
+"""The sweep file: a base scenario plus the points to run, validated up front.
+
+A sweep YAML holds a base scenario (inline ``base:`` or ``base_file:``) and the points to run:
+
+* ``grid:`` dotted key -> list of values; the points are the cartesian product, in file order
+  (the last key varies fastest);
+* ``points:`` a list of override sets, each a mapping of dotted keys (``name:`` optional);
+* both: every entry of ``points`` combined with every grid combination (a key may not be in both);
+* neither: one point, the base scenario.
+
+When the base scenario has ``variants:``, they are expanded: every variant is combined with every
+point above (the point's overrides apply on top of the variant's, like ``--set``), and the index
+gets a ``variant`` column.
+
+Every point's resolved :class:`~kvsim.config.Scenario` is validated (and its KV capacity checked)
+before anything runs; errors name the sweep file, the point and the key.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from kvsim.config import (LoadedScenario, Scenario, _undot, deep_merge, format_validation_error,
+                          read_yaml_mapping, validate_scenario)
+from kvsim.errors import ConfigError, KvsimError, did_you_mean, format_choices
+
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# Keys a point may not override: they identify the run, not the simulation.
+RESERVED_KEYS = ("name", "variants", "description")
+# Index columns that an override column could shadow.
+INDEX_RESERVED = ("point_id", "point_name", "variant", "status", "error", "run_dir")
+
+
+class SweepFile(BaseModel):
+    """Schema of a sweep YAML file (unknown keys are errors)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str | None = Field(None, description="defaults to the sweep file name without extension")
+    description: str = ""
+    base: dict[str, Any] | None = Field(None, description="the base scenario, inline")
+    base_file: str | None = Field(None, description="the base scenario's YAML, relative to the sweep file")
+    grid: dict[str, list[Any]] = Field(default_factory=dict, description="dotted key -> values (cartesian product)")
+    points: list[dict[str, Any]] = Field(default_factory=list, description="override sets, each with an optional name")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v):
+        if v is not None and not NAME_RE.fullmatch(v):
+            raise ValueError(f"name {v!r} must be letters, digits, '.', '_' or '-'")
+        return v
+
+    @field_validator("grid")
+    @classmethod
+    def _grid(cls, v):
+        for key, values in v.items():
+            _check_key(key)
+            if not values:
+                raise ValueError(f"grid key {key!r} has an empty list of values")
+        return v
+
+    @field_validator("points")
+    @classmethod
+    def _points(cls, v):
+        seen: set[str] = set()
+        for i, p in enumerate(v):
+            name = p.get("name")
+            if name is not None:
+                if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+                    raise ValueError(f"points[{i}].name {name!r} must be letters, digits, '.', '_' or '-'")
+                if name in seen:
+                    raise ValueError(f"points[{i}].name {name!r} is used twice")
+                seen.add(name)
+            for key in p:
+                if key != "name":
+                    if not isinstance(key, str):
+                        raise ValueError(f"points[{i}]: key {key!r} is not a string")
+                    _check_key(key, f"points[{i}]: ")
+        return v
+
+    @model_validator(mode="after")
+    def _one_base(self):
+        if (self.base is None) == (self.base_file is None):
+            raise ValueError("give exactly one of 'base' (an inline scenario) or 'base_file' (a scenario YAML)")
+        return self
+
+
+def _check_key(key: str, where: str = "") -> None:
+    parts = key.split(".")
+    if not all(parts):
+        raise ValueError(f"{where}bad key path {key!r}")
+    if parts[0] in RESERVED_KEYS:
+        raise ValueError(f"{where}key {key!r}: a point cannot override {parts[0]!r}")
+    if key in INDEX_RESERVED:
+        raise ValueError(f"{where}key {key!r} clashes with an index column")
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One simulation of the sweep."""
+
+    id: str                      # directory name under points/: "<slug>-<hash8>"
+    name: str | None             # the point's name in ``points:``, if any
+    variant: str | None          # the base scenario's variant, if the base has variants
+    overrides: dict[str, Any]    # dotted key -> value, points' keys first then grid keys
+    raw: dict = field(repr=False)  # the merged scenario mapping (what the worker validates)
+    scenario: Scenario = field(repr=False)
+
+    @property
+    def label(self) -> str:
+        """Human-readable description for messages and plots."""
+        parts = [self.name] if self.name else []
+        if self.variant:
+            parts.append(f"variant={self.variant}")
+        parts += [f"{k}={_short(v)}" for k, v in self.overrides.items()]
+        return ", ".join(parts) or "base"
+
+
+@dataclass(frozen=True)
+class LoadedSweep:
+    path: Path                   # the sweep file (absolute); virtual for an in-memory spec
+    anchor: Path                 # relative paths in scenarios resolve against anchor.parent
+    name: str
+    spec: SweepFile
+    base_raw: dict               # the base scenario mapping (with its variants)
+    points: list[SweepPoint]
+    override_keys: list[str]     # every dotted key any point overrides, in first-seen order
+    has_variants: bool
+
+    def loaded_scenario(self, point: SweepPoint) -> LoadedScenario:
+        return LoadedScenario(path=self.anchor, name=point.id, base=point.scenario, variants={})
+
+    def resolved(self) -> dict:
+        """A JSON/YAML-able record of the sweep, written to ``sweep.resolved.yaml``."""
+        return {
+            "sweep_file": str(self.path),
+            "name": self.name,
+            "description": self.spec.description,
+            "scenario_anchor": str(self.anchor),
+            "override_keys": self.override_keys,
+            "points": [{"id": p.id, "name": p.name, "variant": p.variant, "overrides": _jsonable(p.overrides)}
+                       for p in self.points],
+            "base": _jsonable(self.base_raw),
+        }
+
+
+def _jsonable(obj):
+    return json.loads(json.dumps(obj, default=str))
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, sort_keys=True, separators=(",", ":"))
+    return str(v)
+
+
+def point_hash(variant: str | None, overrides: dict[str, Any]) -> str:
+    """Short deterministic hash of what a point changes (not its name)."""
+    payload = json.dumps({"variant": variant, "overrides": overrides}, sort_keys=True, default=str,
+                         separators=(",", ":"))
+    return hashlib.sha256(payload.encode()).hexdigest()[:8]
+
+
+def _slug_text(text: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")
+    return re.sub(r"-{2,}", "-", s)
+
+
+def point_slug(name: str | None, variant: str | None, overrides: dict[str, Any], limit: int = 48) -> str:
+    """Readable part of a point id: its name, else ``<last key part>-<value>`` joined by ``_``."""
+    parts = []
+    if variant:
+        parts.append(variant)
+    if name:
+        parts.append(name)
+    else:
+        for k, v in overrides.items():
+            val = v if not isinstance(v, dict) else (v.get("kind") or v.get("preset") or "map")
+            parts.append(f"{k.split('.')[-1]}-{_short(val)}")
+    slug = _slug_text("_".join(parts))[:limit].rstrip("-._")
+    return slug or "base"
+
+
+def _format_sweep_error(err: ValidationError, file: str) -> str:
+    msgs = []
+    for e in err.errors():
+        loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in e["loc"]).replace(".[", "[")
+        if e["type"] == "extra_forbidden":
+            key = str(e["loc"][-1])
+            valid = list(SweepFile.model_fields)
+            m = f"{loc}: unknown key {key!r}{did_you_mean(key, valid)}; valid keys: {format_choices(valid)}"
+        elif e["type"] == "missing":
+            m = f"{loc}: required key is missing"
+        else:
+            msg = e["msg"]
+            if msg.startswith("Value error, "):
+                msg = msg[len("Value error, "):]
+            m = f"{loc}: {msg}" if loc else msg
+        if m not in msgs:
+            msgs.append(m)
+    return f"{file}: " + "; ".join(msgs)
+
+
+def parse_sweep(raw: dict, path: Path) -> SweepFile:
+    try:
+        return SweepFile.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_format_sweep_error(e, str(path))) from None
+
+
+def load_sweep(source: str | Path | dict, *, base_dir: str | Path | None = None,
+               check_capacity: bool = True) -> LoadedSweep:
+    """Read and validate a sweep (a YAML path, or the same mapping in memory) and expand its points.
+
+    For an in-memory mapping, relative paths resolve against ``base_dir`` (default: the current
+    directory). Raises :class:`ConfigError` naming the file, the point and the key.
+    """
+    if isinstance(source, dict):
+        root = Path(base_dir if base_dir is not None else ".").resolve()
+        name = source.get("name") if isinstance(source.get("name"), str) else "sweep"
+        path = root / f"{name}.sweep.yaml"  # virtual: only used for messages and as the path anchor
+        raw = copy.deepcopy(source)
+    else:
+        path = Path(source).resolve()
+        raw = read_yaml_mapping(path, "sweep")
+        root = path.parent
+    where = str(source) if not isinstance(source, dict) else "sweep"
+    spec = parse_sweep(raw, Path(where))
+    name = spec.name or (path.stem if not isinstance(source, dict) else "sweep")
+
+    if spec.base_file is not None:
+        anchor = (root / spec.base_file).resolve() if not Path(spec.base_file).is_absolute() \
+            else Path(spec.base_file)
+        base_raw = read_yaml_mapping(anchor, "base scenario")
+        base_where = f"{where}: base_file {spec.base_file}"
+    else:
+        anchor = path
+        base_raw = copy.deepcopy(spec.base)
+        base_where = f"{where}: base"
+    base_raw.setdefault("name", name)
+    # The base alone must be a valid scenario (its variants are validated as points below).
+    base = validate_scenario(base_raw, base_where)
+
+    grid_keys = list(spec.grid)
+    for i, p in enumerate(spec.points):
+        both = [k for k in p if k in spec.grid]
+        if both:
+            raise ConfigError(f"{where}: points[{i}]: key {both[0]!r} is also a grid key; set it in one place")
+    point_sets = [({k: v for k, v in p.items() if k != "name"}, p.get("name")) for p in spec.points] or [({}, None)]
+    combos = list(itertools.product(*spec.grid.values())) if grid_keys else [()]
+    variants = list(base.variants.items()) or [(None, None)]
+    base_novar = {k: v for k, v in base_raw.items() if k != "variants"}
+
+    points: list[SweepPoint] = []
+    errors: list[str] = []
+    seen: dict[str, str] = {}
+    override_keys: list[str] = []
+    for vname, vover in variants:
+        start = base_novar if vname is None else deep_merge(base_novar, _undot(vover))
+        for pover, pname in point_sets:
+            for combo in combos:
+                overrides = {**pover, **dict(zip(grid_keys, combo))}
+                for k in overrides:
+                    if k not in override_keys:
+                        override_keys.append(k)
+                h = point_hash(vname, overrides)
+                pid = f"{point_slug(pname, vname, overrides)}-{h}"
+                if pid in seen:
+                    errors.append(f"{where}: point {pid} ({seen[pid]}) is listed twice with identical overrides")
+                    continue
+                merged = deep_merge(start, _undot(overrides)) if overrides else copy.deepcopy(start)
+                merged["name"] = pid
+                desc = ", ".join([f"variant={vname}"] * bool(vname) + [f"{k}={_short(v)}" for k, v in overrides.items()])
+                seen[pid] = desc or "base"
+                try:
+                    scn = _validate_point(merged, f"{where}: point {pid}", check_capacity)
+                except KvsimError as e:
+                    errors.append(str(e))
+                    continue
+                points.append(SweepPoint(id=pid, name=pname, variant=vname, overrides=overrides, raw=merged,
+                                         scenario=scn))
+    if errors:
+        more = f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else ""
+        head = errors[0] if len(errors) == 1 else f"{len(errors)} invalid points:\n  " + "\n  ".join(errors[:20])
+        raise ConfigError(head + more)
+    return LoadedSweep(path=path, anchor=anchor, name=name, spec=spec, base_raw=base_raw, points=points,
+                       override_keys=override_keys, has_variants=bool(base.variants))
+
+
+def _validate_point(raw: dict, where: str, check_capacity: bool) -> Scenario:
+    scn = validate_scenario(raw, where)
+    if check_capacity:
+        from kvsim.run import build_allocator
+
+        try:
+            build_allocator(scn, where)
+        except ValueError as e:  # allocator constructors reject impossible shapes
+            raise ConfigError(f"{where}: allocator: {e}") from None
+    return scn
+
+
+def validate_point_raw(raw: dict, where: str) -> Scenario:
+    """What a worker does with a point's mapping (same validation as up front, without I/O)."""
+    try:
+        return Scenario.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, where)) from None
+
+
+def dump_yaml(obj) -> str:
+    return yaml.safe_dump(_jsonable(obj), sort_keys=False, allow_unicode=True)

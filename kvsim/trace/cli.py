@@ -1,0 +1,168 @@
+"""``kvsim trace`` sub-commands: ``stats``, ``convert`` and ``generate``.
+
+:func:`register` adds the ``trace`` command to an argparse sub-parser set; each leaf sets
+``func`` (a handler taking the parsed ``argparse.Namespace`` and returning an exit code) via
+``set_defaults``. Handlers raise :class:`~kvsim.errors.KvsimError` subclasses for bad input; the
+caller prints them as one line and exits with status 2. :func:`main` runs the sub-commands
+stand-alone (``python -m kvsim.trace.cli stats FILE``) with that same error convention.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+
+from kvsim.errors import ConfigError, KvsimError
+from kvsim.trace.load import FORMAT_CHOICES, TraceWarning
+
+_FORMAT_HELP = "source format: auto (detect from the columns), azure, mooncake or generic"
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Add ``trace {stats,convert,generate}`` to ``subparsers``; return the ``trace`` parser."""
+    parser = subparsers.add_parser(
+        "trace", help="inspect, convert and generate request traces",
+        description="Inspect, convert and generate request traces (see docs/traces.md).",
+    )
+    sub = parser.add_subparsers(dest="trace_command", metavar="{stats,convert,generate}")
+    sub.required = True
+
+    p = sub.add_parser("stats", help="summary statistics of a trace file",
+                       description="Print summary statistics of a trace file.")
+    p.add_argument("file", help="trace file (.csv, .jsonl or .parquet, optionally .gz)")
+    p.add_argument("--format", default="auto", choices=FORMAT_CHOICES, help=_FORMAT_HELP)
+    p.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    p.add_argument("--on-unsorted", default="error", choices=("error", "sort"))
+    p.add_argument("--on-zero-output", default="error", choices=("error", "drop"))
+    p.set_defaults(func=cmd_stats)
+
+    p = sub.add_parser("convert", help="convert a trace to kvsim's generic schema",
+                       description="Convert a trace to the generic schema; OUT's extension (.csv, "
+                                   ".jsonl, .parquet, optionally + .gz for text) picks the container.")
+    p.add_argument("input", metavar="IN", help="source trace file")
+    p.add_argument("output", metavar="OUT", help="output file")
+    p.add_argument("--format", default="auto", choices=FORMAT_CHOICES, help=_FORMAT_HELP)
+    p.add_argument("--on-unsorted", default="error", choices=("error", "sort"))
+    p.add_argument("--on-zero-output", default="error", choices=("error", "drop"))
+    p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser("generate", help="generate a synthetic trace from a YAML spec",
+                       description="Generate a synthetic trace from a SyntheticTraceSpec YAML file.")
+    p.add_argument("spec", metavar="SPEC.yaml", help="generator spec (see docs/traces.md)")
+    p.add_argument("output", metavar="OUT", help="output file (.csv, .jsonl, .parquet, + .gz)")
+    p.add_argument("--seed", type=int, default=None, help="seed (default: the spec's seed, else 0)")
+    p.set_defaults(func=cmd_generate)
+    return parser
+
+
+def _load(args):
+    from kvsim.trace.load import load_trace
+
+    return load_trace(args.file if hasattr(args, "file") else args.input, args.format,
+                      on_unsorted=args.on_unsorted, on_zero_output=args.on_zero_output)
+
+
+def _out(text: str) -> None:
+    sys.stdout.write(text + "\n")
+
+
+def cmd_stats(args) -> int:
+    from kvsim.trace.stats import format_stats, trace_stats
+
+    trace = _load(args)
+    stats = trace_stats(trace)
+    src = trace.source
+    if args.json:
+        stats = {"file": src["path"], "format": src["format"], "sha256": src["sha256"], **stats}
+        _out(json.dumps(stats, indent=2))
+    else:
+        title = f"{src['path']}  ({src['format']}, {src['container']}{', gzip' if src['compressed'] else ''})"
+        _out(format_stats(stats, title))
+    return 0
+
+
+def cmd_convert(args) -> int:
+    from kvsim.trace.write import container_of, write_trace
+
+    container_of(Path(args.output))  # reject a bad output name before reading the input
+    trace = _load(args)
+    write_trace(trace, args.output)
+    _out(f"wrote {len(trace):,} requests ({trace.source['format']} -> generic) to {args.output}")
+    return 0
+
+
+def load_spec(path: str | Path):
+    """Read a SyntheticTraceSpec YAML file; problems raise ConfigError naming file and key."""
+    import yaml
+    from pydantic import ValidationError
+
+    from kvsim.trace.spec import SyntheticTraceSpec
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: spec file does not exist")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{path}: {where}not valid YAML: {problem}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
+    if isinstance(data, dict) and set(data) == {"synthetic"}:
+        data = data["synthetic"]  # accept a file holding just a scenario's synthetic: section
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of generator settings, got {type(data).__name__}")
+    try:
+        return SyntheticTraceSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {validation_message(exc)}") from None
+
+
+def validation_message(exc) -> str:
+    """The first pydantic error as ``key.path: message`` (plus a count of any others)."""
+    errors = exc.errors()
+    first = errors[0]
+    loc = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-after"))
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
+    return f"{loc or '(top level)'}: {msg}{more}"
+
+
+def cmd_generate(args) -> int:
+    from kvsim.trace.synthetic import generate_trace
+    from kvsim.trace.write import container_of, write_trace
+
+    container_of(Path(args.output))
+    spec = load_spec(args.spec)
+    seed = args.seed if args.seed is not None else spec.seed
+    trace = generate_trace(spec, seed=seed, base_dir=Path(args.spec).resolve().parent)
+    write_trace(trace, args.output)
+    _out(f"wrote {len(trace):,} synthetic requests (seed {trace.source['seed']}) to {args.output}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry point: ``python -m kvsim.trace.cli {stats,convert,generate} ...``."""
+    parser = argparse.ArgumentParser(prog="kvsim")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["trace", *(sys.argv[1:] if argv is None else argv)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", TraceWarning)
+        warnings.showwarning = lambda message, *a, **k: sys.stderr.write(f"warning: {message}\n")
+        try:
+            code = args.func(args)
+        except KvsimError as exc:
+            sys.stderr.write(f"error: {exc}\n")
+            return 2
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,296 @@
+"""Loader behaviour: format detection, containers, options, and one test per bad input."""
+
+from __future__ import annotations
+
+import gzip
+import warnings
+
+import numpy as np
+import pytest
+
+from kvsim.errors import TraceError
+from kvsim.trace import load as load_mod
+from kvsim.trace.load import TraceWarning, load_trace
+
+AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+
+
+def azure_rows(n: int, start_s: int = 0) -> str:
+    return "".join(f"2023-11-16 18:{15 + (start_s + i) // 60:02d}:{(start_s + i) % 60:02d}.5000000,{100 + i},{10 + i}\n"
+                   for i in range(n))
+
+
+def mooncake_line(ts_ms: int, inp: int, out: int, ids=None) -> str:
+    ids = ids if ids is not None else list(range(-(-inp // 512)))
+    return f'{{"timestamp": {ts_ms}, "input_length": {inp}, "output_length": {out}, "hash_ids": {ids}}}\n'
+
+
+def expect_error(path, *needles, **kwargs) -> str:
+    with pytest.raises(TraceError) as info:
+        load_trace(path, **kwargs)
+    msg = str(info.value)
+    assert str(path) in msg, msg
+    for needle in needles:
+        assert needle in msg, f"{needle!r} not in {msg!r}"
+    assert "\n" not in msg
+    return msg
+
+
+# ---- good input --------------------------------------------------------------------------------
+
+
+def test_azure_csv_detected_and_rebased(write_text):
+    path = write_text("a.csv", AZURE_HEADER + azure_rows(3, start_s=5))
+    t = load_trace(path)
+    assert t.source["format"] == "azure" and t.source["container"] == "csv"
+    assert np.allclose(t.arrival_s, [0, 1, 2])
+    assert t.prompt_tokens.tolist() == [100, 101, 102]
+    assert t.output_tokens.tolist() == [10, 11, 12]
+    assert t.prefix_keys is None
+
+
+def test_mooncake_jsonl_gz(write_text):
+    path = write_text("m.jsonl.gz", mooncake_line(0, 600, 5, [0, 1]) + mooncake_line(3000, 512, 7, [0]))
+    t = load_trace(path)
+    assert t.source["format"] == "mooncake" and t.source["compressed"]
+    assert t.arrival_s.tolist() == [0.0, 3.0]  # milliseconds -> seconds
+    assert t.prefix_block_tokens == 512
+    assert [k.tolist() for k in t.prefix_keys] == [[0, 1], [0]]
+
+
+def test_duplicate_timestamps_are_legal(write_text):
+    path = write_text("m.jsonl", mooncake_line(1000, 10, 5) * 3 + mooncake_line(4000, 10, 5))
+    t = load_trace(path)
+    assert t.arrival_s.tolist() == [1.0, 1.0, 1.0, 4.0]  # not rebased
+
+
+def test_generic_csv_with_optional_columns(write_text):
+    text = ("arrival_s,prompt_tokens,output_tokens,prefix_block_tokens,prefix_keys,session_id,priority,num_samples\n"
+            "0.5,20,3,16,7 8,1,0,1\n"
+            "\n"  # blank lines are skipped
+            "1.25,16,4,16,7,1,2,4\n")
+    t = load_trace(write_text("g.csv", text))
+    assert t.source["format"] == "generic"
+    assert t.arrival_s.tolist() == [0.5, 1.25]
+    assert [k.tolist() for k in t.prefix_keys] == [[7, 8], [7]]
+    assert t.prefix_block_tokens == 16
+    assert t.session_id.tolist() == [1, 1] and t.priority.tolist() == [0, 2] and t.num_samples.tolist() == [1, 4]
+
+
+def test_explicit_format_overrides_detection(write_text):
+    # A Mooncake trace stored as CSV loads with format=mooncake (containers are independent).
+    path = write_text("m.csv", "timestamp,input_length,output_length,hash_ids\n0,600,3,4 5\n10,100,2,4\n")
+    t = load_trace(path, format="mooncake")
+    assert [k.tolist() for k in t.prefix_keys] == [[4, 5], [4]]
+    assert t.arrival_s.tolist() == [0.0, 0.01]
+
+
+def test_chunked_loading_matches_whole(write_text, monkeypatch):
+    path = write_text("a.csv", AZURE_HEADER + azure_rows(25))
+    whole = load_trace(path)
+    monkeypatch.setattr(load_mod, "CHUNK_LINES", 4)
+    chunked = load_trace(path)
+    assert np.array_equal(whole.arrival_s, chunked.arrival_s)
+    assert np.array_equal(whole.prompt_tokens, chunked.prompt_tokens)
+
+
+def test_unsorted_sort_option_repairs_with_warning(write_text):
+    path = write_text("m.jsonl", mooncake_line(2000, 10, 1) + mooncake_line(1000, 20, 2) + mooncake_line(3000, 30, 3))
+    with pytest.warns(TraceWarning, match="sorted the requests"):
+        t = load_trace(path, on_unsorted="sort")
+    assert t.arrival_s.tolist() == [1.0, 2.0, 3.0]
+    assert t.prompt_tokens.tolist() == [20, 10, 30]  # rows move with their times
+    assert "line 2" in t.source["repairs"][0]
+
+
+def test_zero_output_drop_option(write_text):
+    path = write_text("a.csv", AZURE_HEADER + "2023-11-16 18:00:00.0,10,0\n2023-11-16 18:00:01.0,10,5\n")
+    with pytest.warns(TraceWarning, match="dropped 1 request"):
+        t = load_trace(path, on_zero_output="drop")
+    assert len(t) == 1 and t.output_tokens.tolist() == [5]
+    assert t.source["requests_in_file"] == 2
+
+
+# ---- bad input: each names the file and the line/row ----------------------------------------
+
+
+def test_missing_path(tmp_path):
+    path = tmp_path / "nope.csv"
+    expect_error(path, "does not exist")
+
+
+def test_missing_column_given_format(write_text):
+    path = write_text("a.csv", "TIMESTAMP,ContextTokens\n2023-11-16 18:00:00,5\n")
+    expect_error(path, "line 1", "missing column(s) 'GeneratedTokens'", format="azure")
+
+
+def test_undetectable_columns(write_text):
+    path = write_text("a.csv", "time,in,out\n1,2,3\n")
+    expect_error(path, "line 1", "cannot detect the trace format", "TIMESTAMP")
+
+
+def test_non_numeric_length(write_text):
+    path = write_text("a.csv", AZURE_HEADER + azure_rows(2) + "2023-11-16 18:20:00.0,abc,5\n")
+    expect_error(path, "line 4", "'ContextTokens' must be a number", "'abc'")
+
+
+def test_non_numeric_length_in_later_chunk(write_text, monkeypatch):
+    monkeypatch.setattr(load_mod, "CHUNK_LINES", 3)
+    path = write_text("a.csv", AZURE_HEADER + azure_rows(8) + "2023-11-16 18:20:00.0,12,x\n")
+    expect_error(path, "line 10", "'GeneratedTokens'")
+
+
+def test_fractional_length(write_text):
+    path = write_text("m.jsonl", mooncake_line(0, 10, 5) + '{"timestamp": 1, "input_length": 10.5, "output_length": 5, "hash_ids": [0]}\n')
+    expect_error(path, "line 2", "whole number")
+
+
+def test_negative_length(write_text):
+    path = write_text("m.jsonl", mooncake_line(0, 10, 5) + mooncake_line(10, 10, -3))
+    expect_error(path, "line 2", "'output_length' is negative")
+
+
+def test_zero_output_is_error_by_default(write_text):
+    path = write_text("m.jsonl", mooncake_line(0, 10, 5) + mooncake_line(10, 10, 5) + mooncake_line(20, 10, 0))
+    expect_error(path, "line 3", "'output_length' is 0", "on_zero_output: drop")
+
+
+def test_zero_prompt_is_error(write_text):
+    path = write_text("g.csv", "arrival_s,prompt_tokens,output_tokens\n0,0,5\n")
+    expect_error(path, "line 2", "'prompt_tokens' is 0")
+
+
+def test_unsorted_is_error_by_default(write_text):
+    path = write_text("a.csv", AZURE_HEADER + azure_rows(3, start_s=10) + azure_rows(1))
+    expect_error(path, "line 5", "not sorted", "on_unsorted: sort")
+
+
+def test_unsorted_across_chunks(write_text, monkeypatch):
+    monkeypatch.setattr(load_mod, "CHUNK_LINES", 2)
+    lines = [mooncake_line(t, 10, 1) for t in (0, 10, 20, 5, 30)]
+    expect_error(write_text("m.jsonl", "".join(lines)), "line 4", "not sorted")
+
+
+def test_empty_file(write_text):
+    expect_error(write_text("e.csv", ""), "line 1", "empty")
+    expect_error(write_text("e.jsonl.gz", ""), "line 1", "empty")
+    expect_error(write_text("e2.csv", "\n\n"), "line 1", "empty")
+
+
+def test_header_without_requests(write_text):
+    expect_error(write_text("h.csv", AZURE_HEADER), "line 2", "no requests")
+
+
+def test_truncated_gzip(tmp_path):
+    rows = "".join(mooncake_line(i * 10, 1000 + i % 97, 1 + i % 13) for i in range(20_000))
+    data = gzip.compress(rows.encode(), mtime=0)
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(data[: len(data) // 2])
+    msg = expect_error(path, "truncated")
+    line = int(msg.split(": line ")[1].split(":")[0])
+    assert 1000 < line < 20_000  # names the line where reading stopped
+
+
+def test_truncated_gzip_csv(tmp_path):
+    data = gzip.compress((AZURE_HEADER + azure_rows(3000)).encode(), mtime=0)
+    path = tmp_path / "cut.csv.gz"
+    path.write_bytes(data[: len(data) - 20])
+    expect_error(path, "line ", "truncated")
+
+
+def test_corrupt_gzip_header(tmp_path):
+    path = tmp_path / "bad.csv.gz"
+    path.write_bytes(b"\x1f\x8b\x08\x00garbage-garbage")
+    expect_error(path, "line 1", "gzip")
+
+
+def test_bad_json_line(write_text):
+    path = write_text("m.jsonl", mooncake_line(0, 10, 5) + mooncake_line(1, 10, 5) + '{"timestamp": 2, "input_len\n')
+    expect_error(path, "line 3", "not a valid JSON object")
+
+
+def test_json_line_not_an_object(write_text):
+    path = write_text("m.jsonl", mooncake_line(0, 10, 5) + "[1, 2, 3]\n")
+    expect_error(path, "line 2", "expected a JSON object")
+
+
+def test_json_missing_field(write_text):
+    path = write_text("m.jsonl", mooncake_line(0, 10, 5) + '\n{"timestamp": 1, "input_length": 10, "hash_ids": [0]}\n')
+    expect_error(path, "line 3", "missing value for column 'output_length'")
+
+
+def test_json_string_in_numeric_field(write_text):
+    path = write_text("m.jsonl", mooncake_line(0, 10, 5) + '{"timestamp": 1, "input_length": "ten", "output_length": 5, "hash_ids": [0]}\n')
+    expect_error(path, "line 2", "'input_length' must be a number", "'ten'")
+
+
+def test_hash_ids_count_must_match_length(write_text):
+    path = write_text("m.jsonl", mooncake_line(0, 1000, 5, [0, 1]) + mooncake_line(1, 1100, 5, [0, 1]))
+    expect_error(path, "line 2", "has 2 keys", "need 3")
+
+
+def test_hash_ids_must_be_integers(write_text):
+    path = write_text("m.jsonl", mooncake_line(0, 10, 5, [0]) + mooncake_line(1, 10, 5, [1.5]))
+    expect_error(path, "line 2", "64-bit integers", "1.5")
+
+
+def test_bad_timestamp_string(write_text):
+    path = write_text("a.csv", AZURE_HEADER + azure_rows(1) + "yesterday,10,5\n")
+    expect_error(path, "line 3", "'TIMESTAMP' is not a date-time", "yesterday")
+
+
+def test_negative_arrival(write_text):
+    path = write_text("g.csv", "arrival_s,prompt_tokens,output_tokens\n-1,5,5\n")
+    expect_error(path, "line 2", "negative")
+
+
+def test_too_many_csv_fields(write_text):
+    path = write_text("a.csv", AZURE_HEADER + azure_rows(2) + "2023-11-16 18:20:00.0,1,2,3\n")
+    expect_error(path, "line 4", "expected 3 comma-separated fields")
+
+
+def test_missing_csv_value(write_text):
+    path = write_text("a.csv", AZURE_HEADER + "2023-11-16 18:20:00.0,,2\n")
+    expect_error(path, "line 2", "missing value for column 'ContextTokens'")
+
+
+def test_bad_prefix_key_string(write_text):
+    text = "arrival_s,prompt_tokens,output_tokens,prefix_block_tokens,prefix_keys\n0,16,1,16,3\n1,32,1,16,3 x\n"
+    expect_error(write_text("g.csv", text), "line 3", "64-bit integers", "'x'")
+
+
+def test_inconsistent_block_size(write_text):
+    text = "arrival_s,prompt_tokens,output_tokens,prefix_block_tokens,prefix_keys\n0,16,1,16,3\n1,32,1,32,3\n"
+    expect_error(write_text("g.csv", text), "line 3", "prefix_block_tokens")
+
+
+def test_prefix_keys_without_block_size(write_text):
+    text = "arrival_s,prompt_tokens,output_tokens,prefix_keys\n0,16,1,3\n"
+    expect_error(write_text("g.csv", text), "block size")
+
+
+def test_bad_parquet_row(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "g.parquet"
+    pq.write_table(pa.table({"arrival_s": [0.0, 1.0, 2.0], "prompt_tokens": [5, 5, -5], "output_tokens": [1, 1, 1]}), path)
+    expect_error(path, "row 3", "'prompt_tokens' is negative")
+
+
+def test_unknown_format_name(write_text):
+    expect_error(write_text("a.csv", AZURE_HEADER + azure_rows(1)), "unknown trace format", format="mooncak")
+
+
+def test_not_a_file(tmp_path):
+    expect_error(tmp_path, "directory")
+
+
+def test_no_traceback_types_escape(write_text):
+    """Binary junk is a TraceError, not a UnicodeDecodeError or pandas exception."""
+    path = write_text("junk.csv", "")
+    path.write_bytes(b"TIMESTAMP,ContextTokens,GeneratedTokens\n\xff\xfe\x00junk,\x80,1\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(TraceError):
+            load_trace(path)

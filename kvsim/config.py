@@ -106,6 +106,12 @@ class KVBudgetConfig(StrictModel):
         return self
 
 
+class EngineConfig(StrictModel):
+    mode: Literal["fast", "step"] = Field(
+        "fast", description="fast: advance runs of pure decode steps at once (exact); step: one event per step")
+    max_window_steps: int = Field(4096, ge=2, description="most steps one decode window may cover")
+
+
 class LimitsConfig(StrictModel):
     max_sim_time_s: float | None = Field(None, gt=0, description="stop with an error past this simulated time")
     max_wall_time_s: float | None = Field(None, gt=0, description="stop with an error past this wall time")
@@ -135,6 +141,7 @@ class Scenario(StrictModel):
     scheduler: SchedulerConfig = SchedulerConfig()
     timing: TimingConfig = Field(default_factory=lambda: TIMING_MODELS.default_config("analytical"))  # type: ignore[valid-type]
     limits: LimitsConfig = LimitsConfig()
+    engine: EngineConfig = EngineConfig()
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @field_validator("model", mode="before")

@@ -74,9 +74,9 @@ def plot_memory_breakdown(steps: pd.DataFrame, title: str, path: Path) -> None:
 
 
 def plot_concurrency(steps: pd.DataFrame, title: str, path: Path) -> None:
-    t, v = _time_binned(steps, ["running", "waiting"])
+    t, v = _time_binned(steps, ["running_mean", "waiting"])
     fig, ax = plt.subplots(figsize=(9, 4))
-    ax.step(t, v["running"], where="post", label="running requests", color="#1971c2")
+    ax.step(t, v["running_mean"], where="post", label="running requests", color="#1971c2")
     ax.step(t, v["waiting"], where="post", label="waiting requests", color="#868e96", alpha=0.7)
     ax.set_xlabel("simulated time (s)")
     ax.set_ylabel("requests")

@@ -99,7 +99,8 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     recorder = StepRecorder(scn.kv_bytes_per_token, path=steps_path)
     engine = Engine(trace, scheduler, timing, recorder, max_len, check_invariants=check_invariants,
                     limits=EngineLimits(scn.limits.max_sim_time_s, scn.limits.max_wall_time_s),
-                    progress=progress, event_log=event_log)
+                    progress=progress, event_log=event_log, mode=scn.engine.mode,
+                    max_window_steps=scn.engine.max_window_steps)
     try:
         engine.run()
     finally:

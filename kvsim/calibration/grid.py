@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from kvsim.calibration import schema as S
 from kvsim.hw import KV_DTYPES, ModelSpec
 
 # Bytes per element of each KV dtype the kernels support (fp8 = e4m3 with fp32 scales).
@@ -49,39 +50,53 @@ GPU_GRID = Grid(
     batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256),
     context_lens=(128, 256, 512, 1024, 2048, 4096, 8192),
     block_sizes=(16, 1, 512, 64, 8, 128, 32, 256),  # coarse-to-fine: a truncated run still spans the range
-    kv_dtypes=("bf16", "fp8", "fp16"),
+    kv_dtypes=("fp16", "fp8", "bf16"),  # fp16 first: kvsim's default KV dtype
     gemm_tokens=(1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096,
                  6144, 8192),
     lm_head_tokens=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
     prefill_new_tokens=(16, 64, 256, 1024, 2048, 4096),
     prefill_cached_tokens=(0, 512, 2048, 4096),
     prefill_block_sizes=(16, 1, 128),
-    contiguous_dtypes=("bf16", "fp16"),
+    contiguous_dtypes=("fp16", "bf16"),
     warmup=3,
     repeats=20,
     copy_bytes=1 << 30,
 )
 
-CPU_GRID = Grid(
-    batch_sizes=(1, 2, 4),
-    context_lens=(16, 64, 256),
+CPU_GRID = Grid(  # plumbing only: small enough for CI, wide enough for every table to interpolate
+    batch_sizes=(1, 4),
+    context_lens=(16, 256),
     block_sizes=(16, 1, 64),
-    kv_dtypes=("bf16", "fp8", "fp16"),
-    gemm_tokens=(1, 4, 16, 64),
-    lm_head_tokens=(1, 4),
+    kv_dtypes=("fp16", "fp8"),
+    gemm_tokens=(1, 16, 64),
+    lm_head_tokens=(1, 8),
     prefill_new_tokens=(16, 64),
     prefill_cached_tokens=(0, 64),
     prefill_block_sizes=(16, 1),
-    contiguous_dtypes=("bf16",),
+    contiguous_dtypes=("fp16",),
     warmup=1,
-    repeats=5,
-    copy_bytes=64 << 20,
+    repeats=3,
+    copy_bytes=32 << 20,
 )
 
 
 def kv_bytes_per_token_layer(model: ModelSpec, kv_dtype: str) -> int:
     """K + V bytes one token occupies in one layer (fp8 scales are per tensor/head: no per-token cost)."""
     return 2 * model.num_kv_heads * model.head_dim * KV_ELEMENT_BYTES[kv_dtype]
+
+
+def gemm_shapes(model: ModelSpec) -> dict[str, tuple[int, int]]:
+    """op -> (N output features, K reduction dim) of each weight, as ``F.linear(x[T,K], W[N,K])``."""
+    q_dim = model.num_attention_heads * model.head_dim
+    kv_dim = model.num_kv_heads * model.head_dim
+    up = (2 if model.gated_mlp else 1) * model.intermediate_size
+    return {
+        S.GEMM_QKV: (q_dim + 2 * kv_dim, model.hidden_size),
+        S.GEMM_OUT: (model.hidden_size, q_dim),
+        S.GEMM_MLP_UP: (up, model.hidden_size),
+        S.GEMM_MLP_DOWN: (model.hidden_size, model.intermediate_size),
+        S.GEMM_LM_HEAD: (model.vocab_size, model.hidden_size),
+    }
 
 
 def decode_points(grid: Grid, model: ModelSpec, kv_dtype: str, mem_budget_bytes: int) -> tuple[list, list]:

@@ -75,6 +75,11 @@ class BuddyAllocator:
     def _top_order(self, addr: int) -> int:
         return self.top_orders[bisect.bisect_right(self.top_bases, addr) - 1]
 
+    def can_allocate(self, req: KVRequest, hold_tokens: int) -> bool:
+        """Would ``allocate(req, hold_tokens)`` succeed now? (no side effects)"""
+        order = self.order_for(req)
+        return any(self.free_lists[j] for j in range(order, self.max_order + 1))
+
     def allocate(self, req: KVRequest, hold_tokens: int) -> Allocation | None:
         if req.request_id in self.ledger:
             raise ValueError(f"request {req.request_id} is already allocated")
@@ -125,15 +130,21 @@ class BuddyAllocator:
                 return 1 << order
         return 0
 
-    def usage(self, head: KVRequest | None = None, head_hold_tokens: int = 0) -> KVUsage:
+    def _external(self, head: KVRequest | None) -> int:
         free_total = self.capacity_tokens - self.ledger.sum_held
         largest = self.largest_free_units() * self.unit
-        external = free_total - largest
         if head is not None:
             need = (1 << self.order_for(head)) * self.unit
             if largest < need <= free_total:
-                external = free_total
-        return self.ledger.usage(self.capacity_tokens, external)
+                return free_total
+        return free_total - largest
+
+    def usage(self, head: KVRequest | None = None, head_hold_tokens: int = 0) -> KVUsage:
+        return self.ledger.usage(self.capacity_tokens, self._external(head))
+
+    def usage_parts(self, head: KVRequest | None = None) -> tuple[int, int, int, int, int]:
+        """(sum held, sum min(held, final), shared, cached free, external) in tokens."""
+        return self.ledger.sum_held, self.ledger.sum_useful, 0, 0, self._external(head)
 
     def check_invariants(self) -> None:
         self.ledger.check("buddy")

@@ -71,6 +71,10 @@ class ContiguousAllocator:
                     best = i
         return best
 
+    def can_allocate(self, req: KVRequest, hold_tokens: int) -> bool:
+        """Would ``allocate(req, hold_tokens)`` succeed now? (no side effects)"""
+        return self._find_hole(reservation_tokens(self.reservation, req)) >= 0
+
     def allocate(self, req: KVRequest, hold_tokens: int) -> Allocation | None:
         if req.request_id in self.ledger:
             raise ValueError(f"request {req.request_id} is already allocated")
@@ -126,15 +130,21 @@ class ContiguousAllocator:
     def largest_hole_tokens(self) -> int:
         return max(self.hole_sizes, default=0)
 
-    def usage(self, head: KVRequest | None = None, head_hold_tokens: int = 0) -> KVUsage:
+    def _external(self, head: KVRequest | None) -> int:
         free_total = self.capacity_tokens - self.ledger.sum_held
         largest = self.largest_hole_tokens()
-        external = free_total - largest
         if head is not None:
             need = reservation_tokens(self.reservation, head)
             if largest < need <= free_total:
-                external = free_total
-        return self.ledger.usage(self.capacity_tokens, external)
+                return free_total
+        return free_total - largest
+
+    def usage(self, head: KVRequest | None = None, head_hold_tokens: int = 0) -> KVUsage:
+        return self.ledger.usage(self.capacity_tokens, self._external(head))
+
+    def usage_parts(self, head: KVRequest | None = None) -> tuple[int, int, int, int, int]:
+        """(sum held, sum min(held, final), shared, cached free, external) in tokens."""
+        return self.ledger.sum_held, self.ledger.sum_useful, 0, 0, self._external(head)
 
     def check_invariants(self) -> None:
         self.ledger.check("contiguous")

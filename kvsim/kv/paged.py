@@ -48,6 +48,9 @@ class PagedAllocatorConfig(StrictModel):
     block_size: int = Field(16, ge=1, le=512, description="tokens per block")
     watermark: float = Field(0.01, ge=0, lt=1, description="fraction of blocks kept free at admission")
     prefix_caching: bool = Field(False, description="reuse full blocks across requests (vLLM v1 semantics)")
+    track_block_ids: Literal["auto", "always"] = Field(
+        "auto", description="auto: count blocks without naming them unless prefix caching needs ids "
+                            "(results are identical; ids only matter for which cached block is reused)")
     eviction: EvictionConfig = Field(default_factory=LRUEvictionConfig, discriminator="kind")
 
 
@@ -85,9 +88,11 @@ class PagedAllocator:
         self.evictions = 0
 
     @classmethod
-    def from_capacity(cls, cfg: PagedAllocatorConfig, capacity_tokens: int) -> "PagedAllocator":
-        return cls(capacity_tokens // cfg.block_size, cfg.block_size, cfg.watermark, cfg.prefix_caching,
-                   cfg.eviction)
+    def from_capacity(cls, cfg: PagedAllocatorConfig, capacity_tokens: int):
+        num_blocks = capacity_tokens // cfg.block_size
+        if not cfg.prefix_caching and cfg.track_block_ids == "auto":
+            return CountingPagedAllocator(num_blocks, cfg.block_size, cfg.watermark)
+        return cls(num_blocks, cfg.block_size, cfg.watermark, cfg.prefix_caching, cfg.eviction)
 
     # -- queries -------------------------------------------------------------------------------
     def max_footprint_fits(self, req: KVRequest) -> bool:
@@ -147,6 +152,13 @@ class PagedAllocator:
     def peek_cached_tokens(self, req: KVRequest, num_tokens: int) -> int:
         """Tokens ``allocate(req, num_tokens)`` would find cached (no side effects)."""
         return len(self._cache_hits(req, num_tokens)) * self.block_size
+
+    def can_allocate(self, req: KVRequest, hold_tokens: int) -> bool:
+        """Would ``allocate(req, hold_tokens)`` succeed now? (no side effects)"""
+        hits = self._cache_hits(req, hold_tokens)
+        hits_in_pool = sum(1 for b in hits if self.ref_counts[b] == 0)
+        need = cdiv(hold_tokens, self.block_size) - len(hits)
+        return self.pool.num_free - hits_in_pool - need >= self.watermark_blocks
 
     def allocate(self, req: KVRequest, hold_tokens: int) -> Allocation | None:
         rid = req.request_id
@@ -243,6 +255,11 @@ class PagedAllocator:
         return self.ledger.usage(self.capacity_tokens, 0, self._shared_extra * self.block_size,
                                  self._cached_free * self.block_size)
 
+    def usage_parts(self, head: KVRequest | None = None) -> tuple[int, int, int, int, int]:
+        """(sum held, sum min(held, final), shared, cached free, external) in tokens."""
+        return (self.ledger.sum_held, self.ledger.sum_useful, self._shared_extra * self.block_size,
+                self._cached_free * self.block_size, 0)
+
     def check_invariants(self) -> None:
         self.pool.check_invariants()
         self.ledger.check("paged")
@@ -275,6 +292,87 @@ class PagedAllocator:
         assert keyed == len(self.key_to_block), "keyed blocks and cache map disagree"
         if not self.prefix_caching:
             assert not self.key_to_block, "cache entries without prefix caching"
+
+
+class CountingPagedAllocator:
+    """The paged allocator without prefix caching, counting blocks instead of naming them.
+
+    Without prefix caching no result depends on *which* free block a request gets, so this keeps
+    only per-request block counts and a free count: O(1) per call instead of O(blocks). It makes
+    the same fit / does-not-fit decisions as :class:`PagedAllocator` with the same block size and
+    watermark (a test runs both on the same scenarios and compares the request tables).
+    """
+
+    prefix_caching = False
+    evictions = 0
+
+    def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0):
+        if num_blocks < 1:
+            raise ValueError("a paged allocator needs at least one block")
+        if not 1 <= block_size <= 512:
+            raise ValueError(f"block_size must be in [1, 512], got {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.block_size_tokens = block_size
+        self.capacity_tokens = num_blocks * block_size
+        self.watermark_blocks = int(watermark * num_blocks)
+        self.num_free_blocks = num_blocks
+        self.ledger = SlotLedger()
+
+    def max_footprint_fits(self, req: KVRequest) -> bool:
+        return cdiv(req.final_kv_tokens, self.block_size) <= self.num_blocks - self.watermark_blocks
+
+    def held_tokens(self, request_id: int) -> int:
+        return self.ledger.held[request_id]
+
+    def can_allocate(self, req: KVRequest, hold_tokens: int) -> bool:
+        return self.num_free_blocks - cdiv(hold_tokens, self.block_size) >= self.watermark_blocks
+
+    def allocate(self, req: KVRequest, hold_tokens: int) -> Allocation | None:
+        if req.request_id in self.ledger:
+            raise ValueError(f"request {req.request_id} is already allocated")
+        if hold_tokens < 1:
+            raise ValueError(f"hold_tokens must be >= 1, got {hold_tokens}")
+        need = cdiv(hold_tokens, self.block_size)
+        if self.num_free_blocks - need < self.watermark_blocks:
+            return None
+        self.num_free_blocks -= need
+        self.ledger.add(req.request_id, req.final_kv_tokens, need * self.block_size)
+        return NO_HIT
+
+    def ensure_slots(self, request_id: int, num_tokens: int) -> bool:
+        ledger = self.ledger
+        held = ledger.held[request_id]
+        if num_tokens > held:
+            need = cdiv(num_tokens - held, self.block_size)
+            if need > self.num_free_blocks:
+                return False
+            self.num_free_blocks -= need
+            ledger.set_held(request_id, held + need * self.block_size)
+        if num_tokens < ledger.written[request_id]:
+            raise ValueError(f"request {request_id}: written tokens cannot shrink")
+        ledger.set_written(request_id, num_tokens)
+        return True
+
+    def free(self, request_id: int) -> None:
+        held = self.ledger.held.get(request_id)
+        self.ledger.remove(request_id)
+        self.num_free_blocks += held // self.block_size
+
+    def usage(self, head: KVRequest | None = None, head_hold_tokens: int = 0) -> KVUsage:
+        return self.ledger.usage(self.capacity_tokens, 0)
+
+    def usage_parts(self, head: KVRequest | None = None) -> tuple[int, int, int, int, int]:
+        return self.ledger.sum_held, self.ledger.sum_useful, 0, 0, 0
+
+    def check_invariants(self) -> None:
+        self.ledger.check("paged")
+        for r, held in self.ledger.held.items():
+            assert held % self.block_size == 0, f"request {r}: held {held} is not whole blocks"
+        used = self.ledger.sum_held // self.block_size
+        assert 0 <= self.num_free_blocks and used + self.num_free_blocks == self.num_blocks, (
+            f"free blocks ({self.num_free_blocks}) + owned ({used}) != {self.num_blocks}"
+        )
 
 
 ALLOCATORS.register("paged", PagedAllocatorConfig, PagedAllocator.from_capacity)

@@ -1,8 +1,11 @@
 """Append-only step rows, kept as typed column buffers and flushed to parquet in chunks.
 
-Rows are either engine steps (``kind == "step"``) or idle gaps (``kind == "idle"``, the engine
-waiting for an arrival) so that time-weighted summaries cover the whole simulated span. Memory
-components are a snapshot taken right after scheduling, i.e. the state the step runs in.
+Rows are engine steps (``idle = false``; ``num_steps`` > 1 for a run of decode steps the fast engine
+advanced at once) or idle gaps (``idle = true``, the engine waiting for an arrival), so that
+time-weighted summaries cover the whole simulated span. Memory components are the state each step
+runs in (right after scheduling); on a multi-step row they, ``running_mean`` and
+``batch_size_mean`` are time-weighted means over the row's steps, and ``running`` / ``batch_size``
+are maxima.
 """
 
 from __future__ import annotations
@@ -26,16 +29,19 @@ STEP_COLUMNS: dict[str, str] = {
     "prefill_tokens": "int64",
     "decode_tokens": "int64",
     "running": "int64",
+    "running_mean": "float64",
+    "batch_size_mean": "float64",
     "waiting": "int64",
     "admitted": "int64",
     "preempted": "int64",
     "finished": "int64",
-    "token_states_bytes": "int64",
-    "reservation_bytes": "int64",
-    "internal_frag_bytes": "int64",
-    "external_frag_bytes": "int64",
-    "free_bytes": "int64",
-    "cached_free_bytes": "int64",
+    "token_states_bytes": "float64",
+    "reservation_bytes": "float64",
+    "internal_frag_bytes": "float64",
+    "external_frag_bytes": "float64",
+    "free_bytes": "float64",
+    "cached_free_bytes": "float64",
+    "peak_used_bytes": "int64",
     "evictions": "int64",
     "swap_in_bytes": "int64",
     "swap_out_bytes": "int64",
@@ -83,6 +89,8 @@ class StepRecorder:
         c["prefill_tokens"].append(prefill_tokens)
         c["decode_tokens"].append(decode_tokens)
         c["running"].append(running)
+        c["running_mean"].append(float(running))
+        c["batch_size_mean"].append(float(batch_size))
         c["waiting"].append(waiting)
         c["admitted"].append(admitted)
         c["preempted"].append(preempted)
@@ -93,9 +101,45 @@ class StepRecorder:
         c["external_frag_bytes"].append(usage.external_frag_tokens * bpt)
         c["free_bytes"].append(usage.free_tokens * bpt)
         c["cached_free_bytes"].append(usage.cached_free_tokens * bpt)
+        c["peak_used_bytes"].append(usage.used_tokens * bpt)
         c["evictions"].append(evictions)
         c["swap_in_bytes"].append(swap_in_bytes)
         c["swap_out_bytes"].append(swap_out_bytes)
+        c["kv_bytes_read"].append(kv_bytes_read)
+        for k in BREAKDOWN_COLUMNS:
+            c[k].append(breakdown.get(k, 0.0))
+        self.num_rows += 1
+        if len(c["step"]) >= self.flush_every:
+            self._flush()
+
+    def macro_row(self, *, start_s: float, duration_s: float, num_steps: int, max_batch: int,
+                  batch_mean: float, decode_tokens: int, waiting: int, finished: int,
+                  parts_mean_tokens: dict[str, float], kv_bytes_read: int, breakdown: dict[str, float],
+                  evictions: int) -> None:
+        """One row standing for ``num_steps`` decode-only steps (means are time-weighted)."""
+        c = self._cols
+        bpt = self.bytes_per_token
+        c["step"].append(self.num_rows)
+        c["idle"].append(False)
+        c["start_s"].append(start_s)
+        c["duration_s"].append(duration_s)
+        c["num_steps"].append(num_steps)
+        c["batch_size"].append(max_batch)
+        c["prefill_tokens"].append(0)
+        c["decode_tokens"].append(decode_tokens)
+        c["running"].append(max_batch)
+        c["running_mean"].append(batch_mean)
+        c["batch_size_mean"].append(batch_mean)
+        c["waiting"].append(waiting)
+        c["admitted"].append(0)
+        c["preempted"].append(0)
+        c["finished"].append(finished)
+        for part in ("token_states", "reservation", "internal_frag", "external_frag", "free", "cached_free"):
+            c[f"{part}_bytes"].append(parts_mean_tokens[part] * bpt)
+        c["peak_used_bytes"].append(int(parts_mean_tokens["peak_used"]) * bpt)
+        c["evictions"].append(evictions)
+        c["swap_in_bytes"].append(0)
+        c["swap_out_bytes"].append(0)
         c["kv_bytes_read"].append(kv_bytes_read)
         for k in BREAKDOWN_COLUMNS:
             c[k].append(breakdown.get(k, 0.0))

@@ -50,10 +50,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: i
     for part in MEMORY_PARTS:
         frac = steps[f"{part}_bytes"] / capacity_bytes if capacity_bytes else steps[f"{part}_bytes"] * 0.0
         kv[f"{part}_frac"] = time_weighted_mean(frac, dur)
-    kv["peak_used_frac"] = float(
-        ((steps["token_states_bytes"] + steps["reservation_bytes"] + steps["internal_frag_bytes"]).max()
-         / capacity_bytes) if len(steps) and capacity_bytes else 0.0
-    )
+    kv["peak_used_frac"] = float(steps["peak_used_bytes"].max() / capacity_bytes) if len(steps) and capacity_bytes else 0.0
 
     out_tokens = float(fin["output_tokens"].sum())
     norm = (fin["e2e_s"] / fin["output_tokens"]).mean() if len(fin) else math.nan
@@ -75,8 +72,8 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: i
         "normalized_latency_s_per_token": None if math.isnan(norm) else float(norm),
         "concurrency": {
             "max": int(steps["running"].max()) if len(steps) else 0,
-            "mean": time_weighted_mean(steps["running"], dur),
-            "mean_batch_size": time_weighted_mean(steps["batch_size"], dur),
+            "mean": time_weighted_mean(steps["running_mean"], dur),
+            "mean_batch_size": time_weighted_mean(steps["batch_size_mean"], dur),
         },
         "kv": kv,
         "preemptions": int(requests["preemptions"].sum()),

@@ -47,13 +47,15 @@ METRICS: dict[str, tuple[str, ...]] = {
     "kv_free_frac": ("kv", "free_frac"),
     "kv_peak_used_frac": ("kv", "peak_used_frac"),
     "preemptions": ("preemptions",),
+    "preemptions_swap": ("preemptions_by_mode", "swap"),
+    "swapped_out_bytes": ("swapped_out_bytes",),
     "recomputed_tokens": ("recomputed_tokens",),
     "engine_steps": ("engine_steps",),
     "busy_frac": ("busy_frac",),
 }
 INT_METRICS = ("requests_total", "requests_finished", "requests_rejected", "requests_unfinished",
                "concurrency_max", "kv_capacity_tokens", "kv_block_size_tokens", "kv_bytes_per_token",
-               "preemptions", "recomputed_tokens", "engine_steps")
+               "preemptions", "preemptions_swap", "swapped_out_bytes", "recomputed_tokens", "engine_steps")
 PREFIX_HIT_KEY = ("prefix_cache", "hit_ratio_tokens")
 BANDWIDTH_KEY = "kv_bandwidth_utilisation"
 

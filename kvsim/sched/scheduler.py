@@ -134,6 +134,19 @@ class Scheduler:
         self.preemptions_by_mode["recompute"] += 1
         return 0
 
+    def head_might_fit(self, num_running: int) -> bool:
+        """Could a schedule() with ``num_running`` decoding requests admit the waiting head, if the
+        running requests took no more memory? (Decode windows: False means it surely stays blocked.)"""
+        if not self.waiting or self.swapped or num_running >= self.max_num_seqs:
+            return False
+        req = self.waiting[0]
+        budget = self.token_budget - num_running
+        if budget <= 0:
+            return False
+        if req.num_tokens - self._peek_cached(req) > budget and not self.chunked_prefill:
+            return False
+        return self.allocator.can_allocate(req.kv, req.num_tokens)
+
     def _peek_cached(self, req: Request) -> int:
         return self._peek(req.kv, req.num_tokens) if self._peek is not None else 0
 

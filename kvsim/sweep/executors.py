@@ -89,54 +89,78 @@ def _run_inline(tasks, on_outcome, retries, on_retry) -> None:
 
 
 def _run_local(tasks, on_outcome, jobs, retries, on_retry) -> None:
+    """Process pool; see the module docstring. When a worker dies with several points in flight,
+    none of them is blamed: each is rerun alone ("suspect"), and only a death while running alone
+    counts as an attempt of that point, so one crashing point never fails its neighbours."""
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
 
     ctx = multiprocessing.get_context("spawn")
     pending = deque(tasks)
+    suspects: deque = deque()
     attempts: dict[str, int] = {}
     started: dict[str, float] = {}
     inflight: dict = {}
     pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx)
 
-    def settle(fut, task) -> bool:
-        """Report or requeue a finished future; True if its worker process died."""
+    def fail_or_retry(task, e: BaseException) -> None:
         pid = task["point_id"]
-        try:
-            res = fut.result()
-        except BaseException as e:  # noqa: BLE001 -- recorded, retried
-            died = isinstance(e, BrokenProcessPool)
-            if died:
-                e = RuntimeError(f"worker process died while running the point ({e})")
-            if attempts[pid] <= retries:
-                if on_retry:
-                    on_retry(pid, attempts[pid], _one_line(e))
-                pending.append(task)
-            else:
-                on_outcome(Outcome(pid, False, attempts[pid], time.perf_counter() - started[pid],
-                                   _one_line(e), _remote_traceback(e)))
-            return died
-        on_outcome(Outcome(pid, True, attempts[pid], res["wall_s"]))
-        return False
+        if attempts[pid] <= retries:
+            if on_retry:
+                on_retry(pid, attempts[pid], _one_line(e))
+            pending.append(task)
+        else:
+            on_outcome(Outcome(pid, False, attempts[pid], time.perf_counter() - started[pid],
+                               _one_line(e), _remote_traceback(e)))
 
     try:
-        while pending or inflight:
-            while pending and len(inflight) < jobs:
+        while pending or inflight or suspects:
+            if suspects and not inflight:
+                task = suspects.popleft()
+                attempts[task["point_id"]] = attempts.get(task["point_id"], 0) + 1
+                started[task["point_id"]] = time.perf_counter()
+                inflight[pool.submit(run_point, task)] = task
+            while pending and not suspects and len(inflight) < jobs:
                 task = pending.popleft()
                 attempts[task["point_id"]] = attempts.get(task["point_id"], 0) + 1
                 started[task["point_id"]] = time.perf_counter()
                 inflight[pool.submit(run_point, task)] = task
+            alone = len(inflight) == 1
             done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
-            broken = False
+            died: list = []
             for fut in done:
-                broken |= settle(fut, inflight.pop(fut))
-            if broken:
-                # Every other task of the dead pool fails too: settle them, then start afresh.
-                for fut in list(inflight):
-                    settle(fut, inflight.pop(fut))
-                pool.shutdown(wait=True, cancel_futures=True)
-                pool = ProcessPoolExecutor(max_workers=min(jobs, max(1, len(pending))), mp_context=ctx)
+                task = inflight.pop(fut)
+                try:
+                    res = fut.result()
+                except BrokenProcessPool as e:
+                    died.append((task, e))
+                except BaseException as e:  # noqa: BLE001 -- recorded, retried
+                    fail_or_retry(task, e)
+                else:
+                    on_outcome(Outcome(task["point_id"], True, attempts[task["point_id"]], res["wall_s"]))
+            if not died:
+                continue
+            # The pool is dead: every task still in it fails the same way. Settle them, start afresh.
+            for fut in list(inflight):
+                task = inflight.pop(fut)
+                try:
+                    res = fut.result()
+                except BrokenProcessPool as e:
+                    died.append((task, e))
+                except BaseException as e:  # noqa: BLE001
+                    fail_or_retry(task, e)
+                else:
+                    on_outcome(Outcome(task["point_id"], True, attempts[task["point_id"]], res["wall_s"]))
+            pool.shutdown(wait=True, cancel_futures=True)
+            pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx)
+            if alone and len(died) == 1:
+                task, e = died[0]
+                fail_or_retry(task, RuntimeError(f"worker process died while running the point ({e})"))
+            else:
+                for task, _ in died:  # can't tell which one killed the worker: rerun each alone
+                    attempts[task["point_id"]] -= 1
+                    suspects.append(task)
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
         raise

@@ -78,6 +78,8 @@ def run_sweep(sweep_file_or_spec: str | Path | dict | LoadedSweep, out_dir: str 
     import os
 
     t_start = time.perf_counter()
+    if jobs is not None and jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1 (got {jobs})")
     if executor not in EXECUTORS:
         raise ConfigError(f"unknown executor {executor!r}; valid executors: {', '.join(EXECUTORS)}")
     sweep = sweep_file_or_spec if isinstance(sweep_file_or_spec, LoadedSweep) else \
@@ -149,8 +151,10 @@ def run_sweep(sweep_file_or_spec: str | Path | dict | LoadedSweep, out_dir: str 
 
     if report:
         try:
-            from kvsim.report import write_run_report
+            from kvsim.report import compare, write_run_report
 
+            if (df["status"] == STATUS_OK).any():
+                compare([out], out / "compare", log=say)
             write_run_report(out)
         except Exception as e:  # noqa: BLE001 -- the sweep's results stand without the report
             say(f"warning: could not write the sweep report: {type(e).__name__}: {e}")

@@ -32,4 +32,13 @@ class ConstantTiming:
         )
 
 
+    def decode_durations(self, num_seqs, kv_tokens_read):
+        """Vectorised ``step_time`` for decode-only steps (see AnalyticalTiming.decode_durations)."""
+        compute = self.cfg.per_token_s * num_seqs
+        duration = self.cfg.step_s + compute
+        k = len(num_seqs)
+        return duration, {"overhead_s": self.cfg.step_s * k, "compute_s": float(compute.sum())}, \
+            int((kv_tokens_read * self.kv_bytes_per_token).sum())
+
+
 TIMING_MODELS.register("constant", ConstantTimingConfig, ConstantTiming)

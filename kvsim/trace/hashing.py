@@ -21,21 +21,25 @@ def _u64(x) -> np.ndarray:
 
 def fmix64(x) -> np.ndarray:
     """SplitMix64 finaliser of an int64/uint64 array; returns int64."""
-    z = _u64(x).copy()
     with np.errstate(over="ignore"):
-        z = z + _GOLDEN
-        z = (z ^ (z >> np.uint64(30))) * _M1
-        z = (z ^ (z >> np.uint64(27))) * _M2
-        z = z ^ (z >> np.uint64(31))
+        z = _u64(x) + _GOLDEN  # a fresh array; the rest works in place to spare temporaries
+        z ^= z >> np.uint64(30)
+        z *= _M1
+        z ^= z >> np.uint64(27)
+        z *= _M2
+        z ^= z >> np.uint64(31)
     return z.view(np.int64)
 
 
 def mix64(a, b) -> np.ndarray:
     """An order-dependent 64-bit combination of ``a`` and ``b`` (broadcasting); returns int64."""
     ua = _u64(fmix64(a))
-    ub = _u64(b)
     with np.errstate(over="ignore"):
-        return fmix64(ua ^ (ub + _GOLDEN + (ua << np.uint64(6)) + (ua >> np.uint64(2))))
+        z = _u64(b) + _GOLDEN
+        z += ua << np.uint64(6)
+        z += ua >> np.uint64(2)
+        z ^= ua
+        return fmix64(z)
 
 
 def mix_many(*parts) -> np.ndarray:

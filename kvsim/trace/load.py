@@ -156,6 +156,9 @@ class _CsvSource(_Source):
         except (UnicodeDecodeError, csv.Error) as exc:
             raise TraceError(f"{where}: line 1: cannot read the CSV header: {exc}") from None
         self.columns = [c.strip() for c in row]
+        dupes = sorted({c for c in self.columns if self.columns.count(c) > 1})
+        if dupes:
+            raise TraceError(f"{where}: line 1: duplicate column name(s) {', '.join(repr(c) for c in dupes)}")
         self.metadata = {}
         self._text_columns = [c for c in text_columns if c in self.columns]
 
@@ -184,6 +187,7 @@ class _CsvSource(_Source):
                 keep_default_na=False,
                 na_values=[""],
                 encoding="utf-8",
+                low_memory=False,  # parse each chunk whole: no mixed-dtype warnings
             )
         except pd.errors.ParserError as exc:
             m = _PANDAS_FIELDS_RE.search(str(exc))
@@ -337,6 +341,8 @@ def _arrow_key_lists(col, where: str, lines: np.ndarray, unit: str, strict: bool
 
     if pa.types.is_null(col.type):
         fail(0, "prefix key list is missing (null)")
+    if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
+        fail(0, f"prefix keys must be a list of integers, got {col.type}")
     if col.null_count:
         fail(int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0]), "prefix key list is missing (null)")
     offsets = col.offsets.to_numpy().astype(np.int64)
@@ -414,7 +420,7 @@ def _integers(col: pd.Series, name: str, lines: np.ndarray, ctx: _Ctx) -> np.nda
         bad = ~np.isfinite(arr) | (arr != np.round(arr)) | (np.abs(arr) > _MAX_EXACT_FLOAT_INT)
         if bad.any():
             i = int(np.argmax(bad))
-            raise ctx.fail(lines[i], f"column '{name}' must be a whole number, got {arr[i]!r}")
+            raise ctx.fail(lines[i], f"column '{name}' must be a whole number, got {float(arr[i])!r}")
         arr = arr.astype(np.int64)
     return arr
 
@@ -436,23 +442,28 @@ def _times(col: pd.Series, name: str, unit: str, lines: np.ndarray, ctx: _Ctx) -
         if missing.any():
             i = int(np.argmax(missing))
             raise ctx.fail(lines[i], f"missing value for column '{name}'")
-        parsed = pd.to_datetime(pd.Series(values, dtype=object).astype(str), format="ISO8601", errors="coerce")
+        # utc=True: zone-less stamps (Azure) are taken as they are; stamps with a zone are
+        # converted to UTC first, so a file mixing zones still orders correctly.
+        try:
+            parsed = pd.to_datetime(pd.Series(values, dtype=object).astype(str), format="ISO8601",
+                                    errors="coerce", utc=True)
+        except (ValueError, TypeError) as exc:
+            raise ctx.fail(int(lines[0]), f"column '{name}' cannot be read as date-times: {exc}") from None
         bad = parsed.isna().to_numpy()
         if bad.any():
             i = int(np.argmax(bad))
             raise ctx.fail(lines[i], f"column '{name}' is not a date-time like 2023-11-16 18:15:46.68, got {_show(values[i])}")
-        if getattr(parsed.dt, "tz", None) is not None:
-            parsed = parsed.dt.tz_convert("UTC").dt.tz_localize(None)
+        parsed = parsed.dt.tz_localize(None)
         return parsed.to_numpy(dtype="datetime64[ns]").astype(np.int64)
     arr = _numeric(col, name, lines, ctx).astype(np.float64)
     bad = ~np.isfinite(arr)
     if bad.any():
         i = int(np.argmax(bad))
-        raise ctx.fail(lines[i], f"column '{name}' must be a finite number, got {arr[i]!r}")
+        raise ctx.fail(lines[i], f"column '{name}' must be a finite number, got {float(arr[i])!r}")
     neg = arr < 0
     if neg.any():
         i = int(np.argmax(neg))
-        raise ctx.fail(lines[i], f"column '{name}' is negative ({arr[i]!r}); arrival times must be >= 0")
+        raise ctx.fail(lines[i], f"column '{name}' is negative ({float(arr[i])!r}); arrival times must be >= 0")
     return arr / 1000.0 if unit == "ms" else arr
 
 

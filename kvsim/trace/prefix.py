@@ -94,19 +94,21 @@ def block_keys(trace: Trace, block_size_tokens: int) -> list[np.ndarray] | None:
         use = j <= j1
         if not use.any():
             break
-        missing = use & (j >= req_len)
-        unknown |= missing
-        idx = np.where(use & ~missing, req_start + j, len(src_flat) - 1)
-        key = np.where(use, mix64(key, src_flat[idx]), key)
+        sel = np.arange(total) if use.all() else np.flatnonzero(use)
+        js = j[sel]
+        missing = js >= req_len[sel]
+        src = src_flat[np.where(missing, len(src_flat) - 1, req_start[sel] + js)]
+        key[sel] = mix64(key[sel], src)
+        unknown[sel[missing]] = True
 
     # A b-block touching the request's partial last source block is tied to the prompt length.
     last_src = (prompt - 1) // source_block
-    partial = (prompt % source_block != 0)[req] & (j1 == last_src[req])
-    if partial.any():
-        key = np.where(partial, mix64(mix64(key, _PARTIAL_TAG), prompt[req]), key)
-    if unknown.any():
-        lonely = mix64(mix64(fmix64(np.full(total, _UNKNOWN_TAG)), req), end_tok)
-        key = np.where(unknown, lonely, key)
+    partial = np.flatnonzero((prompt % source_block != 0)[req] & (j1 == last_src[req]))
+    if partial.size:
+        key[partial] = mix64(mix64(key[partial], _PARTIAL_TAG), prompt[req[partial]])
+    lonely = np.flatnonzero(unknown)
+    if lonely.size:
+        key[lonely] = mix64(mix64(fmix64(np.full(lonely.size, _UNKNOWN_TAG)), req[lonely]), end_tok[lonely])
     return split_flat(key, n_blocks)
 
 

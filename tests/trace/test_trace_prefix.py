@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvsim.trace.prefix import block_keys, shared_prefix_blocks
 from kvsim.trace.schema import Trace
@@ -148,3 +150,61 @@ def test_mooncake_block_keys_match_source_sharing(mooncake_conv_trace):
         assert hits == hits_src
         seen_src.update(src[:full].tolist())
         seen.update(k.tolist())
+
+
+# ---- property: keys agree with the token contents they summarise ------------------------------
+
+SRC = 8  # small source blocks keep the examples small
+
+
+def chained_ids(prompts: list[list[int]]) -> list[list[int]]:
+    """Mooncake-style ids: block j's id names the whole prefix up to the end of block j (the
+    last, partial block names the partial prefix)."""
+    table: dict[tuple, int] = {}
+    out = []
+    for toks in prompts:
+        ids = []
+        for j in range(-(-len(toks) // SRC)):
+            ids.append(table.setdefault(tuple(toks[: (j + 1) * SRC]), len(table)))
+        out.append(ids)
+    return out
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+prompt_pairs = st.tuples(
+    st.lists(st.integers(0, 2), min_size=1, max_size=60),  # shared stem
+    st.lists(st.integers(0, 2), max_size=30),
+    st.lists(st.integers(0, 2), max_size=30),
+).filter(lambda t: len(t[0]) + len(t[1]) > 0 and len(t[0]) + len(t[2]) > 0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(prompt_pairs, st.sampled_from([1, 2, 3, 4, 5, 8, 12, 16, 20]))
+def test_keys_share_exactly_what_the_ids_prove(pair, block):
+    stem, tail_a, tail_b = pair
+    a, b = stem + tail_a, stem + tail_b
+    trace = make_trace([len(a), len(b)], chained_ids([a, b]), source_block=SRC)
+    ka, kb = block_keys(trace, block)
+    shared = shared_prefix_blocks(ka, kb)
+    true_common = common_prefix(a, b)
+    # Safety: shared blocks really hold equal tokens.
+    assert shared * block <= true_common
+    # Completeness: every block the ids prove equal is shared.
+    shortest = min(len(a), len(b))
+    expected = 0
+    for k in range(shortest // block):
+        j1 = ((k + 1) * block - 1) // SRC
+        end = (j1 + 1) * SRC
+        proven = (end <= shortest and true_common >= end) or (len(a) == len(b) == true_common)
+        if not proven:
+            break
+        expected += 1
+    assert shared == expected

@@ -1,0 +1,5 @@
+"""``python -m kvsim.calibration ...`` -- the ``kvsim calibrate`` command on its own."""
+
+from kvsim.calibration.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,144 @@
+"""``kvsim calibrate``: the argparse sub-command (torch is imported only when a measurement runs).
+
+Usage::
+
+    kvsim calibrate [--device auto|cuda|cpu] [--out DIR] [--model NAME] [--gpu-name NAME]
+                    [--time-budget-s S] [--decode-impl auto|triton|torch] [--kv-dtypes D ...]
+                    [--block-sizes N ...] [--repeats N] [--warmup N] [--report]
+    kvsim calibrate report DIR [--no-plots]
+    kvsim calibrate peer-check [--vidur-dir DIR] [--calibration DIR] [--csv FILE]
+    kvsim calibrate selfcheck [--device auto|cuda|cpu]
+
+The measuring form has no sub-command word, so ``report``/``peer-check``/``selfcheck`` are an
+optional nested sub-parser; its options live on the ``calibrate`` parser itself. The same commands
+run without the rest of the CLI as ``python -m kvsim.calibration ...`` (what ``bench/gpu_calibrate.sh``
+uses on GPU machines whose Python lacks kvsim's other dependencies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kvsim.errors import CalibrationError, KvsimError
+
+
+def _positive_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
+    return v
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "calibrate", help="measure attention/GEMM kernels on this device into a calibration directory",
+        description="Measure our Triton PagedAttention decode kernel, the torch prefill path, the contiguous-KV "
+                    "baseline, the model's GEMMs and a device copy over a grid; write meta.json + measurements.csv "
+                    "for `timing: {kind: calibrated, file: DIR}`. Without CUDA it runs a tiny CPU grid labelled "
+                    "device: cpu (plumbing data, not GPU timings).")
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    p.add_argument("--out", metavar="DIR", help="output directory (default calibration/<gpu>/<model>/)")
+    p.add_argument("--model", default="Llama-3-8B", help="model preset whose head geometry and GEMMs to measure")
+    p.add_argument("--gpu-name", help="label for meta.json and the default path (default: preset name of the "
+                                      "CUDA device where known, else its name; 'cpu' on CPU)")
+    p.add_argument("--time-budget-s", type=float, help="stop measuring after about this many seconds "
+                                                        "(phases get shares; skipped points are listed in meta.json)")
+    p.add_argument("--decode-impl", choices=["auto", "triton", "torch"], default="auto",
+                   help="auto: Triton kernel on CUDA, torch reference on CPU; triton on CPU needs TRITON_INTERPRET=1")
+    p.add_argument("--kv-dtypes", nargs="+", choices=["fp16", "bf16", "fp8"], help="restrict the KV dtypes")
+    p.add_argument("--block-sizes", nargs="+", type=_positive_int, help="restrict the block sizes (1..512)")
+    p.add_argument("--repeats", type=_positive_int, help="timed calls per point")
+    p.add_argument("--warmup", type=int, help="untimed calls per point")
+    p.add_argument("--mem-fraction", type=float, default=0.4, help="fraction of free device memory for buffers")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--report", action="store_true", help="run `calibrate report` on the result")
+
+    sub = p.add_subparsers(dest="calibrate_command", metavar="{report,peer-check,selfcheck}")
+    sub.required = False
+    r = sub.add_parser("report", help="leave-one-out interpolation error and bandwidth utilisation of DIR")
+    r.add_argument("dir", metavar="DIR")
+    r.add_argument("--no-plots", action="store_true")
+    pc = sub.add_parser("peer-check", help="compare the analytical (and a calibrated) model with Vidur's GPU profiles")
+    pc.add_argument("--vidur-dir", default=None, help="Vidur data folder (default /work/shared/peer-data/vidur)")
+    pc.add_argument("--calibration", metavar="DIR", help="also compare this calibration directory (its model only)")
+    pc.add_argument("--csv", metavar="FILE", help="write the MAPE table as CSV")
+    sc = sub.add_parser("selfcheck", help="check the Triton kernel and torch paths against fp32 references")
+    sc.add_argument("--device", dest="selfcheck_device", choices=["auto", "cuda", "cpu"], default="auto")
+    p.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    cmd = getattr(args, "calibrate_command", None)
+    if cmd == "report":
+        from kvsim.calibration.report import run_report
+
+        run_report(args.dir, plots=not args.no_plots)
+        return 0
+    if cmd == "peer-check":
+        from kvsim.calibration.peer import DEFAULT_VIDUR_DIR, run_peer_check
+
+        table = run_peer_check(args.vidur_dir or DEFAULT_VIDUR_DIR, args.calibration)
+        if args.csv:
+            table.to_csv(args.csv, index=False)
+        return 0
+    if cmd == "selfcheck":
+        return _selfcheck(args.selfcheck_device)
+    return _measure(args)
+
+
+def _selfcheck(device: str) -> int:
+    from kvsim.calibration._deps import interpreter_requested, require_torch
+
+    torch = require_torch()
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not interpreter_requested():
+        raise CalibrationError("selfcheck on CPU runs Triton's interpreter: set TRITON_INTERPRET=1 in the environment")
+    from kvsim.calibration.selfcheck import run_selfcheck
+
+    dev = torch.device("cuda") if device == "cuda" else torch.device("cpu")
+    kwargs = {"block_sizes": (1, 8, 16, 64, 128, 512), "geometry": (32, 8, 128)} if device == "cuda" else {}
+    return 0 if run_selfcheck(dev, **kwargs)["ok"] else 1
+
+
+def _measure(args: argparse.Namespace) -> int:
+    from kvsim.calibration.grid import CPU_GRID, GPU_GRID, restrict
+    from kvsim.calibration.runner import run_calibration
+
+    grid = None
+    if args.kv_dtypes or args.block_sizes or args.repeats is not None or args.warmup is not None:
+        from kvsim.calibration._deps import require_torch
+
+        torch = require_torch()
+        cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+        try:
+            grid = restrict(GPU_GRID if cuda else CPU_GRID, kv_dtypes=args.kv_dtypes, block_sizes=args.block_sizes,
+                            repeats=args.repeats, warmup=args.warmup)
+        except ValueError as e:
+            raise CalibrationError(f"kvsim calibrate: {e}") from None
+    if not 0 < args.mem_fraction <= 0.9:
+        raise CalibrationError(f"--mem-fraction must be in (0, 0.9], got {args.mem_fraction}")
+    out = run_calibration(args.out, device=args.device, model=args.model, gpu_name=args.gpu_name, grid=grid,
+                          time_budget_s=args.time_budget_s, decode_impl=args.decode_impl,
+                          mem_fraction=args.mem_fraction, seed=args.seed)
+    print(out)
+    if args.report:
+        from kvsim.calibration.report import run_report
+
+        run_report(out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kvsim.calibration ARGS`` == ``kvsim calibrate ARGS``, without the rest of the CLI."""
+    parser = argparse.ArgumentParser(prog="python -m kvsim.calibration")
+    sub = parser.add_subparsers(dest="command")
+    register(sub)
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = parser.parse_args(["calibrate", *argv])
+        return int(args.func(args) or 0)
+    except KvsimError as e:
+        print(f"kvsim calibrate: error: {e}", file=sys.stderr)
+        return 2

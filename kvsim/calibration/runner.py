@@ -1,0 +1,302 @@
+"""``kvsim calibrate``: check, measure the grid, write ``meta.json`` + ``measurements.csv`` atomically.
+
+Phases, in order (each gets a share of ``time_budget_s``; time a phase leaves unused passes on):
+
+1. correctness self-check of the Triton kernel on the device (aborts the run on failure: timing a
+   wrong kernel is worthless);
+2. device-to-device copy (achievable bandwidth, the yardstick of the report);
+3. GEMMs (QKV, out, MLP up/gate, down, LM head) and the per-layer elementwise ops over token counts;
+4. paged decode attention over KV dtype x block size x batch x context;
+5. paged prefill attention (torch gather + SDPA) over chunk x cached context;
+6. the contiguous-KV SDPA decode baseline.
+
+Without CUDA the same code runs on the CPU on a tiny grid, with the torch reference as the decode
+implementation (or the Triton kernel under the interpreter if asked), and the directory is labelled
+``device: cpu``: plumbing data, never GPU timings.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from kvsim.calibration import schema as S
+from kvsim.calibration._deps import interpreter_requested, package_version, require_torch
+from kvsim.calibration.grid import CPU_GRID, GPU_GRID, Grid, decode_points, prefill_points
+from kvsim.errors import CalibrationError
+from kvsim.hw import GPUS, MODELS, ModelSpec
+
+# Share of the time budget per phase (cumulative deadlines).
+PHASE_SHARES = {"gemm": 0.12, "decode": 0.55, "prefill": 0.2, "contiguous": 0.13}
+CPU_CACHE_BYTES = 8 << 20  # CPU runs are plumbing: a token rotation is enough
+
+
+def kvsim_version() -> str:
+    try:
+        from kvsim import __version__
+
+        return __version__
+    except ImportError:
+        return package_version("kvsim") or "unknown"
+
+
+def safe_name(name: str) -> str:
+    """A path component: letters, digits, '.', '_' and '-'."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "unknown"
+
+
+def preset_gpu_name(device_name: str) -> str:
+    """Map a CUDA device name ('NVIDIA H200') to a kvsim GPU preset name where unambiguous."""
+    low = device_name.lower()
+    for key, preset in (("h200", "H200-141GB"), ("h100", "H100-SXM-80GB"), ("l40s", "L40S")):
+        if key in low and preset in GPUS:
+            return preset
+    if "a100" in low:
+        return "A100-80GB" if "80" in low else "A100-40GB"
+    return safe_name(device_name)
+
+
+def default_out_dir(gpu_name: str, model_name: str) -> Path:
+    return Path("calibration") / safe_name(gpu_name) / safe_name(model_name)
+
+
+def resolve_model(name: str) -> ModelSpec:
+    from kvsim.errors import did_you_mean, format_choices
+
+    if name not in MODELS:
+        raise CalibrationError(f"--model: unknown model {name!r}{did_you_mean(name, MODELS)}; "
+                               f"choose from {format_choices(MODELS)}")
+    return MODELS[name]
+
+
+def _driver_version() -> str | None:
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20)
+        return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _prepare_out(out: Path) -> Path:
+    """Refuse to replace a directory that is not an earlier calibration; return the temp dir."""
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / S.META_FILE).exists())):
+        raise CalibrationError(f"--out {out}: exists and is not a calibration directory (no {S.META_FILE}); "
+                               "choose another path")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    return tmp
+
+
+def _commit(tmp: Path, out: Path) -> None:
+    """Replace ``out`` by ``tmp`` with renames only: readers see the old or the new directory."""
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        out.rename(old)
+    tmp.rename(out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def run_calibration(
+    out: str | Path | None = None,
+    *,
+    device: str = "auto",
+    model: str | ModelSpec = "Llama-3-8B",
+    gpu_name: str | None = None,
+    grid: Grid | None = None,
+    time_budget_s: float | None = None,
+    decode_impl: str = "auto",
+    mem_fraction: float = 0.4,
+    seed: int = 0,
+    log: Callable[[str], None] = print,
+) -> Path:
+    """Measure and write a calibration directory; returns its path.
+
+    ``device``: ``auto`` (CUDA if available, else CPU), ``cuda`` or ``cpu``. ``decode_impl``:
+    ``auto`` (Triton on CUDA, torch reference on CPU), ``triton`` (on CPU: the interpreter, which
+    needs ``TRITON_INTERPRET=1`` before triton is imported) or ``torch``.
+    """
+    torch = require_torch()
+    from kvsim.calibration import bench_ops as B
+    from kvsim.calibration.timer import Timer
+
+    t_start = time.monotonic()
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise CalibrationError("--device cuda: torch sees no CUDA device (use --device cpu for a plumbing run)")
+    if device not in ("cuda", "cpu"):
+        raise CalibrationError(f"--device: expected auto, cuda or cpu, got {device!r}")
+    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+    spec = model if isinstance(model, ModelSpec) else resolve_model(model)
+    grid = grid or (GPU_GRID if device == "cuda" else CPU_GRID)
+    grid.validate()
+
+    if decode_impl == "auto":
+        impl = S.IMPL_TRITON if device == "cuda" else S.IMPL_TORCH_REFERENCE
+    elif decode_impl == "triton":
+        if device == "cpu":
+            if not interpreter_requested():
+                raise CalibrationError("--decode-impl triton on CPU runs Triton's interpreter: set "
+                                       "TRITON_INTERPRET=1 in the environment before running")
+            impl = S.IMPL_TRITON_INTERPRETER
+        else:
+            impl = S.IMPL_TRITON
+    elif decode_impl == "torch":
+        impl = S.IMPL_TORCH_REFERENCE
+    else:
+        raise CalibrationError(f"--decode-impl: expected auto, triton or torch, got {decode_impl!r}")
+
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        device_name = props.name
+        cache_bytes = int(getattr(props, "L2_cache_size", 50 << 20) or (50 << 20))
+        free_bytes, total_bytes = torch.cuda.mem_get_info(dev)
+        mem_budget = int(free_bytes * mem_fraction)
+    else:
+        device_name = platform.processor() or platform.machine() or "cpu"
+        cache_bytes = CPU_CACHE_BYTES
+        total_bytes = None
+        mem_budget = 1 << 30  # keeps CPU plumbing runs light (the LM head weight alone is 1 GiB: one copy)
+    label = gpu_name or (preset_gpu_name(device_name) if device == "cuda" else "cpu")
+    out_path = Path(out) if out is not None else default_out_dir(label, spec.name)
+    tmp = _prepare_out(out_path)
+
+    budget = time_budget_s if time_budget_s and time_budget_s > 0 else None
+    deadlines: dict[str, float] = {}
+    if budget is not None:
+        acc = 0.0
+        for phase, share in PHASE_SHARES.items():
+            acc += share
+            deadlines[phase] = t_start + budget * acc
+
+    def out_of_time_for(phase: str) -> Callable[[], bool]:
+        deadline = deadlines.get(phase)
+        return (lambda: False) if deadline is None else (lambda: time.monotonic() > deadline)
+
+    env = B.BenchEnv(device=dev, model=spec, timer=Timer(dev, grid.warmup, grid.repeats), cache_bytes=cache_bytes,
+                     mem_budget_bytes=mem_budget, decode_impl=impl, act_dtype=torch.bfloat16, seed=seed, log=log)
+    log(f"calibrating {spec.name} on {device_name} ({device}), decode impl {impl}, out {out_path}"
+        + (f", budget {budget:.0f} s" if budget else ""))
+    try:
+        rows: list[dict] = []
+        # 1. correctness on this device
+        if impl in (S.IMPL_TRITON, S.IMPL_TRITON_INTERPRETER):
+            from kvsim.calibration.selfcheck import run_selfcheck
+
+            check = run_selfcheck(dev, block_sizes=tuple(sorted(set(grid.block_sizes)))[:6],
+                                  kv_dtypes=grid.kv_dtypes,
+                                  geometry=(spec.num_attention_heads, spec.num_kv_heads, spec.head_dim), log=log)
+            if not check["ok"]:
+                raise CalibrationError("the Triton decode kernel failed its correctness check on this device: "
+                                       + "; ".join(check["failures"][:3]))
+        else:
+            check = {"ok": None, "triton_checked": False,
+                     "note": "decode timed with the torch reference; the Triton kernel was not run"}
+        fp8_ok = True
+        if "fp8" in grid.kv_dtypes:
+            from kvsim.calibration.selfcheck import fp8_supported
+
+            fp8_ok, why = fp8_supported(dev)
+            if not fp8_ok:
+                env.skipped.append(f"fp8: {why}")
+        kv_dtypes = tuple(d for d in grid.kv_dtypes if d != "fp8" or fp8_ok)
+
+        # 2. copy bandwidth
+        copy_row = B.measure_copy(env, grid.copy_bytes)
+        rows.append(copy_row)
+        copy_bw = copy_row["achieved_bandwidth_bytes_per_s"]
+        log(f"copy: {copy_bw / 1e9:.1f} GB/s (bytes read + written)")
+
+        # 3. GEMMs and elementwise
+        rows += B.measure_gemms(env, grid.gemm_tokens, grid.lm_head_tokens, out_of_time_for("gemm"))
+        rows += B.measure_elementwise(env, grid.gemm_tokens, out_of_time_for("gemm"))
+
+        # 4. paged decode (each dtype gets an equal slice of the phase so a truncated run keeps all dtypes)
+        dropped_points: dict[str, list] = {}
+        phase_start = time.monotonic()
+        for i, dt in enumerate(kv_dtypes):
+            kept, dropped = decode_points(grid, spec, dt, mem_budget)
+            dropped_points[dt] = [list(p) for p in dropped]
+            sub = None
+            if "decode" in deadlines:
+                sub = phase_start + (deadlines["decode"] - phase_start) * (i + 1) / len(kv_dtypes)
+            rows += B.measure_decode_paged(env, dt, grid.block_sizes, kept,
+                                           (lambda s=sub: False) if sub is None else (lambda s=sub: time.monotonic() > s))
+
+        # 5. prefill
+        pts = prefill_points(grid, spec)
+        for dt in kv_dtypes:
+            rows += B.measure_prefill(env, dt, grid.prefill_block_sizes, pts, out_of_time_for("prefill"))
+
+        # 6. contiguous baseline
+        for dt in grid.contiguous_dtypes:
+            if dt in kv_dtypes:
+                kept, _ = decode_points(grid, spec, dt, mem_budget)
+                rows += B.measure_contiguous(env, dt, kept, out_of_time_for("contiguous"))
+
+        import pandas as pd
+
+        df = pd.DataFrame(rows, columns=list(S.COLUMNS))
+        df.to_csv(tmp / S.CSV_FILE, index=False)
+        meta = {
+            "schema_version": S.SCHEMA_VERSION,
+            "device": device,
+            "gpu_name": label,
+            "device_name": device_name,
+            "label": S.CPU_LABEL if device == "cpu" else f"GPU measurements on {device_name}",
+            "driver": _driver_version() if device == "cuda" else None,
+            "cuda": torch.version.cuda if device == "cuda" else None,
+            "torch": torch.__version__,
+            "triton": package_version("triton"),
+            "python": platform.python_version(),
+            "kvsim_version": kvsim_version(),
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "host": {"machine": platform.machine(), "cpu_count": os.cpu_count()},
+            "device_memory_bytes": total_bytes,
+            "l2_cache_bytes": cache_bytes if device == "cuda" else None,
+            "copy_bandwidth_bytes_per_s": copy_bw,
+            "model": {"name": spec.name, **{k: getattr(spec, k) for k in S.MODEL_GEOMETRY_KEYS},
+                      "max_model_len_tokens": spec.max_model_len_tokens},
+            "weight_dtype": "bf16",
+            "kv_dtypes": list(kv_dtypes),
+            "block_sizes": sorted(set(grid.block_sizes)),
+            "decode_impl": impl,
+            "prefill_impl": "torch_gather_sdpa",
+            "contiguous_impl": "torch_sdpa",
+            "attention_compute": ("query dtype (fp16/bf16; bf16 for fp8 KV), fp32 softmax/accumulation"
+                                  if device == "cuda" else "fp32 (CPU)"),
+            "timing": ("CUDA events around each call, device queue pre-filled by a spin kernel; median of "
+                       "repeats after warm-up; inputs rotated" if device == "cuda"
+                       else "time.perf_counter around each call; median of repeats after warm-up"),
+            "grid": grid.to_dict(),
+            "dropped_points": dropped_points,
+            "selfcheck": check,
+            "time_budget_s": budget,
+            "truncated": bool(env.skipped),
+            "skipped": env.skipped[:200],
+            "num_skipped": len(env.skipped),
+            "rows": len(df),
+            "wall_s": round(time.monotonic() - t_start, 2),
+        }
+        (tmp / S.META_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+        _commit(tmp, out_path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log(f"wrote {out_path} ({len(df)} rows, {meta['wall_s']} s"
+        + (f", {len(env.skipped)} points skipped for time/memory" if env.skipped else "") + ")")
+    return out_path

@@ -1,0 +1,45 @@
+"""``kvsim compare PATH... [--out DIR]`` and ``kvsim report DIR [--out FILE]`` (see docs/report.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _cmd_compare(args) -> int:
+    from kvsim.report.compare import compare
+
+    log = None if args.quiet else (lambda m: print(m, file=sys.stderr))
+    written = compare(args.paths, Path(args.out) if args.out else None, log=log)
+    for p in written.values():
+        print(p)
+    return 0
+
+
+def _cmd_report(args) -> int:
+    from kvsim.report.html import write_run_report
+
+    print(write_run_report(Path(args.dir), Path(args.out) if args.out else None))
+    return 0
+
+
+def register(subparsers) -> None:
+    c = subparsers.add_parser(
+        "compare", help="comparison tables and plots over run, variants or sweep directories",
+        description="Write comparison.csv and comparison plots (fragmentation breakdown, concurrency, memory over "
+                    "time, latency CDFs, and when the inputs vary them: concurrency vs block size, throughput and "
+                    "normalized latency vs request rate with the knee, prefix hit ratio vs capacity, bandwidth vs "
+                    "block size). See docs/report.md.")
+    c.add_argument("paths", nargs="+", metavar="PATH", help="run dir, variants dir or sweep dir (several allowed)")
+    c.add_argument("--out", help="output directory (default PATH/compare for one input; required for several)")
+    c.add_argument("-q", "--quiet", action="store_true", help="no notes on stderr")
+    c.set_defaults(func=_cmd_compare)
+
+    r = subparsers.add_parser(
+        "report", help="write a self-contained report.html for a run, variants or sweep directory",
+        description="Write DIR/report.html: resolved scenario, summary table(s) and every plot embedded, "
+                    "no network access needed to view it.")
+    r.add_argument("dir", help="run, variants or sweep directory")
+    r.add_argument("--out", help="output file (default DIR/report.html)")
+    r.set_defaults(func=_cmd_report)

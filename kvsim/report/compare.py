@@ -1,0 +1,497 @@
+"""``kvsim compare``: comparison tables and plots over run directories or a sweep directory.
+
+Inputs: single-run directories (``summary.json``), variants directories (subdirectories with
+``summary.json``), or a sweep directory (``index.parquet`` + ``points/``; only ok points). Outputs
+(``OUT``, default ``<input>/compare`` for one input):
+
+* ``comparison.csv`` -- one row per run: label, source, the sweep's override columns (or the
+  scenario keys that differ between runs), ``offered_rate_req_per_s``, every metric column of
+  :mod:`kvsim.report.tables`;
+* ``fragmentation_breakdown.png`` (always), ``concurrency_comparison.png`` (always),
+  ``memory_over_time.png`` (always), ``latency_cdf.png`` (always);
+* ``concurrency_vs_block_size.png`` -- when ``allocator.block_size`` takes 2+ values;
+* ``throughput_vs_rate.png``, ``normalized_latency_vs_rate.png`` and ``knees.csv`` -- when a
+  request-rate key (``trace.rate_scale``, ``trace.synthetic.arrival.rate_per_s``, any key ending in
+  ``rate_scale`` / ``rate_per_s``) takes 2+ values;
+* ``prefix_hit_ratio_vs_capacity.png`` -- when a summary has ``prefix_cache.hit_ratio_tokens``;
+* ``bandwidth_vs_block_size.png`` -- when a summary has ``kv_bandwidth_utilisation``.
+
+**Series.** Plots against a parameter draw one line per *series*: for a sweep, the points that
+agree on every override except the x-axis key(s) (and on the variant); for plain run directories,
+the runs with the same run name (variant name), or all runs as one series when every name is
+unique.
+
+**Knee rule** (rate plots and ``knees.csv``): per series, with points sorted by offered rate, the
+knee is the highest rate up to which normalized latency (mean E2E / output tokens) stays within
+``KNEE_FACTOR`` (2x) of its value at the lowest rate (only the first crossing counts). Past the
+knee the engine cannot keep up and queues grow. If the lowest rate is itself saturated
+(throughput below ``KEEP_UP`` = 80 % of the offered rate) the series has no knee in the tested
+range: its knee is left empty and no star is drawn.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import yaml  # noqa: E402
+
+from kvsim.errors import KvsimError  # noqa: E402
+from kvsim.plots import METADATA, _time_binned, plot_concurrency_comparison, plot_fragmentation_bars, \
+    plot_latency_cdfs  # noqa: E402
+from kvsim.report.tables import (bandwidth_value, flatten, get_path, is_missing, prefix_hit_value,  # noqa: E402
+                                 resolved_scenario, summary_metrics)
+from kvsim.results import write_text_atomic  # noqa: E402
+
+KNEE_FACTOR = 2.0
+KEEP_UP = 0.8  # the lowest rate counts as unsaturated when throughput >= KEEP_UP x offered rate
+MAX_LINES = 8  # time series and CDFs: at most this many runs on one axis (evenly chosen)
+BLOCK_KEY = "allocator.block_size"
+RATE_KEYS = ("trace.rate_scale", "trace.synthetic.arrival.rate_per_s")
+IGNORED_PARAMS = ("name", "description")
+
+PLOT_CAPTIONS = {
+    "fragmentation_breakdown.png": "KV memory breakdown (time-weighted): token states, reservation, internal and "
+                                   "external fragmentation, free -- as in the vLLM paper's Fig. 2",
+    "concurrency_comparison.png": "Max and time-weighted mean number of running requests",
+    "concurrency_vs_block_size.png": "Max (solid) and mean (dashed) concurrency vs paged block size",
+    "memory_over_time.png": "KV memory in use (1 - free - external fragmentation), time-binned",
+    "latency_cdf.png": "TTFT, TPOT and end-to-end latency CDFs (finished requests)",
+    "throughput_vs_rate.png": "Throughput vs offered request rate (knee marked)",
+    "normalized_latency_vs_rate.png": "Normalized latency (mean E2E / output tokens) vs offered request rate; "
+                                      f"knee = highest rate within {KNEE_FACTOR:g}x of the lowest-rate value",
+    "prefix_hit_ratio_vs_capacity.png": "Prefix-cache hit ratio (tokens) vs KV cache capacity",
+    "bandwidth_vs_block_size.png": "KV bandwidth utilisation vs block size (calibrated timing)",
+}
+
+
+@dataclass
+class Run:
+    label: str
+    path: Path
+    summary: dict
+    params: dict                      # the resolved scenario, flattened to dotted keys
+    point_id: str | None = None       # sweep points only
+    variant: str | None = None        # sweep points of a base with variants
+    overrides: dict = field(default_factory=dict)  # sweep points: override key -> value
+    _rate: float | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.summary.get("name", self.label))
+
+    def offered_rate(self) -> float | None:
+        """Requests per second offered by the trace: (n - 1) / (last arrival - first arrival)."""
+        if self._rate is None:
+            p = self.path / "requests.parquet"
+            if not p.exists():
+                return None
+            a = pd.read_parquet(p, columns=["arrival_s"])["arrival_s"].to_numpy()
+            self._rate = float((len(a) - 1) / (a.max() - a.min())) if len(a) > 1 and a.max() > a.min() else math.nan
+        return None if math.isnan(self._rate) else self._rate
+
+
+# ---------------------------------------------------------------------------------------------------
+# Collecting runs
+
+
+def _is_sweep_dir(p: Path) -> bool:
+    return (p / "index.parquet").exists() and (p / "points").is_dir()
+
+
+def _load_run(path: Path, label: str, **kw) -> Run:
+    summary = json.loads((path / "summary.json").read_text())
+    params = flatten(resolved_scenario(path) or {})
+    return Run(label=label, path=path, summary=summary, params=params, **kw)
+
+
+def collect_runs(paths: list[str | Path]) -> tuple[list[Run], dict]:
+    """Runs of every input, in order. ``meta``: ``sweep`` (bool), ``override_keys``, ``failed``."""
+    runs: list[Run] = []
+    meta: dict[str, Any] = {"sweep": False, "override_keys": [], "failed": []}
+    for raw in paths:
+        p = Path(raw)
+        if _is_sweep_dir(p):
+            meta["sweep"] = True
+            idx = pd.read_parquet(p / "index.parquet")
+            keys = []
+            if (p / "sweep.resolved.yaml").exists():
+                keys = (yaml.safe_load((p / "sweep.resolved.yaml").read_text()) or {}).get("override_keys") or []
+            keys = [k for k in keys if k in idx.columns]
+            meta["override_keys"] += [k for k in keys if k not in meta["override_keys"]]
+            for _, row in idx.iterrows():
+                if row["status"] != "ok":
+                    meta["failed"].append(str(row["point_id"]))
+                    continue
+                pid = str(row["point_id"])
+                label = row.get("point_name") if isinstance(row.get("point_name"), str) else pid.rsplit("-", 1)[0]
+                variant = row.get("variant") if isinstance(row.get("variant"), str) else None
+                if variant and not isinstance(row.get("point_name"), str) and not label.startswith(variant):
+                    label = f"{variant}_{label}"
+                ov = {k: (None if is_missing(row[k]) else _py(row[k])) for k in keys}
+                runs.append(_load_run(p / str(row["run_dir"]), label, point_id=pid, variant=variant, overrides=ov))
+        elif (p / "summary.json").exists():
+            s = json.loads((p / "summary.json").read_text())
+            runs.append(_load_run(p, str(s.get("name", p.name))))
+        elif p.is_dir() and any((c / "summary.json").exists() for c in p.iterdir()):
+            for c in sorted(c for c in p.iterdir() if (c / "summary.json").exists()):
+                runs.append(_load_run(c, c.name))
+        else:
+            raise KvsimError(f"{p}: not a kvsim run, variants or sweep directory (no summary.json, no index.parquet)")
+    labels = [r.label for r in runs]
+    if len(set(labels)) < len(labels):  # same variant names from several inputs: qualify them
+        for r in runs:
+            if labels.count(r.label) > 1:
+                r.label = f"{r.path.parent.name}/{r.label}" if r.point_id is None else (r.point_id or r.label)
+    if not runs:
+        raise KvsimError("nothing to compare: no complete runs in " + ", ".join(str(p) for p in paths))
+    return runs, meta
+
+
+def _py(v):
+    return v.item() if hasattr(v, "item") else v
+
+
+def varying_params(runs: list[Run]) -> list[str]:
+    keys: list[str] = []
+    for r in runs:
+        keys += [k for k in r.params if k not in keys]
+    out = []
+    for k in keys:
+        if k in IGNORED_PARAMS or k.split(".")[0] in IGNORED_PARAMS:
+            continue
+        vals = {json.dumps(r.params.get(k), sort_keys=True, default=str) for r in runs}
+        if len(vals) > 1:
+            out.append(k)
+    return out
+
+
+def _distinct(runs: list[Run], key: str) -> list:
+    vals = []
+    for r in runs:
+        v = r.params.get(key)
+        if v is not None and v not in vals:
+            vals.append(v)
+    return vals
+
+
+def rate_key(runs: list[Run]) -> str | None:
+    cands = [k for k in RATE_KEYS if len(_distinct(runs, k)) > 1]
+    if not cands:
+        cands = [k for k in varying_params(runs) if k.endswith(("rate_scale", "rate_per_s"))]
+    return cands[0] if cands else None
+
+
+def _short_key(k: str) -> str:
+    return k.split(".")[-1]
+
+
+def series_of(runs: list[Run], exclude: tuple[str, ...]) -> dict[str, list[Run]]:
+    """Group runs into series (see the module docstring). ``exclude``: key prefixes on the x axis."""
+    def excluded(k: str) -> bool:
+        return any(k == e or k.startswith(e + ".") or k.startswith(e) for e in exclude)
+
+    groups: dict[str, list[Run]] = {}
+    for r in runs:
+        if r.point_id is not None:
+            parts = [r.variant] if r.variant else []
+            parts += [f"{_short_key(k)}={_fmt_val(v)}" for k, v in r.overrides.items() if not excluded(k)]
+            key = ", ".join(parts) or "all"
+        else:
+            key = r.name
+        groups.setdefault(key, []).append(r)
+    if len(groups) > 1 and all(len(g) == 1 for g in groups.values()):
+        return {"all": list(runs)}
+    return groups
+
+
+def _fmt_val(v: Any) -> str:
+    if isinstance(v, float) and v == int(v):
+        return str(int(v))
+    return str(v)
+
+
+def _pick(runs: list[Run], n: int = MAX_LINES) -> list[Run]:
+    if len(runs) <= n:
+        return runs
+    idx = np.unique(np.linspace(0, len(runs) - 1, n).round().astype(int))
+    return [runs[i] for i in idx]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tables
+
+
+def comparison_frame(runs: list[Run], meta: dict) -> pd.DataFrame:
+    param_keys = meta["override_keys"] if meta["sweep"] else varying_params(runs)
+    rows = []
+    for r in runs:
+        row: dict[str, Any] = {"label": r.label, "source": str(r.path)}
+        if meta["sweep"]:
+            row["point_id"] = r.point_id
+            if any(x.variant for x in runs):
+                row["variant"] = r.variant
+        for k in param_keys:
+            v = r.overrides.get(k) if r.point_id is not None and k in r.overrides else r.params.get(k)
+            row[k] = json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v
+        row["offered_rate_req_per_s"] = r.offered_rate()
+        row.update(summary_metrics(r.summary))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def knee_of(points: list[tuple[float, float]], factor: float = KNEE_FACTOR,
+            throughputs: list[float] | None = None) -> int | None:
+    """Index (into ``points`` = [(rate, normalized latency)] sorted by rate) of the knee: the last
+    point before normalized latency first exceeds ``factor`` x its lowest-rate value. None when
+    the series is empty, or when ``throughputs`` shows the lowest rate already saturated (the
+    engine finished fewer than ``KEEP_UP`` x the offered rate): the knee is then below the range."""
+    pts = [(x, y) for x, y in points if not is_missing(x) and not is_missing(y)]
+    if not pts or pts[0][1] <= 0:
+        return None
+    if throughputs:
+        t0 = throughputs[0]
+        if not is_missing(t0) and not is_missing(points[0][0]) and t0 < KEEP_UP * points[0][0]:
+            return None
+    base = pts[0][1]
+    knee = 0
+    for i, (_, y) in enumerate(pts):
+        if y > factor * base:
+            break
+        knee = i
+    return knee
+
+
+# ---------------------------------------------------------------------------------------------------
+# Plots
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata=METADATA)
+    plt.close(fig)
+    return path
+
+
+def _log2_axis(ax, values) -> None:
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    ax.set_xscale("log", base=2)
+    ticks = sorted({float(v) for v in values if v})
+    if ticks:
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticklabels([_fmt_val(t) for t in ticks])
+
+
+def _legend(ax, n: int) -> None:
+    if n > 1:
+        ax.legend(fontsize=8, loc="best")
+
+
+def plot_memory_over_time(runs: list[Run], path: Path, bins: int = 400) -> Path:
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for r in _pick(runs):
+        steps_path = r.path / "steps.parquet"
+        if not steps_path.exists():
+            continue
+        steps = pd.read_parquet(steps_path, columns=["start_s", "duration_s", "free_bytes", "external_frag_bytes"])
+        cap = get_path(r.summary, ("kv", "capacity_bytes"))
+        t, v = _time_binned(steps, ["free_bytes", "external_frag_bytes"], bins=bins)
+        if not cap or len(t) == 0:
+            continue
+        used = 1.0 - (v["free_bytes"] + v["external_frag_bytes"]) / cap
+        ax.step(t, 100 * used, where="post", label=r.label, linewidth=1.2)
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel("% of KV capacity in use")
+    ax.set_ylim(0, 105)
+    ax.set_title("KV memory in use over time (1 - free - external fragmentation)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    return _save(fig, path)
+
+
+def plot_concurrency_vs_block_size(runs: list[Run], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    groups = series_of([r for r in runs if r.params.get(BLOCK_KEY) is not None], (BLOCK_KEY,))
+    for i, (g, rs) in enumerate(groups.items()):
+        rs = sorted(rs, key=lambda r: r.params[BLOCK_KEY])
+        x = [r.params[BLOCK_KEY] for r in rs]
+        color = f"C{i % 10}"
+        prefix = "" if len(groups) == 1 else f"{g}: "
+        ax.plot(x, [r.summary["concurrency"]["max"] for r in rs], "o-", color=color, label=f"{prefix}max")
+        ax.plot(x, [r.summary["concurrency"]["mean"] for r in rs], "s--", color=color, label=f"{prefix}mean")
+    _log2_axis(ax, [r.params.get(BLOCK_KEY) for r in runs])
+    ax.set_xlabel("block size (tokens)")
+    ax.set_ylabel("running requests")
+    ax.set_title("Concurrency vs block size")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def rate_series(runs: list[Run], key: str) -> dict[str, list[Run]]:
+    groups = series_of(runs, (key, "trace.synthetic.arrival"))
+    return {g: sorted(rs, key=lambda r: (r.offered_rate() or 0.0)) for g, rs in groups.items()}
+
+
+def knees_frame(runs: list[Run], key: str) -> pd.DataFrame:
+    rows = []
+    for g, rs in rate_series(runs, key).items():
+        pts = [(r.offered_rate(), r.summary.get("normalized_latency_s_per_token")) for r in rs]
+        k = knee_of(pts, throughputs=[r.summary.get("throughput_requests_per_s") for r in rs])
+        knee = rs[k] if k is not None else None
+        rows.append({
+            "series": g,
+            "points": len(rs),
+            "knee_rate_req_per_s": knee.offered_rate() if knee else None,
+            f"knee_{key}": knee.params.get(key) if knee else None,
+            "knee_label": knee.label if knee else None,
+            "normalized_latency_at_lowest_rate": pts[0][1] if pts else None,
+            "normalized_latency_at_knee": pts[k][1] if k is not None else None,
+            "throughput_requests_per_s_at_knee": knee.summary.get("throughput_requests_per_s") if knee else None,
+            "knee_rule": f"highest rate with normalized latency <= {KNEE_FACTOR:g} x its lowest-rate value; "
+                         f"empty when the lowest rate is already saturated (throughput < {KEEP_UP:g} x offered)",
+        })
+    return pd.DataFrame(rows)
+
+
+def plot_vs_rate(runs: list[Run], key: str, metric: str, ylabel: str, title: str, path: Path,
+                 log_y: bool = False) -> Path:
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    groups = rate_series(runs, key)
+    for i, (g, rs) in enumerate(groups.items()):
+        x = [r.offered_rate() for r in rs]
+        y = [r.summary.get(metric) for r in rs]
+        nl = [(r.offered_rate(), r.summary.get("normalized_latency_s_per_token")) for r in rs]
+        color = f"C{i % 10}"
+        ax.plot(x, y, "o-", color=color, label=g)
+        k = knee_of(nl, throughputs=[r.summary.get("throughput_requests_per_s") for r in rs])
+        if k is not None and not is_missing(y[k]):
+            ax.plot([x[k]], [y[k]], marker="*", markersize=16, color=color, markeredgecolor="black", zorder=5)
+            ax.axvline(x[k], color=color, linestyle=":", alpha=0.6)
+            ax.annotate(f"knee {x[k]:.3g} req/s", (x[k], y[k]), textcoords="offset points", xytext=(6, 6),
+                        fontsize=8, color=color)
+    ax.set_xlabel(f"offered request rate (req/s; varied by {key})")
+    ax.set_ylabel(ylabel)
+    if log_y:
+        ax.set_yscale("log")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    _legend(ax, len(groups))
+    return _save(fig, path)
+
+
+def plot_prefix_hit_vs_capacity(runs: list[Run], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    have = [r for r in runs if prefix_hit_value(r.summary) is not None]
+
+    def cap(r: Run):
+        return get_path(r.summary, ("prefix_cache", "capacity_tokens")) or get_path(r.summary, ("kv", "capacity_tokens"))
+
+    groups = series_of(have, ("kv_budget", "gpu", "kv_dtype"))
+    for i, (g, rs) in enumerate(groups.items()):
+        rs = sorted(rs, key=lambda r: cap(r) or 0)
+        ax.plot([cap(r) for r in rs], [100 * prefix_hit_value(r.summary) for r in rs], "o-", color=f"C{i % 10}",
+                label=g)
+    ax.set_xlabel("KV cache capacity (tokens)")
+    ax.set_ylabel("prefix-cache hit ratio (% of prompt tokens)")
+    ax.set_ylim(0, 100)
+    ax.set_title("Prefix-cache hit ratio vs capacity")
+    ax.grid(alpha=0.3)
+    _legend(ax, len(groups))
+    return _save(fig, path)
+
+
+def plot_bandwidth_vs_block_size(runs: list[Run], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    have = [r for r in runs if bandwidth_value(r.summary) is not None]
+
+    def bs(r: Run):
+        return get_path(r.summary, ("kv", "block_size_tokens")) or r.params.get(BLOCK_KEY) or 1
+
+    groups = series_of(have, (BLOCK_KEY,))
+    for i, (g, rs) in enumerate(groups.items()):
+        rs = sorted(rs, key=bs)
+        ax.plot([bs(r) for r in rs], [100 * bandwidth_value(r.summary) for r in rs], "o-", color=f"C{i % 10}",
+                label=g)
+    _log2_axis(ax, [bs(r) for r in have])
+    ax.set_xlabel("block size (tokens)")
+    ax.set_ylabel("KV bandwidth utilisation (%)")
+    ax.set_title("KV-read bandwidth utilisation vs block size")
+    ax.grid(alpha=0.3)
+    _legend(ax, len(groups))
+    return _save(fig, path)
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def default_compare_dir(paths: list[str | Path]) -> Path:
+    if len(paths) != 1:
+        raise KvsimError("compare: give --out DIR when comparing more than one input")
+    return Path(paths[0]) / "compare"
+
+
+def compare(paths: list[str | Path], out: str | Path | None = None, log=None) -> dict[str, Path]:
+    """Write comparison tables and plots for ``paths`` into ``out``; returns {file name: path}."""
+    say = log or (lambda m: None)
+    runs, meta = collect_runs(paths)
+    out = Path(out) if out is not None else default_compare_dir(paths)
+    out.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+
+    table = comparison_frame(runs, meta)
+    write_text_atomic(out / "comparison.csv", table.to_csv(index=False))
+    written["comparison.csv"] = out / "comparison.csv"
+
+    def attempt(name: str, fn) -> None:
+        """Draw one output; a failure is reported and the other outputs are still written."""
+        try:
+            fn(out / name)
+        except Exception as e:  # noqa: BLE001
+            say(f"compare: could not write {name}: {type(e).__name__}: {e}")
+            return
+        written[name] = out / name
+
+    summaries = {r.label: r.summary for r in runs}
+    attempt("fragmentation_breakdown.png", lambda p: plot_fragmentation_bars(summaries, p))
+    attempt("concurrency_comparison.png", lambda p: plot_concurrency_comparison(summaries, p))
+    attempt("memory_over_time.png", lambda p: plot_memory_over_time(runs, p))
+
+    def cdfs(p: Path) -> None:
+        reqs = {r.label: pd.read_parquet(r.path / "requests.parquet", columns=["status", "ttft_s", "tpot_s", "e2e_s"])
+                for r in _pick(runs) if (r.path / "requests.parquet").exists()}
+        plot_latency_cdfs(reqs, p)
+
+    attempt("latency_cdf.png", cdfs)
+    if len(_distinct(runs, BLOCK_KEY)) > 1:
+        attempt("concurrency_vs_block_size.png", lambda p: plot_concurrency_vs_block_size(runs, p))
+    else:
+        say("compare: block size does not vary: no concurrency_vs_block_size.png")
+    key = rate_key(runs)
+    if key is not None:
+        attempt("throughput_vs_rate.png", lambda p: plot_vs_rate(
+            runs, key, "throughput_requests_per_s", "throughput (requests/s)", "Throughput vs request rate", p))
+        attempt("normalized_latency_vs_rate.png", lambda p: plot_vs_rate(
+            runs, key, "normalized_latency_s_per_token", "normalized latency (s/token)",
+            "Normalized latency vs request rate", p, log_y=True))
+        attempt("knees.csv", lambda p: write_text_atomic(p, knees_frame(runs, key).to_csv(index=False)))
+    else:
+        say("compare: request rate does not vary: no throughput/latency-vs-rate plots")
+    if any(prefix_hit_value(r.summary) is not None for r in runs):
+        attempt("prefix_hit_ratio_vs_capacity.png", lambda p: plot_prefix_hit_vs_capacity(runs, p))
+    if any(bandwidth_value(r.summary) is not None for r in runs):
+        attempt("bandwidth_vs_block_size.png", lambda p: plot_bandwidth_vs_block_size(runs, p))
+    if meta["failed"]:
+        say(f"compare: left out {len(meta['failed'])} failed point(s): {', '.join(meta['failed'][:5])}")
+    return written

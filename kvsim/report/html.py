@@ -1,0 +1,292 @@
+"""Self-contained HTML reports: ``report.html`` in a run, variants or sweep directory.
+
+One file, no network: inline CSS, no JavaScript, every PNG embedded as a ``data:image/png;base64``
+URI. Contents: the resolved scenario (YAML), the summary table(s), and every plot:
+
+* single run: the summary table and the run's PNGs (memory breakdown, concurrency, latency CDF);
+* variants directory: a comparison table (variants x metrics), the cross-variant PNGs, then one
+  section per variant with its summary and PNGs;
+* sweep directory: the sweep's points (index table), the ``compare/`` plots (made if missing) and,
+  for sweeps of at most ``MAX_POINT_SECTIONS`` points, one section per point.
+
+Plots a directory lacks (a run made with ``--no-plots``) are drawn into a temporary directory for
+the report; the report never changes other files of the directory.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from kvsim import __version__
+from kvsim.errors import KvsimError
+from kvsim.report.tables import fmt, summary_metrics
+from kvsim.results import write_text_atomic
+
+MAX_POINT_SECTIONS = 16
+RUN_PLOTS = {
+    "memory_breakdown.png": "KV memory breakdown over time",
+    "concurrency.png": "Running and waiting requests over time",
+    "latency_cdf.png": "TTFT, TPOT and end-to-end latency CDFs",
+}
+VARIANT_PLOTS = {
+    "fragmentation_breakdown.png": "KV memory breakdown by variant (time-weighted)",
+    "concurrency_comparison.png": "Concurrency by variant",
+    "latency_cdf.png": "Latency CDFs by variant",
+}
+
+CSS = """
+body{font-family:-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;margin:24px auto;max-width:1180px;
+color:#212529;background:#fff;line-height:1.4;padding:0 16px}
+h1{font-size:1.6em;border-bottom:2px solid #dee2e6;padding-bottom:6px}
+h2{font-size:1.3em;margin-top:1.8em;border-bottom:1px solid #dee2e6;padding-bottom:4px}
+h3{font-size:1.1em;margin-top:1.4em}
+table{border-collapse:collapse;font-size:13px;margin:8px 0 16px 0}
+th,td{border:1px solid #ced4da;padding:3px 8px;text-align:right;white-space:nowrap}
+th{background:#f1f3f5}
+td.k,th.k{text-align:left}
+tr:nth-child(even) td{background:#f8f9fa}
+.failed td{background:#ffe3e3 !important}
+.scroll{overflow-x:auto;max-width:100%}
+figure{margin:12px 0 24px 0}
+figure img{max-width:100%;border:1px solid #e9ecef}
+figcaption{font-size:13px;color:#495057}
+pre{background:#f8f9fa;border:1px solid #e9ecef;padding:10px;font-size:12px;overflow-x:auto;max-height:480px}
+details{margin:8px 0}
+summary{cursor:pointer;font-weight:600}
+.meta{color:#495057;font-size:13px}
+.warn{color:#c92a2a}
+"""
+
+
+def _esc(v) -> str:
+    return html.escape(str(v), quote=True)
+
+
+def _img(path: Path, caption: str) -> str:
+    data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+    return (f'<figure><img alt="{_esc(caption)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{_esc(caption)} <code>({_esc(Path(path).name)})</code></figcaption></figure>")
+
+
+def _table(df: pd.DataFrame, table_id: str | None = None, key_cols: int = 1, row_class=None) -> str:
+    tid = f' id="{_esc(table_id)}"' if table_id else ""
+    head = "".join(f'<th class="{"k" if i < key_cols else ""}">{_esc(c)}</th>' for i, c in enumerate(df.columns))
+    rows = []
+    for _, r in df.iterrows():
+        cls = f' class="{row_class(r)}"' if row_class and row_class(r) else ""
+        cells = "".join(f'<td class="{"k" if i < key_cols else ""}">{_esc(fmt(_py(v)))}</td>'
+                        for i, v in enumerate(r.tolist()))
+        rows.append(f"<tr{cls}>{cells}</tr>")
+    return f'<div class="scroll"><table{tid}><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>'
+
+
+def _py(v):
+    if v is pd.NA:
+        return None
+    return v.item() if hasattr(v, "item") else v
+
+
+def _flat_summary_rows(summary: dict) -> list[tuple[str, object]]:
+    rows: list[tuple[str, object]] = []
+
+    def walk(d, prefix=""):
+        for k, v in d.items():
+            key = f"{prefix}{k}"
+            if isinstance(v, dict):
+                walk(v, key + ".")
+            elif isinstance(v, list):
+                rows.append((key, json.dumps(v)))
+            else:
+                rows.append((key, v))
+
+    walk(summary)
+    return rows
+
+
+def _summary_table(summary: dict, table_id: str | None) -> str:
+    df = pd.DataFrame(_flat_summary_rows(summary), columns=["metric", "value"])
+    return _table(df, table_id)
+
+
+def _page(title: str, body: list[str]) -> str:
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{_esc(title)}</title>"
+            f"<style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+def _scenario_section(resolved_path: Path) -> str:
+    if not resolved_path.exists():
+        return ""
+    text = resolved_path.read_text(encoding="utf-8")
+    return (f'<h2 id="scenario-yaml">Scenario (resolved)</h2><details><summary>{_esc(resolved_path.name)}'
+            f"</summary><pre>{_esc(text)}</pre></details>")
+
+
+def _run_plots(run_dir: Path, tmp: Path) -> list[str]:
+    """Figures for one run; draws the missing ones into ``tmp``."""
+    missing = [n for n in RUN_PLOTS if not (run_dir / n).exists()]
+    src = {n: run_dir / n for n in RUN_PLOTS}
+    if missing and (run_dir / "steps.parquet").exists():
+        from kvsim.plots import plot_run_dir
+
+        sub = tmp / run_dir.name
+        sub.mkdir(parents=True, exist_ok=True)
+        for f in ("summary.json", "steps.parquet", "requests.parquet"):
+            (sub / f).symlink_to((run_dir / f).resolve())
+        try:
+            plot_run_dir(sub)
+        except Exception as e:  # noqa: BLE001 -- e.g. a run dir written by an older kvsim
+            return [_warn(f"could not draw the plots of {run_dir.name}: {type(e).__name__}: {e}")]
+        for n in missing:
+            src[n] = sub / n
+    return [_img(p, cap) for n, cap in RUN_PLOTS.items() if (p := src[n]).exists()]
+
+
+def _warn(text: str) -> str:
+    return f'<p class="warn">{_esc(text)}</p>'
+
+
+def _header(title: str, path: Path, kind: str) -> list[str]:
+    return [f"<h1>{_esc(title)}</h1>",
+            f'<p class="meta">kvsim {_esc(__version__)} report of the {_esc(kind)} directory '
+            f"<code>{_esc(path.name)}</code>. Metrics are defined in docs/metrics.md.</p>"]
+
+
+def _single_run_body(run_dir: Path, tmp: Path) -> tuple[str, list[str]]:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    title = f"kvsim run: {summary.get('name', run_dir.name)}"
+    body = _header(title, run_dir, "run")
+    body += ['<h2 id="summary-heading">Summary</h2>', _summary_table(summary, "summary")]
+    body += ['<h2 id="plots">Plots</h2>'] + _run_plots(run_dir, tmp)
+    body.append(_scenario_section(run_dir / "scenario.resolved.yaml"))
+    return title, body
+
+
+def _variants_body(run_dir: Path, tmp: Path) -> tuple[str, list[str]]:
+    subs = sorted(p for p in run_dir.iterdir() if (p / "summary.json").exists())
+    summaries = {p.name: json.loads((p / "summary.json").read_text()) for p in subs}
+    scenario = next(iter(summaries.values())).get("scenario", run_dir.name)
+    title = f"kvsim run: {scenario} ({len(subs)} variants)"
+    body = _header(title, run_dir, "variants")
+    table = pd.DataFrame({n: summary_metrics(s) for n, s in summaries.items()})
+    table.insert(0, "metric", table.index)
+    body += ['<h2 id="summary-heading">Summary by variant</h2>', _table(table.reset_index(drop=True), "summary")]
+    missing = [n for n in VARIANT_PLOTS if not (run_dir / n).exists()]
+    src = {n: run_dir / n for n in VARIANT_PLOTS}
+    if missing:
+        from kvsim.plots import plot_comparison_dir
+
+        sub = tmp / "variants"
+        sub.mkdir(parents=True, exist_ok=True)
+        for p in subs:
+            (sub / p.name).symlink_to(p.resolve())
+        try:
+            plot_comparison_dir(sub, [p.name for p in subs])
+        except Exception as e:  # noqa: BLE001
+            body.append(_warn(f"could not draw the comparison plots: {type(e).__name__}: {e}"))
+        for n in missing:
+            src[n] = sub / n
+    body += ['<h2 id="plots">Plots</h2>'] + [_img(src[n], cap) for n, cap in VARIANT_PLOTS.items() if src[n].exists()]
+    for p in subs:
+        body += [f'<h2 id="variant-{_esc(p.name)}">Variant {_esc(p.name)}</h2>',
+                 f"<details><summary>summary.json of {_esc(p.name)}</summary>{_summary_table(summaries[p.name], None)}"
+                 "</details>"]
+        body += _run_plots(p, tmp)
+    body.append(_scenario_section(run_dir / "scenario.resolved.yaml"))
+    return title, body
+
+
+def _sweep_body(sweep_dir: Path, tmp: Path) -> tuple[str, list[str]]:
+    from kvsim.report.compare import PLOT_CAPTIONS, compare
+
+    idx = pd.read_parquet(sweep_dir / "index.parquet")
+    doc = {}
+    if (sweep_dir / "sweep.resolved.yaml").exists():
+        doc = yaml.safe_load((sweep_dir / "sweep.resolved.yaml").read_text(encoding="utf-8")) or {}
+    name = doc.get("name", sweep_dir.name)
+    title = f"kvsim sweep: {name}"
+    body = _header(title, sweep_dir, "sweep")
+    if doc.get("description"):
+        body.append(f"<p>{_esc(doc['description'])}</p>")
+    ok = int((idx["status"] == "ok").sum())
+    body.append(f'<p class="meta">{len(idx)} points: {ok} ok, {len(idx) - ok} not ok. Source: '
+                f"<code>{_esc(Path(str(doc.get('sweep_file', ''))).name)}</code></p>")
+    keys = [k for k in (doc.get("override_keys") or []) if k in idx.columns]
+    cols = ["point_id"] + (["variant"] if "variant" in idx.columns else []) + keys + ["status"]
+    metric_cols = ["throughput_requests_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "e2e_p50_s", "e2e_p99_s",
+                   "normalized_latency_s_per_token", "concurrency_max", "concurrency_mean", "kv_token_states_frac",
+                   "kv_internal_frag_frac", "kv_external_frag_frac", "preemptions", "requests_finished",
+                   "requests_rejected"]
+    cols += [c for c in metric_cols if c in idx.columns] + ["error"]
+    body += ['<h2 id="summary-heading">Points</h2>',
+             _table(idx[cols], "summary", key_cols=1 + len(keys) + ("variant" in idx.columns),
+                    row_class=lambda r: "failed" if r["status"] != "ok" else "")]
+    compare_dir = sweep_dir / "compare"
+    plots = sorted(compare_dir.glob("*.png")) if compare_dir.is_dir() else []
+    if not plots and ok:
+        try:
+            compare([sweep_dir], compare_dir)
+        except Exception as e:  # noqa: BLE001
+            body.append(_warn(f"could not draw the comparison plots: {type(e).__name__}: {e}"))
+        plots = sorted(compare_dir.glob("*.png"))
+    order = list(PLOT_CAPTIONS)
+    plots.sort(key=lambda p: order.index(p.name) if p.name in order else len(order))
+    body += ['<h2 id="plots">Comparison plots</h2>'] + [_img(p, PLOT_CAPTIONS.get(p.name, p.stem)) for p in plots]
+    knees = compare_dir / "knees.csv"
+    if knees.exists():
+        body += ['<h3 id="knees">Knees</h3>', _table(pd.read_csv(knees), "knees")]
+    if len(idx) <= MAX_POINT_SECTIONS:
+        for _, r in idx.iterrows():
+            pdir = sweep_dir / str(r["run_dir"])
+            body.append(f'<h2 id="point-{_esc(r["point_id"])}">Point {_esc(r["point_id"])}</h2>')
+            if r["status"] != "ok" or not (pdir / "summary.json").exists():
+                body.append(f"<p>status {_esc(r['status'])}: {_esc(r['error'])}</p>")
+                continue
+            summary = json.loads((pdir / "summary.json").read_text())
+            body.append(f"<details><summary>summary.json</summary>{_summary_table(summary, None)}</details>")
+            body += _run_plots(pdir, tmp)
+    if doc:
+        body += ['<h2 id="scenario-yaml">Sweep (resolved)</h2><details><summary>sweep.resolved.yaml</summary>'
+                 f"<pre>{_esc((sweep_dir / 'sweep.resolved.yaml').read_text(encoding='utf-8'))}</pre></details>"]
+    return title, body
+
+
+def report_kind(path: Path) -> str:
+    path = Path(path)
+    if (path / "index.parquet").exists() and (path / "points").is_dir():
+        return "sweep"
+    if (path / "summary.json").exists():
+        return "run"
+    if path.is_dir() and any((p / "summary.json").exists() for p in path.iterdir()):
+        return "variants"
+    raise KvsimError(f"{path}: not a kvsim run, variants or sweep directory (no summary.json, no index.parquet)")
+
+
+def render_report(run_dir: str | Path) -> str:
+    """The report of ``run_dir`` as one HTML string."""
+    run_dir = Path(run_dir)
+    kind = report_kind(run_dir)
+    with tempfile.TemporaryDirectory(prefix="kvsim-report-") as t:
+        tmp = Path(t)
+        if kind == "sweep":
+            title, body = _sweep_body(run_dir, tmp)
+        elif kind == "run":
+            title, body = _single_run_body(run_dir, tmp)
+        else:
+            title, body = _variants_body(run_dir, tmp)
+        return _page(title, [b for b in body if b])
+
+
+def write_run_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Write ``report.html`` (or ``out``) for a run, variants or sweep directory; returns its path."""
+    run_dir = Path(run_dir)
+    path = Path(out) if out is not None else run_dir / "report.html"
+    write_text_atomic(path, render_report(run_dir))
+    return path

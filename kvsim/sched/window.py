@@ -1,0 +1,176 @@
+"""Decode windows: advancing many identical-shaped decode steps at once, exactly.
+
+Most engine steps differ from the previous one only in context lengths: every running request
+decodes one token, nobody is admitted or preempted. :func:`plan_decode_window` recognises such a
+step (already scheduled the ordinary way) and describes the steps that would follow it as
+arrays; the engine prices them with the timing model's vectorised ``decode_durations`` and cuts
+the window where something could change the schedule; :func:`apply_decode_window` then replays
+only the events inside it -- block allocations (in the exact order the step-by-step scheduler
+would make them) and finishes -- and advances every request in bulk.
+
+A window of K steps starting with the scheduled step 0 is exact when, for steps 1..K-1:
+* the waiting and swapped queues are empty and no request arrives before the step starts (an
+  arrival could be admitted); or the waiting queue's head is blocked and stays blocked: between
+  finishes free memory only shrinks and the token budget and ``max_num_seqs`` do not change, and at
+  each finish the head is tested against the state after the finish *without* the step's block
+  allocations -- an optimistic test, since those allocations only take free blocks and can only
+  evict cached blocks the head would hit -- and the window ends there if the head might fit;
+  while requests are swapped out the window ends at the first finish;
+* every block a request needs is free at the window's start (frees inside the window are ignored
+  for this bound, which only makes windows shorter), so no preemption happens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvsim.sched.request import RequestStatus
+
+
+@dataclass
+class DecodeWindow:
+    requests: list  # running requests, admission order
+    remaining: np.ndarray  # steps until each request finishes, counting step 0
+    computed0: np.ndarray  # computed tokens before step 0
+    num_seqs: np.ndarray  # batch size of step j
+    kv_tokens_read: np.ndarray  # KV tokens read by step j (= tokens written after its scheduling)
+    max_steps: int
+
+
+def plan_decode_window(sched, plan, max_steps: int) -> DecodeWindow | None:
+    """The candidate window after ``plan`` (step 0), or None if step 0 is not a pure decode step."""
+    shape = plan.shape
+    if plan.admitted or plan.preempted or shape.num_prefill_seqs or shape.swap_in_bytes or shape.swap_out_bytes:
+        return None
+    running = sched.running
+    b = len(running)
+    if b == 0 or shape.num_decode_seqs != b:
+        return None
+    remaining = np.fromiter((r.output_tokens - r.num_generated for r in running), np.int64, b)
+    kcap = min(max_steps, int(remaining.min()) if sched.swapped else int(remaining.max()))
+    if kcap < 2:
+        return None
+    computed0 = np.fromiter((r.num_computed_tokens for r in running), np.int64, b)
+    j = np.arange(kcap, dtype=np.int64)
+    order = np.argsort(remaining, kind="stable")
+    done_by = np.searchsorted(remaining[order], j, side="right")  # requests finished before step j
+    num_seqs = b - done_by
+    csum = np.concatenate(([0], np.cumsum(computed0[order])))
+    kv_read = (csum[-1] - csum[done_by]) + num_seqs * (j + 1)
+    return DecodeWindow(list(running), remaining, computed0, num_seqs, kv_read, kcap)
+
+
+def block_limited_steps(sched, win: DecodeWindow, k: int):
+    """Cut ``k`` so every block the window allocates is free now. Returns (k, pop events) with the
+    events as (step, running index) in the order the step-by-step scheduler would allocate."""
+    alloc = sched.allocator
+    bs = alloc.block_size_tokens
+    if bs is None:  # contiguous / buddy: extents already hold every token
+        return k, np.zeros(0, np.int64), np.zeros(0, np.int64)
+    held0 = np.fromiter((alloc.held_tokens(r.request_id) for r in win.requests), np.int64, len(win.requests))
+    written0 = win.computed0 + 1
+    first = held0 - written0 + 1  # first step whose token does not fit in the blocks held now
+    last = np.minimum(win.remaining, k)  # steps 0..last-1 are active
+    count = np.where(first < last, (last - first + bs - 1) // bs, 0)
+    total = int(count.sum())
+    if total == 0:
+        return k, np.zeros(0, np.int64), np.zeros(0, np.int64)
+    idx = np.repeat(np.arange(len(count), dtype=np.int64), count)
+    starts = np.cumsum(count) - count
+    m = np.arange(total, dtype=np.int64) - np.repeat(starts, count)
+    steps = np.repeat(first, count) + m * bs
+    order = np.lexsort((idx, steps))
+    steps, idx = steps[order], idx[order]
+    free0 = alloc.num_free_blocks
+    if total > free0:
+        k = min(k, int(steps[free0]))
+        keep = steps < k
+        steps, idx = steps[keep], idx[keep]
+    return k, steps, idx
+
+
+def apply_decode_window(sched, win: DecodeWindow, k: int, times: np.ndarray, pop_steps: np.ndarray,
+                        pop_idx: np.ndarray, on_finish=None):
+    """Advance the scheduler through steps 0..k-1 of ``win`` (step 0 was planned by ``schedule``).
+
+    ``times[j]`` is the start of step j (``times[k]`` the end). Returns the number of steps actually
+    advanced (``k`` or fewer, when the blocked head of the waiting queue might fit after a finish)
+    and the usage segments: a list of (first step, (held, useful, shared, cached_free, external)).
+    """
+    alloc = sched.allocator
+    reqs = win.requests
+    head = sched.waiting[0].kv if sched.waiting and not sched.swapped else None
+    segments = [(0, alloc.usage_parts(head))]
+    rem = win.remaining
+    finishing = {}
+    for i in np.flatnonzero(rem <= k):
+        finishing.setdefault(int(rem[i]), []).append(int(i))
+    pops: dict[int, list[int]] = {}
+    for s, i in zip(pop_steps.tolist(), pop_idx.tolist()):
+        pops.setdefault(s, []).append(i)
+    boundaries = sorted(set(pops) | {s for s in finishing if s < k})
+    stop = k
+    for s in boundaries:
+        fin = finishing.get(s, ())
+        for i in fin:  # finished at the end of step s - 1
+            _finish(sched, reqs[i], int(win.computed0[i]) + s, float(times[s]), on_finish)
+        if fin and sched.waiting and sched.head_might_fit(num_running=int(win.num_seqs[s])):
+            stop = s  # step s will be planned the ordinary way (it may admit the head)
+            break
+        for i in pops.get(s, ()):
+            r = reqs[i]
+            if not alloc.ensure_slots(r.request_id, int(win.computed0[i]) + 1 + s):
+                raise RuntimeError(f"decode window: block for request {r.request_id} at step {s} not free")
+        segments.append((s, alloc.usage_parts(head)))
+    if stop == k:
+        for i in finishing.get(k, ()):
+            _finish(sched, reqs[i], int(win.computed0[i]) + k, float(times[k]), on_finish)
+    k = stop
+    for i, r in enumerate(reqs):
+        if r.status == RequestStatus.RUNNING:
+            r.num_computed_tokens = int(win.computed0[i]) + k
+            r.num_generated += k
+            alloc.ensure_slots(r.request_id, r.num_computed_tokens)
+    sched.running = [r for r in sched.running if r.status == RequestStatus.RUNNING]
+    sched._plan = None
+    return k, segments
+
+
+def _finish(sched, r, computed: int, t: float, on_finish) -> None:
+    # Catch the allocator up on the tokens written since the last block event (a block filled by
+    # the final token is registered in the prefix cache before the request frees it, as step by step).
+    sched.allocator.ensure_slots(r.request_id, computed)
+    r.num_computed_tokens = computed
+    r.num_generated = r.output_tokens
+    r.status = RequestStatus.FINISHED
+    r.finish_s = t
+    sched.allocator.free(r.request_id)
+    sched.finished.append(r)
+    if on_finish is not None:
+        on_finish(r, t)
+
+
+def window_means(win: DecodeWindow, k: int, durations: np.ndarray, segments, capacity_tokens: int) -> dict:
+    """Time-weighted means over the window's steps of the memory parts (tokens) and batch size."""
+    d = durations[:k]
+    total = float(d.sum())
+    starts = [s for s, _ in segments] + [k]
+    lengths = np.diff(starts)
+    vals = np.array([p for _, p in segments], dtype=np.float64)  # (segments, 5)
+    per_step = np.repeat(vals, lengths, axis=0)
+    held, useful, shared, cached_free, external = per_step.T
+    written = win.kv_tokens_read[:k].astype(np.float64)
+    parts = {
+        "token_states": written - shared,
+        "reservation": useful - written,
+        "internal_frag": held - useful,
+        "external_frag": external,
+        "free": capacity_tokens - (held - shared) - external,
+        "cached_free": cached_free,
+    }
+    out = {name: float((v * d).sum() / total) for name, v in parts.items()}
+    out["batch_mean"] = float((win.num_seqs[:k] * d).sum() / total)
+    out["peak_used"] = float((held - shared).max())
+    return out

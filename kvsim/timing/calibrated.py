@@ -1,0 +1,334 @@
+"""Step time from GPU measurements (``kvsim calibrate``), interpolated to the step's shape.
+
+Per step, with ``L`` layers (every table holds one layer's time at tensor-parallel degree 1)::
+
+    decode_attention_s  = L * T_decode(block, batch = decode seqs, context = mean decode context)
+    prefill_attention_s = L * prefill seqs * T_prefill(block, new = mean chunk, cached = mean cached)
+    gemm_s              = L * sum_op T_op(num_tokens)  for op in QKV, out, MLP up/gate, MLP down
+    lm_head_s           = T_lm_head(num_seqs)          (once per step, if measured)
+    elementwise_s       = L * T_elementwise(num_tokens) (norms, RoPE, activation, adds; if measured)
+    swap_s              = (swap_in_bytes + swap_out_bytes) / host_link_bandwidth
+    duration            = attention_s + gemm_s + lm_head_s + elementwise_s + step_overhead_s + swap_s
+
+Kernels on one stream serialise, so components add (no roofline ``max``). The interpolation rules
+are in :mod:`kvsim.calibration.interp` (log-log over batch/context/tokens, exact at measured
+points; unmeasured block sizes interpolate in log2(block size) between neighbours, or take the
+nearest measured size outside the range). Allocators without fixed blocks use the contiguous-KV
+baseline when it was measured for the KV dtype, else the largest measured block size.
+
+Splitting the aggregate :class:`BatchShape` into decode and prefill work: decode requests read
+``c_i + 1`` KV tokens and contribute as many attention pairs, so with ``p`` prefill requests of
+(assumed) equal chunk ``n = num_prefill_tokens / p``::
+
+    prefill_kv = (attention_pairs - kv_tokens_read) / (n - 1) + p * n / 2
+
+which is exact when ``p == 1`` (the common chunked-prefill step), for pure-decode and for
+pure-prefill steps. ``context_lens`` is not needed (``needs_context_lens = False``): a ragged decode
+batch is priced at its mean context, which is exact for a memory-bound kernel whose time is linear
+in the KV bytes read.
+
+This module imports numpy/pandas only: never torch or triton.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import pandas as pd
+from pydantic import Field
+
+from kvsim.calibration import interp
+from kvsim.calibration import schema as S
+from kvsim.config_base import StrictModel
+from kvsim.errors import CalibrationError
+from kvsim.hw import GPUS, ModelSpec
+from kvsim.registry import TIMING_MODELS
+from kvsim.timing.base import BatchShape, StepTiming
+from kvsim.timing.context import TimingContext
+
+
+class CalibratedTimingConfig(StrictModel):
+    kind: Literal["calibrated"] = "calibrated"
+    file: str = Field(..., description="calibration directory (meta.json + measurements.csv); relative paths "
+                                       "resolve against the scenario file's folder, then the working directory")
+    step_overhead_s: float = Field(0.002, ge=0, description="fixed CPU/scheduling cost per step (kernel times "
+                                                             "are measured without launch gaps)")
+    host_link_bandwidth_bytes_per_s: float = Field(64e9, gt=0, description="GPU<->host link for swaps")
+    decode_impl: Literal["best", "triton", "triton_splitk", "torch_reference", "triton_interpreter"] = Field(
+        "best", description="decode implementation to price; best = fastest measured per point")
+    include_lm_head: bool = True
+    include_elementwise: bool = True
+    allow_cpu_data: bool = Field(False, description="accept a CPU plumbing calibration (tests only)")
+
+
+@dataclass(frozen=True)
+class CalibrationData:
+    path: Path
+    meta: dict
+    df: pd.DataFrame
+
+    @property
+    def meta_path(self) -> Path:
+        return self.path / S.META_FILE
+
+    @property
+    def csv_path(self) -> Path:
+        return self.path / S.CSV_FILE
+
+
+def _positive_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def load_calibration_dir(path: str | Path) -> CalibrationData:
+    """Read and validate a calibration directory (independent of any scenario).
+
+    Raises :class:`CalibrationError` naming the file and the field for: a missing directory, a
+    missing or unparseable ``meta.json``, missing meta fields, a missing/unreadable CSV, missing
+    columns, or non-positive times.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CalibrationError(f"calibration directory {path} does not exist (run `kvsim calibrate --out {path}`)")
+    if not path.is_dir():
+        raise CalibrationError(f"calibration path {path} is not a directory")
+    meta_path = path / S.META_FILE
+    if not meta_path.is_file():
+        raise CalibrationError(f"{meta_path}: missing (not a calibration directory)")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CalibrationError(f"{meta_path}: cannot parse JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise CalibrationError(f"{meta_path}: expected a JSON object, got {type(meta).__name__}")
+    for key in S.META_REQUIRED:
+        if key not in meta:
+            raise CalibrationError(f"{meta_path}: field '{key}' missing")
+    if not isinstance(meta["schema_version"], int) or meta["schema_version"] > S.SCHEMA_VERSION:
+        raise CalibrationError(f"{meta_path}: field 'schema_version' is {meta['schema_version']!r}; "
+                               f"this kvsim reads version {S.SCHEMA_VERSION}")
+    if meta["device"] not in ("cuda", "cpu"):
+        raise CalibrationError(f"{meta_path}: field 'device' is {meta['device']!r}; expected 'cuda' or 'cpu'")
+    if not _positive_number(meta["copy_bandwidth_bytes_per_s"]):
+        raise CalibrationError(f"{meta_path}: field 'copy_bandwidth_bytes_per_s' must be a positive number, "
+                               f"got {meta['copy_bandwidth_bytes_per_s']!r}")
+    model = meta["model"]
+    if not isinstance(model, dict):
+        raise CalibrationError(f"{meta_path}: field 'model' must be an object")
+    for key in ("name", *S.MODEL_GEOMETRY_KEYS):
+        if key not in model:
+            raise CalibrationError(f"{meta_path}: field 'model.{key}' missing")
+    if not isinstance(meta["kv_dtypes"], list):
+        raise CalibrationError(f"{meta_path}: field 'kv_dtypes' must be a list")
+
+    csv_path = path / S.CSV_FILE
+    if not csv_path.is_file():
+        raise CalibrationError(f"{csv_path}: missing")
+    try:
+        df = pd.read_csv(csv_path)
+    except (OSError, ValueError, pd.errors.ParserError) as e:
+        raise CalibrationError(f"{csv_path}: cannot parse CSV ({e})") from None
+    missing = [c for c in S.REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        raise CalibrationError(f"{csv_path}: missing column(s) {', '.join(missing)}")
+    med = pd.to_numeric(df["median_s"], errors="coerce")
+    bad = df.index[~(med > 0) | ~med.map(math.isfinite)]
+    if len(bad):
+        i = int(bad[0])
+        raise CalibrationError(f"{csv_path}: row {i + 2}: field 'median_s' must be a positive number, "
+                               f"got {df['median_s'].iloc[i]!r}")
+    df["median_s"] = med
+    return CalibrationData(path, meta, df)
+
+
+def resolve_calibration_path(file: str, base_dir: Path | None) -> Path:
+    """Absolute paths as given; relative ones against ``base_dir`` (the scenario's folder) if that
+    exists there, else against the working directory."""
+    p = Path(file).expanduser()
+    if p.is_absolute():
+        return p
+    if base_dir is not None and (Path(base_dir) / p).exists():
+        return Path(base_dir) / p
+    if p.exists():
+        return p.resolve()
+    where = f"{Path(base_dir) / p} or {Path.cwd() / p}" if base_dir is not None else str(Path.cwd() / p)
+    raise CalibrationError(f"timing.file: calibration directory {file!r} not found (looked for {where})")
+
+
+def check_model(data: CalibrationData, model: ModelSpec) -> None:
+    meta_model = data.meta["model"]
+    if meta_model["name"] != model.name:
+        raise CalibrationError(f"{data.meta_path}: field 'model.name' is {meta_model['name']!r} but the scenario's "
+                               f"model is {model.name!r}; calibrate for this model (kvsim calibrate --model "
+                               f"{model.name})")
+    for key in S.MODEL_GEOMETRY_KEYS:
+        if meta_model[key] != getattr(model, key):
+            raise CalibrationError(f"{data.meta_path}: field 'model.{key}' is {meta_model[key]!r} but model "
+                                   f"{model.name} has {getattr(model, key)!r}")
+
+
+def split_kv_tokens(shape: BatchShape) -> tuple[float, float]:
+    """(prefill, decode) KV tokens read: see the module docstring. Decode >= 1 token per sequence."""
+    p, d, kv = shape.num_prefill_seqs, shape.num_decode_seqs, shape.kv_tokens_read
+    if p == 0:
+        return 0.0, float(kv)
+    if d == 0:
+        return float(kv), 0.0
+    n = shape.num_prefill_tokens / p
+    if n > 1:
+        pre = (shape.attention_pairs - kv) / (n - 1) + p * n / 2
+    else:  # 1-token chunks look like decode: share the KV in proportion to sequences
+        pre = kv * p / (p + d)
+    pre = min(max(pre, float(shape.num_prefill_tokens)), float(kv - d))
+    return pre, kv - pre
+
+
+class CalibratedTiming:
+    """A :class:`~kvsim.timing.base.TimingModel` reading a calibration directory.
+
+    Attributes for reports: ``copy_bandwidth_bytes_per_s`` (measured device copy, bytes read +
+    written per second), ``calibration_path``, ``device`` ('cuda' | 'cpu'), ``gpu_name``,
+    ``block_size_rule`` (how the allocator's block size maps to the measured ones).
+    """
+
+    needs_context_lens = False  # see module docstring: aggregates suffice
+
+    def __init__(self, cfg: CalibratedTimingConfig, ctx: TimingContext):
+        self.cfg = cfg
+        path = resolve_calibration_path(cfg.file, ctx.base_dir)
+        data = load_calibration_dir(path)
+        meta = data.meta
+        if meta["device"] == "cpu" and not cfg.allow_cpu_data:
+            raise CalibrationError(f"{data.meta_path}: field 'device' is 'cpu': plumbing data, not GPU timings; "
+                                   "set timing.allow_cpu_data: true to use it anyway (tests only)")
+        check_model(data, ctx.model)
+        gpu = meta.get("gpu_name")
+        if gpu in GPUS and gpu != ctx.gpu.name:
+            raise CalibrationError(f"{data.meta_path}: field 'gpu_name' is {gpu!r} but the scenario's GPU is "
+                                   f"{ctx.gpu.name!r}")
+        dt = ctx.kv_dtype
+        if dt not in meta["kv_dtypes"]:
+            raise CalibrationError(f"{data.meta_path}: field 'kv_dtypes' is {meta['kv_dtypes']}: KV dtype {dt!r} "
+                                   f"was not measured")
+        df = data.df
+        self.calibration_path = path
+        self.device = meta["device"]
+        self.gpu_name = gpu
+        self.copy_bandwidth_bytes_per_s = float(meta["copy_bandwidth_bytes_per_s"])
+        self.kv_bytes_per_token = ctx.kv_bytes_per_token
+        self.num_layers = ctx.model.num_layers
+
+        def rows(op: str, dtype: str | None = None, required: bool = True) -> pd.DataFrame:
+            sel = df[(df["op"] == op) & ((df["dtype"] == dtype) if dtype is not None else True)]
+            if required and sel.empty:
+                what = f"op={op!r}" + (f" and dtype={dtype!r}" if dtype is not None else "")
+                raise CalibrationError(f"{data.csv_path}: no rows with {what} (field 'op')")
+            return sel
+
+        impl = None if cfg.decode_impl == "best" else cfg.decode_impl
+        dec = interp.best_impl(rows(S.DECODE_PAGED, dt), impl)
+        if dec.empty:
+            raise CalibrationError(f"{data.csv_path}: no decode_paged rows with impl={impl!r} and dtype={dt!r} "
+                                   "(field 'impl')")
+        self._decode = interp.decode_tables(dec)
+        self._prefill = interp.prefill_tables(rows(S.PREFILL_PAGED, dt))
+        self._gemms = [interp.token_curve(rows(op)) for op in S.LAYER_GEMMS]
+        lm = rows(S.GEMM_LM_HEAD, required=False)
+        self._lm_head = interp.token_curve(lm) if cfg.include_lm_head and len(lm) else None
+        el = rows(S.ELEMENTWISE, required=False)
+        self._elementwise = interp.token_curve(el) if cfg.include_elementwise and len(el) else None
+
+        measured = self._decode.block_sizes
+        bs = ctx.block_size_tokens
+        self._contiguous = None
+        if bs is None:
+            cont = rows(S.DECODE_CONTIGUOUS, dt, required=False)
+            if len(cont):
+                self._contiguous = interp.row_table(cont, "batch", "context_len", log_x=True)
+                self.block_size_rule = "no fixed blocks: contiguous-KV baseline for decode, largest block for prefill"
+            else:
+                self.block_size_rule = f"no fixed blocks: largest measured block size ({measured[-1]})"
+            bs = measured[-1]
+        elif bs in measured:
+            self.block_size_rule = f"exact ({bs})"
+        elif bs < measured[0] or bs > measured[-1]:
+            self.block_size_rule = f"nearest measured ({measured[0] if bs < measured[0] else measured[-1]})"
+        else:
+            lo = max(b for b in measured if b < bs)
+            hi = min(b for b in measured if b > bs)
+            self.block_size_rule = f"interpolated in log2(block size) between {lo} and {hi}"
+        self.block_size = bs
+        self._token_cache: dict[int, tuple[float, float]] = {}
+        self._lm_cache: dict[int, float] = {}
+
+    # -- per-component, per step -----------------------------------------------------------------
+    def _token_ops_s(self, tokens: int) -> tuple[float, float]:
+        """(GEMMs over all layers, elementwise over all layers) for ``tokens`` tokens; memoised."""
+        hit = self._token_cache.get(tokens)
+        if hit is None:
+            if tokens <= 0:
+                hit = (0.0, 0.0)
+            else:
+                gemm = self.num_layers * sum(c(tokens) for c in self._gemms)
+                elem = self.num_layers * self._elementwise(tokens) if self._elementwise else 0.0
+                hit = (gemm, elem)
+            self._token_cache[tokens] = hit
+        return hit
+
+    def _lm_head_s(self, seqs: int) -> float:
+        if self._lm_head is None or seqs <= 0:
+            return 0.0
+        hit = self._lm_cache.get(seqs)
+        if hit is None:
+            hit = self._lm_cache[seqs] = self._lm_head(seqs)
+        return hit
+
+    def decode_attention_s(self, num_seqs: int, mean_context_tokens: float) -> float:
+        """All layers' decode attention for a batch at a mean context (>= 1 token)."""
+        if num_seqs <= 0:
+            return 0.0
+        ctx = max(1.0, mean_context_tokens)
+        if self._contiguous is not None:
+            return self.num_layers * self._contiguous(num_seqs, ctx)
+        return self.num_layers * self._decode(self.block_size, num_seqs, ctx)
+
+    def prefill_attention_s(self, num_seqs: int, new_tokens: float, cached_tokens: float) -> float:
+        """All layers' prefill attention: ``num_seqs`` chunks of ``new_tokens`` over ``cached_tokens``."""
+        if num_seqs <= 0 or new_tokens <= 0:
+            return 0.0
+        return self.num_layers * num_seqs * self._prefill(self.block_size, new_tokens, max(0.0, cached_tokens))
+
+    def step_time(self, shape: BatchShape) -> StepTiming:
+        pre_kv, dec_kv = split_kv_tokens(shape)
+        dec_s = (self.decode_attention_s(shape.num_decode_seqs, dec_kv / shape.num_decode_seqs)
+                 if shape.num_decode_seqs else 0.0)
+        pre_s = 0.0
+        if shape.num_prefill_seqs:
+            n = shape.num_prefill_tokens / shape.num_prefill_seqs
+            pre_s = self.prefill_attention_s(shape.num_prefill_seqs, n, pre_kv / shape.num_prefill_seqs - n)
+        gemm_s, elem_s = self._token_ops_s(shape.num_tokens)
+        lm_s = self._lm_head_s(shape.num_seqs)
+        swap_s = (shape.swap_in_bytes + shape.swap_out_bytes) / self.cfg.host_link_bandwidth_bytes_per_s
+        attn_s = dec_s + pre_s
+        duration = attn_s + gemm_s + lm_s + elem_s + self.cfg.step_overhead_s + swap_s
+        return StepTiming(
+            duration_s=duration,
+            breakdown_s={
+                "attention_s": attn_s,
+                "decode_attention_s": dec_s,
+                "prefill_attention_s": pre_s,
+                "gemm_s": gemm_s,
+                "lm_head_s": lm_s,
+                "elementwise_s": elem_s,
+                "overhead_s": self.cfg.step_overhead_s,
+                "swap_s": swap_s,
+            },
+            kv_bytes_read=shape.kv_tokens_read * self.kv_bytes_per_token,
+        )
+
+
+TIMING_MODELS.register("calibrated", CalibratedTimingConfig, CalibratedTiming)

@@ -1,0 +1,124 @@
+"""The fast engine (decode windows) against the step-by-step reference engine: identical request
+tables (bit for bit) and summary metrics, on scenarios with preemption, prefix caching, swaps,
+every allocator and idle gaps."""
+
+import math
+
+import numpy as np
+import pytest
+
+from helpers import make_scenario, make_trace
+from kvsim.run import run
+
+
+def random_rows(n, seed, rate=40.0, prompt=(1, 300), output=(1, 120)):
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1 / rate, n))
+    return list(zip(arrivals, rng.integers(*prompt, n), rng.integers(*output, n)))
+
+
+def both(scn_kwargs, rows, prefix_keys=None):
+    out = {}
+    for mode in ("step", "fast"):
+        scn = make_scenario(engine={"mode": mode}, **scn_kwargs)
+        trace = make_trace(rows)
+        if prefix_keys is not None:
+            object.__setattr__(trace, "prefix_keys", prefix_keys)
+            object.__setattr__(trace, "prefix_block_tokens", 16)
+        out[mode] = run(scn, trace=trace, check_invariants=True)
+    return out["step"], out["fast"]
+
+
+def assert_same(step, fast):
+    import pandas as pd
+
+    pd.testing.assert_frame_equal(step.requests, fast.requests, check_exact=True)
+    s, f = step.summary, fast.summary
+
+    def walk(a, b, path=""):
+        if isinstance(a, dict):
+            assert set(a) == set(b), path
+            for k in a:
+                if k == "step_time_breakdown_s":
+                    continue  # sums of the same terms in another grouping: checked with tolerance below
+                walk(a[k], b[k], f"{path}.{k}")
+        elif isinstance(a, float) and not (a is None):
+            assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), f"{path}: {a} != {b}"
+        else:
+            assert a == b, f"{path}: {a} != {b}"
+
+    walk(s, f)
+    for k, v in s["step_time_breakdown_s"].items():
+        assert math.isclose(v, f["step_time_breakdown_s"][k], rel_tol=1e-9, abs_tol=1e-12), k
+    assert fast.summary["engine_steps"] == step.summary["engine_steps"]
+    assert len(fast.steps) < len(step.steps), "the fast engine advanced no window"
+
+
+TIMING = {"kind": "analytical", "step_overhead_s": 0.001}
+
+
+@pytest.mark.parametrize("alloc", [
+    {"kind": "paged", "block_size": 16, "watermark": 0.01},
+    {"kind": "paged", "block_size": 1, "watermark": 0.0},
+    {"kind": "contiguous", "reservation": "max"},
+    {"kind": "contiguous", "reservation": "oracle", "placement": "best-fit"},
+    {"kind": "buddy", "min_block_tokens": 16},
+])
+def test_fast_equals_step_under_memory_pressure(alloc):
+    rows = random_rows(300, seed=3)
+    step, fast = both({"kv_budget": {"tokens": 3000}, "allocator": alloc, "timing": TIMING}, rows)
+    assert_same(step, fast)
+    if alloc["kind"] == "paged":
+        assert step.summary["preemptions"] > 0
+
+
+def test_fast_equals_step_with_idle_gaps_and_light_load():
+    rows = random_rows(200, seed=4, rate=2.0)
+    step, fast = both({"kv_budget": {"tokens": 8000}, "timing": TIMING}, rows)
+    assert_same(step, fast)
+    assert step.steps["idle"].any()
+
+
+def test_fast_equals_step_with_swap_preemption():
+    rows = random_rows(300, seed=5)
+    step, fast = both({"kv_budget": {"tokens": 2500}, "timing": TIMING,
+                       "scheduler": {"preemption_mode": "swap", "swap_space_bytes": 2 * 10**9}}, rows)
+    assert_same(step, fast)
+    assert step.summary["preemptions_by_mode"]["swap"] > 0
+
+
+@pytest.mark.parametrize("eviction", ["lru", "lru-k", "fifo"])
+def test_fast_equals_step_with_prefix_caching(eviction):
+    rng = np.random.default_rng(6)
+    rows = random_rows(300, seed=6, prompt=(32, 400))
+    # four families sharing prefixes; keys chained per family
+    keys = [np.array([1000 * (i % 4) + k for k in range(int(p) // 16)], dtype=np.int64)
+            for i, (_, p, _) in enumerate(rows)]
+    step, fast = both({"kv_budget": {"tokens": 4000}, "timing": TIMING,
+                       "allocator": {"kind": "paged", "block_size": 16, "prefix_caching": True,
+                                     "eviction": {"kind": eviction}}}, rows, prefix_keys=keys)
+    assert_same(step, fast)
+    assert step.summary["prefix_cache"]["hit_ratio_tokens"] > 0.1
+    assert step.summary["prefix_cache"]["evictions"] > 0
+
+
+def test_fast_equals_step_with_chunked_prefill_and_seq_limit():
+    rows = random_rows(250, seed=7, prompt=(1, 900))
+    step, fast = both({"kv_budget": {"tokens": 6000}, "timing": TIMING,
+                       "scheduler": {"chunked_prefill": True, "max_num_batched_tokens": 256, "max_num_seqs": 12}},
+                      rows)
+    assert_same(step, fast)
+
+
+def test_counting_paged_allocator_matches_the_block_id_allocator():
+    import pandas as pd
+
+    rows = random_rows(300, seed=8)
+    res = {}
+    for track in ("auto", "always"):
+        scn = make_scenario(kv_budget={"tokens": 3000}, timing=TIMING,
+                            allocator={"kind": "paged", "block_size": 16, "watermark": 0.01, "track_block_ids": track})
+        res[track] = run(scn, trace=make_trace(rows), check_invariants=True)
+    pd.testing.assert_frame_equal(res["auto"].requests, res["always"].requests, check_exact=True)
+    assert res["auto"].summary == res["always"].summary
+    assert res["auto"].summary["preemptions"] > 0

@@ -150,8 +150,11 @@ class Engine:
             usage = sched.usage()
             evictions = getattr(sched.allocator, "evictions", 0)
             timing = self.timing.step_time(plan.shape)
+            prefetch_target = sched.prefetch_target()  # the head while this step computes
             self.now_s = start + timing.duration_s
             yield self._advance_to(self.now_s)
+            if prefetch_target is not None:
+                prefetch_target.prefetched_s += timing.duration_s
             first, done = sched.on_step_done(self.now_s)
             for r in first:
                 self._log(r.request_id, "first_token", self.now_s)
@@ -227,7 +230,13 @@ class Engine:
 
         # The replay needs nothing from SimPy (arrivals only join a blocked queue's tail meanwhile),
         # so it runs first and may end the window early; then the clock jumps to the window's end.
+        target = sched.prefetch_target()  # constant through the window: nobody is admitted
         k, segments = apply_decode_window(sched, win, k, times, pop_steps, pop_idx, on_finish)
+        if target is not None:
+            p = target.prefetched_s
+            for d in durations[:k].tolist():
+                p += d
+            target.prefetched_s = p
         self.now_s = float(times[k])
         yield self._advance_to(self.now_s)
         means = window_means(win, k, durations, segments, alloc.capacity_tokens)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,8 @@ class RunResult:
     steps: pd.DataFrame | None  # None when streamed to a file
     summary: dict
     trace_report: dict = field(default_factory=dict)
+    engine_wall_s: float = 0.0  # wall time of the event loop (not part of the deterministic results)
+    engine_rows: int = 0
 
 
 def resolved_dict(scn: Scenario) -> dict:
@@ -68,7 +71,7 @@ def build_allocator(scn: Scenario, where: str = "scenario"):
             f"{where}: kv_budget: {budget} bytes hold {capacity_tokens} tokens of {bpt} bytes, "
             f"less than one {unit}-token block of allocator '{scn.allocator.kind}'"
         )
-    return ALLOCATORS.build(scn.allocator, capacity_tokens), budget
+    return ALLOCATORS.build(scn.allocator, capacity_tokens, bytes_per_token=bpt), budget
 
 
 def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None, trace_report: dict | None = None,
@@ -89,7 +92,8 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     max_len = scn.model.max_model_len_tokens
     scheduler = Scheduler(scn.scheduler, allocator, max_len,
                           want_context_lens=bool(getattr(timing, "needs_context_lens", False)),
-                          kv_bytes_per_token=scn.kv_bytes_per_token)
+                          kv_bytes_per_token=scn.kv_bytes_per_token,
+                          host_link_bandwidth_bytes_per_s=getattr(scn.timing, "host_link_bandwidth_bytes_per_s", 64e9))
     if not scn.scheduler.chunked_prefill and scheduler.token_budget < max_len:
         raise ConfigError(
             f"{where}: scheduler.max_num_batched_tokens ({scheduler.token_budget}) is smaller than the model's "
@@ -101,10 +105,12 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
                     limits=EngineLimits(scn.limits.max_sim_time_s, scn.limits.max_wall_time_s),
                     progress=progress, event_log=event_log, mode=scn.engine.mode,
                     max_window_steps=scn.engine.max_window_steps)
+    wall0 = time.perf_counter()
     try:
         engine.run()
     finally:
         table = recorder.close()
+    engine_wall = time.perf_counter() - wall0
     if table is not None:
         steps = table.to_pandas()
     else:
@@ -116,8 +122,9 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     start = float(trace.arrival_s[0]) if len(trace) else 0.0
     summary = summarize(reqs, steps, capacity_tokens=allocator.capacity_tokens,
                         prefix_caching=bool(getattr(allocator, "prefix_caching", False)),
+                        offloaded_blocks=getattr(allocator, "offloaded_blocks", 0),
                         bytes_per_token=scn.kv_bytes_per_token, block_size_tokens=allocator.block_size_tokens,
                         budget_bytes=budget, end_s=engine.end_s, start_s=start)
     return RunResult(name=str(scn.name), scenario=scn, requests=reqs,
                      steps=None if steps_path is not None else steps, summary=summary,
-                     trace_report=trace_report or {})
+                     trace_report=trace_report or {}, engine_wall_s=engine_wall, engine_rows=recorder.num_rows)

@@ -113,7 +113,7 @@ class CalibratedTables:
     """Per-layer predictions from a calibration directory (for its own model only)."""
 
     def __init__(self, path: str | Path):
-        from kvsim.timing.calibrated import load_calibration_dir
+        from kvsim.calibration.loader import load_calibration_dir
 
         data = load_calibration_dir(path)
         self.meta, df = data.meta, data.df

@@ -9,6 +9,8 @@
   fp8), then ``scaled_dot_product_attention`` with a boolean causal mask whose diagonal is offset
   by the cached length (query ``i`` sits at absolute position ``cached + i`` and sees keys
   ``0..cached+i``). This is the "chunked prefill over cached blocks" step of vLLM-style engines.
+  Without cached context the mask is plain causal and SDPA's flash backend runs with native GQA;
+  with cached context the KV heads are expanded for the memory-efficient backend (arbitrary masks).
 * :func:`contiguous_decode` -- ``scaled_dot_product_attention`` on a dense, unpaged cache
   [batch, kv_heads, context, head_dim]: the baseline that shows what paging costs.
 
@@ -35,12 +37,20 @@ def _dequant(x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype, he
     return y * scale.to(dtype).view(shape)
 
 
+def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """``cache[blocks]`` for any index shape. fp8 caches are gathered through a uint8 view: a
+    bit-exact copy that does not depend on indexing kernels being built for float8 types."""
+    if cache.element_size() == 1 and cache.dtype != torch.uint8:
+        return cache.view(torch.uint8)[blocks].view(cache.dtype)
+    return cache[blocks]
+
+
 def gather_tokens(cache: torch.Tensor, block_row: torch.Tensor, num_tokens: int) -> torch.Tensor:
     """The first ``num_tokens`` tokens of one sequence: [num_tokens, kv_heads, head_dim]."""
     block_size = cache.shape[1]
     nblocks = -(-num_tokens // block_size)
     blocks = block_row[:nblocks].long()
-    return cache.index_select(0, blocks).reshape(nblocks * block_size, *cache.shape[2:])[:num_tokens]
+    return gather_blocks(cache, blocks).reshape(nblocks * block_size, *cache.shape[2:])[:num_tokens]
 
 
 def paged_decode_reference(q, k_cache, v_cache, block_table, context_lens, *, sm_scale=None,
@@ -59,9 +69,9 @@ def paged_decode_reference(q, k_cache, v_cache, block_table, context_lens, *, sm
     max_len = int(lens.max().item())
     nblocks = -(-max_len // block_size)
     blocks = block_table[:, :nblocks].long()  # [S, nb]
-    k = _dequant(k_cache[blocks], k_scale, torch.float32, 3).reshape(num_seqs, nblocks * block_size,
+    k = _dequant(gather_blocks(k_cache, blocks), k_scale, torch.float32, 3).reshape(num_seqs, nblocks * block_size,
                                                                       num_kv_heads, head_dim)[:, :max_len]
-    v = _dequant(v_cache[blocks], v_scale, torch.float32, 3).reshape(num_seqs, nblocks * block_size,
+    v = _dequant(gather_blocks(v_cache, blocks), v_scale, torch.float32, 3).reshape(num_seqs, nblocks * block_size,
                                                                       num_kv_heads, head_dim)[:, :max_len]
     qf = q.float().view(num_seqs, num_kv_heads, group, head_dim)
     scores = torch.einsum("skgd,stkd->skgt", qf, k) * sm_scale  # [S, Hkv, G, T]
@@ -116,9 +126,13 @@ def paged_prefill(q, k_cache, v_cache, block_row, cached_len: int, *, sm_scale=N
         out = F.scaled_dot_product_attention(qh[None], k[None], v[None], is_causal=True, scale=sm_scale,
                                              enable_gqa=num_q_heads != num_kv_heads)
     else:
+        # An explicit mask rules out the flash backend, and torch's GQA support (enable_gqa) is
+        # flash/math only: expand the kv heads so the memory-efficient backend can run.
+        group = num_q_heads // num_kv_heads
+        if group > 1:
+            k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
         mask = _causal_offset_mask(new, total, q.device)
-        out = F.scaled_dot_product_attention(qh[None], k[None], v[None], attn_mask=mask[None, None],
-                                             scale=sm_scale, enable_gqa=num_q_heads != num_kv_heads)
+        out = F.scaled_dot_product_attention(qh[None], k[None], v[None], attn_mask=mask[None, None], scale=sm_scale)
     return out[0].transpose(0, 1)
 
 

@@ -23,7 +23,7 @@ import pandas as pd
 
 from kvsim.calibration import interp
 from kvsim.calibration import schema as S
-from kvsim.timing.calibrated import load_calibration_dir
+from kvsim.calibration.loader import load_calibration_dir
 
 
 def mape_table(loo: pd.DataFrame) -> pd.DataFrame:

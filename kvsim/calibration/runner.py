@@ -1,6 +1,7 @@
 """``kvsim calibrate``: check, measure the grid, write ``meta.json`` + ``measurements.csv`` atomically.
 
-Phases, in order (each gets a share of ``time_budget_s``; time a phase leaves unused passes on):
+Phases, in order (after the self-check and the copy, each measuring phase gets a share of what is
+left of ``time_budget_s``; time a phase leaves unused passes on):
 
 1. correctness self-check of the Triton kernel on the device (aborts the run on failure: timing a
    wrong kernel is worthless);
@@ -177,16 +178,34 @@ def run_calibration(
 
     budget = time_budget_s if time_budget_s and time_budget_s > 0 else None
     deadlines: dict[str, float] = {}
-    if budget is not None:
+
+    def set_deadlines() -> None:
+        """Split what is left of the budget (after the self-check, whose Triton compilations the
+        measurements then reuse, and the copy) among the measuring phases."""
+        if budget is None:
+            return
+        now = time.monotonic()
+        left = max(0.0, budget - (now - t_start))
         acc = 0.0
         for phase, share in PHASE_SHARES.items():
             acc += share
-            deadlines[phase] = t_start + budget * acc
+            deadlines[phase] = now + left * acc
 
-    def out_of_time_for(phase: str) -> Callable[[], bool]:
+    def out_of_time_for(phase: str, part: int = 0, parts: int = 1) -> Callable[[], bool]:
+        """Deadline check for slice ``part`` of ``parts`` of ``phase``: called when the slice starts,
+        it gets an equal share of the phase's remaining time (a slow KV dtype cannot starve the rest)."""
         deadline = deadlines.get(phase)
-        return (lambda: False) if deadline is None else (lambda: time.monotonic() > deadline)
+        if deadline is None:
+            return lambda: False
+        now = time.monotonic()
+        end = now + max(0.0, deadline - now) / (parts - part)  # the rest, shared by the slices still to run
+        return lambda: time.monotonic() > end
 
+    if device == "cpu":
+        # One intra-op thread: on a shared 2-core machine OpenMP workers spin at barriers while
+        # descheduled, inflating tiny ops 10-50x; plumbing runs want stable, not fast, numbers.
+        prev_threads = torch.get_num_threads()
+        torch.set_num_threads(1)
     env = B.BenchEnv(device=dev, model=spec, timer=Timer(dev, grid.warmup, grid.repeats), cache_bytes=cache_bytes,
                      mem_budget_bytes=mem_budget, decode_impl=impl, act_dtype=torch.bfloat16, seed=seed, log=log)
     log(f"calibrating {spec.name} on {device_name} ({device}), decode impl {impl}, out {out_path}"
@@ -197,7 +216,12 @@ def run_calibration(
         if impl in (S.IMPL_TRITON, S.IMPL_TRITON_INTERPRETER):
             from kvsim.calibration.selfcheck import run_selfcheck
 
-            check = run_selfcheck(dev, block_sizes=tuple(sorted(set(grid.block_sizes)))[:6],
+            # block sizes 1, a non-multiple of 16 and multiples of 16 are Triton's distinct
+            # specialisations: check one of each that the grid has (plus the smallest and largest)
+            sizes = sorted(set(grid.block_sizes))
+            odd = [b for b in sizes if b > 1 and b % 16]
+            check_sizes = tuple(sorted({sizes[0], sizes[-1], *odd[:1], *[b for b in sizes if b == 16]}))
+            check = run_selfcheck(dev, block_sizes=check_sizes,
                                   kv_dtypes=grid.kv_dtypes,
                                   geometry=(spec.num_attention_heads, spec.num_kv_heads, spec.head_dim), log=log)
             if not check["ok"]:
@@ -222,25 +246,23 @@ def run_calibration(
         log(f"copy: {copy_bw / 1e9:.1f} GB/s (bytes read + written)")
 
         # 3. GEMMs and elementwise
+        set_deadlines()
         rows += B.measure_gemms(env, grid.gemm_tokens, grid.lm_head_tokens, out_of_time_for("gemm"))
         rows += B.measure_elementwise(env, grid.gemm_tokens, out_of_time_for("gemm"))
 
         # 4. paged decode (each dtype gets an equal slice of the phase so a truncated run keeps all dtypes)
         dropped_points: dict[str, list] = {}
-        phase_start = time.monotonic()
         for i, dt in enumerate(kv_dtypes):
             kept, dropped = decode_points(grid, spec, dt, mem_budget)
             dropped_points[dt] = [list(p) for p in dropped]
-            sub = None
-            if "decode" in deadlines:
-                sub = phase_start + (deadlines["decode"] - phase_start) * (i + 1) / len(kv_dtypes)
             rows += B.measure_decode_paged(env, dt, grid.block_sizes, kept,
-                                           (lambda s=sub: False) if sub is None else (lambda s=sub: time.monotonic() > s))
+                                           out_of_time_for("decode", i, len(kv_dtypes)))
 
         # 5. prefill
         pts = prefill_points(grid, spec)
-        for dt in kv_dtypes:
-            rows += B.measure_prefill(env, dt, grid.prefill_block_sizes, pts, out_of_time_for("prefill"))
+        for i, dt in enumerate(kv_dtypes):
+            rows += B.measure_prefill(env, dt, grid.prefill_block_sizes, pts,
+                                      out_of_time_for("prefill", i, len(kv_dtypes)))
 
         # 6. contiguous baseline
         for dt in grid.contiguous_dtypes:
@@ -265,7 +287,8 @@ def run_calibration(
             "python": platform.python_version(),
             "kvsim_version": kvsim_version(),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "host": {"machine": platform.machine(), "cpu_count": os.cpu_count()},
+            "host": {"machine": platform.machine(), "cpu_count": os.cpu_count(),
+                     "torch_threads": 1 if device == "cpu" else torch.get_num_threads()},
             "device_memory_bytes": total_bytes,
             "l2_cache_bytes": cache_bytes if device == "cuda" else None,
             "copy_bandwidth_bytes_per_s": copy_bw,
@@ -297,6 +320,9 @@ def run_calibration(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        if device == "cpu":
+            torch.set_num_threads(prev_threads)
     log(f"wrote {out_path} ({len(df)} rows, {meta['wall_s']} s"
         + (f", {len(env.skipped)} points skipped for time/memory" if env.skipped else "") + ")")
     return out_path

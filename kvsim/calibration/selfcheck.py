@@ -42,7 +42,11 @@ def decode_cases(device: torch.device, block_sizes, kv_dtypes, geometry: tuple[i
     """The check matrix. ``geometry`` = (q heads, kv heads, head_dim) of the model being calibrated;
     a tiny MHA/GQA pair is always added so both code paths (broadcast and tl.dot) are covered."""
     hq, hkv, d = geometry
-    geoms = [(hq, hkv, d), (4, 4, 32), (8, 2, 32)]
+    # Both code paths: broadcast (MHA) and tl.dot (GQA). Each distinct geometry is a separate
+    # compilation per dtype and block-size class on a GPU, so add only what the model lacks.
+    geoms = [(hq, hkv, d), (4, 4, 32)] if hq != hkv else [(hq, hkv, d), (8, 2, 32)]
+    if device.type != "cuda":
+        geoms = [(4, 4, 32), (8, 2, 32)] + ([] if (hq, hkv, d) in ((4, 4, 32), (8, 2, 32)) else [(hq, hkv, d)])
     lens_small = [1, 37, 130, 64]
     cases = []
     for bs in block_sizes:

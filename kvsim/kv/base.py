@@ -60,6 +60,11 @@ class Allocation:
     (already computed); the request's first step computes only the rest."""
 
     cached_tokens: int = 0
+    # Of those, tokens found in lower tiers (offloaded prefix blocks) and loaded back, and the time
+    # the loads take at the tiers' bandwidths.
+    cpu_tokens: int = 0
+    ssd_tokens: int = 0
+    load_s: float = 0.0
 
 
 NO_HIT = Allocation(0)

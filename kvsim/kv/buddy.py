@@ -59,7 +59,7 @@ class BuddyAllocator:
         self.ledger = SlotLedger()
 
     @classmethod
-    def from_capacity(cls, cfg: BuddyAllocatorConfig, capacity_tokens: int) -> "BuddyAllocator":
+    def from_capacity(cls, cfg: BuddyAllocatorConfig, capacity_tokens: int, bytes_per_token: int = 0) -> "BuddyAllocator":
         return cls(capacity_tokens, cfg.min_block_tokens, cfg.reservation)
 
     def order_for(self, req: KVRequest) -> int:

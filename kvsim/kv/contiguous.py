@@ -48,7 +48,7 @@ class ContiguousAllocator:
         self.ledger = SlotLedger()
 
     @classmethod
-    def from_capacity(cls, cfg: ContiguousAllocatorConfig, capacity_tokens: int) -> "ContiguousAllocator":
+    def from_capacity(cls, cfg: ContiguousAllocatorConfig, capacity_tokens: int, bytes_per_token: int = 0) -> "ContiguousAllocator":
         return cls(capacity_tokens, cfg.reservation, cfg.placement)
 
     def max_footprint_fits(self, req: KVRequest) -> bool:

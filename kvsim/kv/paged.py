@@ -32,7 +32,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from collections import OrderedDict
+
+from pydantic import Field, model_validator
 
 from kvsim.config_base import StrictModel
 from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, SlotLedger, cdiv
@@ -41,6 +43,18 @@ from kvsim.kv.eviction import (EVICTION_POLICIES, BlockStats, FIFOEvictionConfig
 from kvsim.registry import ALLOCATORS
 
 EvictionConfig = LRUEvictionConfig | FIFOEvictionConfig | LFUEvictionConfig | LRUKEvictionConfig | PriorityEvictionConfig
+
+
+class TierConfig(StrictModel):
+    capacity_bytes: int = Field(gt=0)
+    bandwidth_bytes_per_s: float = Field(gt=0, description="load bandwidth back to GPU memory")
+
+
+class OffloadConfig(StrictModel):
+    """Lower KV tiers for evicted prefix blocks: CPU DRAM (over PCIe) and optionally SSD."""
+
+    cpu: TierConfig = Field(default_factory=lambda: TierConfig(capacity_bytes=64 << 30, bandwidth_bytes_per_s=64e9))
+    ssd: TierConfig | None = None
 
 
 class PagedAllocatorConfig(StrictModel):
@@ -52,11 +66,44 @@ class PagedAllocatorConfig(StrictModel):
         "auto", description="auto: count blocks without naming them unless prefix caching needs ids "
                             "(results are identical; ids only matter for which cached block is reused)")
     eviction: EvictionConfig = Field(default_factory=LRUEvictionConfig, discriminator="kind")
+    offload: OffloadConfig | None = Field(
+        None, description="keep evicted prefix blocks in CPU/SSD tiers instead of dropping them (needs prefix_caching)")
+
+    @model_validator(mode="after")
+    def _offload_needs_cache(self):
+        if self.offload is not None and not self.prefix_caching:
+            raise ValueError("offload needs prefix_caching: true (only cached prefix blocks are offloaded)")
+        return self
+
+
+class LowerTier:
+    """An LRU set of block keys held outside GPU memory (exclusive: a key lives in one tier)."""
+
+    def __init__(self, name: str, capacity_blocks: int, bandwidth_bytes_per_s: float):
+        self.name = name
+        self.capacity_blocks = capacity_blocks
+        self.bandwidth_bytes_per_s = bandwidth_bytes_per_s
+        self.keys: OrderedDict = OrderedDict()
+
+    def __contains__(self, key) -> bool:
+        return key in self.keys
+
+    def insert(self, key):
+        """Add ``key`` as most recent; return the key pushed out (LRU) or None."""
+        self.keys[key] = None
+        self.keys.move_to_end(key)
+        if len(self.keys) > self.capacity_blocks:
+            return self.keys.popitem(last=False)[0]
+        return None
+
+    def remove(self, key) -> None:
+        del self.keys[key]
 
 
 class PagedAllocator:
     def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0,
-                 prefix_caching: bool = False, eviction=None):
+                 prefix_caching: bool = False, eviction=None, offload: OffloadConfig | None = None,
+                 bytes_per_token: int = 0):
         if num_blocks < 1:
             raise ValueError("a paged allocator needs at least one block")
         if not 1 <= block_size <= 512:
@@ -86,13 +133,25 @@ class PagedAllocator:
         self.hit_blocks = 0
         self.query_blocks = 0
         self.evictions = 0
+        self.offloaded_blocks = 0
+        self.tiers: list[LowerTier] = []
+        self.bytes_per_token = bytes_per_token
+        if offload is not None:
+            if bytes_per_token <= 0:
+                raise ValueError("offload tiers need bytes_per_token")
+            block_bytes = bytes_per_token * block_size
+            self.tiers.append(LowerTier("cpu", offload.cpu.capacity_bytes // block_bytes, offload.cpu.bandwidth_bytes_per_s))
+            if offload.ssd is not None:
+                self.tiers.append(LowerTier("ssd", offload.ssd.capacity_bytes // block_bytes,
+                                            offload.ssd.bandwidth_bytes_per_s))
 
     @classmethod
-    def from_capacity(cls, cfg: PagedAllocatorConfig, capacity_tokens: int):
+    def from_capacity(cls, cfg: PagedAllocatorConfig, capacity_tokens: int, bytes_per_token: int = 0):
         num_blocks = capacity_tokens // cfg.block_size
         if not cfg.prefix_caching and cfg.track_block_ids == "auto":
             return CountingPagedAllocator(num_blocks, cfg.block_size, cfg.watermark)
-        return cls(num_blocks, cfg.block_size, cfg.watermark, cfg.prefix_caching, cfg.eviction)
+        return cls(num_blocks, cfg.block_size, cfg.watermark, cfg.prefix_caching, cfg.eviction, cfg.offload,
+                   bytes_per_token)
 
     # -- queries -------------------------------------------------------------------------------
     def max_footprint_fits(self, req: KVRequest) -> bool:
@@ -128,12 +187,18 @@ class PagedAllocator:
     def _new_block(self) -> int:
         b = self.pool.pop()
         key = self.block_key[b]
-        if key is not None:  # evict the cached content
+        if key is not None:  # evict the cached content (to the next tier down, if any)
             self._cached_free -= 1
             del self.key_to_block[key]
             self.block_key[b] = None
             self.block_stats.pop(b, None)
             self.evictions += 1
+            if self.tiers:
+                self.offloaded_blocks += 1
+                for tier in self.tiers:
+                    key = tier.insert(key)
+                    if key is None:
+                        break
         self.ref_counts[b] = 1
         return b
 
@@ -149,9 +214,33 @@ class PagedAllocator:
             hits.append(b)
         return hits
 
+    def _tier_hits(self, req: KVRequest, num_tokens: int, start: int) -> list[LowerTier]:
+        """Tier of each block after the GPU hits that is found in a lower tier (leading run)."""
+        out: list[LowerTier] = []
+        if not self.tiers:
+            return out
+        max_hit = (num_tokens - 1) // self.block_size
+        for k in range(start, max_hit):
+            key = self._key(req, k)
+            tier = next((t for t in self.tiers if key in t), None)
+            if tier is None:
+                break
+            out.append(tier)
+        return out
+
     def peek_cached_tokens(self, req: KVRequest, num_tokens: int) -> int:
-        """Tokens ``allocate(req, num_tokens)`` would find cached (no side effects)."""
-        return len(self._cache_hits(req, num_tokens)) * self.block_size
+        """Tokens ``allocate(req, num_tokens)`` would find cached, in any tier (no side effects)."""
+        gpu = len(self._cache_hits(req, num_tokens))
+        return (gpu + len(self._tier_hits(req, num_tokens, gpu))) * self.block_size
+
+    def peek_load_s(self, req: KVRequest, num_tokens: int) -> float:
+        """Time ``allocate`` would spend loading blocks back from lower tiers (no side effects)."""
+        gpu = len(self._cache_hits(req, num_tokens))
+        return self._load_s(self._tier_hits(req, num_tokens, gpu))
+
+    def _load_s(self, tiers: list[LowerTier]) -> float:
+        block_bytes = self.bytes_per_token * self.block_size
+        return sum(block_bytes / t.bandwidth_bytes_per_s for t in tiers)
 
     def can_allocate(self, req: KVRequest, hold_tokens: int) -> bool:
         """Would ``allocate(req, hold_tokens)`` succeed now? (no side effects)"""
@@ -168,6 +257,7 @@ class PagedAllocator:
             raise ValueError(f"hold_tokens must be >= 1, got {hold_tokens}")
         total = cdiv(hold_tokens, self.block_size)
         hits = self._cache_hits(req, hold_tokens)
+        tier_hits = self._tier_hits(req, hold_tokens, len(hits))
         hits_in_pool = sum(1 for b in hits if self.ref_counts[b] == 0)
         if self.pool.num_free - hits_in_pool - (total - len(hits)) < self.watermark_blocks:
             return None
@@ -184,18 +274,37 @@ class PagedAllocator:
             if stats is not None:
                 stats.touch(self._tick, req.priority)
             table.append(b)
+        # Blocks found in lower tiers leave them before any new block is taken (taking blocks may
+        # offload other cached blocks, which must not push these out).
+        loaded_keys = []
+        for k, tier in enumerate(tier_hits, start=len(hits)):
+            key = self._key(req, k)
+            tier.remove(key)
+            loaded_keys.append(key)
         for _ in range(total - len(hits)):
             table.append(self._new_block())
+        for k, key in enumerate(loaded_keys, start=len(hits)):  # loaded blocks are cached again
+            b = table[k]
+            self.key_to_block[key] = b
+            self.block_key[b] = key
+            stats = BlockStats(self._tick, self._history_k)
+            stats.touch(self._tick, req.priority)
+            self.block_stats[b] = stats
         self.block_tables[rid] = table
         self.ledger.add(rid, req.final_kv_tokens, total * self.block_size)
-        cached = len(hits) * self.block_size
+        cached = (len(hits) + len(tier_hits)) * self.block_size
         if self.prefix_caching:
             self._requests[rid] = req
-            self._registered[rid] = len(hits)
+            self._registered[rid] = len(hits) + len(tier_hits)
             self.query_blocks += cdiv(req.prompt_tokens, self.block_size)
             self.hit_blocks += len(hits)
         if cached:
             self.ledger.set_written(rid, cached)
+            if tier_hits:
+                bs = self.block_size
+                return Allocation(cached, cpu_tokens=bs * sum(1 for t in tier_hits if t.name == "cpu"),
+                                  ssd_tokens=bs * sum(1 for t in tier_hits if t.name == "ssd"),
+                                  load_s=self._load_s(tier_hits))
             return Allocation(cached)
         return NO_HIT
 
@@ -231,6 +340,10 @@ class PagedAllocator:
             b = table[k]
             self.key_to_block[key] = b
             self.block_key[b] = key
+            for tier in self.tiers:  # recomputed content supersedes an offloaded copy (tiers are exclusive)
+                if key in tier:
+                    tier.remove(key)
+                    break
             stats = BlockStats(self._tick, k_hist)
             stats.touch(self._tick, req.priority)
             self.block_stats[b] = stats
@@ -286,6 +399,11 @@ class PagedAllocator:
         assert self.pool.num_free + sum(1 for o in owners if o) == self.num_blocks, "blocks leaked"
         for key, b in self.key_to_block.items():
             assert self.block_key[b] == key, f"cache map says key -> block {b}, block says {self.block_key[b]}"
+            assert not any(key in t for t in self.tiers), f"key of block {b} is also in a lower tier"
+        for i, t in enumerate(self.tiers):
+            assert len(t.keys) <= t.capacity_blocks, f"tier {t.name} over capacity"
+            for u in self.tiers[i + 1:]:
+                assert not (set(t.keys) & set(u.keys)), f"a key is in both tiers {t.name} and {u.name}"
         cached_free = sum(1 for b in range(self.num_blocks) if self.block_key[b] is not None and owners[b] == 0)
         assert cached_free == self._cached_free, f"cached-free count {self._cached_free} != {cached_free}"
         keyed = sum(1 for k in self.block_key if k is not None)

@@ -31,7 +31,7 @@ def time_weighted_mean(values: pd.Series, weights: pd.Series) -> float:
 
 
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: int, bytes_per_token: int,
-              prefix_caching: bool = False,
+              prefix_caching: bool = False, offloaded_blocks: int = 0,
               block_size_tokens: int | None, budget_bytes: int, end_s: float, start_s: float) -> dict:
     fin = requests[requests["status"] == "finished"]
     rejected = requests[requests["status"] == "rejected"]
@@ -81,7 +81,14 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: i
                                 "swap": int(requests["swaps"].sum())},
         "swapped_out_bytes": int(steps["swap_out_bytes"].sum()),
         "swapped_in_bytes": int(steps["swap_in_bytes"].sum()),
-        "prefix_cache": _prefix_cache(requests, steps, block_size_tokens, bytes_per_token) if prefix_caching else None,
+        "prefix_cache": _prefix_cache(requests, steps, block_size_tokens, bytes_per_token, offloaded_blocks)
+        if prefix_caching else None,
+        "transfer": {
+            "swap_in_bytes": int(steps["swap_in_bytes"].sum()),
+            "swap_out_bytes": int(steps["swap_out_bytes"].sum()),
+            "needed_s": float(requests["transfer_s"].sum()),
+            "hidden_by_prefetch_s": float(requests["transfer_hidden_s"].sum()),
+        },
         "recomputed_tokens": int(requests["recomputed_tokens"].sum()),
         "engine_steps": int(steps["num_steps"].sum()),
         "busy_time_s": step_time_total,
@@ -91,12 +98,15 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: i
     }
 
 
-def _prefix_cache(requests: pd.DataFrame, steps: pd.DataFrame, block_size: int | None, bytes_per_token: int) -> dict:
+def _prefix_cache(requests: pd.DataFrame, steps: pd.DataFrame, block_size: int | None, bytes_per_token: int,
+                  offloaded_blocks: int = 0) -> dict:
     """Hit ratios over first admissions: a readmission after preemption hitting its own blocks is
     not counted as a prefix hit."""
     adm = requests[requests["cached_tokens"] >= 0]
     prompt = adm["prompt_tokens"].to_numpy()
     cached = adm["cached_tokens"].to_numpy()
+    cpu = adm["cpu_hit_tokens"].to_numpy()
+    ssd = adm["ssd_hit_tokens"].to_numpy()
     bs = block_size or 1
     blocks_total = int(((prompt + bs - 1) // bs).sum())
     return {
@@ -104,8 +114,9 @@ def _prefix_cache(requests: pd.DataFrame, steps: pd.DataFrame, block_size: int |
         "hit_ratio_blocks": float((cached // bs).sum() / blocks_total) if blocks_total else 0.0,
         "hit_tokens": int(cached.sum()),
         "evictions": int(steps["evictions"].sum()),
-        "offloaded_blocks": 0,
-        "tier_hits": {"gpu": int((cached // bs).sum()), "cpu": 0, "ssd": 0},
+        "offloaded_blocks": int(offloaded_blocks),
+        "tier_hits": {"gpu": int(((cached - cpu - ssd) // bs).sum()), "cpu": int((cpu // bs).sum()),
+                      "ssd": int((ssd // bs).sum())},
         "cached_free_frac_mean": time_weighted_mean(
             steps["cached_free_bytes"] / max(1, steps[[f"{p}_bytes" for p in MEMORY_PARTS]].sum(axis=1).max()),
             steps["duration_s"]),

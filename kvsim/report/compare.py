@@ -403,9 +403,10 @@ def plot_prefix_hit_vs_capacity(runs: list[Run], path: Path) -> Path:
         rs = sorted(rs, key=lambda r: cap(r) or 0)
         ax.plot([cap(r) for r in rs], [100 * prefix_hit_value(r.summary) for r in rs], "o-", color=f"C{i % 10}",
                 label=g)
-    ax.set_xlabel("KV cache capacity (tokens)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("KV cache capacity (tokens, log scale)")
     ax.set_ylabel("prefix-cache hit ratio (% of prompt tokens)")
-    ax.set_ylim(0, 100)
+    ax.set_ylim(bottom=0)
     ax.set_title("Prefix-cache hit ratio vs capacity")
     ax.grid(alpha=0.3)
     _legend(ax, len(groups))

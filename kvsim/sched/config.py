@@ -22,6 +22,8 @@ class SchedulerConfig(StrictModel):
         "recompute", description="recompute: drop the victim's KV; swap: move it to the host tier")
     swap_space_bytes: int = Field(4 << 30, ge=0, description="host (CPU DRAM) capacity for swapped KV")
     victim: VictimPolicy = "latest_admitted"
+    prefetch: bool = Field(
+        False, description="load the next request's swapped or offloaded KV while the link is idle")
 
     def token_budget(self, max_model_len_tokens: int) -> int:
         if self.max_num_batched_tokens is not None:

@@ -42,7 +42,8 @@ REJECT_BUDGET = "exceeds_batch_token_budget"
 
 class Scheduler:
     def __init__(self, cfg: SchedulerConfig, allocator: KVAllocator, max_model_len_tokens: int,
-                 want_context_lens: bool = False, kv_bytes_per_token: int = 0):
+                 want_context_lens: bool = False, kv_bytes_per_token: int = 0,
+                 host_link_bandwidth_bytes_per_s: float = 64e9):
         self.cfg = cfg
         self.allocator = allocator
         self.max_model_len_tokens = max_model_len_tokens
@@ -67,6 +68,9 @@ class Scheduler:
         self.preemptions_by_mode = {"recompute": 0, "swap": 0}
         self.swapped_out_bytes = 0
         self.swapped_in_bytes = 0
+        self.prefetch = cfg.prefetch
+        self.host_link_bandwidth = host_link_bandwidth_bytes_per_s
+        self.hidden_by_prefetch_s = 0.0
 
     # -- arrivals ------------------------------------------------------------------------------
     def add_request(self, req: Request) -> bool:
@@ -147,6 +151,25 @@ class Scheduler:
             return False
         return self.allocator.can_allocate(req.kv, req.num_tokens)
 
+    def prefetch_target(self) -> Request | None:
+        """The request whose KV prefetch loads while the link is idle: the next to be swapped in,
+        else the head of the waiting queue. The engine credits it each step's compute time, added in
+        step order (``((p + d0) + d1) + ...``: the same floats one step at a time or as a window)."""
+        if not self.prefetch:
+            return None
+        if self.swapped:
+            return self.swapped[0]
+        return self.waiting[0] if self.waiting else None
+
+    def _hide(self, req: Request, need_s: float) -> float:
+        """Transfer time still to pay for ``need_s`` of loads, after prefetch (records both)."""
+        hidden = min(need_s, req.prefetched_s) if self.prefetch else 0.0
+        req.prefetched_s = 0.0
+        req.load_s += need_s
+        req.hidden_s += hidden
+        self.hidden_by_prefetch_s += hidden
+        return need_s - hidden
+
     def _peek_cached(self, req: Request) -> int:
         return self._peek(req.kv, req.num_tokens) if self._peek is not None else 0
 
@@ -160,6 +183,7 @@ class Scheduler:
         preempted: list[int] = []
         admitted: list[int] = []
         swap_out = swap_in = 0
+        tier_load_s = 0.0
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -205,8 +229,12 @@ class Scheduler:
             n = min(n, req.num_uncomputed_tokens)
             self.swap_used_tokens -= req.swapped_tokens
             req.swapped_tokens = 0
-            swap_in += transfer * self.kv_bytes_per_token
-            self.swapped_in_bytes += transfer * self.kv_bytes_per_token
+            nbytes = transfer * self.kv_bytes_per_token
+            self.swapped_in_bytes += nbytes
+            unhidden_s = self._hide(req, nbytes / self.host_link_bandwidth + got.load_s)
+            # what prefetch did not hide is paid now: swap bytes at the link, the rest as tier loads
+            swap_in += min(nbytes, int(unhidden_s * self.host_link_bandwidth))
+            tier_load_s += max(0.0, unhidden_s - nbytes / self.host_link_bandwidth)
             if not alloc.ensure_slots(req.request_id, computed + n):
                 raise RuntimeError(f"request {req.request_id}: swapped in but its next tokens do not fit")
             req.status = RequestStatus.RUNNING
@@ -229,6 +257,8 @@ class Scheduler:
             if got.cached_tokens != cached:
                 raise RuntimeError(f"request {req.request_id}: cache hit changed between peek and allocate")
             req.num_computed_tokens = cached
+            if got.load_s:
+                tier_load_s += self._hide(req, got.load_s)
             if not alloc.ensure_slots(req.request_id, cached + n):
                 raise RuntimeError(f"request {req.request_id}: admitted but its first chunk does not fit")
             self.waiting.popleft()
@@ -238,6 +268,8 @@ class Scheduler:
             if math.isnan(req.admitted_s):
                 req.admitted_s = now_s
                 req.cached_tokens = cached
+                req.cpu_hit_tokens = got.cpu_tokens
+                req.ssd_hit_tokens = got.ssd_tokens
             self.running.append(req)
             admitted.append(req.request_id)
             scheduled[req.request_id] = n
@@ -245,7 +277,7 @@ class Scheduler:
 
         plan = StepPlan(
             scheduled=tuple(scheduled.items()),
-            shape=self._batch_shape(scheduled, swap_in, swap_out),
+            shape=self._batch_shape(scheduled, swap_in, swap_out, tier_load_s),
             admitted=tuple(admitted),
             preempted=tuple(preempted),
         )
@@ -257,7 +289,8 @@ class Scheduler:
         keys = [r.admit_seq for r in self.running]
         self.running.insert(bisect.bisect(keys, req.admit_seq), req)
 
-    def _batch_shape(self, scheduled: dict[int, int], swap_in: int, swap_out: int) -> BatchShape:
+    def _batch_shape(self, scheduled: dict[int, int], swap_in: int, swap_out: int,
+                     tier_load_s: float = 0.0) -> BatchShape:
         n_pre_seqs = n_dec_seqs = pre_tok = dec_tok = kv_read = pairs = 0
         ctx: list[int] = []
         for rid, n in scheduled.items():
@@ -276,7 +309,8 @@ class Scheduler:
         return BatchShape(
             num_seqs=len(scheduled), num_prefill_seqs=n_pre_seqs, num_decode_seqs=n_dec_seqs,
             num_prefill_tokens=pre_tok, num_decode_tokens=dec_tok, kv_tokens_read=kv_read,
-            attention_pairs=pairs, swap_in_bytes=swap_in, swap_out_bytes=swap_out, context_lens=tuple(ctx),
+            attention_pairs=pairs, swap_in_bytes=swap_in, swap_out_bytes=swap_out, tier_load_s=tier_load_s,
+            context_lens=tuple(ctx),
         )
 
     def on_step_done(self, now_s: float) -> tuple[list[Request], list[Request]]:

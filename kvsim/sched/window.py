@@ -42,7 +42,8 @@ class DecodeWindow:
 def plan_decode_window(sched, plan, max_steps: int) -> DecodeWindow | None:
     """The candidate window after ``plan`` (step 0), or None if step 0 is not a pure decode step."""
     shape = plan.shape
-    if plan.admitted or plan.preempted or shape.num_prefill_seqs or shape.swap_in_bytes or shape.swap_out_bytes:
+    if plan.admitted or plan.preempted or shape.num_prefill_seqs or shape.swap_in_bytes or shape.swap_out_bytes \
+            or shape.tier_load_s:
         return None
     running = sched.running
     b = len(running)

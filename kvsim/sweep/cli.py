@@ -13,7 +13,7 @@ def _cmd_sweep(args) -> int:
     from kvsim.sweep.spec import load_sweep
 
     log = None if args.quiet else (lambda m: print(m, file=sys.stderr))
-    sweep = load_sweep(args.file)
+    sweep = load_sweep(args.file, overrides=args.set or [])
     if args.dry_run:
         for p in sweep.points:
             print(f"{p.id}\t{p.label}")
@@ -42,6 +42,8 @@ def register(subparsers) -> argparse.ArgumentParser:
                     "already complete are skipped, so rerunning resumes an interrupted sweep.")
     p.add_argument("file", help="sweep YAML")
     p.add_argument("--out", help="sweep directory (default results/sweeps/<name>)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a key of every point, e.g. --set trace.end_s=60 (repeatable; like the sweep's set:)")
     p.add_argument("-j", "--jobs", type=int, default=None, help="points run in parallel (default: CPU count)")
     p.add_argument("--executor", choices=("local", "ray", "inline"), default="local",
                    help="local: process pool (default); ray: Ray tasks; inline: this process, one by one")

@@ -5,6 +5,8 @@ A sweep YAML holds a base scenario (inline ``base:`` or ``base_file:``) and the 
 * ``grid:`` dotted key -> list of values; the points are the cartesian product, in file order
   (the last key varies fastest);
 * ``points:`` a list of override sets, each a mapping of dotted keys (``name:`` optional);
+* ``set:`` (optional) dotted key -> value, applied to the base scenario for every point (before
+  its variants and the point's own overrides), e.g. a shorter ``trace.end_s``;
 * both: every entry of ``points`` combined with every grid combination (a key may not be in both);
 * neither: one point, the base scenario.
 
@@ -30,7 +32,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kvsim.config import (LoadedScenario, Scenario, _undot, deep_merge, format_validation_error,
+from kvsim.config import (LoadedScenario, Scenario, _undot, deep_merge, format_validation_error, parse_set,
                           read_yaml_mapping, validate_scenario)
 from kvsim.errors import ConfigError, KvsimError, did_you_mean, format_choices
 
@@ -50,6 +52,8 @@ class SweepFile(BaseModel):
     description: str = ""
     base: dict[str, Any] | None = Field(None, description="the base scenario, inline")
     base_file: str | None = Field(None, description="the base scenario's YAML, relative to the sweep file")
+    set: dict[str, Any] = Field(default_factory=dict,
+                                description="dotted key -> value applied to the base (and its variants) for every point")
     grid: dict[str, list[Any]] = Field(default_factory=dict, description="dotted key -> values (cartesian product)")
     points: list[dict[str, Any]] = Field(default_factory=list, description="override sets, each with an optional name")
 
@@ -58,6 +62,13 @@ class SweepFile(BaseModel):
     def _name(cls, v):
         if v is not None and not NAME_RE.fullmatch(v):
             raise ValueError(f"name {v!r} must be letters, digits, '.', '_' or '-'")
+        return v
+
+    @field_validator("set")
+    @classmethod
+    def _set(cls, v):
+        for key in v:
+            _check_key(key, "set: ")
         return v
 
     @field_validator("grid")
@@ -136,6 +147,7 @@ class LoadedSweep:
     points: list[SweepPoint]
     override_keys: list[str]     # every dotted key any point overrides, in first-seen order
     has_variants: bool
+    common: dict = field(default_factory=dict)  # ``set:`` plus --set overrides, applied to every point
 
     def loaded_scenario(self, point: SweepPoint) -> LoadedScenario:
         return LoadedScenario(path=self.anchor, name=point.id, base=point.scenario, variants={})
@@ -148,6 +160,7 @@ class LoadedSweep:
             "description": self.spec.description,
             "scenario_anchor": str(self.anchor),
             "override_keys": self.override_keys,
+            "set": _jsonable(self.common),
             "points": [{"id": p.id, "name": p.name, "variant": p.variant, "overrides": _jsonable(p.overrides)}
                        for p in self.points],
             "base": _jsonable(self.base_raw),
@@ -219,11 +232,12 @@ def parse_sweep(raw: dict, path: Path) -> SweepFile:
 
 
 def load_sweep(source: str | Path | dict, *, base_dir: str | Path | None = None,
-               check_capacity: bool = True) -> LoadedSweep:
+               overrides: list[str] | tuple[str, ...] = (), check_capacity: bool = True) -> LoadedSweep:
     """Read and validate a sweep (a YAML path, or the same mapping in memory) and expand its points.
 
     For an in-memory mapping, relative paths resolve against ``base_dir`` (default: the current
-    directory). Raises :class:`ConfigError` naming the file, the point and the key.
+    directory). ``overrides``: ``path.to.key=value`` strings (``kvsim sweep --set``), added to the
+    sweep's ``set:`` (they win). Raises :class:`ConfigError` naming the file, the point and the key.
     """
     if isinstance(source, dict):
         root = Path(base_dir if base_dir is not None else ".").resolve()
@@ -248,6 +262,19 @@ def load_sweep(source: str | Path | dict, *, base_dir: str | Path | None = None,
         base_raw = copy.deepcopy(spec.base)
         base_where = f"{where}: base"
     base_raw.setdefault("name", name)
+    common = dict(spec.set)
+    for expr in overrides:
+        key, value = parse_set(expr)
+        try:
+            _check_key(key, "--set ")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        common[key] = value
+    if common:
+        variants_raw = base_raw.pop("variants", None)
+        base_raw = deep_merge(base_raw, _undot(common))
+        if variants_raw is not None:
+            base_raw["variants"] = variants_raw
     # The base alone must be a valid scenario (its variants are validated as points below).
     base = validate_scenario(base_raw, base_where)
 
@@ -283,7 +310,7 @@ def load_sweep(source: str | Path | dict, *, base_dir: str | Path | None = None,
                 desc = ", ".join([f"variant={vname}"] * bool(vname) + [f"{k}={_short(v)}" for k, v in overrides.items()])
                 seen[pid] = desc or "base"
                 try:
-                    scn = _validate_point(merged, f"{where}: point {pid}", check_capacity)
+                    scn = _validate_point(merged, f"{where}: point {pid}", check_capacity, anchor.parent)
                 except KvsimError as e:
                     errors.append(str(e))
                     continue
@@ -294,11 +321,18 @@ def load_sweep(source: str | Path | dict, *, base_dir: str | Path | None = None,
         head = errors[0] if len(errors) == 1 else f"{len(errors)} invalid points:\n  " + "\n  ".join(errors[:20])
         raise ConfigError(head + more)
     return LoadedSweep(path=path, anchor=anchor, name=name, spec=spec, base_raw=base_raw, points=points,
-                       override_keys=override_keys, has_variants=bool(base.variants))
+                       override_keys=override_keys, has_variants=bool(base.variants), common=common)
 
 
-def _validate_point(raw: dict, where: str, check_capacity: bool) -> Scenario:
+def _validate_point(raw: dict, where: str, check_capacity: bool, base_dir: Path) -> Scenario:
     scn = validate_scenario(raw, where)
+    if scn.trace.file is not None:
+        from kvsim.trace.config import resolve_path
+
+        try:
+            resolve_path(scn.trace.file, base_dir)
+        except KvsimError as e:
+            raise ConfigError(f"{where}: trace.file: {e}") from None
     if check_capacity:
         from kvsim.run import build_allocator
 

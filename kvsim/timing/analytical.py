@@ -5,7 +5,7 @@ Per step::
     memory_s  = (weight_bytes + kv_bytes_read + kv_bytes_written) / (hbm_bandwidth * bandwidth_efficiency)
     compute_s = (2 * num_params * num_tokens + 4 * layers * heads * head_dim * attention_pairs)
                 / (peak_flops * compute_efficiency)
-    swap_s    = (swap_in_bytes + swap_out_bytes) / host_link_bandwidth
+    swap_s    = (swap_in_bytes + swap_out_bytes) / host_link_bandwidth + tier_load_s
     duration  = max(memory_s, compute_s) + step_overhead_s + swap_s
 
 ``kv_bytes_read = kv_tokens_read * kv_bytes_per_token``; ``kv_bytes_written = num_tokens *
@@ -55,7 +55,8 @@ class AnalyticalTiming:
         kv_s = (kv_read + kv_write) / self.bandwidth_bytes_per_s
         linear_s = self.linear_flops_per_token * shape.num_tokens / self.flops_per_s
         attn_s = self.attention_flops_per_pair * shape.attention_pairs / self.flops_per_s
-        swap_s = (shape.swap_in_bytes + shape.swap_out_bytes) / self.cfg.host_link_bandwidth_bytes_per_s
+        swap_s = (shape.swap_in_bytes + shape.swap_out_bytes) / self.cfg.host_link_bandwidth_bytes_per_s \
+            + shape.tier_load_s
         duration = max(weights_s + kv_s, linear_s + attn_s) + self.cfg.step_overhead_s + swap_s
         return StepTiming(
             duration_s=duration,
@@ -83,7 +84,7 @@ class AnalyticalTiming:
         kv_s = (kv_read + kv_write) / self.bandwidth_bytes_per_s
         linear_s = self.linear_flops_per_token * num_seqs / self.flops_per_s
         attn_s = self.attention_flops_per_pair * kv_tokens_read / self.flops_per_s
-        swap_s = 0 / self.cfg.host_link_bandwidth_bytes_per_s
+        swap_s = 0 / self.cfg.host_link_bandwidth_bytes_per_s + 0.0
         duration = np.maximum(weights_s + kv_s, linear_s + attn_s) + self.cfg.step_overhead_s + swap_s
         k = len(num_seqs)
         breakdown = {

@@ -22,6 +22,8 @@ class BatchShape:
     * ``attention_pairs``: sum of ``n_i*c_i + n_i*(n_i+1)/2`` -- causal (query, key) pairs;
     * ``num_prefill_seqs`` / ``num_decode_seqs``: requests in each group;
     * ``swap_in_bytes`` / ``swap_out_bytes``: KV moved between GPU and a host tier this step;
+    * ``tier_load_s``: time loading offloaded prefix blocks back (the allocator prices it at its
+      tiers' bandwidths; the part hidden by prefetch is already taken off);
     * ``context_lens`` (optional): per-request ``c_i + n_i`` for models that need the shape of the
       batch (the calibrated model); engines that do not need it may leave it empty.
     """
@@ -35,6 +37,7 @@ class BatchShape:
     attention_pairs: int
     swap_in_bytes: int = 0
     swap_out_bytes: int = 0
+    tier_load_s: float = 0.0  # loading offloaded prefix blocks back from CPU/SSD tiers (serial)
     context_lens: tuple[int, ...] = field(default=(), compare=False)
 
     @property

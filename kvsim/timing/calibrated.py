@@ -32,9 +32,6 @@ This module imports numpy/pandas only: never torch or triton.
 
 from __future__ import annotations
 
-import json
-import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -43,6 +40,7 @@ from pydantic import Field
 
 from kvsim.calibration import interp
 from kvsim.calibration import schema as S
+from kvsim.calibration.loader import CalibrationData, load_calibration_dir  # noqa: F401  (re-exported)
 from kvsim.config_base import StrictModel
 from kvsim.errors import CalibrationError
 from kvsim.hw import GPUS, ModelSpec
@@ -63,86 +61,6 @@ class CalibratedTimingConfig(StrictModel):
     include_lm_head: bool = True
     include_elementwise: bool = True
     allow_cpu_data: bool = Field(False, description="accept a CPU plumbing calibration (tests only)")
-
-
-@dataclass(frozen=True)
-class CalibrationData:
-    path: Path
-    meta: dict
-    df: pd.DataFrame
-
-    @property
-    def meta_path(self) -> Path:
-        return self.path / S.META_FILE
-
-    @property
-    def csv_path(self) -> Path:
-        return self.path / S.CSV_FILE
-
-
-def _positive_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-
-
-def load_calibration_dir(path: str | Path) -> CalibrationData:
-    """Read and validate a calibration directory (independent of any scenario).
-
-    Raises :class:`CalibrationError` naming the file and the field for: a missing directory, a
-    missing or unparseable ``meta.json``, missing meta fields, a missing/unreadable CSV, missing
-    columns, or non-positive times.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise CalibrationError(f"calibration directory {path} does not exist (run `kvsim calibrate --out {path}`)")
-    if not path.is_dir():
-        raise CalibrationError(f"calibration path {path} is not a directory")
-    meta_path = path / S.META_FILE
-    if not meta_path.is_file():
-        raise CalibrationError(f"{meta_path}: missing (not a calibration directory)")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CalibrationError(f"{meta_path}: cannot parse JSON ({e})") from None
-    if not isinstance(meta, dict):
-        raise CalibrationError(f"{meta_path}: expected a JSON object, got {type(meta).__name__}")
-    for key in S.META_REQUIRED:
-        if key not in meta:
-            raise CalibrationError(f"{meta_path}: field '{key}' missing")
-    if not isinstance(meta["schema_version"], int) or meta["schema_version"] > S.SCHEMA_VERSION:
-        raise CalibrationError(f"{meta_path}: field 'schema_version' is {meta['schema_version']!r}; "
-                               f"this kvsim reads version {S.SCHEMA_VERSION}")
-    if meta["device"] not in ("cuda", "cpu"):
-        raise CalibrationError(f"{meta_path}: field 'device' is {meta['device']!r}; expected 'cuda' or 'cpu'")
-    if not _positive_number(meta["copy_bandwidth_bytes_per_s"]):
-        raise CalibrationError(f"{meta_path}: field 'copy_bandwidth_bytes_per_s' must be a positive number, "
-                               f"got {meta['copy_bandwidth_bytes_per_s']!r}")
-    model = meta["model"]
-    if not isinstance(model, dict):
-        raise CalibrationError(f"{meta_path}: field 'model' must be an object")
-    for key in ("name", *S.MODEL_GEOMETRY_KEYS):
-        if key not in model:
-            raise CalibrationError(f"{meta_path}: field 'model.{key}' missing")
-    if not isinstance(meta["kv_dtypes"], list):
-        raise CalibrationError(f"{meta_path}: field 'kv_dtypes' must be a list")
-
-    csv_path = path / S.CSV_FILE
-    if not csv_path.is_file():
-        raise CalibrationError(f"{csv_path}: missing")
-    try:
-        df = pd.read_csv(csv_path)
-    except (OSError, ValueError, pd.errors.ParserError) as e:
-        raise CalibrationError(f"{csv_path}: cannot parse CSV ({e})") from None
-    missing = [c for c in S.REQUIRED_COLUMNS if c not in df.columns]
-    if missing:
-        raise CalibrationError(f"{csv_path}: missing column(s) {', '.join(missing)}")
-    med = pd.to_numeric(df["median_s"], errors="coerce")
-    bad = df.index[~(med > 0) | ~med.map(math.isfinite)]
-    if len(bad):
-        i = int(bad[0])
-        raise CalibrationError(f"{csv_path}: row {i + 2}: field 'median_s' must be a positive number, "
-                               f"got {df['median_s'].iloc[i]!r}")
-    df["median_s"] = med
-    return CalibrationData(path, meta, df)
 
 
 def resolve_calibration_path(file: str, base_dir: Path | None) -> Path:

@@ -26,8 +26,8 @@ class ConstantTiming:
     def step_time(self, shape: BatchShape) -> StepTiming:
         compute = self.cfg.per_token_s * shape.num_tokens
         return StepTiming(
-            duration_s=self.cfg.step_s + compute,
-            breakdown_s={"overhead_s": self.cfg.step_s, "compute_s": compute},
+            duration_s=self.cfg.step_s + compute + shape.tier_load_s,
+            breakdown_s={"overhead_s": self.cfg.step_s, "compute_s": compute, "swap_s": shape.tier_load_s},
             kv_bytes_read=shape.kv_tokens_read * self.kv_bytes_per_token,
         )
 
@@ -35,7 +35,7 @@ class ConstantTiming:
     def decode_durations(self, num_seqs, kv_tokens_read):
         """Vectorised ``step_time`` for decode-only steps (see AnalyticalTiming.decode_durations)."""
         compute = self.cfg.per_token_s * num_seqs
-        duration = self.cfg.step_s + compute
+        duration = self.cfg.step_s + compute + 0.0
         k = len(num_seqs)
         return duration, {"overhead_s": self.cfg.step_s * k, "compute_s": float(compute.sum())}, \
             int((kv_tokens_read * self.kv_bytes_per_token).sum())

@@ -142,3 +142,38 @@ def test_priority_policy_keeps_high_priority_and_widely_shared_blocks():
         a.free(rid)
     admit(a, req(9, 8, [99, 98]), tokens=8)
     assert 20 not in a.key_to_block and 10 in a.key_to_block and 30 in a.key_to_block
+
+
+def test_evicted_blocks_go_to_the_cpu_tier_and_load_back_with_a_cost():
+    from kvsim.kv.paged import OffloadConfig, TierConfig
+
+    bpt = 1000  # bytes per token; a 4-token block is 4000 bytes
+    off = OffloadConfig(cpu=TierConfig(capacity_bytes=2 * 4000, bandwidth_bytes_per_s=4e6))
+    a = PagedAllocator(4, block_size=4, prefix_caching=True, offload=off, bytes_per_token=bpt)
+    admit(a, req(0, 8, [1, 2]))
+    a.free(0)  # queue: [2, 3, 1, 0], blocks 1 (key 2) and 0 (key 1) cached
+    admit(a, req(1, 16, [7, 8, 9, 10]))  # takes 2, 3, then evicts 1 and 0 -> both offloaded
+    assert a.offloaded_blocks == 2 and list(a.tiers[0].keys) == [2, 1]
+    a.free(1)
+    got = a.allocate(req(2, 9, [1, 2]), 9)  # keys 1, 2 are in the CPU tier: loaded back
+    assert got.cached_tokens == 8 and got.cpu_tokens == 8
+    assert got.load_s == pytest.approx(2 * 4000 / 4e6)
+    assert list(a.tiers[0].keys) == [7, 8] or len(a.tiers[0].keys) <= 2
+    assert all(k not in a.tiers[0] for k in (1, 2))  # exclusive tiers: loaded keys left the CPU tier
+    a.check_invariants()
+
+
+def test_cpu_tier_overflow_demotes_to_ssd():
+    from kvsim.kv.paged import OffloadConfig, TierConfig
+
+    off = OffloadConfig(cpu=TierConfig(capacity_bytes=4, bandwidth_bytes_per_s=1e9),
+                        ssd=TierConfig(capacity_bytes=40, bandwidth_bytes_per_s=1e8))
+    a = PagedAllocator(2, block_size=1, prefix_caching=True, offload=off, bytes_per_token=4)  # cpu: 1 block
+    for rid, key in enumerate([11, 12, 13]):
+        admit(a, req(rid, 2, [key]), tokens=2)
+        a.free(rid)
+    # each request cached [key, (rid, 1)]; the CPU tier keeps the single most recent eviction
+    assert len(a.tiers[0].keys) == 1 and 11 in a.tiers[1] and a.offloaded_blocks == 4
+    got = a.allocate(req(9, 2, [11]), 2)
+    assert got.ssd_tokens == 1 and got.load_s == pytest.approx(4 / 1e8)
+    a.check_invariants()

@@ -1,0 +1,116 @@
+"""Scenario-level checks of prefix caching, eviction, tiers, prefetch and preemption modes."""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from helpers import make_scenario, make_trace
+from kvsim.config import Scenario
+from kvsim.run import run
+from kvsim.trace.load import load_trace
+from kvsim.trace.prefix import block_keys
+
+ROOT = Path(__file__).resolve().parents[2]
+MOONCAKE_SYN = ROOT / "traces" / "mooncake_synthetic.jsonl.gz"
+
+
+def mooncake_scenario(capacity_tokens, block=512, n=600, **alloc):
+    return Scenario.model_validate({
+        "trace": {"file": str(MOONCAKE_SYN), "max_requests": n},
+        "model": {"preset": "Llama-3-8B", "max_model_len_tokens": 262144},
+        "kv_budget": {"tokens": capacity_tokens},
+        "allocator": {"kind": "paged", "block_size": block, "prefix_caching": True, "watermark": 0.0, **alloc},
+        "timing": {"kind": "constant", "step_s": 0.01},
+        "scheduler": {"max_num_seqs": 100000},
+    })
+
+
+def ideal_full_block_hits(n, block):
+    """Replay in arrival order: leading full blocks seen before, at most (prompt-1)//block."""
+    t = load_trace(MOONCAKE_SYN)
+    keys = block_keys(t, block)[:n]
+    seen, hit, total = set(), 0, 0
+    for i, k in enumerate(keys):
+        p = int(t.prompt_tokens[i])
+        h = 0
+        for j in range(min((p - 1) // block, len(k))):
+            if int(k[j]) not in seen:
+                break
+            h += 1
+        hit += h
+        total += -(-p // block)
+        seen.update(int(x) for x in k)
+    return hit / total
+
+
+def test_unbounded_cache_reaches_the_ideal_hit_ratio():
+    res = run(mooncake_scenario(10**9), base_dir=ROOT)
+    pc = res.summary["prefix_cache"]
+    assert pc["evictions"] == 0
+    assert pc["hit_ratio_blocks"] == pytest.approx(ideal_full_block_hits(600, 512), abs=1e-12)
+
+
+def test_hit_ratio_falls_monotonically_as_lru_capacity_shrinks():
+    ratios = []
+    for cap in (10**9, 4_000_000, 1_000_000, 400_000, 200_000):
+        ratios.append(run(mooncake_scenario(cap, block=64, n=400), base_dir=ROOT).summary["prefix_cache"]["hit_ratio_tokens"])
+    assert all(a >= b for a, b in zip(ratios, ratios[1:])), ratios
+    assert ratios[-1] < 0.5 * ratios[0], ratios
+
+
+def test_recompute_and_swap_differ_and_swap_costs_show_in_the_steps():
+    rows = list(zip(np.cumsum(np.full(300, 0.02)), np.full(300, 200), np.full(300, 300)))
+    out = {}
+    for mode in ("recompute", "swap"):
+        scn = make_scenario(kv_budget={"tokens": 6000}, timing={"kind": "analytical"},
+                            allocator={"kind": "paged", "block_size": 16, "watermark": 0.0},
+                            scheduler={"preemption_mode": mode, "swap_space_bytes": 8 * 10**9})
+        out[mode] = run(scn, trace=make_trace(rows), check_invariants=True)
+    rc, sw = out["recompute"].summary, out["swap"].summary
+    assert rc["preemptions_by_mode"]["recompute"] > 0 and rc["preemptions_by_mode"]["swap"] == 0
+    assert sw["preemptions_by_mode"]["swap"] > 0 and sw["recomputed_tokens"] == 0
+    assert rc["recomputed_tokens"] > 0
+    assert sw["step_time_breakdown_s"]["swap_s"] > 0 and rc["step_time_breakdown_s"]["swap_s"] == 0
+    assert sw["swapped_out_bytes"] > 0 and sw["transfer"]["swap_in_bytes"] > 0
+    assert rc["e2e_s"]["mean"] != sw["e2e_s"]["mean"]
+    assert rc["throughput_output_tokens_per_s"] != sw["throughput_output_tokens_per_s"]
+
+
+def _tiered(mode, prefetch):
+    rng = np.random.default_rng(11)
+    n = 250
+    arrivals = np.cumsum(rng.exponential(0.05, n))
+    prompts = rng.integers(64, 600, n)
+    rows = list(zip(arrivals, prompts, rng.integers(1, 60, n)))
+    keys = [np.array([7000 * (i % 6) + k for k in range(int(p) // 16)], dtype=np.int64) for i, p in enumerate(prompts)]
+    scn = make_scenario(engine={"mode": mode}, kv_budget={"tokens": 2500}, timing={"kind": "analytical"},
+                        allocator={"kind": "paged", "block_size": 16, "prefix_caching": True, "watermark": 0.0,
+                                   "offload": {"cpu": {"capacity_bytes": 2 * 10**10, "bandwidth_bytes_per_s": 2e10}}},
+                        scheduler={"prefetch": prefetch, "preemption_mode": "swap", "swap_space_bytes": 2 * 10**9})
+    trace = make_trace(rows)
+    object.__setattr__(trace, "prefix_keys", keys)
+    object.__setattr__(trace, "prefix_block_tokens", 16)
+    return run(scn, trace=trace, check_invariants=True)
+
+
+def test_offloaded_blocks_hit_from_cpu_and_prefetch_hides_transfer():
+    plain, pre = _tiered("fast", False), _tiered("fast", True)
+    pc = plain.summary["prefix_cache"]
+    assert pc["offloaded_blocks"] > 0 and pc["tier_hits"]["cpu"] > 0
+    assert plain.summary["transfer"]["needed_s"] > 0
+    assert plain.summary["transfer"]["hidden_by_prefetch_s"] == 0
+    hidden = pre.summary["transfer"]["hidden_by_prefetch_s"]
+    assert 0 < hidden <= pre.summary["transfer"]["needed_s"] + 1e-12
+
+
+def test_fast_engine_is_exact_with_tiers_prefetch_and_swap():
+    step, fast = _tiered("step", True), _tiered("fast", True)
+    pd.testing.assert_frame_equal(step.requests, fast.requests, check_exact=True)
+    for key in ("hidden_by_prefetch_s", "needed_s"):
+        assert math.isclose(step.summary["transfer"][key], fast.summary["transfer"][key], rel_tol=1e-12)
+    assert step.summary["prefix_cache"] == fast.summary["prefix_cache"] or all(
+        math.isclose(step.summary["prefix_cache"][k], fast.summary["prefix_cache"][k], rel_tol=1e-9)
+        for k in ("hit_ratio_tokens", "hit_ratio_blocks"))

@@ -70,6 +70,7 @@ class Engine:
 
             self._block_keys = block_keys(trace, alloc.block_size_tokens)
         self._priority = trace.priority
+        self._samples = trace.num_samples
         self._arrivals_done = False
         self.num_steps = 0
         self.end_s = 0.0
@@ -96,7 +97,8 @@ class Engine:
             self._next_arrival_idx = i + 1
             req = Request(i, t, int(prompt[i]), int(output[i]), self.max_model_len_tokens,
                           priority=0 if self._priority is None else int(self._priority[i]),
-                          block_keys=None if self._block_keys is None else self._block_keys[i])
+                          block_keys=None if self._block_keys is None else self._block_keys[i],
+                          num_samples=1 if self._samples is None else int(self._samples[i]))
             accepted = self.scheduler.add_request(req)
             self._log(i, "arrive" if accepted else "reject", t)
             if accepted and self._wakeup is not None and not self._wakeup.triggered:

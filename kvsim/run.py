@@ -123,6 +123,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     summary = summarize(reqs, steps, capacity_tokens=allocator.capacity_tokens,
                         prefix_caching=bool(getattr(allocator, "prefix_caching", False)),
                         offloaded_blocks=getattr(allocator, "offloaded_blocks", 0),
+                        copy_bandwidth_bytes_per_s=getattr(timing, "copy_bandwidth_bytes_per_s", None),
                         bytes_per_token=scn.kv_bytes_per_token, block_size_tokens=allocator.block_size_tokens,
                         budget_bytes=budget, end_s=engine.end_s, start_s=start)
     return RunResult(name=str(scn.name), scenario=scn, requests=reqs,

@@ -191,7 +191,8 @@ class DecodeLaunch:
 
 
 def _is_interpreted(t: torch.Tensor) -> bool:
-    return t.device.type == "cpu"
+    """CPU tensors only run in the interpreter; with TRITON_INTERPRET=1 even CUDA tensors do."""
+    return t.device.type == "cpu" or interpreter_requested()
 
 
 def num_sms(device: torch.device) -> int:

@@ -48,10 +48,50 @@ class KVRequest:
     # <=> equal prompt prefix up to block k's end); None = no prefix information.
     block_keys: object = field(default=None, compare=False, repr=False)
     priority: int = 0
+    num_samples: int = 1  # parallel samples (or beams) decoding from the same prompt
 
     @property
     def final_kv_tokens(self) -> int:
+        """Final KV length of one sequence (per sample)."""
         return self.prompt_tokens + self.output_tokens - 1
+
+
+class SampleGeometry:
+    """KV layout of a request with ``n`` parallel samples on ``bs``-token blocks (copy-on-write).
+
+    The prompt's full blocks are shared by all samples (one physical copy, referenced n times).
+    The prompt's partial last block is shared too until the first divergent write (the first
+    generated token): then sample 0 keeps it and samples 1..n-1 each get a copy. Every sample's
+    generated tokens go to its own blocks. ``num_tokens`` is a sequence's length (the same for
+    every sample: they decode in lockstep).
+    """
+
+    __slots__ = ("n", "bs", "prompt", "full", "base", "partial")
+
+    def __init__(self, num_samples: int, block_size: int, prompt_tokens: int):
+        self.n = num_samples
+        self.bs = block_size
+        self.prompt = prompt_tokens
+        self.full = prompt_tokens // block_size  # shared full prompt blocks
+        self.base = self.full * block_size
+        self.partial = prompt_tokens - self.base  # tokens in the shared partial block
+
+    def blocks(self, num_tokens: int) -> int:
+        """Distinct physical blocks holding sequences of ``num_tokens`` tokens."""
+        if num_tokens <= self.prompt:
+            return cdiv(num_tokens, self.bs)
+        return self.full + self.n * cdiv(num_tokens - self.base, self.bs)
+
+    def written(self, num_tokens: int) -> int:
+        """Physical KV slots written, counting the copies of the partial block."""
+        if num_tokens <= self.prompt:
+            return num_tokens
+        return self.prompt + (self.n - 1) * self.partial + self.n * (num_tokens - self.prompt)
+
+    def seq_capacity(self, blocks: int) -> int:
+        """Tokens one sequence can hold in ``blocks`` physical blocks once the samples diverged
+        (for one sample: ``blocks * bs``)."""
+        return self.base + (blocks - self.full) // self.n * self.bs
 
 
 @dataclass(frozen=True)
@@ -82,6 +122,9 @@ class KVUsage:
     free_tokens: int
     num_requests: int
     cached_free_tokens: int = 0  # part of `free` holding reusable prefix-cache content
+    # What the token states would occupy if nothing were shared (prefix blocks stored once per
+    # owner, every parallel sample holding its own prompt copy); >= token_states_tokens.
+    unshared_tokens: int = 0
 
     @property
     def used_tokens(self) -> int:
@@ -167,7 +210,7 @@ class SlotLedger:
             raise ValueError(f"request {request_id} is not allocated")
 
     def usage(self, capacity_tokens: int, external_tokens: int, shared_tokens: int = 0,
-              cached_free_tokens: int = 0) -> KVUsage:
+              cached_free_tokens: int = 0, unshared_extra_tokens: int = 0) -> KVUsage:
         """``shared_tokens``: slots counted by more than one owner (full prefix blocks shared by
         reference count); they are subtracted once per extra owner so the parts stay physical."""
         free_total = capacity_tokens - (self.sum_held - shared_tokens)
@@ -180,6 +223,7 @@ class SlotLedger:
             free_tokens=free_total - external_tokens,
             num_requests=len(self.held),
             cached_free_tokens=cached_free_tokens,
+            unshared_tokens=self.sum_written + unshared_extra_tokens,
         )
 
     def check(self, who: str) -> None:

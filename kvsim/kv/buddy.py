@@ -57,6 +57,7 @@ class BuddyAllocator:
                 base += 1 << order
         self.extents: dict[int, tuple[int, int]] = {}  # request -> (unit address, order)
         self.ledger = SlotLedger()
+        self._samples: dict[int, int] = {}  # parallel samples get unshared copies (no paging, no sharing)
 
     @classmethod
     def from_capacity(cls, cfg: BuddyAllocatorConfig, capacity_tokens: int, bytes_per_token: int = 0) -> "BuddyAllocator":
@@ -71,6 +72,12 @@ class BuddyAllocator:
 
     def held_tokens(self, request_id: int) -> int:
         return self.ledger.held[request_id]
+
+    def written_offset_tokens(self, request_id: int) -> int:
+        return 0  # samples are unshared copies: written = samples x length
+
+    def seq_capacity_tokens(self, request_id: int) -> int:
+        return self.ledger.held[request_id] // self._samples.get(request_id, 1)
 
     def _top_order(self, addr: int) -> int:
         return self.top_orders[bisect.bisect_right(self.top_bases, addr) - 1]
@@ -96,7 +103,9 @@ class BuddyAllocator:
             j -= 1
             bisect.insort(self.free_lists[j], addr + (1 << j))
         self.extents[req.request_id] = (addr, order)
-        self.ledger.add(req.request_id, req.final_kv_tokens, (1 << order) * self.unit)
+        self.ledger.add(req.request_id, req.final_kv_tokens * req.num_samples, (1 << order) * self.unit)
+        if req.num_samples > 1:
+            self._samples[req.request_id] = req.num_samples
         return NO_HIT
 
     def ensure_slots(self, request_id: int, num_tokens: int) -> bool:
@@ -105,11 +114,12 @@ class BuddyAllocator:
             raise ValueError(f"request {request_id}: {num_tokens} tokens exceed its buddy extent")
         if num_tokens < self.ledger.written[request_id]:
             raise ValueError(f"request {request_id}: written tokens cannot shrink")
-        self.ledger.set_written(request_id, num_tokens)
+        self.ledger.set_written(request_id, num_tokens * self._samples.get(request_id, 1))
         return True
 
     def free(self, request_id: int) -> None:
         self.ledger.remove(request_id)
+        self._samples.pop(request_id, None)
         addr, order = self.extents.pop(request_id)
         top = self._top_order(addr)
         while order < top:

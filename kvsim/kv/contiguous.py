@@ -46,6 +46,7 @@ class ContiguousAllocator:
         self.hole_sizes: list[int] = [capacity_tokens]
         self.extents: dict[int, tuple[int, int]] = {}  # request -> (start, size)
         self.ledger = SlotLedger()
+        self._samples: dict[int, int] = {}  # parallel samples get unshared copies (no paging, no sharing)
 
     @classmethod
     def from_capacity(cls, cfg: ContiguousAllocatorConfig, capacity_tokens: int, bytes_per_token: int = 0) -> "ContiguousAllocator":
@@ -56,6 +57,12 @@ class ContiguousAllocator:
 
     def held_tokens(self, request_id: int) -> int:
         return self.ledger.held[request_id]
+
+    def written_offset_tokens(self, request_id: int) -> int:
+        return 0  # samples are unshared copies: written = samples x length
+
+    def seq_capacity_tokens(self, request_id: int) -> int:
+        return self.ledger.held[request_id] // self._samples.get(request_id, 1)
 
     def extent(self, request_id: int) -> tuple[int, int]:
         return self.extents[request_id]
@@ -92,7 +99,9 @@ class ContiguousAllocator:
             self.hole_starts[i] += size
             self.hole_sizes[i] -= size
         self.extents[req.request_id] = (start, size)
-        self.ledger.add(req.request_id, req.final_kv_tokens, size)
+        self.ledger.add(req.request_id, req.final_kv_tokens * req.num_samples, size)
+        if req.num_samples > 1:
+            self._samples[req.request_id] = req.num_samples
         return NO_HIT
 
     def ensure_slots(self, request_id: int, num_tokens: int) -> bool:
@@ -104,11 +113,12 @@ class ContiguousAllocator:
             )
         if num_tokens < self.ledger.written[request_id]:
             raise ValueError(f"request {request_id}: written tokens cannot shrink")
-        self.ledger.set_written(request_id, num_tokens)
+        self.ledger.set_written(request_id, num_tokens * self._samples.get(request_id, 1))
         return True
 
     def free(self, request_id: int) -> None:
         self.ledger.remove(request_id)
+        self._samples.pop(request_id, None)
         start, size = self.extents.pop(request_id)
         i = bisect.bisect_left(self.hole_starts, start)
         # Coalesce with the previous and/or next hole when they touch.

@@ -37,7 +37,7 @@ from collections import OrderedDict
 from pydantic import Field, model_validator
 
 from kvsim.config_base import StrictModel
-from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, SlotLedger, cdiv
+from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, SampleGeometry, SlotLedger, cdiv
 from kvsim.kv.eviction import (EVICTION_POLICIES, BlockStats, FIFOEvictionConfig, LFUEvictionConfig,
                                LRUEvictionConfig, LRUKEvictionConfig, PriorityEvictionConfig)
 from kvsim.registry import ALLOCATORS
@@ -126,6 +126,9 @@ class PagedAllocator:
         self.block_stats: dict[int, BlockStats] = {}
         self._requests: dict[int, KVRequest] = {}
         self._registered: dict[int, int] = {}  # request -> blocks of its table already considered
+        # parallel sampling: request -> (geometry, number of leading table blocks shared by its samples)
+        self._samples: dict[int, list] = {}
+        self._seq_len: dict[int, int] = {}  # sampled requests: a sequence's written length
         self._shared_extra = 0  # sum over owned blocks of (ref count - 1)
         self._cached_free = 0  # free blocks that still hold cached content
         self._tick = 0
@@ -155,10 +158,39 @@ class PagedAllocator:
 
     # -- queries -------------------------------------------------------------------------------
     def max_footprint_fits(self, req: KVRequest) -> bool:
-        return cdiv(req.final_kv_tokens, self.block_size) <= self.num_blocks - self.watermark_blocks
+        return self._final_blocks(req) <= self.num_blocks - self.watermark_blocks
+
+    def _blocks_for(self, req: KVRequest, hold_tokens: int) -> int:
+        if req.num_samples == 1:
+            return cdiv(hold_tokens, self.block_size)
+        return SampleGeometry(req.num_samples, self.block_size, req.prompt_tokens).blocks(hold_tokens)
+
+    def _final_blocks(self, req: KVRequest) -> int:
+        if req.num_samples == 1:
+            return cdiv(req.final_kv_tokens, self.block_size)
+        return SampleGeometry(req.num_samples, self.block_size, req.prompt_tokens).blocks(
+            req.final_kv_tokens if req.output_tokens > 1 else req.prompt_tokens)
+
+    def _final_written(self, req: KVRequest) -> int:
+        if req.num_samples == 1:
+            return req.final_kv_tokens
+        g = SampleGeometry(req.num_samples, self.block_size, req.prompt_tokens)
+        return g.written(req.final_kv_tokens) if req.output_tokens > 1 else req.prompt_tokens
 
     def held_tokens(self, request_id: int) -> int:
         return self.ledger.held[request_id]
+
+    def written_offset_tokens(self, request_id: int) -> int:
+        """``samples x sequence length - physical slots written`` once samples diverged: the
+        prompt's full blocks are stored once for all samples."""
+        s = self._samples.get(request_id)
+        return 0 if s is None else (s[0].n - 1) * s[0].base
+
+    def seq_capacity_tokens(self, request_id: int) -> int:
+        """Tokens one of the request's sequences can hold in its current blocks (diverged samples)."""
+        held = self.ledger.held[request_id]
+        s = self._samples.get(request_id)
+        return held if s is None else s[0].seq_capacity(held // self.block_size)
 
     def block_table(self, request_id: int) -> list[int]:
         """A copy of the request's block ids (for tests; the scheduler never calls this)."""
@@ -204,7 +236,7 @@ class PagedAllocator:
 
     def _cache_hits(self, req: KVRequest, num_tokens: int) -> list[int]:
         hits: list[int] = []
-        if not self.prefix_caching:
+        if not self.prefix_caching or req.num_samples > 1:  # sampled requests bypass the cache
             return hits
         max_hit = (num_tokens - 1) // self.block_size  # the last token is always computed
         for k in range(max_hit):
@@ -217,7 +249,7 @@ class PagedAllocator:
     def _tier_hits(self, req: KVRequest, num_tokens: int, start: int) -> list[LowerTier]:
         """Tier of each block after the GPU hits that is found in a lower tier (leading run)."""
         out: list[LowerTier] = []
-        if not self.tiers:
+        if not self.tiers or req.num_samples > 1:
             return out
         max_hit = (num_tokens - 1) // self.block_size
         for k in range(start, max_hit):
@@ -246,7 +278,7 @@ class PagedAllocator:
         """Would ``allocate(req, hold_tokens)`` succeed now? (no side effects)"""
         hits = self._cache_hits(req, hold_tokens)
         hits_in_pool = sum(1 for b in hits if self.ref_counts[b] == 0)
-        need = cdiv(hold_tokens, self.block_size) - len(hits)
+        need = self._blocks_for(req, hold_tokens) - len(hits)
         return self.pool.num_free - hits_in_pool - need >= self.watermark_blocks
 
     def allocate(self, req: KVRequest, hold_tokens: int) -> Allocation | None:
@@ -255,7 +287,7 @@ class PagedAllocator:
             raise ValueError(f"request {rid} is already allocated")
         if hold_tokens < 1:
             raise ValueError(f"hold_tokens must be >= 1, got {hold_tokens}")
-        total = cdiv(hold_tokens, self.block_size)
+        total = self._blocks_for(req, hold_tokens)
         hits = self._cache_hits(req, hold_tokens)
         tier_hits = self._tier_hits(req, hold_tokens, len(hits))
         hits_in_pool = sum(1 for b in hits if self.ref_counts[b] == 0)
@@ -291,7 +323,14 @@ class PagedAllocator:
             stats.touch(self._tick, req.priority)
             self.block_stats[b] = stats
         self.block_tables[rid] = table
-        self.ledger.add(rid, req.final_kv_tokens, total * self.block_size)
+        self.ledger.add(rid, self._final_written(req), total * self.block_size)
+        if req.num_samples > 1:  # the prompt's blocks are shared by reference count
+            geo = SampleGeometry(req.num_samples, self.block_size, req.prompt_tokens)
+            # a recompute readmits diverged samples: then only the full prompt blocks are shared
+            shared = cdiv(req.prompt_tokens, self.block_size) if hold_tokens <= req.prompt_tokens else geo.full
+            self._samples[rid] = [geo, shared]
+            for b in table[:shared]:
+                self.ref_counts[b] += req.num_samples - 1
         cached = (len(hits) + len(tier_hits)) * self.block_size
         if self.prefix_caching:
             self._requests[rid] = req
@@ -310,6 +349,9 @@ class PagedAllocator:
 
     def ensure_slots(self, request_id: int, num_tokens: int) -> bool:
         self.ledger.require(request_id)
+        sampled = self._samples.get(request_id)
+        if sampled is not None:
+            return self._ensure_sampled(request_id, num_tokens, sampled)
         table = self.block_tables[request_id]
         need = cdiv(num_tokens, self.block_size) - len(table)
         if need > 0:
@@ -323,6 +365,30 @@ class PagedAllocator:
         self.ledger.set_written(request_id, num_tokens)
         if self.prefix_caching:
             self._register_full_blocks(request_id, num_tokens)
+        return True
+
+    def _ensure_sampled(self, rid: int, num_tokens: int, sampled: list) -> bool:
+        """n samples: shared prompt blocks, copy-on-write of the partial block at the first
+        generated token, then ``n`` new blocks (one per sample, sample order) per block boundary."""
+        geo, shared = sampled
+        table = self.block_tables[rid]
+        need = geo.blocks(num_tokens) - len(table)
+        if need > 0:
+            if need > self.pool.num_free:
+                return False
+            if num_tokens > geo.prompt and shared > geo.full:
+                # First divergent write: sample 0 keeps the partial prompt block, the others copy it.
+                b = table[shared - 1]
+                self.ref_counts[b] -= geo.n - 1
+                sampled[1] = shared = geo.full
+            for _ in range(need):
+                table.append(self._new_block())
+            self.ledger.set_held(rid, len(table) * self.block_size)
+        written = geo.written(num_tokens)
+        if written < self.ledger.written[rid]:
+            raise ValueError(f"request {rid}: written tokens cannot shrink")
+        self.ledger.set_written(rid, written)
+        self._seq_len[rid] = num_tokens
         return True
 
     def _register_full_blocks(self, rid: int, num_tokens: int) -> None:
@@ -354,6 +420,12 @@ class PagedAllocator:
         table = self.block_tables.pop(request_id)
         self._requests.pop(request_id, None)
         self._registered.pop(request_id, None)
+        sampled = self._samples.pop(request_id, None)
+        self._seq_len.pop(request_id, None)
+        if sampled is not None:
+            n, shared = sampled[0].n, sampled[1]
+            for b in table[:shared]:  # drop the extra references of the samples first
+                self.ref_counts[b] -= n - 1
         for b in reversed(table):  # tail first: see the eviction order in kvsim.kv.eviction
             self.ref_counts[b] -= 1
             if self.ref_counts[b] == 0:
@@ -363,10 +435,16 @@ class PagedAllocator:
             else:
                 self._shared_extra -= 1
 
+    def _unshared_extra(self) -> int:
+        if not self._seq_len:
+            return 0
+        w = self.ledger.written
+        return sum(self._samples[r][0].n * n - w[r] for r, n in self._seq_len.items())
+
     def usage(self, head: KVRequest | None = None, head_hold_tokens: int = 0) -> KVUsage:
         # Any free block can serve any request: paging has no external fragmentation.
         return self.ledger.usage(self.capacity_tokens, 0, self._shared_extra * self.block_size,
-                                 self._cached_free * self.block_size)
+                                 self._cached_free * self.block_size, self._unshared_extra())
 
     def usage_parts(self, head: KVRequest | None = None) -> tuple[int, int, int, int, int]:
         """(sum held, sum min(held, final), shared, cached free, external) in tokens."""
@@ -377,15 +455,20 @@ class PagedAllocator:
         self.pool.check_invariants()
         self.ledger.check("paged")
         owners = [0] * self.num_blocks
+        intra = 0  # references of a request's own samples to its shared blocks, beyond the first
         for r, table in self.block_tables.items():
             assert r in self.ledger, f"block table of unknown request {r}"
             assert len(table) * self.block_size == self.ledger.held[r], (
                 f"request {r}: {len(table)} blocks but {self.ledger.held[r]} held tokens"
             )
             assert len(set(table)) == len(table), f"request {r} holds a block twice"
-            for b in table:
-                owners[b] += 1
-        extra = 0
+            sampled = self._samples.get(r)
+            shared, n = (sampled[1], sampled[0].n) if sampled else (len(table), 1)
+            for i, b in enumerate(table):
+                owners[b] += n if i < shared else 1
+            if sampled:
+                intra += shared * (n - 1)
+        extra = -intra
         for b in range(self.num_blocks):
             free = b in self.pool
             assert self.ref_counts[b] == owners[b], (
@@ -436,49 +519,80 @@ class CountingPagedAllocator:
         self.watermark_blocks = int(watermark * num_blocks)
         self.num_free_blocks = num_blocks
         self.ledger = SlotLedger()
+        self._geo: dict[int, SampleGeometry] = {}  # requests with parallel samples
+        self._seq_len: dict[int, int] = {}
+
+    _blocks_for = PagedAllocator._blocks_for
+    _final_blocks = PagedAllocator._final_blocks
+    _final_written = PagedAllocator._final_written
 
     def max_footprint_fits(self, req: KVRequest) -> bool:
-        return cdiv(req.final_kv_tokens, self.block_size) <= self.num_blocks - self.watermark_blocks
+        return self._final_blocks(req) <= self.num_blocks - self.watermark_blocks
 
     def held_tokens(self, request_id: int) -> int:
         return self.ledger.held[request_id]
 
+    def written_offset_tokens(self, request_id: int) -> int:
+        geo = self._geo.get(request_id)
+        return 0 if geo is None else (geo.n - 1) * geo.base
+
+    def seq_capacity_tokens(self, request_id: int) -> int:
+        held = self.ledger.held[request_id]
+        geo = self._geo.get(request_id)
+        return held if geo is None else geo.seq_capacity(held // self.block_size)
+
     def can_allocate(self, req: KVRequest, hold_tokens: int) -> bool:
-        return self.num_free_blocks - cdiv(hold_tokens, self.block_size) >= self.watermark_blocks
+        return self.num_free_blocks - self._blocks_for(req, hold_tokens) >= self.watermark_blocks
 
     def allocate(self, req: KVRequest, hold_tokens: int) -> Allocation | None:
         if req.request_id in self.ledger:
             raise ValueError(f"request {req.request_id} is already allocated")
         if hold_tokens < 1:
             raise ValueError(f"hold_tokens must be >= 1, got {hold_tokens}")
-        need = cdiv(hold_tokens, self.block_size)
+        need = self._blocks_for(req, hold_tokens)
         if self.num_free_blocks - need < self.watermark_blocks:
             return None
         self.num_free_blocks -= need
-        self.ledger.add(req.request_id, req.final_kv_tokens, need * self.block_size)
+        self.ledger.add(req.request_id, self._final_written(req), need * self.block_size)
+        if req.num_samples > 1:
+            self._geo[req.request_id] = SampleGeometry(req.num_samples, self.block_size, req.prompt_tokens)
         return NO_HIT
 
     def ensure_slots(self, request_id: int, num_tokens: int) -> bool:
         ledger = self.ledger
         held = ledger.held[request_id]
-        if num_tokens > held:
-            need = cdiv(num_tokens - held, self.block_size)
+        geo = self._geo.get(request_id) if self._geo else None
+        if geo is not None:
+            need = geo.blocks(num_tokens) - held // self.block_size
+            written = geo.written(num_tokens)
+        else:
+            need = cdiv(num_tokens - held, self.block_size) if num_tokens > held else 0
+            written = num_tokens
+        if need > 0:
             if need > self.num_free_blocks:
                 return False
             self.num_free_blocks -= need
             ledger.set_held(request_id, held + need * self.block_size)
-        if num_tokens < ledger.written[request_id]:
+        if written < ledger.written[request_id]:
             raise ValueError(f"request {request_id}: written tokens cannot shrink")
-        ledger.set_written(request_id, num_tokens)
+        ledger.set_written(request_id, written)
+        if geo is not None:
+            self._seq_len[request_id] = num_tokens
         return True
 
     def free(self, request_id: int) -> None:
         held = self.ledger.held.get(request_id)
+        self._geo.pop(request_id, None)
+        self._seq_len.pop(request_id, None)
         self.ledger.remove(request_id)
         self.num_free_blocks += held // self.block_size
 
     def usage(self, head: KVRequest | None = None, head_hold_tokens: int = 0) -> KVUsage:
-        return self.ledger.usage(self.capacity_tokens, 0)
+        extra = 0
+        if self._seq_len:
+            w = self.ledger.written
+            extra = sum(self._geo[r].n * n - w[r] for r, n in self._seq_len.items())
+        return self.ledger.usage(self.capacity_tokens, 0, unshared_extra_tokens=extra)
 
     def usage_parts(self, head: KVRequest | None = None) -> tuple[int, int, int, int, int]:
         return self.ledger.sum_held, self.ledger.sum_useful, 0, 0, 0

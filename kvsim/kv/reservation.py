@@ -19,6 +19,11 @@ def next_pow2(n: int) -> int:
 
 
 def reservation_tokens(policy: ReservationPolicy, req: KVRequest) -> int:
+    """Slots reserved up front; a request with n parallel samples reserves n unshared copies."""
+    return _one_sequence(policy, req) * req.num_samples
+
+
+def _one_sequence(policy: ReservationPolicy, req: KVRequest) -> int:
     total = req.prompt_tokens + req.output_tokens
     if policy == "max":
         return max(req.max_model_len_tokens, total)

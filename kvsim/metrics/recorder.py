@@ -42,6 +42,7 @@ STEP_COLUMNS: dict[str, str] = {
     "free_bytes": "float64",
     "cached_free_bytes": "float64",
     "peak_used_bytes": "int64",
+    "unshared_bytes": "float64",
     "evictions": "int64",
     "swap_in_bytes": "int64",
     "swap_out_bytes": "int64",
@@ -54,10 +55,16 @@ STEP_COLUMNS: dict[str, str] = {
     "overhead_s": "float64",
     "swap_s": "float64",
     "compute_s": "float64",
+    "decode_attention_s": "float64",
+    "prefill_attention_s": "float64",
+    "gemm_s": "float64",
+    "lm_head_s": "float64",
+    "elementwise_s": "float64",
 }
 BREAKDOWN_COLUMNS = [
     "weights_read_s", "kv_read_s", "linear_compute_s", "attention_compute_s", "attention_s",
-    "overhead_s", "swap_s", "compute_s",
+    "overhead_s", "swap_s", "compute_s", "decode_attention_s", "prefill_attention_s", "gemm_s", "lm_head_s",
+    "elementwise_s",
 ]
 
 
@@ -102,6 +109,7 @@ class StepRecorder:
         c["free_bytes"].append(usage.free_tokens * bpt)
         c["cached_free_bytes"].append(usage.cached_free_tokens * bpt)
         c["peak_used_bytes"].append(usage.used_tokens * bpt)
+        c["unshared_bytes"].append(usage.unshared_tokens * bpt)
         c["evictions"].append(evictions)
         c["swap_in_bytes"].append(swap_in_bytes)
         c["swap_out_bytes"].append(swap_out_bytes)
@@ -137,6 +145,7 @@ class StepRecorder:
         for part in ("token_states", "reservation", "internal_frag", "external_frag", "free", "cached_free"):
             c[f"{part}_bytes"].append(parts_mean_tokens[part] * bpt)
         c["peak_used_bytes"].append(int(parts_mean_tokens["peak_used"]) * bpt)
+        c["unshared_bytes"].append(parts_mean_tokens["unshared"] * bpt)
         c["evictions"].append(evictions)
         c["swap_in_bytes"].append(0)
         c["swap_out_bytes"].append(0)

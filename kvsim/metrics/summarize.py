@@ -32,6 +32,7 @@ def time_weighted_mean(values: pd.Series, weights: pd.Series) -> float:
 
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: int, bytes_per_token: int,
               prefix_caching: bool = False, offloaded_blocks: int = 0,
+              copy_bandwidth_bytes_per_s: float | None = None,
               block_size_tokens: int | None, budget_bytes: int, end_s: float, start_s: float) -> dict:
     fin = requests[requests["status"] == "finished"]
     rejected = requests[requests["status"] == "rejected"]
@@ -50,6 +51,10 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: i
     for part in MEMORY_PARTS:
         frac = steps[f"{part}_bytes"] / capacity_bytes if capacity_bytes else steps[f"{part}_bytes"] * 0.0
         kv[f"{part}_frac"] = time_weighted_mean(frac, dur)
+    ts = float((steps["token_states_bytes"] * dur).sum())
+    unshared = float((steps["unshared_bytes"] * dur).sum())
+    # KV that sharing (prefix blocks, parallel samples' prompts) saved, over the unshared footprint
+    kv["sharing_saving_frac"] = 1.0 - ts / unshared if unshared > 0 else 0.0
     kv["peak_used_frac"] = float(steps["peak_used_bytes"].max() / capacity_bytes) if len(steps) and capacity_bytes else 0.0
 
     out_tokens = float(fin["output_tokens"].sum())
@@ -95,7 +100,24 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: i
         "busy_frac": step_time_total / duration if duration > 0 else 0.0,
         "kv_bytes_read_total": int(steps["kv_bytes_read"].sum()),
         "step_time_breakdown_s": breakdown,
+        "kv_bandwidth_utilisation": _bandwidth(steps, copy_bandwidth_bytes_per_s),
+        "time_per_kv_block_read_s": _per_block(steps, bytes_per_token * (block_size_tokens or 1)),
     }
+
+
+def _bandwidth(steps: pd.DataFrame, copy_bw: float | None) -> float | None:
+    """KV bytes read / attention time / measured copy bandwidth (calibrated timing only); summed
+    over steps, i.e. weighted by attention time."""
+    att = float(steps["attention_s"].sum())
+    if not copy_bw or att <= 0:
+        return None
+    return float(steps["kv_bytes_read"].sum()) / att / copy_bw
+
+
+def _per_block(steps: pd.DataFrame, block_bytes: int) -> float | None:
+    att = float(steps["attention_s"].sum())
+    blocks = float(steps["kv_bytes_read"].sum()) / block_bytes if block_bytes else 0.0
+    return att / blocks if att > 0 and blocks > 0 else None
 
 
 def _prefix_cache(requests: pd.DataFrame, steps: pd.DataFrame, block_size: int | None, bytes_per_token: int,

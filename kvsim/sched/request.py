@@ -29,17 +29,18 @@ class Request:
         "num_computed_tokens", "num_generated", "admitted_s", "first_token_s", "finish_s",
         "num_preemptions", "recomputed_tokens", "admit_seq", "reject_reason", "priority",
         "cached_tokens", "num_swaps", "swapped_tokens", "cpu_hit_tokens", "ssd_hit_tokens", "prefetched_s",
-        "load_s", "hidden_s",
+        "load_s", "hidden_s", "num_samples",
     )
 
     def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
-                 max_model_len_tokens: int, priority: int = 0, block_keys=None):
+                 max_model_len_tokens: int, priority: int = 0, block_keys=None, num_samples: int = 1):
         self.request_id = request_id
         self.arrival_s = arrival_s
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
         self.kv = KVRequest(request_id, prompt_tokens, output_tokens, max_model_len_tokens,
-                            block_keys=block_keys, priority=priority)
+                            block_keys=block_keys, priority=priority, num_samples=num_samples)
+        self.num_samples = num_samples  # parallel samples decoding in lockstep from one prompt
         self.priority = priority
         self.cached_tokens = -1  # prefix-cache hit at first admission (-1: never admitted)
         self.num_swaps = 0
@@ -63,6 +64,13 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return self.prompt_tokens + self.num_generated
+
+    def batch_tokens(self, new_positions: int) -> int:
+        """Tokens a step computes when this request advances ``new_positions`` positions: prompt
+        positions once, positions past the prompt once per sample."""
+        c = self.num_computed_tokens
+        prompt_part = max(0, min(c + new_positions, self.prompt_tokens) - c)
+        return prompt_part + self.num_samples * (new_positions - prompt_part)
 
     @property
     def num_uncomputed_tokens(self) -> int:

@@ -71,17 +71,20 @@ class Scheduler:
         self.prefetch = cfg.prefetch
         self.host_link_bandwidth = host_link_bandwidth_bytes_per_s
         self.hidden_by_prefetch_s = 0.0
+        self._any_samples = False  # any request with parallel samples (then count sequences)
 
     # -- arrivals ------------------------------------------------------------------------------
     def add_request(self, req: Request) -> bool:
         """Queue an arriving request, or reject it (returns False) if it could never run."""
         if req.request_id in self.requests:
             raise ValueError(f"request {req.request_id} added twice")
+        if req.num_samples > 1:
+            self._any_samples = True
         self.requests[req.request_id] = req
         reason = ""
         if req.prompt_tokens + req.output_tokens > self.max_model_len_tokens:
             reason = REJECT_TOO_LONG
-        elif not self.allocator.max_footprint_fits(req.kv):
+        elif not self.allocator.max_footprint_fits(req.kv) or req.num_samples > self.max_num_seqs:
             reason = REJECT_KV
         elif not self.chunked_prefill and req.prompt_tokens + req.output_tokens - 1 > self.token_budget:
             # A recompute after preemption re-prefills prompt + generated tokens in one step.
@@ -141,7 +144,7 @@ class Scheduler:
     def head_might_fit(self, num_running: int) -> bool:
         """Could a schedule() with ``num_running`` decoding requests admit the waiting head, if the
         running requests took no more memory? (Decode windows: False means it surely stays blocked.)"""
-        if not self.waiting or self.swapped or num_running >= self.max_num_seqs:
+        if not self.waiting or self.swapped or num_running + self.waiting[0].num_samples > self.max_num_seqs:
             return False
         req = self.waiting[0]
         budget = self.token_budget - num_running
@@ -189,16 +192,17 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = req.num_uncomputed_tokens
-            if n > budget:
-                if not self.chunked_prefill:
+            cost = n if req.num_samples == 1 else req.batch_tokens(n)
+            if cost > budget:
+                if not self.chunked_prefill or req.num_computed_tokens + budget > req.prompt_tokens:
                     i += 1
                     continue
-                n = budget
+                n = cost = budget  # chunk within the prompt
             while not alloc.ensure_slots(req.request_id, req.num_computed_tokens + n):
                 victim = self._pick_victim()
                 vi = self.running.index(victim)
                 if victim.request_id in scheduled:
-                    budget += scheduled.pop(victim.request_id)
+                    budget += scheduled.pop(victim.request_id)[1]
                 swap_out += self._preempt(victim)
                 preempted.append(victim.request_id)
                 if victim is req:
@@ -207,16 +211,17 @@ class Scheduler:
                 if vi < i:
                     i -= 1
             if n:
-                scheduled[req.request_id] = n
-                budget -= n
+                scheduled[req.request_id] = (n, cost)
+                budget -= cost
                 i += 1
 
         # Swapped requests come back before any new admission.
-        while self.swapped and not preempted and len(self.running) < self.max_num_seqs and budget > 0:
+        while self.swapped and not preempted and self._num_seqs() + self.swapped[0].num_samples <= self.max_num_seqs \
+                and budget > 0:
             req = self.swapped[0]
             n = req.num_uncomputed_tokens
-            if n > budget:
-                if not self.chunked_prefill:
+            if req.batch_tokens(n) > budget:
+                if not self.chunked_prefill or req.num_computed_tokens + budget > req.prompt_tokens:
                     break
                 n = budget
             got = alloc.allocate(req.kv, req.num_tokens)
@@ -239,18 +244,22 @@ class Scheduler:
                 raise RuntimeError(f"request {req.request_id}: swapped in but its next tokens do not fit")
             req.status = RequestStatus.RUNNING
             self._insert_running(req)
-            scheduled[req.request_id] = n
-            budget -= n
+            cost = req.batch_tokens(n)
+            scheduled[req.request_id] = (n, cost)
+            budget -= cost
 
-        while (self.waiting and not self.swapped and not preempted and len(self.running) < self.max_num_seqs
-               and budget > 0):
+        while (self.waiting and not self.swapped and not preempted
+               and self._num_seqs() + self.waiting[0].num_samples <= self.max_num_seqs and budget > 0):
             req = self.waiting[0]
             cached = self._peek_cached(req)
             n = req.num_tokens - cached
-            if n > budget:
-                if not self.chunked_prefill:
+            req.num_computed_tokens = cached  # (batch_tokens counts from here; reset below if not admitted)
+            cost = req.batch_tokens(n)
+            req.num_computed_tokens = 0
+            if cost > budget:
+                if not self.chunked_prefill or cached + budget > req.prompt_tokens:
                     break
-                n = budget
+                n = cost = budget
             got = alloc.allocate(req.kv, req.num_tokens)
             if got is None:
                 break
@@ -272,11 +281,11 @@ class Scheduler:
                 req.ssd_hit_tokens = got.ssd_tokens
             self.running.append(req)
             admitted.append(req.request_id)
-            scheduled[req.request_id] = n
-            budget -= n
+            scheduled[req.request_id] = (n, cost)
+            budget -= cost
 
         plan = StepPlan(
-            scheduled=tuple(scheduled.items()),
+            scheduled=tuple((rid, n) for rid, (n, _) in scheduled.items()),
             shape=self._batch_shape(scheduled, swap_in, swap_out, tier_load_s),
             admitted=tuple(admitted),
             preempted=tuple(preempted),
@@ -284,25 +293,36 @@ class Scheduler:
         self._plan = plan
         return plan
 
+    def _num_seqs(self) -> int:
+        """Running sequences (a request with n parallel samples counts n), for ``max_num_seqs``."""
+        if not self._any_samples:
+            return len(self.running)
+        return sum(r.num_samples for r in self.running)
+
     def _insert_running(self, req: Request) -> None:
         """Keep the running list in admission order (a swapped-in request returns to its place)."""
         keys = [r.admit_seq for r in self.running]
         self.running.insert(bisect.bisect(keys, req.admit_seq), req)
 
-    def _batch_shape(self, scheduled: dict[int, int], swap_in: int, swap_out: int,
+    def _batch_shape(self, scheduled: dict, swap_in: int, swap_out: int,
                      tier_load_s: float = 0.0) -> BatchShape:
         n_pre_seqs = n_dec_seqs = pre_tok = dec_tok = kv_read = pairs = 0
         ctx: list[int] = []
-        for rid, n in scheduled.items():
+        for rid, (n, cost) in scheduled.items():
             req = self.requests[rid]
             c = req.num_computed_tokens
+            s = req.num_samples  # each sample is a sequence reading its own context
             if n == 1 and req.num_generated > 0 and c == req.num_tokens - 1:
-                n_dec_seqs += 1
-                dec_tok += 1
-            else:
-                n_pre_seqs += 1
-                pre_tok += n
-            kv_read += c + n
+                n_dec_seqs += s
+                dec_tok += s
+                kv_read += s * (c + 1)
+                pairs += s * (c + 1)
+                if self.want_context_lens:
+                    ctx.extend([c + 1] * s)
+                continue
+            n_pre_seqs += 1
+            pre_tok += cost
+            kv_read += c + n if s == 1 else cost + c
             pairs += n * c + n * (n + 1) // 2
             if self.want_context_lens:
                 ctx.append(c + n)
@@ -344,7 +364,7 @@ class Scheduler:
         return self.allocator.usage(head)
 
     def check_invariants(self) -> None:
-        assert len(self.running) <= self.max_num_seqs, "more running requests than max_num_seqs"
+        assert self._num_seqs() <= self.max_num_seqs, "more running sequences than max_num_seqs"
         seqs = [r.admit_seq for r in self.running]
         assert seqs == sorted(seqs), "running list is not in admission order"
         for r in self.running:

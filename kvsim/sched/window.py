@@ -34,9 +34,11 @@ class DecodeWindow:
     requests: list  # running requests, admission order
     remaining: np.ndarray  # steps until each request finishes, counting step 0
     computed0: np.ndarray  # computed tokens before step 0
-    num_seqs: np.ndarray  # batch size of step j
-    kv_tokens_read: np.ndarray  # KV tokens read by step j (= tokens written after its scheduling)
+    num_seqs: np.ndarray  # sequences decoding in step j
+    kv_tokens_read: np.ndarray  # KV tokens read by step j
     max_steps: int
+    samples: np.ndarray  # sequences (parallel samples) per request
+    written: np.ndarray  # physical KV slots written after step j's scheduling
 
 
 def plan_decode_window(sched, plan, max_steps: int) -> DecodeWindow | None:
@@ -47,7 +49,8 @@ def plan_decode_window(sched, plan, max_steps: int) -> DecodeWindow | None:
         return None
     running = sched.running
     b = len(running)
-    if b == 0 or shape.num_decode_seqs != b:
+    samples = np.fromiter((r.num_samples for r in running), np.int64, b) if sched._any_samples else None
+    if b == 0 or shape.num_decode_seqs != (b if samples is None else int(samples.sum())):
         return None
     remaining = np.fromiter((r.output_tokens - r.num_generated for r in running), np.int64, b)
     kcap = min(max_steps, int(remaining.min()) if sched.swapped else int(remaining.max()))
@@ -57,10 +60,20 @@ def plan_decode_window(sched, plan, max_steps: int) -> DecodeWindow | None:
     j = np.arange(kcap, dtype=np.int64)
     order = np.argsort(remaining, kind="stable")
     done_by = np.searchsorted(remaining[order], j, side="right")  # requests finished before step j
-    num_seqs = b - done_by
-    csum = np.concatenate(([0], np.cumsum(computed0[order])))
+    w = np.ones(b, np.int64) if samples is None else samples  # sequences per request
+    wsum = np.concatenate(([0], np.cumsum(w[order])))
+    num_seqs = wsum[-1] - wsum[done_by]
+    csum = np.concatenate(([0], np.cumsum((w * computed0)[order])))
     kv_read = (csum[-1] - csum[done_by]) + num_seqs * (j + 1)
-    return DecodeWindow(list(running), remaining, computed0, num_seqs, kv_read, kcap)
+    written = kv_read
+    if samples is not None:
+        # Physical slots written differ from the sequences' lengths by a per-request constant
+        # (shared prompt blocks are stored once): subtract it while the request is active.
+        alloc = sched.allocator
+        off = np.fromiter((alloc.written_offset_tokens(r.request_id) for r in running), np.int64, b)
+        osum = np.concatenate(([0], np.cumsum(off[order])))
+        written = kv_read - (osum[-1] - osum[done_by])
+    return DecodeWindow(list(running), remaining, computed0, num_seqs, kv_read, kcap, w, written)
 
 
 def block_limited_steps(sched, win: DecodeWindow, k: int):
@@ -70,9 +83,10 @@ def block_limited_steps(sched, win: DecodeWindow, k: int):
     bs = alloc.block_size_tokens
     if bs is None:  # contiguous / buddy: extents already hold every token
         return k, np.zeros(0, np.int64), np.zeros(0, np.int64)
-    held0 = np.fromiter((alloc.held_tokens(r.request_id) for r in win.requests), np.int64, len(win.requests))
-    written0 = win.computed0 + 1
-    first = held0 - written0 + 1  # first step whose token does not fit in the blocks held now
+    cap0 = np.fromiter((alloc.seq_capacity_tokens(r.request_id) for r in win.requests), np.int64,
+                       len(win.requests))
+    written0 = win.computed0 + 1  # a sequence's length after step 0
+    first = cap0 - written0 + 1  # first step whose token does not fit in the blocks held now
     last = np.minimum(win.remaining, k)  # steps 0..last-1 are active
     count = np.where(first < last, (last - first + bs - 1) // bs, 0)
     total = int(count.sum())
@@ -84,9 +98,10 @@ def block_limited_steps(sched, win: DecodeWindow, k: int):
     steps = np.repeat(first, count) + m * bs
     order = np.lexsort((idx, steps))
     steps, idx = steps[order], idx[order]
+    blocks = np.cumsum(win.samples[idx])  # each event takes one block per sample
     free0 = alloc.num_free_blocks
-    if total > free0:
-        k = min(k, int(steps[free0]))
+    if blocks[-1] > free0:
+        k = min(k, int(steps[np.searchsorted(blocks, free0, side="right")]))
         keep = steps < k
         steps, idx = steps[keep], idx[keep]
     return k, steps, idx
@@ -162,7 +177,7 @@ def window_means(win: DecodeWindow, k: int, durations: np.ndarray, segments, cap
     vals = np.array([p for _, p in segments], dtype=np.float64)  # (segments, 5)
     per_step = np.repeat(vals, lengths, axis=0)
     held, useful, shared, cached_free, external = per_step.T
-    written = win.kv_tokens_read[:k].astype(np.float64)
+    written = win.written[:k].astype(np.float64)
     parts = {
         "token_states": written - shared,
         "reservation": useful - written,
@@ -174,4 +189,5 @@ def window_means(win: DecodeWindow, k: int, durations: np.ndarray, segments, cap
     out = {name: float((v * d).sum() / total) for name, v in parts.items()}
     out["batch_mean"] = float((win.num_seqs[:k] * d).sum() / total)
     out["peak_used"] = float((held - shared).max())
+    out["unshared"] = float((win.kv_tokens_read[:k] * d).sum() / total)
     return out

@@ -10,6 +10,8 @@ Per step, with ``L`` layers (every table holds one layer's time at tensor-parall
     swap_s              = (swap_in_bytes + swap_out_bytes) / host_link_bandwidth
     duration            = attention_s + gemm_s + lm_head_s + elementwise_s + step_overhead_s + swap_s
 
+``breakdown_s`` holds each term, the decode/prefill split of ``attention_s``, and ``compute_s`` =
+gemm + lm_head + elementwise (sub-totals repeat their parts; ``duration_s`` is authoritative).
 Kernels on one stream serialise, so components add (no roofline ``max``). The interpolation rules
 are in :mod:`kvsim.calibration.interp` (log-log over batch/context/tokens, exact at measured
 points; unmeasured block sizes interpolate in log2(block size) between neighbours, or take the
@@ -230,7 +232,7 @@ class CalibratedTiming:
             pre_s = self.prefill_attention_s(shape.num_prefill_seqs, n, pre_kv / shape.num_prefill_seqs - n)
         gemm_s, elem_s = self._token_ops_s(shape.num_tokens)
         lm_s = self._lm_head_s(shape.num_seqs)
-        swap_s = (shape.swap_in_bytes + shape.swap_out_bytes) / self.cfg.host_link_bandwidth_bytes_per_s
+        swap_s = (shape.swap_in_bytes + shape.swap_out_bytes) / self.cfg.host_link_bandwidth_bytes_per_s + shape.tier_load_s
         attn_s = dec_s + pre_s
         duration = attn_s + gemm_s + lm_s + elem_s + self.cfg.step_overhead_s + swap_s
         return StepTiming(
@@ -242,6 +244,9 @@ class CalibratedTiming:
                 "gemm_s": gemm_s,
                 "lm_head_s": lm_s,
                 "elementwise_s": elem_s,
+                # non-attention kernel time in one key (the step recorder's ``compute_s`` column);
+                # it repeats gemm_s + lm_head_s + elementwise_s, as the attention_s sub-keys repeat
+                "compute_s": gemm_s + lm_s + elem_s,
                 "overhead_s": self.cfg.step_overhead_s,
                 "swap_s": swap_s,
             },

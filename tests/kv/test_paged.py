@@ -107,3 +107,30 @@ def test_check_invariants_catches_a_block_both_free_and_owned():
     a.free_queue.append(1)
     with pytest.raises(AssertionError):
         a.check_invariants()
+
+
+def test_parallel_samples_share_the_prompt_and_copy_the_partial_block_on_first_write():
+    from kvsim.kv.base import KVRequest
+
+    a = PagedAllocator(12, 4)
+    r = KVRequest(0, 10, 5, 1000, num_samples=3)  # prompt: 2 full blocks + 2 tokens
+    assert a.allocate(r, 10) is not None
+    assert a.ensure_slots(0, 10)
+    assert a.block_table(0) == [0, 1, 2]
+    assert [a.ref_counts[b] for b in (0, 1, 2)] == [3, 3, 3]  # shared by reference count
+    a.check_invariants()
+    assert a.ensure_slots(0, 11)  # first generated token: copy-on-write of block 2 for samples 1, 2
+    assert a.block_table(0) == [0, 1, 2, 3, 4]
+    assert [a.ref_counts[b] for b in range(5)] == [3, 3, 1, 1, 1]
+    u = a.usage()
+    assert u.token_states_tokens == 10 + 2 * 2 + 3  # prompt + 2 copied tokens x 2 + one token per sample
+    assert u.unshared_tokens == 3 * 11
+    a.check_invariants()
+    assert a.ensure_slots(0, 12)  # still inside the copied blocks (positions 8..11)
+    assert len(a.block_table(0)) == 5
+    assert a.ensure_slots(0, 13)  # crosses into a new block: one per sample
+    assert a.block_table(0) == [0, 1, 2, 3, 4, 5, 6, 7]
+    a.check_invariants()
+    a.free(0)
+    assert a.num_free_blocks == 12
+    a.check_invariants()

@@ -112,6 +112,20 @@ class EngineConfig(StrictModel):
     max_window_steps: int = Field(4096, ge=2, description="most steps one decode window may cover")
 
 
+class SharedStoreConfig(StrictModel):
+    """A prefix store shared by all replicas (the Mooncake idea): blocks evicted by any replica land
+    there, and any replica can load them back at ``bandwidth_bytes_per_s``."""
+
+    capacity_bytes: int = Field(gt=0)
+    bandwidth_bytes_per_s: float = Field(25e9, gt=0, description="e.g. an RDMA NIC, ~25 GB/s")
+
+
+class ReplicasConfig(StrictModel):
+    count: int = Field(1, ge=1, le=1024, description="engine replicas, each with the whole KV budget")
+    router: Literal["round_robin", "least_loaded", "prefix_affinity"] = "round_robin"
+    shared_prefix_store: SharedStoreConfig | None = None
+
+
 class LimitsConfig(StrictModel):
     max_sim_time_s: float | None = Field(None, gt=0, description="stop with an error past this simulated time")
     max_wall_time_s: float | None = Field(None, gt=0, description="stop with an error past this wall time")
@@ -142,6 +156,7 @@ class Scenario(StrictModel):
     timing: TimingConfig = Field(default_factory=lambda: TIMING_MODELS.default_config("analytical"))  # type: ignore[valid-type]
     limits: LimitsConfig = LimitsConfig()
     engine: EngineConfig = EngineConfig()
+    replicas: ReplicasConfig = ReplicasConfig()
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @field_validator("model", mode="before")
@@ -168,6 +183,13 @@ class Scenario(StrictModel):
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
                 raise ValueError(f"variant name {name!r} must be letters, digits, '.', '_' or '-'")
         return v
+
+    @model_validator(mode="after")
+    def _store_needs_prefix_cache(self):
+        if self.replicas.shared_prefix_store is not None and not (
+                self.allocator.kind == "paged" and getattr(self.allocator, "prefix_caching", False)):
+            raise ValueError("replicas.shared_prefix_store needs allocator kind paged with prefix_caching: true")
+        return self
 
     # -- derived quantities ----------------------------------------------------------------------
     @property

@@ -28,6 +28,7 @@ from simpy.core import URGENT
 from kvsim.errors import SimulationLimitError
 from kvsim.metrics.recorder import StepRecorder
 from kvsim.sched.request import Request
+from kvsim.sched.router import Router
 from kvsim.sched.scheduler import Scheduler
 from kvsim.sched.window import apply_decode_window, block_limited_steps, plan_decode_window, window_means
 from kvsim.timing.base import TimingModel
@@ -40,16 +41,44 @@ class EngineLimits:
     max_wall_time_s: float | None = None
 
 
-class Engine:
-    def __init__(self, trace: Trace, scheduler: Scheduler, timing: TimingModel, recorder: StepRecorder,
-                 max_model_len_tokens: int, check_invariants: bool = False,
-                 limits: EngineLimits = EngineLimits(),
-                 progress: Callable[[int], None] | None = None,
-                 event_log: list | None = None, mode: str = "fast", max_window_steps: int = 4096):
-        self.env = simpy.Environment()
-        self.trace = trace
+class Replica:
+    """One serving engine in the model: its scheduler, timing model and clock. With a single
+    replica this is simply "the engine"."""
+
+    def __init__(self, index: int, scheduler: Scheduler, timing: TimingModel):
+        self.index = index
         self.scheduler = scheduler
         self.timing = timing
+        self.now_s = 0.0  # this replica's exact clock (see Engine._advance_to)
+        self.end_s = 0.0
+        self.wakeup: simpy.Event | None = None
+        self.num_steps = 0
+        self.num_windows = 0
+        self.last_evictions = 0
+
+
+class Engine:
+    """Arrival process + one engine loop per replica on one SimPy clock.
+
+    ``replicas`` share the recorder (rows carry a ``replica`` column). The router picks a replica
+    for each arrival. Fast decode windows are used unless replicas interact at every step: with a
+    state-dependent router windows end at every arrival, and with a shared prefix store the engine
+    steps one by one (``mode`` falls back to ``step``), which keeps results identical to ``step``.
+    """
+
+    def __init__(self, trace: Trace, scheduler: Scheduler | None = None, timing: TimingModel | None = None,
+                 recorder: StepRecorder | None = None, max_model_len_tokens: int = 0,
+                 check_invariants: bool = False, limits: EngineLimits = EngineLimits(),
+                 progress: Callable[[int], None] | None = None,
+                 event_log: list | None = None, mode: str = "fast", max_window_steps: int = 4096,
+                 replicas: list[Replica] | None = None, router: Router | None = None,
+                 shared_store: bool = False):
+        self.env = simpy.Environment()
+        self.trace = trace
+        if replicas is None:
+            replicas = [Replica(0, scheduler, timing)]
+        self.replicas = replicas
+        self.router = router or Router("round_robin", [r.scheduler for r in replicas])
         self.recorder = recorder
         self.max_model_len_tokens = max_model_len_tokens
         self.check_invariants = check_invariants
@@ -58,13 +87,11 @@ class Engine:
         self.event_log = event_log  # optional [(request_id, event, time_s)] for exact-timeline tests
         if mode not in ("fast", "step"):
             raise ValueError(f"engine mode must be 'fast' or 'step', got {mode!r}")
-        self.mode = mode
+        self.mode = "step" if shared_store else mode
         self.max_window_steps = max_window_steps
-        self.num_windows = 0
         self._next_arrival_idx = 0
-        self._wakeup: simpy.Event | None = None
         self._block_keys = None
-        alloc = scheduler.allocator
+        alloc = replicas[0].scheduler.allocator
         if getattr(alloc, "prefix_caching", False) and trace.prefix_keys is not None:
             from kvsim.trace.prefix import block_keys
 
@@ -72,10 +99,21 @@ class Engine:
         self._priority = trace.priority
         self._samples = trace.num_samples
         self._arrivals_done = False
-        self.num_steps = 0
         self.end_s = 0.0
-        self._last_evictions = 0
-        self.now_s = 0.0  # the engine's exact clock (see _advance_to)
+        self._wall_start = 0.0
+
+    # single-replica conveniences (tests and older callers)
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.replicas[0].scheduler
+
+    @property
+    def num_steps(self) -> int:
+        return sum(r.num_steps for r in self.replicas)
+
+    @property
+    def num_windows(self) -> int:
+        return sum(r.num_windows for r in self.replicas)
 
     def _log(self, rid: int, event: str, t: float) -> None:
         if self.event_log is not None:
@@ -99,37 +137,50 @@ class Engine:
                           priority=0 if self._priority is None else int(self._priority[i]),
                           block_keys=None if self._block_keys is None else self._block_keys[i],
                           num_samples=1 if self._samples is None else int(self._samples[i]))
-            accepted = self.scheduler.add_request(req)
+            rep = self.replicas[self.router.route(req)]
+            req.replica = rep.index
+            accepted = rep.scheduler.add_request(req)
             self._log(i, "arrive" if accepted else "reject", t)
-            if accepted and self._wakeup is not None and not self._wakeup.triggered:
-                self._wakeup.succeed()
+            if accepted and rep.wakeup is not None and not rep.wakeup.triggered:
+                rep.wakeup.succeed()
         self._arrivals_done = True
-        if self._wakeup is not None and not self._wakeup.triggered:
-            self._wakeup.succeed()
+        for rep in self.replicas:
+            if rep.wakeup is not None and not rep.wakeup.triggered:
+                rep.wakeup.succeed()
 
-    def _loop(self):
-        env = self.env
-        sched = self.scheduler
-        rec = self.recorder
-        wall_start = time.monotonic()
+    def _limit(self, rep: Replica) -> None:
         max_sim = self.limits.max_sim_time_s
+        if max_sim is not None and rep.now_s > max_sim:
+            done = sum(len(r.scheduler.finished) for r in self.replicas)
+            raise SimulationLimitError(
+                f"simulated time passed limits.max_sim_time_s = {max_sim} s "
+                f"({done} of {len(self.trace)} requests finished)")
         max_wall = self.limits.max_wall_time_s
+        if max_wall is not None and rep.num_steps % 256 < 2 and time.monotonic() - self._wall_start > max_wall:
+            raise SimulationLimitError(
+                f"wall time passed limits.max_wall_time_s = {max_wall} s at simulated t={rep.now_s:.1f} s")
+
+    def _loop(self, rep: Replica):
+        env = self.env
+        sched = rep.scheduler
+        rec = self.recorder
         while True:
             if not sched.has_work:
                 if self._arrivals_done:
                     break
-                idle_start = self.now_s
+                idle_start = rep.now_s
                 usage = sched.usage()
-                self._wakeup = env.event()
-                yield self._wakeup
-                self._wakeup = None
-                self.now_s = env.now  # woken by an arrival: exactly its trace time
-                if self.now_s > idle_start:
-                    rec.row(idle=True, start_s=idle_start, duration_s=self.now_s - idle_start, batch_size=0,
+                rep.wakeup = env.event()
+                yield rep.wakeup
+                rep.wakeup = None
+                rep.now_s = env.now  # woken by an arrival: exactly its trace time
+                if rep.now_s > idle_start:
+                    rec.row(idle=True, start_s=idle_start, duration_s=rep.now_s - idle_start, batch_size=0,
                             prefill_tokens=0, decode_tokens=0, running=0, waiting=len(sched.waiting),
-                            admitted=0, preempted=0, finished=0, usage=usage, kv_bytes_read=0, breakdown={})
+                            admitted=0, preempted=0, finished=0, usage=usage, kv_bytes_read=0, breakdown={},
+                            replica=rep.index)
                 continue
-            start = self.now_s
+            start = rep.now_s
             plan = sched.schedule(start)
             if plan.is_empty:
                 raise RuntimeError(
@@ -141,75 +192,65 @@ class Engine:
             for rid in plan.admitted:
                 self._log(rid, "admit", start)
             if self.mode == "fast":
-                win = self._window(plan, start)
+                win = self._window(rep, plan, start)
                 if win is not None:
                     yield from win
-                    if max_sim is not None and self.now_s > max_sim:
-                        raise SimulationLimitError(
-                            f"simulated time passed limits.max_sim_time_s = {max_sim} s "
-                            f"({len(sched.finished)} of {len(self.trace)} requests finished)")
+                    self._limit(rep)
                     continue
             usage = sched.usage()
             evictions = getattr(sched.allocator, "evictions", 0)
-            timing = self.timing.step_time(plan.shape)
+            timing = rep.timing.step_time(plan.shape)
             prefetch_target = sched.prefetch_target()  # the head while this step computes
-            self.now_s = start + timing.duration_s
-            yield self._advance_to(self.now_s)
+            rep.now_s = start + timing.duration_s
+            yield self._advance_to(rep.now_s)
             if prefetch_target is not None:
                 prefetch_target.prefetched_s += timing.duration_s
-            first, done = sched.on_step_done(self.now_s)
+            first, done = sched.on_step_done(rep.now_s)
             for r in first:
-                self._log(r.request_id, "first_token", self.now_s)
+                self._log(r.request_id, "first_token", rep.now_s)
             for r in done:
-                self._log(r.request_id, "finish", self.now_s)
+                self._log(r.request_id, "finish", rep.now_s)
             shape = plan.shape
             rec.row(idle=False, start_s=start, duration_s=timing.duration_s, batch_size=shape.num_seqs,
                     prefill_tokens=shape.num_prefill_tokens, decode_tokens=shape.num_decode_tokens,
                     running=len(sched.running) + len(done), waiting=len(sched.waiting),
                     admitted=len(plan.admitted), preempted=len(plan.preempted), finished=len(done),
                     usage=usage, kv_bytes_read=timing.kv_bytes_read, breakdown=timing.breakdown_s,
-                    evictions=evictions - self._last_evictions, swap_in_bytes=shape.swap_in_bytes,
-                    swap_out_bytes=shape.swap_out_bytes)
-            self._last_evictions = evictions
-            self.num_steps += 1
+                    evictions=evictions - rep.last_evictions, swap_in_bytes=shape.swap_in_bytes,
+                    swap_out_bytes=shape.swap_out_bytes, replica=rep.index)
+            rep.last_evictions = evictions
+            rep.num_steps += 1
             if self.check_invariants:
                 sched.check_invariants()
             if done and self.progress is not None:
                 self.progress(len(done))
-            if max_sim is not None and self.now_s > max_sim:
-                raise SimulationLimitError(
-                    f"simulated time passed limits.max_sim_time_s = {max_sim} s "
-                    f"({len(sched.finished)} of {len(self.trace)} requests finished)"
-                )
-            if max_wall is not None and self.num_steps % 256 == 0 and time.monotonic() - wall_start > max_wall:
-                raise SimulationLimitError(
-                    f"wall time passed limits.max_wall_time_s = {max_wall} s at simulated t={self.now_s:.1f} s"
-                )
-        self.end_s = self.now_s
+            self._limit(rep)
+        rep.end_s = rep.now_s
 
     def _advance_to(self, t_end: float):
         """A SimPy timeout to ``t_end``.
 
-        The engine keeps its own clock ``now_s``, advanced one step at a time as ``now_s + d`` (the
+        Each replica keeps its own clock ``now_s``, advanced one step at a time as ``now_s + d`` (the
         same float operations whether steps run one by one or as a window), and records every
         request time from it. SimPy's clock follows within an ulp: ``now + (t_end - now)`` cannot
         always land exactly on ``t_end`` in floating point."""
         return self.env.timeout(max(t_end - self.env.now, 0.0))
 
-    def _window(self, plan, start: float):
+    def _window(self, rep: Replica, plan, start: float):
         """If step 0 (``plan``) opens a decode window of >= 2 steps, return a generator that runs it."""
-        sched = self.scheduler
+        sched = rep.scheduler
         win = plan_decode_window(sched, plan, self.max_window_steps)
         if win is None:
             return None
-        timing = self.timing
+        timing = rep.timing
         if hasattr(timing, "decode_durations"):
             durations, _, _ = timing.decode_durations(win.num_seqs, win.kv_tokens_read)
         else:
             durations = np.array([timing.step_time(s).duration_s for s in _decode_shapes(win, win.max_steps)])
         times = np.cumsum(np.concatenate(([start], durations)))  # sequential, like SimPy's clock
         k = win.max_steps
-        if not (sched.waiting or sched.swapped) and self._next_arrival_idx < len(self.trace):
+        cut_at_arrival = not (sched.waiting or sched.swapped) or self.router.state_dependent
+        if cut_at_arrival and self._next_arrival_idx < len(self.trace):
             nxt = float(self.trace.arrival_s[self._next_arrival_idx])
             k = min(k, 1 + int(np.searchsorted(times[1:k], nxt, side="left")))
         max_sim = self.limits.max_sim_time_s
@@ -218,10 +259,10 @@ class Engine:
         k, pop_steps, pop_idx = block_limited_steps(sched, win, k)
         if k < 2:
             return None
-        return self._run_window(win, k, durations, times, pop_steps, pop_idx, start)
+        return self._run_window(rep, win, k, durations, times, pop_steps, pop_idx, start)
 
-    def _run_window(self, win, k, durations, times, pop_steps, pop_idx, start):
-        sched = self.scheduler
+    def _run_window(self, rep: Replica, win, k, durations, times, pop_steps, pop_idx, start):
+        sched = rep.scheduler
         alloc = sched.allocator
         waiting0 = len(sched.waiting)
         done = []
@@ -239,10 +280,10 @@ class Engine:
             for d in durations[:k].tolist():
                 p += d
             target.prefetched_s = p
-        self.now_s = float(times[k])
-        yield self._advance_to(self.now_s)
+        rep.now_s = float(times[k])
+        yield self._advance_to(rep.now_s)
         means = window_means(win, k, durations, segments, alloc.capacity_tokens)
-        timing = self.timing
+        timing = rep.timing
         if hasattr(timing, "decode_durations"):
             _, breakdown, kv_bytes = timing.decode_durations(win.num_seqs[:k], win.kv_tokens_read[:k])
         else:
@@ -257,19 +298,29 @@ class Engine:
             start_s=start, duration_s=float(times[k]) - start, num_steps=k, max_batch=int(win.num_seqs[0]),
             batch_mean=means["batch_mean"], decode_tokens=int(win.num_seqs[:k].sum()), waiting=waiting0,
             finished=len(done), parts_mean_tokens=means, kv_bytes_read=kv_bytes, breakdown=breakdown,
-            evictions=getattr(alloc, "evictions", 0) - self._last_evictions)
-        self._last_evictions = getattr(alloc, "evictions", 0)
-        self.num_steps += k
-        self.num_windows += 1
+            evictions=getattr(alloc, "evictions", 0) - rep.last_evictions, replica=rep.index)
+        rep.last_evictions = getattr(alloc, "evictions", 0)
+        rep.num_steps += k
+        rep.num_windows += 1
         if self.check_invariants:
             sched.check_invariants()
         if done and self.progress is not None:
             self.progress(len(done))
 
     def run(self) -> None:
+        self._wall_start = time.monotonic()
         self.env.process(self._arrivals())
-        done = self.env.process(self._loop())
-        self.env.run(until=done)
+        loops = [self.env.process(self._loop(rep)) for rep in self.replicas]
+        self.env.run(until=self.env.all_of(loops))
+        self.end_s = max(rep.end_s for rep in self.replicas)
+        if len(self.replicas) > 1:
+            # Pad replicas that went quiet early so time-weighted means cover the same span.
+            for rep in self.replicas:
+                if rep.end_s < self.end_s:
+                    self.recorder.row(
+                        idle=True, start_s=rep.end_s, duration_s=self.end_s - rep.end_s, batch_size=0,
+                        prefill_tokens=0, decode_tokens=0, running=0, waiting=0, admitted=0, preempted=0,
+                        finished=0, usage=rep.scheduler.usage(), kv_bytes_read=0, breakdown={}, replica=rep.index)
 
 
 def _decode_shapes(win, k):

@@ -12,7 +12,8 @@ from pathlib import Path
 import pandas as pd
 
 from kvsim.config import Scenario
-from kvsim.engine import Engine, EngineLimits
+from kvsim.engine import Engine, EngineLimits, Replica
+from kvsim.sched.router import Router
 from kvsim.errors import ConfigError
 from kvsim.metrics.recorder import StepRecorder
 from kvsim.metrics.requests import requests_table
@@ -82,18 +83,32 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     base_dir = Path(base_dir)
     if trace is None:
         trace, trace_report = build_trace(scn, base_dir)
-    allocator, budget = build_allocator(scn, where)
-    ctx = TimingContext(
-        model=scn.model.spec(), gpu=scn.gpu.spec(), kv_dtype=scn.kv_dtype,
-        kv_bytes_per_token=scn.kv_bytes_per_token, weight_bytes=scn.weight_bytes,
-        block_size_tokens=allocator.block_size_tokens, base_dir=base_dir,
-    )
-    timing = TIMING_MODELS.build(scn.timing, ctx)
     max_len = scn.model.max_model_len_tokens
-    scheduler = Scheduler(scn.scheduler, allocator, max_len,
+    rcfg = scn.replicas
+    store = None
+    if rcfg.shared_prefix_store is not None:
+        from kvsim.kv.paged import LowerTier
+
+        block_bytes = scn.kv_bytes_per_token * scn.allocator.block_size
+        store = LowerTier("remote", rcfg.shared_prefix_store.capacity_bytes // block_bytes,
+                          rcfg.shared_prefix_store.bandwidth_bytes_per_s, shared=True)
+    replicas = []
+    for i in range(rcfg.count):
+        allocator, budget = build_allocator(scn, where)
+        if store is not None:
+            allocator.attach_shared_store(store)
+        ctx = TimingContext(
+            model=scn.model.spec(), gpu=scn.gpu.spec(), kv_dtype=scn.kv_dtype,
+            kv_bytes_per_token=scn.kv_bytes_per_token, weight_bytes=scn.weight_bytes,
+            block_size_tokens=allocator.block_size_tokens, base_dir=base_dir,
+        )
+        timing = TIMING_MODELS.build(scn.timing, ctx)
+        sched = Scheduler(scn.scheduler, allocator, max_len,
                           want_context_lens=bool(getattr(timing, "needs_context_lens", False)),
                           kv_bytes_per_token=scn.kv_bytes_per_token,
                           host_link_bandwidth_bytes_per_s=getattr(scn.timing, "host_link_bandwidth_bytes_per_s", 64e9))
+        replicas.append(Replica(i, sched, timing))
+    scheduler = replicas[0].scheduler
     if not scn.scheduler.chunked_prefill and scheduler.token_budget < max_len:
         raise ConfigError(
             f"{where}: scheduler.max_num_batched_tokens ({scheduler.token_budget}) is smaller than the model's "
@@ -101,10 +116,11 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
             f"or set scheduler.chunked_prefill: true"
         )
     recorder = StepRecorder(scn.kv_bytes_per_token, path=steps_path)
-    engine = Engine(trace, scheduler, timing, recorder, max_len, check_invariants=check_invariants,
+    engine = Engine(trace, recorder=recorder, max_model_len_tokens=max_len, check_invariants=check_invariants,
                     limits=EngineLimits(scn.limits.max_sim_time_s, scn.limits.max_wall_time_s),
                     progress=progress, event_log=event_log, mode=scn.engine.mode,
-                    max_window_steps=scn.engine.max_window_steps)
+                    max_window_steps=scn.engine.max_window_steps, replicas=replicas,
+                    router=Router(rcfg.router, [r.scheduler for r in replicas]), shared_store=store is not None)
     wall0 = time.perf_counter()
     try:
         engine.run()
@@ -117,12 +133,12 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
         import pyarrow.parquet as pq
 
         steps = pq.read_table(steps_path).to_pandas()
-    all_requests = list(scheduler.requests.values())
+    all_requests = [r for rep in replicas for r in rep.scheduler.requests.values()]
     reqs = requests_table(all_requests)
     start = float(trace.arrival_s[0]) if len(trace) else 0.0
-    summary = summarize(reqs, steps, capacity_tokens=allocator.capacity_tokens,
+    summary = summarize(reqs, steps, capacity_tokens=allocator.capacity_tokens, num_replicas=rcfg.count,
                         prefix_caching=bool(getattr(allocator, "prefix_caching", False)),
-                        offloaded_blocks=getattr(allocator, "offloaded_blocks", 0),
+                        offloaded_blocks=sum(getattr(r.scheduler.allocator, "offloaded_blocks", 0) for r in replicas),
                         copy_bandwidth_bytes_per_s=getattr(timing, "copy_bandwidth_bytes_per_s", None),
                         bytes_per_token=scn.kv_bytes_per_token, block_size_tokens=allocator.block_size_tokens,
                         budget_bytes=budget, end_s=engine.end_s, start_s=start)

@@ -104,6 +104,7 @@ class Allocation:
     # the loads take at the tiers' bandwidths.
     cpu_tokens: int = 0
     ssd_tokens: int = 0
+    remote_tokens: int = 0  # from a prefix store shared by replicas
     load_s: float = 0.0
 
 

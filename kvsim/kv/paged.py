@@ -77,9 +77,12 @@ class PagedAllocatorConfig(StrictModel):
 
 
 class LowerTier:
-    """An LRU set of block keys held outside GPU memory (exclusive: a key lives in one tier)."""
+    """An LRU set of block keys held outside GPU memory. Private tiers (cpu, ssd) are exclusive: a
+    key lives in one of them or in GPU memory. A ``shared`` tier (a store shared by replicas) keeps
+    its copy when a replica loads a block back."""
 
-    def __init__(self, name: str, capacity_blocks: int, bandwidth_bytes_per_s: float):
+    def __init__(self, name: str, capacity_blocks: int, bandwidth_bytes_per_s: float, shared: bool = False):
+        self.shared = shared
         self.name = name
         self.capacity_blocks = capacity_blocks
         self.bandwidth_bytes_per_s = bandwidth_bytes_per_s
@@ -228,6 +231,8 @@ class PagedAllocator:
             if self.tiers:
                 self.offloaded_blocks += 1
                 for tier in self.tiers:
+                    if tier.shared and key in tier:
+                        break  # the store already has it
                     key = tier.insert(key)
                     if key is None:
                         break
@@ -245,6 +250,14 @@ class PagedAllocator:
                 break
             hits.append(b)
         return hits
+
+    def attach_shared_store(self, store: LowerTier) -> None:
+        """Add a store shared with other replicas as the last tier (needs prefix caching)."""
+        if not self.prefix_caching:
+            raise ValueError("a shared prefix store needs prefix caching")
+        if self.bytes_per_token <= 0:
+            raise ValueError("a shared prefix store needs bytes_per_token")
+        self.tiers.append(store)
 
     def _tier_hits(self, req: KVRequest, num_tokens: int, start: int) -> list[LowerTier]:
         """Tier of each block after the GPU hits that is found in a lower tier (leading run)."""
@@ -311,7 +324,8 @@ class PagedAllocator:
         loaded_keys = []
         for k, tier in enumerate(tier_hits, start=len(hits)):
             key = self._key(req, k)
-            tier.remove(key)
+            if not tier.shared:
+                tier.remove(key)
             loaded_keys.append(key)
         for _ in range(total - len(hits)):
             table.append(self._new_block())
@@ -343,6 +357,7 @@ class PagedAllocator:
                 bs = self.block_size
                 return Allocation(cached, cpu_tokens=bs * sum(1 for t in tier_hits if t.name == "cpu"),
                                   ssd_tokens=bs * sum(1 for t in tier_hits if t.name == "ssd"),
+                                  remote_tokens=bs * sum(1 for t in tier_hits if t.name == "remote"),
                                   load_s=self._load_s(tier_hits))
             return Allocation(cached)
         return NO_HIT
@@ -407,7 +422,7 @@ class PagedAllocator:
             self.key_to_block[key] = b
             self.block_key[b] = key
             for tier in self.tiers:  # recomputed content supersedes an offloaded copy (tiers are exclusive)
-                if key in tier:
+                if key in tier and not tier.shared:
                     tier.remove(key)
                     break
             stats = BlockStats(self._tick, k_hist)
@@ -482,10 +497,11 @@ class PagedAllocator:
         assert self.pool.num_free + sum(1 for o in owners if o) == self.num_blocks, "blocks leaked"
         for key, b in self.key_to_block.items():
             assert self.block_key[b] == key, f"cache map says key -> block {b}, block says {self.block_key[b]}"
-            assert not any(key in t for t in self.tiers), f"key of block {b} is also in a lower tier"
-        for i, t in enumerate(self.tiers):
+            assert not any(key in t for t in self.tiers if not t.shared), f"key of block {b} is also in a lower tier"
+        private = [t for t in self.tiers if not t.shared]
+        for i, t in enumerate(private):
             assert len(t.keys) <= t.capacity_blocks, f"tier {t.name} over capacity"
-            for u in self.tiers[i + 1:]:
+            for u in private[i + 1:]:
                 assert not (set(t.keys) & set(u.keys)), f"a key is in both tiers {t.name} and {u.name}"
         cached_free = sum(1 for b in range(self.num_blocks) if self.block_key[b] is not None and owners[b] == 0)
         assert cached_free == self._cached_free, f"cached-free count {self._cached_free} != {cached_free}"

@@ -21,6 +21,7 @@ from kvsim.kv.base import KVUsage
 STEP_COLUMNS: dict[str, str] = {
     # name -> numpy dtype; order is the file's column order
     "step": "int64",
+    "replica": "int64",
     "idle": "bool",
     "start_s": "float64",
     "duration_s": "float64",
@@ -84,10 +85,11 @@ class StepRecorder:
     def row(self, *, idle: bool, start_s: float, duration_s: float, batch_size: int, prefill_tokens: int,
             decode_tokens: int, running: int, waiting: int, admitted: int, preempted: int, finished: int,
             usage: KVUsage, kv_bytes_read: int, breakdown: dict[str, float], num_steps: int = 1,
-            evictions: int = 0, swap_in_bytes: int = 0, swap_out_bytes: int = 0) -> None:
+            evictions: int = 0, swap_in_bytes: int = 0, swap_out_bytes: int = 0, replica: int = 0) -> None:
         c = self._cols
         bpt = self.bytes_per_token
         c["step"].append(self.num_rows)
+        c["replica"].append(replica)
         c["idle"].append(idle)
         c["start_s"].append(start_s)
         c["duration_s"].append(duration_s)
@@ -123,11 +125,12 @@ class StepRecorder:
     def macro_row(self, *, start_s: float, duration_s: float, num_steps: int, max_batch: int,
                   batch_mean: float, decode_tokens: int, waiting: int, finished: int,
                   parts_mean_tokens: dict[str, float], kv_bytes_read: int, breakdown: dict[str, float],
-                  evictions: int) -> None:
+                  evictions: int, replica: int = 0) -> None:
         """One row standing for ``num_steps`` decode-only steps (means are time-weighted)."""
         c = self._cols
         bpt = self.bytes_per_token
         c["step"].append(self.num_rows)
+        c["replica"].append(replica)
         c["idle"].append(False)
         c["start_s"].append(start_s)
         c["duration_s"].append(duration_s)

@@ -32,9 +32,12 @@ def requests_table(requests: list[Request]) -> pd.DataFrame:
         "cached_tokens": col("cached_tokens", np.int64),
         "cpu_hit_tokens": col("cpu_hit_tokens", np.int64),
         "ssd_hit_tokens": col("ssd_hit_tokens", np.int64),
+        "remote_hit_tokens": col("remote_hit_tokens", np.int64),
         "transfer_s": col("load_s", np.float64),
         "transfer_hidden_s": col("hidden_s", np.float64),
         "priority": col("priority", np.int64),
+        "num_samples": col("num_samples", np.int64),
+        "replica": col("replica", np.int64),
         "status": pd.Series([STATUS_NAMES[r.status] for r in reqs], dtype="string"),
         "reject_reason": pd.Series([r.reject_reason for r in reqs], dtype="string"),
     })

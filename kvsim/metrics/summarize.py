@@ -32,7 +32,7 @@ def time_weighted_mean(values: pd.Series, weights: pd.Series) -> float:
 
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: int, bytes_per_token: int,
               prefix_caching: bool = False, offloaded_blocks: int = 0,
-              copy_bandwidth_bytes_per_s: float | None = None,
+              copy_bandwidth_bytes_per_s: float | None = None, num_replicas: int = 1,
               block_size_tokens: int | None, budget_bytes: int, end_s: float, start_s: float) -> dict:
     fin = requests[requests["status"] == "finished"]
     rejected = requests[requests["status"] == "rejected"]
@@ -101,6 +101,13 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: i
         "kv_bytes_read_total": int(steps["kv_bytes_read"].sum()),
         "step_time_breakdown_s": breakdown,
         "kv_bandwidth_utilisation": _bandwidth(steps, copy_bandwidth_bytes_per_s),
+        "replicas": {
+            "count": num_replicas,
+            "requests": [int((requests["replica"] == i).sum()) for i in range(num_replicas)],
+            # rows of every replica cover the whole span, so the time-weighted mean per replica
+            # times the count is the cluster's mean concurrency
+            "concurrency_mean_total": time_weighted_mean(steps["running_mean"], dur) * num_replicas,
+        },
         "time_per_kv_block_read_s": _per_block(steps, bytes_per_token * (block_size_tokens or 1)),
     }
 
@@ -129,6 +136,7 @@ def _prefix_cache(requests: pd.DataFrame, steps: pd.DataFrame, block_size: int |
     cached = adm["cached_tokens"].to_numpy()
     cpu = adm["cpu_hit_tokens"].to_numpy()
     ssd = adm["ssd_hit_tokens"].to_numpy()
+    remote = adm["remote_hit_tokens"].to_numpy()
     bs = block_size or 1
     blocks_total = int(((prompt + bs - 1) // bs).sum())
     return {
@@ -137,8 +145,8 @@ def _prefix_cache(requests: pd.DataFrame, steps: pd.DataFrame, block_size: int |
         "hit_tokens": int(cached.sum()),
         "evictions": int(steps["evictions"].sum()),
         "offloaded_blocks": int(offloaded_blocks),
-        "tier_hits": {"gpu": int(((cached - cpu - ssd) // bs).sum()), "cpu": int((cpu // bs).sum()),
-                      "ssd": int((ssd // bs).sum())},
+        "tier_hits": {"gpu": int(((cached - cpu - ssd - remote) // bs).sum()), "cpu": int((cpu // bs).sum()),
+                      "ssd": int((ssd // bs).sum()), "remote": int((remote // bs).sum())},
         "cached_free_frac_mean": time_weighted_mean(
             steps["cached_free_bytes"] / max(1, steps[[f"{p}_bytes" for p in MEMORY_PARTS]].sum(axis=1).max()),
             steps["duration_s"]),

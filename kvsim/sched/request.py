@@ -29,7 +29,7 @@ class Request:
         "num_computed_tokens", "num_generated", "admitted_s", "first_token_s", "finish_s",
         "num_preemptions", "recomputed_tokens", "admit_seq", "reject_reason", "priority",
         "cached_tokens", "num_swaps", "swapped_tokens", "cpu_hit_tokens", "ssd_hit_tokens", "prefetched_s",
-        "load_s", "hidden_s", "num_samples",
+        "load_s", "hidden_s", "num_samples", "replica", "remote_hit_tokens",
     )
 
     def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
@@ -41,12 +41,14 @@ class Request:
         self.kv = KVRequest(request_id, prompt_tokens, output_tokens, max_model_len_tokens,
                             block_keys=block_keys, priority=priority, num_samples=num_samples)
         self.num_samples = num_samples  # parallel samples decoding in lockstep from one prompt
+        self.replica = 0  # the engine replica the router sent it to
         self.priority = priority
         self.cached_tokens = -1  # prefix-cache hit at first admission (-1: never admitted)
         self.num_swaps = 0
         self.swapped_tokens = 0  # tokens held in the host tier while swapped out
         self.cpu_hit_tokens = 0  # prefix tokens loaded back from lower tiers at first admission
         self.ssd_hit_tokens = 0
+        self.remote_hit_tokens = 0
         self.prefetched_s = 0.0  # idle link time spent prefetching this request's KV
         self.load_s = 0.0  # transfer time its admissions / swap-ins needed
         self.hidden_s = 0.0  # of which prefetch hid

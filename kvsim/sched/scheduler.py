@@ -279,6 +279,7 @@ class Scheduler:
                 req.cached_tokens = cached
                 req.cpu_hit_tokens = got.cpu_tokens
                 req.ssd_hit_tokens = got.ssd_tokens
+                req.remote_hit_tokens = got.remote_tokens
             self.running.append(req)
             admitted.append(req.request_id)
             scheduled[req.request_id] = (n, cost)

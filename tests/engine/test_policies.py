@@ -137,3 +137,42 @@ def test_parallel_sampling_saves_kv_by_sharing_the_prompt():
         savings.append(res["fast"].summary["kv"]["sharing_saving_frac"])
     assert savings[0] == pytest.approx(0.0, abs=1e-12)
     assert savings[1] > 0.05 and savings[1] < savings[2] < savings[3], savings
+
+
+def _replica_run(router, mode="fast", store=False, count=3, n=300, cap=400_000):
+    raw = {
+        "trace": {"file": str(MOONCAKE_SYN), "max_requests": n, "rate_scale": 0.5},
+        "model": {"preset": "Llama-3-8B", "max_model_len_tokens": 262144},
+        "kv_budget": {"tokens": cap},
+        "allocator": {"kind": "paged", "block_size": 64, "prefix_caching": True, "watermark": 0.0},
+        "timing": {"kind": "analytical"},
+        "scheduler": {"chunked_prefill": True, "max_num_batched_tokens": 8192},
+        "engine": {"mode": mode},
+        "replicas": {"count": count, "router": router},
+    }
+    if store:
+        raw["replicas"]["shared_prefix_store"] = {"capacity_bytes": 10**12, "bandwidth_bytes_per_s": 2.5e10}
+    return run(Scenario.model_validate(raw), base_dir=ROOT)
+
+
+def test_replicas_share_the_load_and_routers_differ():
+    rr = _replica_run("round_robin")
+    assert rr.summary["replicas"]["requests"] == [100, 100, 100]
+    ll = _replica_run("least_loaded")
+    pa = _replica_run("prefix_affinity")
+    assert sum(ll.summary["replicas"]["requests"]) == 300
+    # routing requests to the replica that holds their prefix raises the hit ratio
+    assert pa.summary["prefix_cache"]["hit_ratio_tokens"] > rr.summary["prefix_cache"]["hit_ratio_tokens"]
+
+
+def test_shared_prefix_store_serves_other_replicas():
+    alone = _replica_run("round_robin", cap=150_000)
+    shared = _replica_run("round_robin", cap=150_000, store=True)
+    assert shared.summary["prefix_cache"]["tier_hits"]["remote"] > 0
+    assert shared.summary["prefix_cache"]["hit_ratio_tokens"] > alone.summary["prefix_cache"]["hit_ratio_tokens"]
+
+
+@pytest.mark.parametrize("router", ["round_robin", "least_loaded"])
+def test_fast_engine_is_exact_with_replicas(router):
+    step, fast = _replica_run(router, mode="step", n=150), _replica_run(router, mode="fast", n=150)
+    pd.testing.assert_frame_equal(step.requests, fast.requests, check_exact=True)

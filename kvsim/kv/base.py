@@ -227,6 +227,46 @@ class SlotLedger:
             unshared_tokens=self.sum_written + unshared_extra_tokens,
         )
 
+    def grow_all_by_one(self, request_ids, block_size: int, free_blocks: int) -> int:
+        """Every request writes one more token (a decode step for all). A request whose next token
+        does not fit its held slots takes one more ``block_size`` block. Returns the number of blocks
+        taken, or -1 (and changes nothing) if more than ``free_blocks`` would be needed."""
+        held, written, final = self.held, self.written, self.final
+        need = 0
+        for r in request_ids:
+            if written[r] >= held[r]:
+                need += 1
+        if need > free_blocks:
+            return -1
+        if need:
+            useful = 0
+            for r in request_ids:
+                w = written[r] + 1
+                written[r] = w
+                h = held[r]
+                if w > h:
+                    f = final[r]
+                    held[r] = h + block_size
+                    useful += min(h + block_size, f) - min(h, f)
+            self.sum_held += need * block_size
+            self.sum_useful += useful
+        else:
+            for r in request_ids:
+                written[r] += 1
+        self.sum_written += len(request_ids)
+        return need
+
+    def set_written_many(self, request_ids, written_tokens) -> None:
+        """Bulk ``set_written`` (each value within the request's held slots)."""
+        written, held = self.written, self.held
+        delta = 0
+        for r, w in zip(request_ids, written_tokens):
+            if w > held[r]:
+                raise ValueError(f"request {r}: {w} written > {held[r]} held")
+            delta += w - written[r]
+            written[r] = w
+        self.sum_written += delta
+
     def check(self, who: str) -> None:
         assert self.sum_held == sum(self.held.values()), f"{who}: sum_held out of sync"
         assert self.sum_written == sum(self.written.values()), f"{who}: sum_written out of sync"

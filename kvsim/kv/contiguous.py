@@ -116,6 +116,17 @@ class ContiguousAllocator:
         self.ledger.set_written(request_id, num_tokens * self._samples.get(request_id, 1))
         return True
 
+    def advance_written(self, request_ids, written_tokens) -> None:
+        """Bulk ``ensure_slots`` (decode windows)."""
+        for r, w in zip(request_ids, written_tokens):
+            self.ensure_slots(r, w)
+
+    def grow_all_by_one(self, request_ids) -> bool:
+        """A decode step for every admitted request at once: extents already hold every token."""
+        if self._samples:
+            return False
+        return self.ledger.grow_all_by_one(request_ids, 1, 0) == 0
+
     def free(self, request_id: int) -> None:
         self.ledger.remove(request_id)
         self._samples.pop(request_id, None)

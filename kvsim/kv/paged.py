@@ -596,6 +596,25 @@ class CountingPagedAllocator:
             self._seq_len[request_id] = num_tokens
         return True
 
+    def advance_written(self, request_ids, written_tokens) -> None:
+        """Bulk ``ensure_slots`` for tokens that fit the held blocks (decode windows)."""
+        if self._geo:
+            for r, w in zip(request_ids, written_tokens):
+                self.ensure_slots(r, w)
+            return
+        self.ledger.set_written_many(request_ids, written_tokens)
+
+    def grow_all_by_one(self, request_ids) -> bool:
+        """A decode step for every admitted request at once (all or nothing): see
+        :meth:`SlotLedger.grow_all_by_one`. Block ids are not tracked, so the order is irrelevant."""
+        if self._geo:
+            return False
+        need = self.ledger.grow_all_by_one(request_ids, self.block_size, self.num_free_blocks)
+        if need < 0:
+            return False
+        self.num_free_blocks -= need
+        return True
+
     def free(self, request_id: int) -> None:
         held = self.ledger.held.get(request_id)
         self._geo.pop(request_id, None)

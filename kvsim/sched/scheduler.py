@@ -188,7 +188,19 @@ class Scheduler:
         swap_out = swap_in = 0
         tier_load_s = 0.0
 
+        grow_all = getattr(alloc, "grow_all_by_one", None)
+        running = self.running
         i = 0
+        if (grow_all is not None and running and len(running) <= budget and not self._any_samples
+                and self._all_decoding() and grow_all([r.request_id for r in running])):
+            # Fast path: every running request decodes one token and all fit (no preemption).
+            for r in running:
+                scheduled[r.request_id] = (1, 1)
+            budget -= len(running)
+            i = len(running)
+            fast_shape = not self.want_context_lens
+        else:
+            fast_shape = False
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = req.num_uncomputed_tokens
@@ -285,14 +297,29 @@ class Scheduler:
             scheduled[req.request_id] = (n, cost)
             budget -= cost
 
+        if fast_shape and not admitted and not preempted and not swap_in and not tier_load_s:
+            # all running requests decode one token: their KV read is exactly what is written now
+            b = len(scheduled)
+            kv = alloc.ledger.sum_written
+            shape = BatchShape(num_seqs=b, num_prefill_seqs=0, num_decode_seqs=b, num_prefill_tokens=0,
+                               num_decode_tokens=b, kv_tokens_read=kv, attention_pairs=kv)
+        else:
+            shape = self._batch_shape(scheduled, swap_in, swap_out, tier_load_s)
         plan = StepPlan(
             scheduled=tuple((rid, n) for rid, (n, _) in scheduled.items()),
-            shape=self._batch_shape(scheduled, swap_in, swap_out, tier_load_s),
+            shape=shape,
             admitted=tuple(admitted),
             preempted=tuple(preempted),
         )
         self._plan = plan
         return plan
+
+    def _all_decoding(self) -> bool:
+        """Is every running request one token behind (pure decode)? Without chunked prefill a
+        running request always is: its prompt was scheduled whole at admission."""
+        if not self.chunked_prefill:
+            return True
+        return all(r.num_computed_tokens == r.num_tokens - 1 for r in self.running)
 
     def _num_seqs(self) -> int:
         """Running sequences (a request with n parallel samples counts n), for ``max_num_seqs``."""

@@ -144,11 +144,18 @@ def apply_decode_window(sched, win: DecodeWindow, k: int, times: np.ndarray, pop
         for i in finishing.get(k, ()):
             _finish(sched, reqs[i], int(win.computed0[i]) + k, float(times[k]), on_finish)
     k = stop
-    for i, r in enumerate(reqs):
-        if r.status == RequestStatus.RUNNING:
-            r.num_computed_tokens = int(win.computed0[i]) + k
-            r.num_generated += k
-            alloc.ensure_slots(r.request_id, r.num_computed_tokens)
+    alive = [i for i, r in enumerate(reqs) if r.status == RequestStatus.RUNNING]
+    targets = (win.computed0[alive] + k).tolist()
+    for i, c in zip(alive, targets):
+        r = reqs[i]
+        r.num_computed_tokens = c
+        r.num_generated += k
+    advance = getattr(alloc, "advance_written", None)
+    if advance is not None:
+        advance([reqs[i].request_id for i in alive], targets)
+    else:  # e.g. the block-id allocator: ensure_slots also registers filled blocks in the cache
+        for i, c in zip(alive, targets):
+            alloc.ensure_slots(reqs[i].request_id, c)
     sched.running = [r for r in sched.running if r.status == RequestStatus.RUNNING]
     sched._plan = None
     return k, segments

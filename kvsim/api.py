@@ -16,7 +16,7 @@ import pandas as pd
 
 from kvsim import __version__
 from kvsim.config import LoadedScenario, Scenario, load_scenario
-from kvsim.errors import ConfigError, TraceError
+from kvsim.errors import ConfigError, SimulationLimitError, TraceError
 from kvsim.results import atomic_dir, write_json, write_parquet, write_yaml
 from kvsim.run import RunResult, build_trace, resolved_dict
 from kvsim.run import run as run_scenario
@@ -94,7 +94,8 @@ def default_out_dir(loaded: LoadedScenario, reports: list[dict]) -> Path:
 def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invariants: bool = False,
                progress: bool | None = None, plots: bool = True, log=None) -> Path:
     """Run every variant of ``loaded`` and write the result directory atomically. Returns its path."""
-    from kvsim import plots as plotting
+    if plots:
+        from kvsim import plots as plotting
 
     base_dir = loaded.path.parent
     runs = loaded.runs
@@ -123,9 +124,12 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
                 d.mkdir(exist_ok=True)
                 bar.set_description(name)
                 trace, report = built[name]
-                res = run_scenario(scn, base_dir, trace=trace, trace_report=report,
-                                   steps_path=d / "steps.parquet", check_invariants=check_invariants,
-                                   progress=bar, where=str(loaded.path))
+                try:
+                    res = run_scenario(scn, base_dir, trace=trace, trace_report=report,
+                                       steps_path=d / "steps.parquet", check_invariants=check_invariants,
+                                       progress=bar, where=str(loaded.path))
+                except SimulationLimitError as e:
+                    raise SimulationLimitError(f"{loaded.path}: {name}: {e}") from None
                 summary = {"name": name, "scenario": loaded.name, "kvsim_version": __version__, **res.summary}
                 write_parquet(d / "requests.parquet", res.requests)
                 write_json(d / "summary.json", summary)

@@ -32,8 +32,16 @@ def _cmd_validate(args) -> int:
     from kvsim.config import load_scenario
     from kvsim.run import build_allocator
 
+    from kvsim.errors import TraceError
+    from kvsim.trace.config import resolve_path
+
     loaded = load_scenario(args.file, args.set or [])
     for name, scn in loaded.runs.items():
+        if scn.trace.file is not None:
+            try:
+                resolve_path(scn.trace.file, loaded.path.parent)
+            except TraceError as e:
+                raise TraceError(f"{loaded.path}: trace: {e}") from None
         alloc, budget = build_allocator(scn, str(loaded.path))
         print(f"{name}: ok ({scn.model.name} on {scn.gpu.name}, {scn.kv_dtype} KV, allocator {scn.allocator.kind}, "
               f"KV capacity {alloc.capacity_tokens} tokens = {budget / 2**30:.2f} GiB)")

@@ -233,14 +233,19 @@ def _set_dotted(tree: dict, dotted: str, value: Any, where: str) -> None:
     node = tree
     for k in keys[:-1]:
         nxt = node.get(k)
-        if nxt is None or isinstance(nxt, str):
+        if nxt is None:
+            nxt = node[k] = {}
+        elif isinstance(nxt, str) and node is tree and k in ("model", "gpu"):
             # Expanding a preset name: {preset: NAME} keeps it overridable field by field.
-            nxt = {} if nxt is None else {"preset": nxt}
-            node[k] = nxt
+            nxt = node[k] = {"preset": nxt}
         elif not isinstance(nxt, dict):
-            raise ConfigError(f"{where}: {dotted}: {k!r} is not a mapping")
+            raise ConfigError(f"{where}: {dotted}: {k!r} is not a mapping (it is {nxt!r})")
         node = nxt
-    node[keys[-1]] = value
+    last = keys[-1]
+    if last == "kind" and node is not tree and len(keys) == 2 and keys[0] in PLUGIN_SECTIONS \
+            and node.get("kind", PLUGIN_SECTIONS[keys[0]][1]) != value:
+        node.clear()  # another kind: the old kind's keys would not apply (as for variants)
+    node[last] = value
 
 
 def parse_set(expr: str) -> tuple[str, Any]:
@@ -375,6 +380,21 @@ def format_validation_error(err: ValidationError, file: str, prefix: str = "") -
     return f"{file}: " + "; ".join(msgs)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that rejects a key given twice in one mapping (PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml_mapping(path: Path, what: str = "scenario") -> dict:
     if not path.exists():
         raise ConfigError(f"{path}: {what} file not found")
@@ -385,7 +405,7 @@ def read_yaml_mapping(path: Path, what: str = "scenario") -> dict:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: cannot read {what} file: {e}") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)

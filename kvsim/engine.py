@@ -101,6 +101,7 @@ class Engine:
         self._arrivals_done = False
         self.end_s = 0.0
         self._wall_start = 0.0
+        self._iterations = 0
 
     # single-replica conveniences (tests and older callers)
     @property
@@ -156,7 +157,8 @@ class Engine:
                 f"simulated time passed limits.max_sim_time_s = {max_sim} s "
                 f"({done} of {len(self.trace)} requests finished)")
         max_wall = self.limits.max_wall_time_s
-        if max_wall is not None and rep.num_steps % 256 < 2 and time.monotonic() - self._wall_start > max_wall:
+        self._iterations += 1
+        if max_wall is not None and self._iterations % 64 == 0 and time.monotonic() - self._wall_start > max_wall:
             raise SimulationLimitError(
                 f"wall time passed limits.max_wall_time_s = {max_wall} s at simulated t={rep.now_s:.1f} s")
 

@@ -14,7 +14,7 @@ import pandas as pd
 from kvsim.config import Scenario
 from kvsim.engine import Engine, EngineLimits, Replica
 from kvsim.sched.router import Router
-from kvsim.errors import ConfigError
+from kvsim.errors import ConfigError, KvsimError
 from kvsim.metrics.recorder import StepRecorder
 from kvsim.metrics.requests import requests_table
 from kvsim.metrics.summarize import summarize
@@ -54,6 +54,9 @@ def build_trace(scn: Scenario, base_dir: Path) -> tuple[Trace, dict]:
     return _build(scn.trace, base_dir, scn.seed, scn.model.max_model_len_tokens)
 
 
+MAX_TRACKED_BLOCKS = 1 << 25  # ~33.5M named blocks (about 2 GB of bookkeeping)
+
+
 def build_allocator(scn: Scenario, where: str = "scenario"):
     budget = scn.kv_budget_bytes()
     bpt = scn.kv_bytes_per_token
@@ -66,6 +69,16 @@ def build_allocator(scn: Scenario, where: str = "scenario"):
             f"or set kv_budget.bytes / kv_budget.tokens"
         )
     capacity_tokens = budget // bpt
+    # A budget beyond the GPU's memory is a legitimate what-if (an "unbounded" cache), but naming
+    # every block costs memory: cap what the block-id allocator would have to track.
+    block = getattr(scn.allocator, "block_size", None)
+    if block and getattr(scn.allocator, "prefix_caching", False) and capacity_tokens // block > MAX_TRACKED_BLOCKS:
+        raise ConfigError(
+            f"{where}: kv_budget: {budget / 2**30:.1f} GiB (GPU {scn.gpu.name} has "
+            f"{scn.gpu.memory_bytes / 2**30:.1f} GiB memory) makes {capacity_tokens // block:,} blocks of "
+            f"{block} tokens, more than the {MAX_TRACKED_BLOCKS:,} a prefix-caching allocator can track; "
+            f"lower kv_budget or raise allocator.block_size"
+        )
     unit = getattr(scn.allocator, "block_size", None) or getattr(scn.allocator, "min_block_tokens", 1)
     if capacity_tokens < unit:
         raise ConfigError(
@@ -102,7 +115,10 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
             kv_bytes_per_token=scn.kv_bytes_per_token, weight_bytes=scn.weight_bytes,
             block_size_tokens=allocator.block_size_tokens, base_dir=base_dir,
         )
-        timing = TIMING_MODELS.build(scn.timing, ctx)
+        try:
+            timing = TIMING_MODELS.build(scn.timing, ctx)
+        except KvsimError as e:
+            raise type(e)(f"{where}: {e}") from None
         sched = Scheduler(scn.scheduler, allocator, max_len,
                           want_context_lens=bool(getattr(timing, "needs_context_lens", False)),
                           kv_bytes_per_token=scn.kv_bytes_per_token,

@@ -206,10 +206,12 @@ class Scheduler:
             n = req.num_uncomputed_tokens
             cost = n if req.num_samples == 1 else req.batch_tokens(n)
             if cost > budget:
-                if not self.chunked_prefill or req.num_computed_tokens + budget > req.prompt_tokens:
+                # chunks of a multi-sample request stay within its prompt (one token per position)
+                if not self.chunked_prefill or (req.num_samples > 1 and req.num_computed_tokens + budget
+                                                > req.prompt_tokens):
                     i += 1
                     continue
-                n = cost = budget  # chunk within the prompt
+                n = cost = budget
             while not alloc.ensure_slots(req.request_id, req.num_computed_tokens + n):
                 victim = self._pick_victim()
                 vi = self.running.index(victim)
@@ -233,7 +235,8 @@ class Scheduler:
             req = self.swapped[0]
             n = req.num_uncomputed_tokens
             if req.batch_tokens(n) > budget:
-                if not self.chunked_prefill or req.num_computed_tokens + budget > req.prompt_tokens:
+                if not self.chunked_prefill or (req.num_samples > 1 and req.num_computed_tokens + budget
+                                                > req.prompt_tokens):
                     break
                 n = budget
             got = alloc.allocate(req.kv, req.num_tokens)
@@ -269,7 +272,7 @@ class Scheduler:
             cost = req.batch_tokens(n)
             req.num_computed_tokens = 0
             if cost > budget:
-                if not self.chunked_prefill or cached + budget > req.prompt_tokens:
+                if not self.chunked_prefill or (req.num_samples > 1 and cached + budget > req.prompt_tokens):
                     break
                 n = cost = budget
             got = alloc.allocate(req.kv, req.num_tokens)

@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-EXTRAS ?= test,calibration
+EXTRAS ?= test,calibration,ray
 
 .PHONY: quickstart test setup bench clean
 

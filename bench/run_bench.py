@@ -34,8 +34,8 @@ CHILD = r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
 from kvsim.config import load_scenario
-from kvsim.run import run
-import kvsim.run as R
+from kvsim.simulate import run
+import kvsim.simulate as R
 loaded = load_scenario(sys.argv[1], sys.argv[2:])
 scn = loaded.base
 t1 = time.perf_counter()
@@ -48,7 +48,7 @@ print(json.dumps({
     "requests": s["requests_total"], "finished": s["requests_finished"], "rejected": s["requests_rejected"],
     "engine_steps": s["engine_steps"], "rows": res.engine_rows, "event_loop_s": res.engine_wall_s,
     "trace_load_s": t2 - t1, "setup_s": t1 - t0, "in_process_s": t3 - t0,
-    "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    "peak_rss_mb": next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) / 1024,
     "sim_duration_s": s["duration_s"],
 }))
 """

@@ -9,6 +9,10 @@ def __getattr__(name):
         from kvsim import api
 
         return getattr(api, name)
+    if name == "sweep":
+        import importlib
+
+        return importlib.import_module("kvsim.sweep")
     if name == "load_scenario":
         from kvsim.config import load_scenario
 
@@ -16,4 +20,4 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
-__all__ = ["__version__", "load_scenario", "load_results", "run", "run_to_dir"]
+__all__ = ["__version__", "load_scenario", "load_results", "run", "run_to_dir", "sweep"]

@@ -18,8 +18,8 @@ from kvsim import __version__
 from kvsim.config import LoadedScenario, Scenario, load_scenario
 from kvsim.errors import ConfigError, SimulationLimitError, TraceError
 from kvsim.results import atomic_dir, write_json, write_parquet, write_yaml
-from kvsim.run import RunResult, build_trace, resolved_dict
-from kvsim.run import run as run_scenario
+from kvsim.simulate import RunResult, build_trace, resolved_dict
+from kvsim.simulate import run as run_scenario
 
 
 def run(scenario: Scenario | LoadedScenario | str | Path, *, base_dir: Path | str | None = None,
@@ -147,6 +147,11 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
                     plotting.plot_comparison_dir(tmp, list(summaries))
     finally:
         bar.close()
+    if plots:
+        # The self-contained HTML report reads the finished directory (plots embedded).
+        from kvsim.report import write_run_report
+
+        write_run_report(out)
     return out
 
 

@@ -30,7 +30,7 @@ def _cmd_run(args) -> int:
 
 def _cmd_validate(args) -> int:
     from kvsim.config import load_scenario
-    from kvsim.run import build_allocator
+    from kvsim.simulate import build_allocator
 
     from kvsim.errors import TraceError
     from kvsim.trace.config import resolve_path
@@ -71,7 +71,8 @@ def _cmd_models(args) -> int:
 
 
 # Sub-commands contributed by sub-packages: (module, function adding the sub-parser).
-PLUGIN_COMMANDS = [("kvsim.trace.cli", "register"), ("kvsim.calibration.cli", "register")]
+PLUGIN_COMMANDS = [("kvsim.trace.cli", "register"), ("kvsim.sweep.cli", "register"), ("kvsim.report.cli", "register"),
+                   ("kvsim.calibration.cli", "register")]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,9 +9,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import sys
+
 import matplotlib
 
-matplotlib.use("Agg")
+if "matplotlib.pyplot" not in sys.modules:  # keep a notebook's inline backend if pyplot is already up
+    matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402

@@ -26,13 +26,19 @@ INCOMPLETE_MARKER = "INCOMPLETE"
 
 
 def _pid_alive(pid: int) -> bool:
+    """Is ``pid`` a live process? A zombie (killed, not yet reaped) counts as dead."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (OSError, IndexError):
+        return True
 
 
 def clean_stale_tmp(out: Path) -> None:

@@ -23,7 +23,7 @@ def render_report(run_dir):
 
 def compare(paths, out=None, log=None):
     """Write comparison tables and plots for ``paths`` (run, variants or sweep dirs) into ``out``."""
-    from kvsim.report.compare import compare as _compare
+    from kvsim.report.comparison import compare as _compare
 
     return _compare(paths, out, log=log)
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 
 def _cmd_compare(args) -> int:
-    from kvsim.report.compare import compare
+    from kvsim.report.comparison import compare
 
     log = None if args.quiet else (lambda m: print(m, file=sys.stderr))
     written = compare(args.paths, Path(args.out) if args.out else None, log=log)

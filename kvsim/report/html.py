@@ -121,11 +121,21 @@ def _page(title: str, body: list[str]) -> str:
             f"<style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
 
 
-def _scenario_section(resolved_path: Path) -> str:
-    if not resolved_path.exists():
-        return ""
-    text = resolved_path.read_text(encoding="utf-8")
-    return (f'<h2 id="scenario-yaml">Scenario (resolved)</h2><details><summary>{_esc(resolved_path.name)}'
+def _scenario_section(run_dir: Path) -> str:
+    """The resolved scenario: the run's scenario.resolved.yaml, or (a variant subdirectory) this
+    variant's entry of the parent's."""
+    resolved_path = run_dir / "scenario.resolved.yaml"
+    if resolved_path.exists():
+        label, text = resolved_path.name, resolved_path.read_text(encoding="utf-8")
+    else:
+        from kvsim.report.tables import resolved_scenario
+
+        scn = resolved_scenario(run_dir)
+        if scn is None:
+            return ""
+        label = f"../scenario.resolved.yaml, runs.{run_dir.name}.scenario"
+        text = yaml.safe_dump(scn, sort_keys=False, allow_unicode=True)
+    return (f'<h2 id="scenario-yaml">Scenario (resolved)</h2><details><summary>{_esc(label)}'
             f"</summary><pre>{_esc(text)}</pre></details>")
 
 
@@ -165,7 +175,7 @@ def _single_run_body(run_dir: Path, tmp: Path) -> tuple[str, list[str]]:
     body = _header(title, run_dir, "run")
     body += ['<h2 id="summary-heading">Summary</h2>', _summary_table(summary, "summary")]
     body += ['<h2 id="plots">Plots</h2>'] + _run_plots(run_dir, tmp)
-    body.append(_scenario_section(run_dir / "scenario.resolved.yaml"))
+    body.append(_scenario_section(run_dir))
     return title, body
 
 
@@ -199,12 +209,12 @@ def _variants_body(run_dir: Path, tmp: Path) -> tuple[str, list[str]]:
                  f"<details><summary>summary.json of {_esc(p.name)}</summary>{_summary_table(summaries[p.name], None)}"
                  "</details>"]
         body += _run_plots(p, tmp)
-    body.append(_scenario_section(run_dir / "scenario.resolved.yaml"))
+    body.append(_scenario_section(run_dir))
     return title, body
 
 
 def _sweep_body(sweep_dir: Path, tmp: Path) -> tuple[str, list[str]]:
-    from kvsim.report.compare import PLOT_CAPTIONS, compare
+    from kvsim.report.comparison import PLOT_CAPTIONS, compare
 
     idx = pd.read_parquet(sweep_dir / "index.parquet")
     doc = {}

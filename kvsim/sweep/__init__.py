@@ -5,8 +5,27 @@
 ``load_index(sweep_dir)`` reads an index back. See ``docs/sweeps.md``.
 """
 
-from kvsim.sweep.index import load_index
-from kvsim.sweep.runner import run_sweep
-from kvsim.sweep.spec import LoadedSweep, SweepFile, SweepPoint, load_sweep
+_EXPORTS = {
+    "run_sweep": "kvsim.sweep.runner",
+    "load_sweep": "kvsim.sweep.spec",
+    "LoadedSweep": "kvsim.sweep.spec",
+    "SweepFile": "kvsim.sweep.spec",
+    "SweepPoint": "kvsim.sweep.spec",
+    "load_index": "kvsim.sweep.index",
+}
+
+
+def __getattr__(name):
+    # Lazy, so that registering `kvsim sweep` on the command line stays cheap.
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(name)
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_EXPORTS))
+
 
 __all__ = ["LoadedSweep", "SweepFile", "SweepPoint", "load_index", "load_sweep", "run_sweep"]

@@ -183,13 +183,17 @@ def _run_ray(tasks, on_outcome, jobs, retries, address) -> None:
     started_here = False
     if not ray.is_initialized():
         kwargs = dict(log_to_driver=False, logging_level=logging.WARNING, configure_logging=True)
-        if address:
-            ray.init(address=address, **kwargs)
-        else:
-            # A private local instance: never join a cluster that happens to be running here.
-            os.environ.pop("RAY_ADDRESS", None)
-            ray.init(address="local", num_cpus=jobs, include_dashboard=False, **kwargs)
-            started_here = True
+        try:
+            if address:
+                ray.init(address=address, **kwargs)
+            else:
+                # A private local instance: never join a cluster that happens to be running here.
+                os.environ.pop("RAY_ADDRESS", None)
+                ray.init(address="local", num_cpus=jobs, include_dashboard=False, **kwargs)
+                started_here = True
+        except Exception as e:  # noqa: BLE001 -- ConnectionError, timeouts, bad addresses...
+            where = f"the Ray cluster at {address}" if address else "a local Ray instance"
+            raise ConfigError(f"--executor ray: cannot use {where}: {type(e).__name__}: {e}") from None
     try:
         remote = ray.remote(num_cpus=1, max_retries=retries, retry_exceptions=True)(run_point)
         t0 = time.perf_counter()

@@ -16,6 +16,7 @@ interrupted sweep resumes where it stopped.
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -33,7 +34,7 @@ from kvsim.sweep.worker import make_task
 
 def _resolved_matches(point_dir: Path, point) -> bool:
     """Was ``point_dir`` produced from exactly this point's scenario?"""
-    from kvsim.run import resolved_dict
+    from kvsim.simulate import resolved_dict
 
     try:
         doc = yaml.safe_load((point_dir / "scenario.resolved.yaml").read_text(encoding="utf-8")) or {}
@@ -119,6 +120,14 @@ def run_sweep(sweep_file_or_spec: str | Path | dict | LoadedSweep, out_dir: str 
                    file=sys.stderr)
     errors_dir = out / "errors"
     failed: list[Outcome] = []
+    plain_say = say
+
+    def say(msg: str) -> None:  # noqa: F811 -- while the bar is shown, print above it
+        if bar is None:
+            plain_say(msg)
+        else:
+            with bar.external_write_mode(file=sys.stderr):
+                plain_say(msg)
 
     def on_outcome(o: Outcome) -> None:
         err_file = errors_dir / f"{o.point_id}.txt"
@@ -145,6 +154,7 @@ def run_sweep(sweep_file_or_spec: str | Path | dict | LoadedSweep, out_dir: str 
     finally:
         if bar is not None:
             bar.close()
+            bar = None
         # Also on Ctrl-C: the index lists every point, the unfinished ones as "pending".
         df = build_index(sweep, out, status)
         write_index(df, out)
@@ -153,6 +163,7 @@ def run_sweep(sweep_file_or_spec: str | Path | dict | LoadedSweep, out_dir: str 
         try:
             from kvsim.report import compare, write_run_report
 
+            shutil.rmtree(out / "compare", ignore_errors=True)  # no stale plots from an earlier run
             if (df["status"] == STATUS_OK).any():
                 compare([out], out / "compare", log=say)
             write_run_report(out)

@@ -32,8 +32,16 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kvsim.config import (LoadedScenario, Scenario, _undot, deep_merge, format_validation_error, parse_set,
-                          read_yaml_mapping, validate_scenario)
+from kvsim.config import (
+    LoadedScenario,
+    Scenario,
+    _undot,
+    deep_merge,
+    format_validation_error,
+    parse_set,
+    read_yaml_mapping,
+    validate_scenario,
+)
 from kvsim.errors import ConfigError, KvsimError, did_you_mean, format_choices
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -52,8 +60,8 @@ class SweepFile(BaseModel):
     description: str = ""
     base: dict[str, Any] | None = Field(None, description="the base scenario, inline")
     base_file: str | None = Field(None, description="the base scenario's YAML, relative to the sweep file")
-    set: dict[str, Any] = Field(default_factory=dict,
-                                description="dotted key -> value applied to the base (and its variants) for every point")
+    set: dict[str, Any] = Field(
+        default_factory=dict, description="dotted key -> value applied to the base (and its variants) for every point")
     grid: dict[str, list[Any]] = Field(default_factory=dict, description="dotted key -> values (cartesian product)")
     points: list[dict[str, Any]] = Field(default_factory=list, description="override sets, each with an optional name")
 
@@ -307,7 +315,8 @@ def load_sweep(source: str | Path | dict, *, base_dir: str | Path | None = None,
                     continue
                 merged = deep_merge(start, _undot(overrides)) if overrides else copy.deepcopy(start)
                 merged["name"] = pid
-                desc = ", ".join([f"variant={vname}"] * bool(vname) + [f"{k}={_short(v)}" for k, v in overrides.items()])
+                desc = ", ".join([f"variant={vname}"] * bool(vname)
+                                 + [f"{k}={_short(v)}" for k, v in overrides.items()])
                 seen[pid] = desc or "base"
                 try:
                     scn = _validate_point(merged, f"{where}: point {pid}", check_capacity, anchor.parent)
@@ -334,7 +343,7 @@ def _validate_point(raw: dict, where: str, check_capacity: bool, base_dir: Path)
         except KvsimError as e:
             raise ConfigError(f"{where}: trace.file: {e}") from None
     if check_capacity:
-        from kvsim.run import build_allocator
+        from kvsim.simulate import build_allocator
 
         try:
             build_allocator(scn, where)

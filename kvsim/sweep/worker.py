@@ -37,7 +37,8 @@ def run_point(task: dict) -> dict:
 
     t0 = time.perf_counter()
     crash = os.environ.get(CRASH_ENV)
-    if crash and crash in task["point_id"] and os.getpid() != task.get("driver_pid"):  # test hook: die like a segfault / OOM kill would
+    # test hook: die like a segfault / OOM kill would (never in the driver: executor "inline")
+    if crash and crash in task["point_id"] and os.getpid() != task.get("driver_pid"):
         os._exit(86)
     anchor = Path(task["anchor"])
     where = f"{anchor}: point {task['point_id']}"

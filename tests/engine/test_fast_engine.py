@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from helpers import make_scenario, make_trace
-from kvsim.run import run
+from kvsim.simulate import run
 
 
 def random_rows(n, seed, rate=40.0, prompt=(1, 300), output=(1, 120)):

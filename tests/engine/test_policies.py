@@ -9,7 +9,7 @@ import pytest
 
 from helpers import make_scenario, make_trace
 from kvsim.config import Scenario
-from kvsim.run import run
+from kvsim.simulate import run
 from kvsim.trace.load import load_trace
 from kvsim.trace.prefix import block_keys
 

@@ -3,7 +3,7 @@
 import pytest
 
 from helpers import make_scenario, make_trace
-from kvsim.run import run
+from kvsim.simulate import run
 
 
 def timeline(scn, rows, **kw):

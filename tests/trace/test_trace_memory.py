@@ -17,8 +17,10 @@ REPO = Path(__file__).resolve().parents[2]
 N = 1_000_000
 LIMIT_BYTES = 1 << 30
 
-# Measured in a fresh interpreter, so the peak RSS (ru_maxrss) belongs to the load alone: the
-# extra memory is peak RSS during the load minus RSS just before it (modules already imported).
+# Measured in a fresh interpreter: the extra memory is the peak RSS during the load minus the RSS
+# just before it (modules already imported). The peak is VmHWM of /proc/self/status, which belongs
+# to this process's address space; getrusage's ru_maxrss would not do, because Linux keeps it
+# across execve, so a child of a large pytest process would report its parent's size.
 PROBE = """
 import resource, sys, time
 import numpy, pandas, pyarrow, pyarrow.compute, pyarrow.json
@@ -29,7 +31,7 @@ before = rss()
 t0 = time.perf_counter()
 trace = load_trace(sys.argv[1])
 seconds = time.perf_counter() - t0
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = next(int(line.split()[1]) for line in open('/proc/self/status') if line.startswith('VmHWM:')) * 1024
 keys = sum(len(k) for k in trace.prefix_keys)
 print(len(trace), keys, peak - before, f"{seconds:.2f}")
 """

@@ -37,20 +37,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
+import pandas as pd
+import yaml
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import yaml  # noqa: E402
+from kvsim.errors import KvsimError
 
-from kvsim.errors import KvsimError  # noqa: E402
-from kvsim.plots import METADATA, _time_binned, plot_concurrency_comparison, plot_fragmentation_bars, \
-    plot_latency_cdfs  # noqa: E402
-from kvsim.report.tables import (bandwidth_value, flatten, get_path, is_missing, prefix_hit_value,  # noqa: E402
-                                 resolved_scenario, summary_metrics)
-from kvsim.results import write_text_atomic  # noqa: E402
+# pyplot comes from kvsim.plots, which selects the Agg backend before importing it.
+from kvsim.plots import (
+    METADATA,
+    _time_binned,
+    plot_concurrency_comparison,
+    plot_fragmentation_bars,
+    plot_latency_cdfs,
+    plt,
+)
+from kvsim.report.tables import (
+    bandwidth_value,
+    flatten,
+    get_path,
+    is_missing,
+    prefix_hit_value,
+    resolved_scenario,
+    summary_metrics,
+)
+from kvsim.results import write_text_atomic
 
 KNEE_FACTOR = 2.0
 KEEP_UP = 0.8  # the lowest rate counts as unsaturated when throughput >= KEEP_UP x offered rate
@@ -396,7 +407,8 @@ def plot_prefix_hit_vs_capacity(runs: list[Run], path: Path) -> Path:
     have = [r for r in runs if prefix_hit_value(r.summary) is not None]
 
     def cap(r: Run):
-        return get_path(r.summary, ("prefix_cache", "capacity_tokens")) or get_path(r.summary, ("kv", "capacity_tokens"))
+        return (get_path(r.summary, ("prefix_cache", "capacity_tokens"))
+                or get_path(r.summary, ("kv", "capacity_tokens")))
 
     groups = series_of(have, ("kv_budget", "gpu", "kv_dtype"))
     for i, (g, rs) in enumerate(groups.items()):

@@ -1,0 +1,136 @@
+"""``kvsim compare``: tables and plots over sweep, variants and run directories."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from report_helpers import BLOCKS, RATES, kvsim_main
+
+from kvsim.errors import KvsimError
+from kvsim.report import compare
+from kvsim.report.comparison import KNEE_FACTOR, collect_runs, knee_of
+
+ALWAYS = ["fragmentation_breakdown.png", "concurrency_comparison.png", "memory_over_time.png", "latency_cdf.png"]
+
+
+def assert_real_png(path: Path, min_bytes: int = 8_000) -> None:
+    """A PNG of some size whose pixels are not all one colour."""
+    import matplotlib.image as mpimg
+
+    assert path.exists(), path
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > min_bytes, (path, len(data))
+    img = mpimg.imread(path)
+    assert img.shape[0] > 200 and img.shape[1] > 300
+    assert float(np.std(img[..., :3])) > 0.02, f"{path} looks blank"
+
+
+def test_sweep_compare_writes_every_applicable_plot(rate_sweep, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert kvsim_main(["compare", str(rate_sweep), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.split()
+    for name in ALWAYS + ["concurrency_vs_block_size.png", "throughput_vs_rate.png",
+                          "normalized_latency_vs_rate.png"]:
+        assert_real_png(out / name)
+        assert str(out / name) in printed
+    assert not (out / "prefix_hit_ratio_vs_capacity.png").exists()  # no prefix caching in these runs
+    assert not (out / "bandwidth_vs_block_size.png").exists()       # no calibrated timing
+    table = pd.read_csv(out / "comparison.csv")
+    assert len(table) == len(RATES) * len(BLOCKS)
+    assert {"label", "point_id", "allocator.block_size", "trace.synthetic.arrival.rate_per_s",
+            "offered_rate_req_per_s", "throughput_requests_per_s", "normalized_latency_s_per_token",
+            "kv_internal_frag_frac"} <= set(table.columns)
+    knees = pd.read_csv(out / "knees.csv")
+    assert sorted(knees["series"]) == [f"block_size={b}" for b in sorted(BLOCKS)]
+    assert (knees["points"] == len(RATES)).all()
+    for _, k in knees.iterrows():
+        assert k["knee_trace.synthetic.arrival.rate_per_s"] in RATES
+        assert k["normalized_latency_at_knee"] <= KNEE_FACTOR * k["normalized_latency_at_lowest_rate"]
+
+
+def test_sweep_run_wrote_compare_dir(rate_sweep):
+    for name in ALWAYS + ["concurrency_vs_block_size.png", "throughput_vs_rate.png", "comparison.csv"]:
+        assert (rate_sweep / "compare" / name).exists()
+
+
+def test_variants_dir_and_default_out(variants_dir):
+    written = compare([variants_dir])
+    out = variants_dir / "compare"
+    for name in ALWAYS:
+        assert written[name] == out / name
+        assert_real_png(out / name)
+    assert "concurrency_vs_block_size.png" not in written  # one paged block size only
+    assert "throughput_vs_rate.png" not in written
+    table = pd.read_csv(out / "comparison.csv")
+    assert table["label"].tolist() == ["contiguous-max", "contiguous-oracle", "contiguous-pow2", "paged-16"]
+    assert "allocator.kind" in table.columns  # the scenario keys that differ between the runs
+
+
+def test_several_run_dirs_need_out_and_get_qualified_labels(variants_dir, tmp_path):
+    a = variants_dir / "paged-16"
+    with pytest.raises(KvsimError, match="give --out"):
+        compare([a, variants_dir / "contiguous-max"])
+    copy = tmp_path / "again"
+    shutil.copytree(variants_dir, copy)
+    runs, meta = collect_runs([variants_dir, copy])
+    labels = [r.label for r in runs]
+    assert len(set(labels)) == 8 and f"{variants_dir.name}/paged-16" in labels and "again/paged-16" in labels
+    written = compare([a, variants_dir / "contiguous-max"], tmp_path / "two")
+    assert_real_png(written["memory_over_time.png"])
+
+
+def test_not_a_run_dir(tmp_path, capsys):
+    assert kvsim_main(["compare", str(tmp_path)]) == 2
+    assert "not a kvsim run, variants or sweep directory" in capsys.readouterr().err
+
+
+def _fabricate(src_points: list[Path], dst: Path, extra) -> list[Path]:
+    """Copy run dirs and add keys to their summaries (features other engineers are adding)."""
+    out = []
+    for i, p in enumerate(src_points):
+        d = dst / f"run{i}"
+        shutil.copytree(p, d)
+        s = json.loads((d / "summary.json").read_text())
+        s.update(extra(i, s))
+        (d / "summary.json").write_text(json.dumps(s))
+        out.append(d)
+    return out
+
+
+def test_prefix_hit_ratio_plot_is_conditional(rate_sweep, tmp_path):
+    points = sorted((rate_sweep / "points").iterdir())[:3]
+    runs = _fabricate(points, tmp_path / "pc", lambda i, s: {
+        "prefix_cache": {"hit_ratio_tokens": 0.1 + 0.1 * i, "hit_ratio_blocks": 0.1 * i, "evictions": 10 - i},
+        "kv": {**s["kv"], "capacity_tokens": 10_000 * 2 ** i}})
+    written = compare(runs, tmp_path / "out")
+    assert_real_png(written["prefix_hit_ratio_vs_capacity.png"], min_bytes=5_000)
+    table = pd.read_csv(tmp_path / "out" / "comparison.csv")
+    assert table["prefix_cache_hit_ratio_tokens"].round(3).tolist() == [0.1, 0.2, 0.3]
+    plain = compare(points, tmp_path / "plain")
+    assert "prefix_hit_ratio_vs_capacity.png" not in plain
+
+
+def test_bandwidth_plot_is_conditional(rate_sweep, tmp_path):
+    points = sorted((rate_sweep / "points").iterdir())
+    runs = _fabricate(points, tmp_path / "bw", lambda i, s: {"kv_bandwidth_utilisation": 0.5 + 0.01 * i})
+    written = compare(runs, tmp_path / "out")
+    assert_real_png(written["bandwidth_vs_block_size.png"], min_bytes=5_000)
+    nested = _fabricate(points[:2], tmp_path / "bw2", lambda i, s: {"kv_bandwidth_utilisation": {"mean": 0.4}})
+    assert "bandwidth_vs_block_size.png" in compare(nested, tmp_path / "out2")
+
+
+@pytest.mark.parametrize("points, throughputs, expected", [
+    ([(1, 0.02), (2, 0.03), (3, 0.039), (4, 0.05), (5, 0.5)], None, 2),
+    ([(1, 0.02), (2, 0.021)], None, 1),                      # never crosses: the highest rate
+    ([(1, 0.02), (2, 0.5), (3, 0.03)], None, 0),             # only the first crossing counts
+    ([(1, 1.0), (2, 1.5), (3, 1.9)], [0.5, 0.6, 0.6], None),  # already saturated at the lowest rate
+    ([(1, 0.02), (2, 0.03)], [0.99, 1.9], 1),
+    ([], None, None),
+])
+def test_knee_rule(points, throughputs, expected):
+    assert knee_of(points, throughputs=throughputs) == expected

@@ -1,0 +1,198 @@
+"""Running sweeps: the index, resuming, failures and retries, crash isolation, the Ray executor."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+import yaml
+from sweep_helpers import BLOCK_SIZES, REPO, SHORT, STUDY_SWEEP, kvsim_main, metric_frame
+
+from kvsim.report.tables import METRICS
+from kvsim.results import is_complete_run_dir
+from kvsim.sweep import load_index, run_sweep
+from kvsim.sweep.worker import CRASH_ENV
+
+TRACE = str(REPO / "traces" / "azure_conv_2023.csv.gz")
+
+
+def run_cli(argv: list[str]) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = kvsim_main(argv)
+    return rc, err.getvalue()
+
+
+def test_block_size_sweep_index(block_sweep):
+    out, df, log = block_sweep
+    assert "10 points, 0 already complete (skipped), 10 to run with local executor, 2 jobs" in log
+    assert len(df) == 10 and (df["status"] == "ok").all() and (df["error"] == "").all()
+    assert df["allocator.block_size"].tolist() == BLOCK_SIZES
+    assert str(df["allocator.block_size"].dtype) == "Int64"
+    assert df["kv_block_size_tokens"].tolist() == BLOCK_SIZES
+    assert list(df.columns[:6]) == ["point_id", "point_name", "allocator.block_size", "status", "error", "run_dir"]
+    for col in ["throughput_requests_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s",
+                "e2e_p99_s", "concurrency_max", "concurrency_mean", "kv_token_states_frac", "kv_reservation_frac",
+                "kv_internal_frag_frac", "kv_external_frag_frac", "kv_free_frac", "preemptions", "requests_finished",
+                "requests_rejected", "normalized_latency_s_per_token"]:
+        assert col in df.columns and df[col].notna().all(), col
+    # internal fragmentation grows with the block size; the 1-token block wastes nothing
+    assert df["kv_internal_frag_frac"].iloc[0] == 0
+    assert df["kv_internal_frag_frac"].iloc[-1] > df["kv_internal_frag_frac"].iloc[4] > 0
+    assert df["concurrency_max"].iloc[0] >= df["concurrency_max"].iloc[-1]
+    for _, row in df.iterrows():
+        d = out / row["run_dir"]
+        assert is_complete_run_dir(d)
+        assert json.loads((d / "summary.json").read_text())["name"] == row["point_id"]
+    csv = pd.read_csv(out / "index.csv")
+    assert csv["point_id"].tolist() == df["point_id"].tolist()
+    pd.testing.assert_frame_equal(load_index(out), df)
+    resolved = yaml.safe_load((out / "sweep.resolved.yaml").read_text())
+    assert resolved["override_keys"] == ["allocator.block_size"] and resolved["set"] == {"trace.end_s": 60}
+    assert len(resolved["points"]) == 10
+    # the report and the comparison plots are written at the end of the sweep
+    assert (out / "report.html").stat().st_size > 10_000
+    assert (out / "compare" / "concurrency_vs_block_size.png").exists()
+
+
+def test_rerun_skips_complete_points_and_resumes_deleted_ones(block_sweep_copy):
+    out, df = block_sweep_copy
+    import shutil
+
+    points = sorted((out / "points").iterdir())
+    gone = [points[0], points[4], points[9]]
+    for p in gone:
+        shutil.rmtree(p)
+    before = {p.name: (p.stat().st_ino, (p / "summary.json").stat().st_mtime_ns) for p in points if p not in gone}
+    rc, log = run_cli(["sweep", str(STUDY_SWEEP), *SHORT, "--out", str(out), "--jobs", "2", "--no-plots",
+                       "--no-report"])
+    assert rc == 0, log
+    assert "10 points, 7 already complete (skipped), 3 to run" in log
+    assert "3 ran, 7 skipped, 0 failed" in log
+    for name, (ino, mtime) in before.items():
+        p = out / "points" / name
+        assert (p.stat().st_ino, (p / "summary.json").stat().st_mtime_ns) == (ino, mtime), name
+    assert all(is_complete_run_dir(p) for p in gone)
+    # the resumed sweep's index equals the uninterrupted one
+    pd.testing.assert_frame_equal(metric_frame(pd.read_parquet(out / "index.parquet")), metric_frame(df))
+
+
+def test_a_point_made_from_another_scenario_is_rerun(block_sweep_copy):
+    out, _ = block_sweep_copy
+    from kvsim.sweep import load_sweep
+    from kvsim.sweep.runner import point_state
+
+    short = load_sweep(STUDY_SWEEP, overrides=["trace.end_s=30"])
+    same = load_sweep(STUDY_SWEEP, overrides=["trace.end_s=60"])
+    assert [point_state(short, out, p) for p in short.points] == ["stale"] * 10
+    assert [point_state(same, out, p) for p in same.points] == ["complete"] * 10
+
+
+def test_killed_sweep_resumes(tmp_path):
+    """Kill a sweep (driver and workers) mid-way; the rerun runs only the points not complete."""
+    out = tmp_path / "sweep"
+    sizes = [1, 16, 64, 256]
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "base": {"trace": {"file": TRACE, "end_s": 60}, "model": "OPT-13B", "gpu": "A100-40GB"},
+        "grid": {"allocator.block_size": sizes}}))
+    proc = subprocess.Popen([sys.executable, "-m", "kvsim", "sweep", str(sweep), "--out", str(out), "--jobs", "1",
+                             "--no-plots", "--no-report", "-q"], start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            done = [p for p in out.glob("points/*") if is_complete_run_dir(p)]
+            if len(done) >= 1 or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # the driver and its pool workers: a session of our own
+        proc.wait()
+    complete = sorted(p.name for p in (out / "points").iterdir() if is_complete_run_dir(p))
+    assert 1 <= len(complete) < len(sizes), "the sweep was not killed mid-way"
+    assert not (out / "index.parquet").exists()  # killed before the end: no index yet
+    df = run_sweep(sweep, out, jobs=2, plots=False, report=False)
+    info = df.attrs["sweep"]
+    assert info["skipped"] == len(complete) and info["ran"] == len(sizes) - len(complete) and info["failed"] == 0
+    assert (df["status"] == "ok").all() and len(df) == len(sizes)
+    leftovers = [p.name for p in (out / "points").iterdir() if p.name.startswith(".")]
+    assert leftovers == [], leftovers  # temporary dirs of the killed points were cleaned up
+
+
+def test_failing_point_is_retried_recorded_and_exit_code_is_1(tmp_path):
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "base": {"trace": {"file": TRACE, "end_s": 30}, "model": "OPT-13B", "gpu": "A100-40GB"},
+        "points": [{"name": "good"}, {"name": "too-slow", "limits.max_sim_time_s": 0.5}],
+    }))
+    out = tmp_path / "out"
+    rc, log = run_cli(["sweep", str(sweep), "--out", str(out), "--jobs", "2", "--no-plots", "--retries", "1"])
+    assert rc == 1
+    assert "attempt 1 failed (SimulationLimitError" in log and "retrying" in log
+    assert "FAILED after 2 attempt(s)" in log
+    df = pd.read_parquet(out / "index.parquet")
+    assert df["status"].tolist() == ["ok", "failed"]
+    assert df["point_name"].tolist() == ["good", "too-slow"]
+    assert df.loc[1, "error"].startswith("SimulationLimitError: ") and pd.isna(df.loc[1, "throughput_requests_per_s"])
+    assert df.loc[1, "limits.max_sim_time_s"] == 0.5 and pd.isna(df.loc[0, "limits.max_sim_time_s"])
+    err_file = out / "errors" / f"{df.loc[1, 'point_id']}.txt"
+    assert "failed after 2 attempt(s)" in err_file.read_text() and "Traceback" in err_file.read_text()
+    assert (out / "report.html").exists(), log  # the report still covers the points that ran
+    # a rerun retries only the failed point
+    rc, log = run_cli(["sweep", str(sweep), "--out", str(out), "--jobs", "2", "--no-plots", "--retries", "0",
+                       "--no-report"])
+    assert rc == 1 and "1 already complete (skipped), 1 to run" in log
+
+
+def test_crashing_worker_fails_only_its_point(tmp_path, monkeypatch):
+    sweep = {"base": {"trace": {"file": TRACE, "end_s": 20}, "model": "OPT-13B", "gpu": "A100-40GB"},
+             "grid": {"allocator.block_size": [8, 16, 32]}}
+    monkeypatch.setenv(CRASH_ENV, "block_size-16-")
+    logs: list[str] = []
+    df = run_sweep(sweep, tmp_path / "out", jobs=2, retries=1, plots=False, report=False, log=logs.append)
+    assert df["status"].tolist() == ["ok", "failed", "ok"]
+    assert "worker process died" in df.loc[1, "error"]
+    assert df.attrs["sweep"]["failed"] == 1
+
+
+def test_python_api_inline_executor_and_dict_spec(tmp_path):
+    spec = {"name": "api", "base": {"trace": {"file": TRACE, "end_s": 20}, "model": "OPT-13B", "gpu": "A100-40GB"},
+            "points": [{"name": "fp16"}, {"name": "fp8", "kv_dtype": "fp8"}]}
+    df = run_sweep(spec, tmp_path / "out", executor="inline", plots=False, report=False)
+    assert df["point_name"].tolist() == ["fp16", "fp8"] and (df["status"] == "ok").all()
+    assert df.loc[1, "kv_bytes_per_token"] * 2 == df.loc[0, "kv_bytes_per_token"]
+    assert df.attrs["sweep"]["ran"] == 2
+    again = run_sweep(spec, tmp_path / "out", executor="inline", plots=False, report=False)
+    assert again.attrs["sweep"]["skipped"] == 2
+    pd.testing.assert_frame_equal(again, df)
+    with pytest.raises(Exception, match="unknown executor"):
+        run_sweep(spec, tmp_path / "o2", executor="dask")
+
+
+def test_ray_executor_gives_identical_index(block_sweep, tmp_path):
+    pytest.importorskip("ray", reason="Ray is the optional extra kvsim[ray] (CI installs it)")
+    out_local, df_local, _ = block_sweep
+    out = tmp_path / "ray"
+    rc, log = run_cli(["sweep", str(STUDY_SWEEP), *SHORT, "--out", str(out), "--jobs", "2", "--no-plots",
+                       "--no-report", "--executor", "ray"])
+    assert rc == 0, log
+    assert "with ray executor" in log
+    df_ray = pd.read_parquet(out / "index.parquet")
+    pd.testing.assert_frame_equal(df_ray, df_local)
+    for col in METRICS:
+        assert df_ray[col].equals(df_local[col]), col
+    # same simulator output, byte for byte
+    for pid in df_local["point_id"]:
+        a = pd.read_parquet(out_local / "points" / pid / "requests.parquet")
+        b = pd.read_parquet(out / "points" / pid / "requests.parquet")
+        pd.testing.assert_frame_equal(a, b)

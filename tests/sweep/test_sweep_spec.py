@@ -1,0 +1,190 @@
+"""Sweep files: schema, expansion, point ids, up-front validation and its error messages."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from sweep_helpers import REPO, STUDY_SWEEP, kvsim_main
+
+from kvsim.errors import ConfigError
+from kvsim.sweep import load_sweep
+from kvsim.sweep.spec import point_hash, point_slug
+
+TRACE = str(REPO / "traces" / "azure_conv_2023.csv.gz")
+BASE = {"trace": {"file": TRACE, "end_s": 60}, "model": "OPT-13B", "gpu": "A100-40GB"}
+
+
+def write(tmp_path: Path, doc: dict, name: str = "sweep.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return p
+
+
+def test_grid_is_a_cartesian_product_last_key_fastest(tmp_path):
+    s = load_sweep(write(tmp_path, {"base": BASE, "grid": {"kv_dtype": ["fp16", "fp8"],
+                                                           "allocator.block_size": [16, 32, 64]}}))
+    assert [(p.overrides["kv_dtype"], p.overrides["allocator.block_size"]) for p in s.points] == [
+        ("fp16", 16), ("fp16", 32), ("fp16", 64), ("fp8", 16), ("fp8", 32), ("fp8", 64)]
+    assert s.override_keys == ["kv_dtype", "allocator.block_size"]
+    assert s.points[4].scenario.kv_dtype == "fp8" and s.points[4].scenario.allocator.block_size == 32
+    assert s.name == "sweep" and not s.has_variants
+
+
+def test_point_ids_are_deterministic_slug_plus_hash(tmp_path):
+    doc = {"base": BASE, "grid": {"allocator.block_size": [1, 512], "trace.rate_scale": [0.5]}}
+    a = load_sweep(write(tmp_path, doc))
+    b = load_sweep(write(tmp_path, doc, "other.yaml"))
+    assert [p.id for p in a.points] == [p.id for p in b.points]
+    h = point_hash(None, {"allocator.block_size": 1, "trace.rate_scale": 0.5})
+    assert a.points[0].id == f"block_size-1_rate_scale-0.5-{h}"
+    for p in a.points:
+        assert re.fullmatch(r"[A-Za-z0-9._-]+-[0-9a-f]{8}", p.id)
+        assert p.scenario.name == p.id
+    # the hash ignores key order; the name goes into the slug only
+    assert point_hash(None, {"a": 1, "b": 2}) == point_hash(None, {"b": 2, "a": 1})
+    assert point_slug("my-point", None, {"x": 1}) == "my-point"
+    assert len(point_slug(None, None, {f"k{i}": "v" * 30 for i in range(5)})) <= 48
+
+
+def test_points_times_grid_and_names(tmp_path):
+    s = load_sweep(write(tmp_path, {
+        "base": BASE,
+        "points": [{"name": "orca-max", "allocator": {"kind": "contiguous", "reservation": "max"}},
+                   {"name": "paged-16", "allocator.block_size": 16}],
+        "grid": {"trace.rate_scale": [1, 2]},
+    }))
+    assert [(p.name, p.overrides["trace.rate_scale"]) for p in s.points] == [
+        ("orca-max", 1), ("orca-max", 2), ("paged-16", 1), ("paged-16", 2)]
+    assert s.points[0].scenario.allocator.kind == "contiguous"
+    assert s.points[0].id.startswith("orca-max-")
+    assert s.points[3].scenario.trace.rate_scale == 2
+
+
+def test_no_grid_no_points_is_one_point(tmp_path):
+    s = load_sweep(write(tmp_path, {"base": BASE}))
+    assert len(s.points) == 1 and s.points[0].overrides == {} and s.points[0].id.startswith("base-")
+
+
+def test_base_variants_are_expanded_as_points(tmp_path):
+    scn = dict(BASE, variants={"max": {"allocator": {"kind": "contiguous", "reservation": "max"}},
+                               "paged": {"allocator.block_size": 32}})
+    write(tmp_path, scn, "base.yaml")
+    s = load_sweep(write(tmp_path, {"base_file": "base.yaml", "grid": {"trace.rate_scale": [1, 4]}}))
+    assert s.has_variants
+    assert [(p.variant, p.overrides["trace.rate_scale"]) for p in s.points] == [
+        ("max", 1), ("max", 4), ("paged", 1), ("paged", 4)]
+    assert s.points[0].scenario.allocator.kind == "contiguous"
+    assert s.points[2].scenario.allocator.block_size == 32
+    assert s.points[2].id.startswith("paged_rate_scale-1-")
+    assert all(not p.scenario.variants for p in s.points)
+
+
+def test_base_file_paths_resolve_against_the_base_file(tmp_path):
+    (tmp_path / "scn").mkdir()
+    (tmp_path / "sw").mkdir()
+    write(tmp_path / "scn", dict(BASE, trace={"file": "../t.csv"}), "base.yaml")
+    with pytest.raises(ConfigError, match=r"point base-[0-9a-f]{8}: trace.file: ../t.csv: trace file does not exist"):
+        load_sweep(write(tmp_path / "sw", {"base_file": "../scn/base.yaml"}))
+    (tmp_path / "t.csv").write_text("x")
+    s = load_sweep(write(tmp_path / "sw", {"base_file": "../scn/base.yaml"}))
+    assert s.anchor == (tmp_path / "scn" / "base.yaml").resolve()
+    s2 = load_sweep(write(tmp_path / "sw", {"base": dict(BASE)}, "inline.yaml"))
+    assert s2.anchor == (tmp_path / "sw" / "inline.yaml").resolve()
+    assert s2.loaded_scenario(s2.points[0]).path == s2.anchor
+
+
+def test_set_and_cli_overrides_apply_to_every_point(tmp_path):
+    p = write(tmp_path, {"base": BASE, "set": {"trace.end_s": 30, "kv_dtype": "fp8"},
+                         "grid": {"allocator.block_size": [8, 16]}})
+    s = load_sweep(p, overrides=["kv_dtype=int8"])
+    assert all(pt.scenario.trace.end_s == 30 and pt.scenario.kv_dtype == "int8" for pt in s.points)
+    assert s.resolved()["set"] == {"trace.end_s": 30, "kv_dtype": "int8"}
+
+
+def test_in_memory_spec_resolves_against_base_dir(tmp_path):
+    spec = {"name": "mem", "base": dict(BASE, trace={"file": "t.csv"}), "grid": {"kv_dtype": ["fp16"]}}
+    (tmp_path / "t.csv").write_text("x")
+    s = load_sweep(spec, base_dir=tmp_path)
+    assert s.name == "mem" and s.anchor.parent == tmp_path.resolve()
+
+
+@pytest.mark.parametrize("doc, pieces", [
+    ({"base": BASE, "grdi": {}}, ["grdi: unknown key 'grdi'", "did you mean 'grid'", "valid keys:"]),
+    ({"grid": {}}, ["exactly one of 'base'"]),
+    ({"base": BASE, "base_file": "x.yaml"}, ["exactly one of 'base'"]),
+    ({"base": BASE, "grid": {"kv_dtype": []}}, ["empty list"]),
+    ({"base": BASE, "grid": {"name": ["a"]}}, ["cannot override 'name'"]),
+    ({"base": BASE, "grid": {"variants.x": [1]}}, ["cannot override 'variants'"]),
+    ({"base": BASE, "points": [{"name": "a"}, {"name": "a"}]}, ["used twice"]),
+    ({"base": BASE, "points": [{"name": "bad name"}]}, ["must be letters"]),
+    ({"base": BASE, "points": [{"kv_dtype": "fp8"}], "grid": {"kv_dtype": ["fp16"]}}, ["also a grid key"]),
+    ({"base": BASE, "points": [{"kv_dtype": "fp8"}, {"kv_dtype": "fp8"}]}, ["listed twice"]),
+])
+def test_sweep_file_errors_name_the_file_and_key(tmp_path, doc, pieces):
+    p = write(tmp_path, doc)
+    with pytest.raises(ConfigError) as e:
+        load_sweep(p)
+    msg = str(e.value)
+    assert str(p) in msg
+    for piece in pieces:
+        assert piece in msg
+
+
+def test_invalid_points_name_sweep_point_and_key(tmp_path):
+    p = write(tmp_path, {"base": BASE, "grid": {"allocator.block_size": [16, 1024], "kv_dtype": ["fp16", "fp7"]}})
+    with pytest.raises(ConfigError) as e:
+        load_sweep(p)
+    msg = str(e.value)
+    assert msg.startswith("3 invalid points:")
+    bad = [line.strip() for line in msg.splitlines()[1:]]
+    assert len(bad) == 3 and all(line.startswith(f"{p}: point ") for line in bad)
+    assert any(re.search(r"point block_size-1024_kv_dtype-fp16-[0-9a-f]{8}: allocator\.block_size: ", b) for b in bad)
+    assert any("kv_dtype: Input should be" in b and "fp7" in b for b in bad)
+
+
+def test_unknown_override_key_and_impossible_capacity(tmp_path):
+    p = write(tmp_path, {"base": dict(BASE, kv_budget={"tokens": 100}),
+                         "points": [{"name": "typo", "allocator.blok_size": 4},
+                                    {"name": "big", "allocator.block_size": 512}]})
+    with pytest.raises(ConfigError) as e:
+        load_sweep(p)
+    msg = str(e.value)
+    assert re.search(r"point typo-[0-9a-f]{8}: allocator\.blok_size: unknown key 'blok_size'", msg)
+    assert "did you mean 'block_size'" in msg
+    assert re.search(r"point big-[0-9a-f]{8}: kv_budget: .*less than one 512-token block", msg)
+
+
+def test_bad_base_file(tmp_path):
+    p = write(tmp_path, {"base_file": "missing.yaml"})
+    with pytest.raises(ConfigError, match="missing.yaml: base scenario file not found"):
+        load_sweep(p)
+    write(tmp_path, {"trace": {"file": "x"}, "model": "GPT-9"}, "b.yaml")
+    with pytest.raises(ConfigError, match=r"base_file b.yaml: model: unknown model preset 'GPT-9'"):
+        load_sweep(write(tmp_path, {"base_file": "b.yaml"}))
+
+
+def test_shipped_study_sweeps_validate():
+    studies = sorted((REPO / "scenarios" / "studies").glob("*sweep*.yaml"))
+    assert STUDY_SWEEP in studies and len(studies) >= 4
+    for f in studies:
+        assert load_sweep(f).points, f
+
+
+def test_cli_dry_run_lists_points(tmp_path, capsys):
+    rc = kvsim_main(["sweep", str(STUDY_SWEEP), "--set", "trace.end_s=60", "--dry-run"])
+    out = capsys.readouterr()
+    assert rc == 0
+    lines = out.out.strip().splitlines()
+    assert len(lines) == 10 and lines[0].startswith("block_size-1-") and "allocator.block_size=1" in lines[0]
+    assert "10 points, all valid" in out.err
+
+
+def test_cli_invalid_sweep_exits_2(tmp_path, capsys):
+    p = write(tmp_path, {"base": BASE, "grid": {"allocator.block_size": [0]}})
+    assert kvsim_main(["sweep", str(p), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvsim: error: ") and "allocator.block_size" in err
+    assert not (tmp_path / "o").exists()

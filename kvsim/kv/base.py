@@ -276,3 +276,66 @@ class SlotLedger:
             w = self.written[r]
             assert 0 <= w <= a, f"{who}: request {r} written {w} outside [0, held {a}]"
             assert w <= self.final[r], f"{who}: request {r} written {w} beyond final {self.final[r]}"
+
+
+class ExtentAllocator:
+    """What allocators with one up-front extent per request (contiguous, buddy) share: the extent
+    holds every token the request will write, so growth never allocates, and parallel samples get
+    unshared copies (``n x`` the reservation; written = ``n x`` a sequence's length).
+
+    Subclasses set ``capacity_tokens`` and implement ``_external(head)`` plus the placement."""
+
+    block_size_tokens = None
+
+    def _init_ledger(self) -> None:
+        self.ledger = SlotLedger()
+        self._samples: dict[int, int] = {}  # requests with parallel samples -> n
+
+    def _add_extent(self, req: KVRequest, size_tokens: int) -> None:
+        self.ledger.add(req.request_id, req.final_kv_tokens * req.num_samples, size_tokens)
+        if req.num_samples > 1:
+            self._samples[req.request_id] = req.num_samples
+
+    def _remove_extent(self, request_id: int) -> None:
+        self.ledger.remove(request_id)
+        self._samples.pop(request_id, None)
+
+    def held_tokens(self, request_id: int) -> int:
+        return self.ledger.held[request_id]
+
+    def written_offset_tokens(self, request_id: int) -> int:
+        return 0  # samples are unshared copies: written = samples x length
+
+    def seq_capacity_tokens(self, request_id: int) -> int:
+        return self.ledger.held[request_id] // self._samples.get(request_id, 1)
+
+    def ensure_slots(self, request_id: int, num_tokens: int) -> bool:
+        self.ledger.require(request_id)
+        written = num_tokens * self._samples.get(request_id, 1)
+        if written > self.ledger.held[request_id]:
+            # The reservation covers prompt + output by construction: growing past it is a bug.
+            raise ValueError(
+                f"request {request_id}: {num_tokens} tokens exceed its extent of {self.ledger.held[request_id]}"
+            )
+        if written < self.ledger.written[request_id]:
+            raise ValueError(f"request {request_id}: written tokens cannot shrink")
+        self.ledger.set_written(request_id, written)
+        return True
+
+    def advance_written(self, request_ids, written_tokens) -> None:
+        """Bulk ``ensure_slots`` (decode windows)."""
+        for r, w in zip(request_ids, written_tokens):
+            self.ensure_slots(r, w)
+
+    def grow_all_by_one(self, request_ids) -> bool:
+        """A decode step for every admitted request at once: extents already hold every token."""
+        if self._samples:
+            return False
+        return self.ledger.grow_all_by_one(request_ids, 1, 0) == 0
+
+    def usage(self, head: KVRequest | None = None, head_hold_tokens: int = 0) -> KVUsage:
+        return self.ledger.usage(self.capacity_tokens, self._external(head))
+
+    def usage_parts(self, head: KVRequest | None = None) -> tuple[int, int, int, int, int]:
+        """(sum held, sum min(held, final), shared, cached free, external) in tokens."""
+        return self.ledger.sum_held, self.ledger.sum_useful, 0, 0, self._external(head)

@@ -22,7 +22,7 @@ from typing import Literal
 from pydantic import Field
 
 from kvsim.config_base import StrictModel
-from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, SlotLedger, cdiv
+from kvsim.kv.base import NO_HIT, Allocation, ExtentAllocator, KVRequest, cdiv
 from kvsim.kv.reservation import ReservationPolicy, reservation_tokens
 from kvsim.registry import ALLOCATORS
 
@@ -33,8 +33,7 @@ class BuddyAllocatorConfig(StrictModel):
     reservation: ReservationPolicy = Field("oracle", description="max | pow2 | oracle, then rounded to 2^k units")
 
 
-class BuddyAllocator:
-    block_size_tokens = None
+class BuddyAllocator(ExtentAllocator):
 
     def __init__(self, capacity_tokens: int, min_block_tokens: int = 16,
                  reservation: ReservationPolicy = "oracle"):
@@ -56,8 +55,7 @@ class BuddyAllocator:
                 self.free_lists[order].append(base)
                 base += 1 << order
         self.extents: dict[int, tuple[int, int]] = {}  # request -> (unit address, order)
-        self.ledger = SlotLedger()
-        self._samples: dict[int, int] = {}  # parallel samples get unshared copies (no paging, no sharing)
+        self._init_ledger()
 
     @classmethod
     def from_capacity(cls, cfg: BuddyAllocatorConfig, capacity_tokens: int, bytes_per_token: int = 0) -> "BuddyAllocator":
@@ -69,15 +67,6 @@ class BuddyAllocator:
 
     def max_footprint_fits(self, req: KVRequest) -> bool:
         return self.order_for(req) <= self.max_order
-
-    def held_tokens(self, request_id: int) -> int:
-        return self.ledger.held[request_id]
-
-    def written_offset_tokens(self, request_id: int) -> int:
-        return 0  # samples are unshared copies: written = samples x length
-
-    def seq_capacity_tokens(self, request_id: int) -> int:
-        return self.ledger.held[request_id] // self._samples.get(request_id, 1)
 
     def _top_order(self, addr: int) -> int:
         return self.top_orders[bisect.bisect_right(self.top_bases, addr) - 1]
@@ -103,34 +92,11 @@ class BuddyAllocator:
             j -= 1
             bisect.insort(self.free_lists[j], addr + (1 << j))
         self.extents[req.request_id] = (addr, order)
-        self.ledger.add(req.request_id, req.final_kv_tokens * req.num_samples, (1 << order) * self.unit)
-        if req.num_samples > 1:
-            self._samples[req.request_id] = req.num_samples
+        self._add_extent(req, (1 << order) * self.unit)
         return NO_HIT
 
-    def ensure_slots(self, request_id: int, num_tokens: int) -> bool:
-        self.ledger.require(request_id)
-        if num_tokens > self.ledger.held[request_id]:
-            raise ValueError(f"request {request_id}: {num_tokens} tokens exceed its buddy extent")
-        if num_tokens < self.ledger.written[request_id]:
-            raise ValueError(f"request {request_id}: written tokens cannot shrink")
-        self.ledger.set_written(request_id, num_tokens * self._samples.get(request_id, 1))
-        return True
-
-    def advance_written(self, request_ids, written_tokens) -> None:
-        """Bulk ``ensure_slots`` (decode windows)."""
-        for r, w in zip(request_ids, written_tokens):
-            self.ensure_slots(r, w)
-
-    def grow_all_by_one(self, request_ids) -> bool:
-        """A decode step for every admitted request at once: extents already hold every token."""
-        if self._samples:
-            return False
-        return self.ledger.grow_all_by_one(request_ids, 1, 0) == 0
-
     def free(self, request_id: int) -> None:
-        self.ledger.remove(request_id)
-        self._samples.pop(request_id, None)
+        self._remove_extent(request_id)
         addr, order = self.extents.pop(request_id)
         top = self._top_order(addr)
         while order < top:
@@ -159,13 +125,6 @@ class BuddyAllocator:
             if largest < need <= free_total:
                 return free_total
         return free_total - largest
-
-    def usage(self, head: KVRequest | None = None, head_hold_tokens: int = 0) -> KVUsage:
-        return self.ledger.usage(self.capacity_tokens, self._external(head))
-
-    def usage_parts(self, head: KVRequest | None = None) -> tuple[int, int, int, int, int]:
-        """(sum held, sum min(held, final), shared, cached free, external) in tokens."""
-        return self.ledger.sum_held, self.ledger.sum_useful, 0, 0, self._external(head)
 
     def check_invariants(self) -> None:
         self.ledger.check("buddy")

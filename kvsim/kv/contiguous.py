@@ -21,7 +21,7 @@ from typing import Literal
 from pydantic import Field
 
 from kvsim.config_base import StrictModel
-from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, SlotLedger
+from kvsim.kv.base import NO_HIT, Allocation, ExtentAllocator, KVRequest
 from kvsim.kv.reservation import ReservationPolicy, reservation_tokens
 from kvsim.registry import ALLOCATORS
 
@@ -32,8 +32,7 @@ class ContiguousAllocatorConfig(StrictModel):
     placement: Literal["first-fit", "best-fit"] = "first-fit"
 
 
-class ContiguousAllocator:
-    block_size_tokens = None
+class ContiguousAllocator(ExtentAllocator):
 
     def __init__(self, capacity_tokens: int, reservation: ReservationPolicy = "max",
                  placement: str = "first-fit"):
@@ -45,8 +44,7 @@ class ContiguousAllocator:
         self.hole_starts: list[int] = [0]  # sorted start addresses of free holes
         self.hole_sizes: list[int] = [capacity_tokens]
         self.extents: dict[int, tuple[int, int]] = {}  # request -> (start, size)
-        self.ledger = SlotLedger()
-        self._samples: dict[int, int] = {}  # parallel samples get unshared copies (no paging, no sharing)
+        self._init_ledger()
 
     @classmethod
     def from_capacity(cls, cfg: ContiguousAllocatorConfig, capacity_tokens: int, bytes_per_token: int = 0) -> "ContiguousAllocator":
@@ -54,15 +52,6 @@ class ContiguousAllocator:
 
     def max_footprint_fits(self, req: KVRequest) -> bool:
         return reservation_tokens(self.reservation, req) <= self.capacity_tokens
-
-    def held_tokens(self, request_id: int) -> int:
-        return self.ledger.held[request_id]
-
-    def written_offset_tokens(self, request_id: int) -> int:
-        return 0  # samples are unshared copies: written = samples x length
-
-    def seq_capacity_tokens(self, request_id: int) -> int:
-        return self.ledger.held[request_id] // self._samples.get(request_id, 1)
 
     def extent(self, request_id: int) -> tuple[int, int]:
         return self.extents[request_id]
@@ -99,37 +88,11 @@ class ContiguousAllocator:
             self.hole_starts[i] += size
             self.hole_sizes[i] -= size
         self.extents[req.request_id] = (start, size)
-        self.ledger.add(req.request_id, req.final_kv_tokens * req.num_samples, size)
-        if req.num_samples > 1:
-            self._samples[req.request_id] = req.num_samples
+        self._add_extent(req, size)
         return NO_HIT
 
-    def ensure_slots(self, request_id: int, num_tokens: int) -> bool:
-        self.ledger.require(request_id)
-        if num_tokens > self.ledger.held[request_id]:
-            # The reservation covers prompt + output by construction: growing past it is a bug.
-            raise ValueError(
-                f"request {request_id}: {num_tokens} tokens exceed its extent of {self.ledger.held[request_id]}"
-            )
-        if num_tokens < self.ledger.written[request_id]:
-            raise ValueError(f"request {request_id}: written tokens cannot shrink")
-        self.ledger.set_written(request_id, num_tokens * self._samples.get(request_id, 1))
-        return True
-
-    def advance_written(self, request_ids, written_tokens) -> None:
-        """Bulk ``ensure_slots`` (decode windows)."""
-        for r, w in zip(request_ids, written_tokens):
-            self.ensure_slots(r, w)
-
-    def grow_all_by_one(self, request_ids) -> bool:
-        """A decode step for every admitted request at once: extents already hold every token."""
-        if self._samples:
-            return False
-        return self.ledger.grow_all_by_one(request_ids, 1, 0) == 0
-
     def free(self, request_id: int) -> None:
-        self.ledger.remove(request_id)
-        self._samples.pop(request_id, None)
+        self._remove_extent(request_id)
         start, size = self.extents.pop(request_id)
         i = bisect.bisect_left(self.hole_starts, start)
         # Coalesce with the previous and/or next hole when they touch.
@@ -159,13 +122,6 @@ class ContiguousAllocator:
             if largest < need <= free_total:
                 return free_total
         return free_total - largest
-
-    def usage(self, head: KVRequest | None = None, head_hold_tokens: int = 0) -> KVUsage:
-        return self.ledger.usage(self.capacity_tokens, self._external(head))
-
-    def usage_parts(self, head: KVRequest | None = None) -> tuple[int, int, int, int, int]:
-        """(sum held, sum min(held, final), shared, cached free, external) in tokens."""
-        return self.ledger.sum_held, self.ledger.sum_useful, 0, 0, self._external(head)
 
     def check_invariants(self) -> None:
         self.ledger.check("contiguous")

@@ -107,3 +107,19 @@ def test_buddy_rounding_is_internal_fragmentation():
     b.ensure_slots(0, 3)
     u = b.usage()
     assert (u.token_states_tokens, u.reservation_tokens, u.internal_frag_tokens) == (3, 1, 4)
+
+
+@pytest.mark.parametrize("make", [lambda: ContiguousAllocator(200, "oracle"), lambda: BuddyAllocator(256, 4, "oracle")])
+def test_extent_allocators_keep_unshared_copies_of_parallel_samples(make):
+    a = make()
+    r = KVRequest(0, 10, 6, 64, num_samples=3)
+    assert a.allocate(r, 10)
+    assert a.held_tokens(0) >= 3 * 16  # three unshared copies of prompt + output
+    for length in (10, 11, 12, 15):
+        assert a.ensure_slots(0, length)
+        u = a.usage()
+        assert u.token_states_tokens == 3 * length and u.unshared_tokens == 3 * length
+    assert a.seq_capacity_tokens(0) == a.held_tokens(0) // 3
+    a.check_invariants()
+    a.free(0)
+    a.check_invariants()

@@ -1,10 +1,10 @@
 # Two entry points for a fresh machine (see README):
 #   make quickstart   -- set up .venv and run the quickstart scenario on a shipped real trace
-#   make test         -- set up .venv (with test + calibration extras) and run the whole test suite
+#   make test         -- set up .venv (with the test, calibration and ray extras) and run the test suite
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-EXTRAS ?= test,calibration,ray
+TEST_EXTRAS := test,calibration,ray
 
 .PHONY: quickstart test setup bench clean
 
@@ -12,20 +12,20 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(VENV)/.installed-$(EXTRAS): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[$(EXTRAS)]'
+# One stamp per set of extras, named after exactly what was installed.
+$(VENV)/.installed-%: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[$*]'
 	touch $@
 
-setup: $(VENV)/.installed-$(EXTRAS)
+setup: $(VENV)/.installed-$(TEST_EXTRAS)
 
-quickstart: EXTRAS = test
-quickstart: setup
+quickstart: $(VENV)/.installed-test
 	$(BIN)/kvsim run scenarios/quickstart.yaml --out results/quickstart
 
-test: setup
+test: $(VENV)/.installed-$(TEST_EXTRAS)
 	$(BIN)/python -m pytest -q
 
-bench: setup
+bench: $(VENV)/.installed-test
 	$(BIN)/python bench/run_bench.py
 
 clean:

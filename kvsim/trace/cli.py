@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
+
+from kvsim.errors import TraceError
 import sys
 import warnings
 from pathlib import Path
@@ -35,6 +37,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("file", help="trace file (.csv, .jsonl or .parquet, optionally .gz)")
     p.add_argument("--format", default="auto", choices=FORMAT_CHOICES, help=_FORMAT_HELP)
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    p.add_argument("--block-size", type=int, default=None, metavar="B",
+                   help="also the hit ratio an unbounded paged prefix cache with B-token blocks reaches "
+                        "(full blocks only, last prompt token always computed)")
     p.add_argument("--on-unsorted", default="error", choices=("error", "sort"))
     p.add_argument("--on-zero-output", default="error", choices=("error", "drop"))
     p.set_defaults(func=cmd_stats)
@@ -73,7 +78,9 @@ def cmd_stats(args) -> int:
     from kvsim.trace.stats import format_stats, trace_stats
 
     trace = _load(args)
-    stats = trace_stats(trace)
+    if getattr(args, "block_size", None) is not None and args.block_size < 1:
+        raise TraceError(f"--block-size: must be >= 1, got {args.block_size}")
+    stats = trace_stats(trace, paged_block_tokens=getattr(args, "block_size", None))
     src = trace.source
     if args.json:
         stats = {"file": src["path"], "format": src["format"], "sha256": src["sha256"], **stats}

@@ -50,8 +50,43 @@ def leading_hits(trace: Trace) -> np.ndarray | None:
     return hits
 
 
-def trace_stats(trace: Trace) -> dict:
-    """A JSON-able dict of summary statistics (see the module docstring for definitions)."""
+def paged_ideal_hit_ratio(trace: Trace, block_size_tokens: int) -> dict | None:
+    """The hit ratio a paged prefix cache of unbounded size reaches on ``trace`` (what
+    ``allocator: {kind: paged, prefix_caching: true, block_size: B}`` measures when nothing is
+    evicted and requests are admitted in arrival order): per request, in arrival order, the
+    leading *full* B-token blocks whose keys an earlier request produced, at most
+    ``(prompt - 1) // B`` of them (the last prompt token is always computed). Ratios over
+    ``sum(ceil(prompt / B))`` blocks and over all prompt tokens. It differs from the trace-level
+    ``ideal_hit_ratio_*`` above, which also counts a request's partial last source block."""
+    from kvsim.trace.prefix import block_keys
+
+    keys = block_keys(trace, block_size_tokens)
+    if keys is None:
+        return None
+    b = int(block_size_tokens)
+    seen: set[int] = set()
+    hit_blocks = 0
+    for i, k in enumerate(keys):
+        limit = min((int(trace.prompt_tokens[i]) - 1) // b, k.shape[0])
+        h = 0
+        for key in k[:limit].tolist():
+            if key not in seen:
+                break
+            h += 1
+        hit_blocks += h
+        seen.update(k.tolist())
+    total_blocks = int(((trace.prompt_tokens + b - 1) // b).sum())
+    return {
+        "block_tokens": b,
+        "hit_ratio_blocks": hit_blocks / total_blocks if total_blocks else 0.0,
+        "hit_ratio_tokens": hit_blocks * b / float(trace.prompt_tokens.sum()),
+    }
+
+
+def trace_stats(trace: Trace, paged_block_tokens: int | None = None) -> dict:
+    """A JSON-able dict of summary statistics (see the module docstring for definitions).
+    With ``paged_block_tokens``, ``prefix.paged_ideal`` is :func:`paged_ideal_hit_ratio` at that
+    block size."""
     n = len(trace)
     a = trace.arrival_s
     duration = float(a[-1] - a[0]) if n else 0.0
@@ -91,6 +126,8 @@ def trace_stats(trace: Trace) -> dict:
             "ideal_hit_ratio_blocks": float(hits.sum() / all_keys) if all_keys else None,
             "ideal_hit_ratio_tokens": float(hit_tokens.sum() / trace.prompt_tokens.sum()),
         }
+        if paged_block_tokens:
+            out["prefix"]["paged_ideal"] = paged_ideal_hit_ratio(trace, paged_block_tokens)
     else:
         out["prefix"] = None
     return out
@@ -131,6 +168,10 @@ def format_stats(stats: dict, title: str = "") -> str:
         rows.append(("prefix blocks", f"{p['blocks']:,} of {p['block_tokens']} tokens, {p['distinct_blocks']:,} distinct"))
         rb, rt = p["ideal_hit_ratio_blocks"], p["ideal_hit_ratio_tokens"]
         rows.append(("ideal prefix hit", f"{rb * 100:.2f} % of blocks, {rt * 100:.2f} % of tokens" if rb is not None else "n/a"))
+        pi = p.get("paged_ideal")
+        if pi:
+            rows.append((f"paged ideal ({pi['block_tokens']}-token blocks)",
+                         f"{pi['hit_ratio_blocks'] * 100:.2f} % of blocks, {pi['hit_ratio_tokens'] * 100:.2f} % of tokens"))
     width = max(len(k) for k, _ in rows)
     lines = [title] if title else []
     lines += [f"  {k.ljust(width)}  {v}" for k, v in rows]

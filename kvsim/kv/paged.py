@@ -552,6 +552,38 @@ class CountingPagedAllocator:
         geo = self._geo.get(request_id)
         return 0 if geo is None else (geo.n - 1) * geo.base
 
+    def ensure_slots_many(self, request_ids, num_tokens) -> bool:
+        """``ensure_slots`` for several requests in order; stops at the first that does not fit."""
+        if self._geo:
+            return all([self.ensure_slots(r, n) for r, n in zip(request_ids, num_tokens)])
+        ledger = self.ledger
+        held, written, final = ledger.held, ledger.written, ledger.final
+        bs = self.block_size
+        for r, n in zip(request_ids, num_tokens):
+            h = held[r]
+            if n > h:
+                need = (n - h + bs - 1) // bs
+                if need > self.num_free_blocks:
+                    return False
+                self.num_free_blocks -= need
+                f = final[r]
+                held[r] = h2 = h + need * bs
+                ledger.sum_held += need * bs
+                ledger.sum_useful += min(h2, f) - min(h, f)
+            w = written[r]
+            if n < w:
+                raise ValueError(f"request {r}: written tokens cannot shrink")
+            written[r] = n
+            ledger.sum_written += n - w
+        return True
+
+    def seq_capacities(self, request_ids) -> list[int]:
+        """``seq_capacity_tokens`` of many requests at once (decode windows)."""
+        if self._geo:
+            return [self.seq_capacity_tokens(r) for r in request_ids]
+        held = self.ledger.held
+        return [held[r] for r in request_ids]
+
     def seq_capacity_tokens(self, request_id: int) -> int:
         held = self.ledger.held[request_id]
         geo = self._geo.get(request_id)

@@ -199,6 +199,8 @@ class Scheduler:
             budget -= len(running)
             i = len(running)
             fast_shape = not self.want_context_lens
+            decode_kv = alloc.ledger.sum_written  # every running request reads its context + 1
+            num_decode = len(running)
         else:
             fast_shape = False
         while i < len(self.running) and budget > 0:
@@ -300,12 +302,10 @@ class Scheduler:
             scheduled[req.request_id] = (n, cost)
             budget -= cost
 
-        if fast_shape and not admitted and not preempted and not swap_in and not tier_load_s:
-            # all running requests decode one token: their KV read is exactly what is written now
-            b = len(scheduled)
-            kv = alloc.ledger.sum_written
-            shape = BatchShape(num_seqs=b, num_prefill_seqs=0, num_decode_seqs=b, num_prefill_tokens=0,
-                               num_decode_tokens=b, kv_tokens_read=kv, attention_pairs=kv)
+        if fast_shape and not preempted and not swap_in:
+            # The running requests all decode one token: their KV read is what the ledger says is
+            # written; only the newly admitted requests are looked at one by one.
+            shape = self._shape_after_fast_path(num_decode, decode_kv, admitted, scheduled, tier_load_s)
         else:
             shape = self._batch_shape(scheduled, swap_in, swap_out, tier_load_s)
         plan = StepPlan(
@@ -334,6 +334,29 @@ class Scheduler:
         """Keep the running list in admission order (a swapped-in request returns to its place)."""
         keys = [r.admit_seq for r in self.running]
         self.running.insert(bisect.bisect(keys, req.admit_seq), req)
+
+    def _shape_after_fast_path(self, num_decode: int, decode_kv: int, admitted: list, scheduled: dict,
+                               tier_load_s: float) -> BatchShape:
+        n_pre = pre_tok = 0
+        n_dec = dec_tok = num_decode
+        kv = pairs = decode_kv
+        for rid in admitted:
+            n, cost = scheduled[rid]
+            req = self.requests[rid]
+            c = req.num_computed_tokens
+            if n == 1 and req.num_generated > 0 and c == req.num_tokens - 1:  # as _batch_shape
+                n_dec += 1
+                dec_tok += 1
+                kv += c + 1
+                pairs += c + 1
+                continue
+            n_pre += 1
+            pre_tok += cost
+            kv += c + n
+            pairs += n * c + n * (n + 1) // 2
+        return BatchShape(num_seqs=num_decode + len(admitted), num_prefill_seqs=n_pre, num_decode_seqs=n_dec,
+                          num_prefill_tokens=pre_tok, num_decode_tokens=dec_tok, kv_tokens_read=kv,
+                          attention_pairs=pairs, tier_load_s=tier_load_s)
 
     def _batch_shape(self, scheduled: dict, swap_in: int, swap_out: int,
                      tier_load_s: float = 0.0) -> BatchShape:

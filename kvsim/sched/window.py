@@ -83,8 +83,12 @@ def block_limited_steps(sched, win: DecodeWindow, k: int):
     bs = alloc.block_size_tokens
     if bs is None:  # contiguous / buddy: extents already hold every token
         return k, np.zeros(0, np.int64), np.zeros(0, np.int64)
-    cap0 = np.fromiter((alloc.seq_capacity_tokens(r.request_id) for r in win.requests), np.int64,
-                       len(win.requests))
+    many = getattr(alloc, "seq_capacities", None)
+    if many is not None:
+        cap0 = np.array(many([r.request_id for r in win.requests]), dtype=np.int64)
+    else:
+        cap0 = np.fromiter((alloc.seq_capacity_tokens(r.request_id) for r in win.requests), np.int64,
+                           len(win.requests))
     written0 = win.computed0 + 1  # a sequence's length after step 0
     first = cap0 - written0 + 1  # first step whose token does not fit in the blocks held now
     last = np.minimum(win.remaining, k)  # steps 0..last-1 are active
@@ -123,22 +127,39 @@ def apply_decode_window(sched, win: DecodeWindow, k: int, times: np.ndarray, pop
     finishing = {}
     for i in np.flatnonzero(rem <= k):
         finishing.setdefault(int(rem[i]), []).append(int(i))
-    pops: dict[int, list[int]] = {}
-    for s, i in zip(pop_steps.tolist(), pop_idx.tolist()):
-        pops.setdefault(s, []).append(i)
-    boundaries = sorted(set(pops) | {s for s in finishing if s < k})
+    fin_steps = sorted(s for s in finishing if s < k)
+    # Walk boundaries in step order, touching only the pop events before the window stops (a
+    # saturated engine stops at its first finish, long before most planned events).
+    pop_list = pop_steps.tolist()
+    grow_many = getattr(alloc, "ensure_slots_many", None)
+    n_pops = len(pop_list)
+    p = f = 0
     stop = k
-    for s in boundaries:
-        fin = finishing.get(s, ())
+    while p < n_pops or f < len(fin_steps):
+        s = min(pop_list[p] if p < n_pops else k, fin_steps[f] if f < len(fin_steps) else k)
+        fin = ()
+        if f < len(fin_steps) and fin_steps[f] == s:
+            fin = finishing[s]
+            f += 1
         for i in fin:  # finished at the end of step s - 1
             _finish(sched, reqs[i], int(win.computed0[i]) + s, float(times[s]), on_finish)
         if fin and sched.waiting and sched.head_might_fit(num_running=int(win.num_seqs[s])):
             stop = s  # step s will be planned the ordinary way (it may admit the head)
             break
-        for i in pops.get(s, ()):
-            r = reqs[i]
-            if not alloc.ensure_slots(r.request_id, int(win.computed0[i]) + 1 + s):
-                raise RuntimeError(f"decode window: block for request {r.request_id} at step {s} not free")
+        if p < n_pops and pop_list[p] == s:
+            q = p
+            while q < n_pops and pop_list[q] == s:
+                q += 1
+            idx = pop_idx[p:q]
+            rids = [reqs[i].request_id for i in idx.tolist()]
+            targets = (win.computed0[idx] + 1 + s).tolist()
+            if grow_many is not None:
+                ok = grow_many(rids, targets)
+            else:
+                ok = all([alloc.ensure_slots(r, t) for r, t in zip(rids, targets)])
+            if not ok:
+                raise RuntimeError(f"decode window: a block needed at step {s} was not free")
+            p = q
         segments.append((s, alloc.usage_parts(head)))
     if stop == k:
         for i in finishing.get(k, ()):

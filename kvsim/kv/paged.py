@@ -76,6 +76,19 @@ class PagedAllocatorConfig(StrictModel):
         return self
 
 
+def _init_geometry(alloc, num_blocks: int, block_size: int, watermark: float) -> None:
+    """Block-pool sizes shared by both paged allocators (validated here, once)."""
+    if num_blocks < 1:
+        raise ValueError("a paged allocator needs at least one block")
+    if not 1 <= block_size <= 512:
+        raise ValueError(f"block_size must be in [1, 512], got {block_size}")
+    alloc.num_blocks = num_blocks
+    alloc.block_size = block_size
+    alloc.block_size_tokens = block_size
+    alloc.capacity_tokens = num_blocks * block_size
+    alloc.watermark_blocks = int(watermark * num_blocks)
+
+
 class LowerTier:
     """An LRU set of block keys held outside GPU memory. Private tiers (cpu, ssd) are exclusive: a
     key lives in one of them or in GPU memory. A ``shared`` tier (a store shared by replicas) keeps
@@ -107,15 +120,7 @@ class PagedAllocator:
     def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0,
                  prefix_caching: bool = False, eviction=None, offload: OffloadConfig | None = None,
                  bytes_per_token: int = 0):
-        if num_blocks < 1:
-            raise ValueError("a paged allocator needs at least one block")
-        if not 1 <= block_size <= 512:
-            raise ValueError(f"block_size must be in [1, 512], got {block_size}")
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self.block_size_tokens = block_size
-        self.capacity_tokens = num_blocks * block_size
-        self.watermark_blocks = int(watermark * num_blocks)
+        _init_geometry(self, num_blocks, block_size, watermark)
         self.prefix_caching = prefix_caching
         eviction = eviction or LRUEvictionConfig()
         self.eviction_kind = eviction.kind
@@ -524,15 +529,7 @@ class CountingPagedAllocator:
     evictions = 0
 
     def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0):
-        if num_blocks < 1:
-            raise ValueError("a paged allocator needs at least one block")
-        if not 1 <= block_size <= 512:
-            raise ValueError(f"block_size must be in [1, 512], got {block_size}")
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self.block_size_tokens = block_size
-        self.capacity_tokens = num_blocks * block_size
-        self.watermark_blocks = int(watermark * num_blocks)
+        _init_geometry(self, num_blocks, block_size, watermark)
         self.num_free_blocks = num_blocks
         self.ledger = SlotLedger()
         self._geo: dict[int, SampleGeometry] = {}  # requests with parallel samples

@@ -82,82 +82,55 @@ class StepRecorder:
         self.num_rows = 0
         self.schema = pa.schema([(n, pa.from_numpy_dtype(np.dtype(t))) for n, t in STEP_COLUMNS.items()])
 
+    def _append(self, values: dict) -> None:
+        """Append one row; columns not in ``values`` (breakdown parts a model lacks) get 0."""
+        c = self._cols
+        c["step"].append(self.num_rows)
+        for name in STEP_COLUMNS:
+            if name != "step":
+                c[name].append(values.get(name, 0))
+        self.num_rows += 1
+        if len(c["step"]) >= self.flush_every:
+            self._flush()
+
     def row(self, *, idle: bool, start_s: float, duration_s: float, batch_size: int, prefill_tokens: int,
             decode_tokens: int, running: int, waiting: int, admitted: int, preempted: int, finished: int,
             usage: KVUsage, kv_bytes_read: int, breakdown: dict[str, float], num_steps: int = 1,
             evictions: int = 0, swap_in_bytes: int = 0, swap_out_bytes: int = 0, replica: int = 0) -> None:
-        c = self._cols
+        """One engine step (or, with ``idle``, a gap) in the state ``usage`` describes."""
         bpt = self.bytes_per_token
-        c["step"].append(self.num_rows)
-        c["replica"].append(replica)
-        c["idle"].append(idle)
-        c["start_s"].append(start_s)
-        c["duration_s"].append(duration_s)
-        c["num_steps"].append(0 if idle else num_steps)
-        c["batch_size"].append(batch_size)
-        c["prefill_tokens"].append(prefill_tokens)
-        c["decode_tokens"].append(decode_tokens)
-        c["running"].append(running)
-        c["running_mean"].append(float(running))
-        c["batch_size_mean"].append(float(batch_size))
-        c["waiting"].append(waiting)
-        c["admitted"].append(admitted)
-        c["preempted"].append(preempted)
-        c["finished"].append(finished)
-        c["token_states_bytes"].append(usage.token_states_tokens * bpt)
-        c["reservation_bytes"].append(usage.reservation_tokens * bpt)
-        c["internal_frag_bytes"].append(usage.internal_frag_tokens * bpt)
-        c["external_frag_bytes"].append(usage.external_frag_tokens * bpt)
-        c["free_bytes"].append(usage.free_tokens * bpt)
-        c["cached_free_bytes"].append(usage.cached_free_tokens * bpt)
-        c["peak_used_bytes"].append(usage.used_tokens * bpt)
-        c["unshared_bytes"].append(usage.unshared_tokens * bpt)
-        c["evictions"].append(evictions)
-        c["swap_in_bytes"].append(swap_in_bytes)
-        c["swap_out_bytes"].append(swap_out_bytes)
-        c["kv_bytes_read"].append(kv_bytes_read)
-        for k in BREAKDOWN_COLUMNS:
-            c[k].append(breakdown.get(k, 0.0))
-        self.num_rows += 1
-        if len(c["step"]) >= self.flush_every:
-            self._flush()
+        self._append({
+            **{k: breakdown[k] for k in BREAKDOWN_COLUMNS if k in breakdown},
+            "replica": replica, "idle": idle, "start_s": start_s, "duration_s": duration_s,
+            "num_steps": 0 if idle else num_steps, "batch_size": batch_size, "prefill_tokens": prefill_tokens,
+            "decode_tokens": decode_tokens, "running": running, "running_mean": float(running),
+            "batch_size_mean": float(batch_size), "waiting": waiting, "admitted": admitted,
+            "preempted": preempted, "finished": finished,
+            "token_states_bytes": usage.token_states_tokens * bpt, "reservation_bytes": usage.reservation_tokens * bpt,
+            "internal_frag_bytes": usage.internal_frag_tokens * bpt,
+            "external_frag_bytes": usage.external_frag_tokens * bpt, "free_bytes": usage.free_tokens * bpt,
+            "cached_free_bytes": usage.cached_free_tokens * bpt, "peak_used_bytes": usage.used_tokens * bpt,
+            "unshared_bytes": usage.unshared_tokens * bpt, "evictions": evictions,
+            "swap_in_bytes": swap_in_bytes, "swap_out_bytes": swap_out_bytes, "kv_bytes_read": kv_bytes_read,
+        })
 
     def macro_row(self, *, start_s: float, duration_s: float, num_steps: int, max_batch: int,
                   batch_mean: float, decode_tokens: int, waiting: int, finished: int,
                   parts_mean_tokens: dict[str, float], kv_bytes_read: int, breakdown: dict[str, float],
                   evictions: int, replica: int = 0) -> None:
         """One row standing for ``num_steps`` decode-only steps (means are time-weighted)."""
-        c = self._cols
         bpt = self.bytes_per_token
-        c["step"].append(self.num_rows)
-        c["replica"].append(replica)
-        c["idle"].append(False)
-        c["start_s"].append(start_s)
-        c["duration_s"].append(duration_s)
-        c["num_steps"].append(num_steps)
-        c["batch_size"].append(max_batch)
-        c["prefill_tokens"].append(0)
-        c["decode_tokens"].append(decode_tokens)
-        c["running"].append(max_batch)
-        c["running_mean"].append(batch_mean)
-        c["batch_size_mean"].append(batch_mean)
-        c["waiting"].append(waiting)
-        c["admitted"].append(0)
-        c["preempted"].append(0)
-        c["finished"].append(finished)
-        for part in ("token_states", "reservation", "internal_frag", "external_frag", "free", "cached_free"):
-            c[f"{part}_bytes"].append(parts_mean_tokens[part] * bpt)
-        c["peak_used_bytes"].append(int(parts_mean_tokens["peak_used"]) * bpt)
-        c["unshared_bytes"].append(parts_mean_tokens["unshared"] * bpt)
-        c["evictions"].append(evictions)
-        c["swap_in_bytes"].append(0)
-        c["swap_out_bytes"].append(0)
-        c["kv_bytes_read"].append(kv_bytes_read)
-        for k in BREAKDOWN_COLUMNS:
-            c[k].append(breakdown.get(k, 0.0))
-        self.num_rows += 1
-        if len(c["step"]) >= self.flush_every:
-            self._flush()
+        self._append({
+            **{k: breakdown[k] for k in BREAKDOWN_COLUMNS if k in breakdown},
+            **{f"{p}_bytes": parts_mean_tokens[p] * bpt
+               for p in ("token_states", "reservation", "internal_frag", "external_frag", "free", "cached_free")},
+            "replica": replica, "idle": False, "start_s": start_s, "duration_s": duration_s,
+            "num_steps": num_steps, "batch_size": max_batch, "decode_tokens": decode_tokens,
+            "running": max_batch, "running_mean": batch_mean, "batch_size_mean": batch_mean, "waiting": waiting,
+            "finished": finished, "peak_used_bytes": int(parts_mean_tokens["peak_used"]) * bpt,
+            "unshared_bytes": parts_mean_tokens["unshared"] * bpt, "evictions": evictions,
+            "kv_bytes_read": kv_bytes_read,
+        })
 
     def _flush(self) -> None:
         if not self._cols["step"]:

@@ -36,7 +36,7 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per request: slots keep a million of them small
 class KVRequest:
     """What an allocator is told about a request when it is admitted (immutable)."""
 

@@ -67,10 +67,11 @@ class Request:
     def num_tokens(self) -> int:
         return self.prompt_tokens + self.num_generated
 
-    def batch_tokens(self, new_positions: int) -> int:
-        """Tokens a step computes when this request advances ``new_positions`` positions: prompt
-        positions once, positions past the prompt once per sample."""
-        c = self.num_computed_tokens
+    def batch_tokens(self, new_positions: int, computed: int | None = None) -> int:
+        """Tokens a step computes when this request advances ``new_positions`` positions from
+        ``computed`` (default: its computed tokens): prompt positions once, positions past the
+        prompt once per sample."""
+        c = self.num_computed_tokens if computed is None else computed
         prompt_part = max(0, min(c + new_positions, self.prompt_tokens) - c)
         return prompt_part + self.num_samples * (new_positions - prompt_part)
 

@@ -270,9 +270,7 @@ class Scheduler:
             req = self.waiting[0]
             cached = self._peek_cached(req)
             n = req.num_tokens - cached
-            req.num_computed_tokens = cached  # (batch_tokens counts from here; reset below if not admitted)
-            cost = req.batch_tokens(n)
-            req.num_computed_tokens = 0
+            cost = req.batch_tokens(n, computed=cached)
             if cost > budget:
                 if not self.chunked_prefill or (req.num_samples > 1 and cached + budget > req.prompt_tokens):
                     break

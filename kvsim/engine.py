@@ -16,7 +16,6 @@ identical request tables.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,8 +29,15 @@ from kvsim.metrics.recorder import StepRecorder
 from kvsim.sched.request import Request
 from kvsim.sched.router import Router
 from kvsim.sched.scheduler import Scheduler
-from kvsim.sched.window import apply_decode_window, block_limited_steps, plan_decode_window, window_means
-from kvsim.timing.base import TimingModel
+from kvsim.sched.window import (
+    apply_decode_window,
+    apply_group_window,
+    block_limited_steps,
+    plan_decode_window,
+    plan_group_window,
+    window_means,
+)
+from kvsim.timing.base import TimingModel, decode_totals
 from kvsim.trace.schema import Trace
 
 
@@ -241,12 +247,18 @@ class Engine:
     def _window(self, rep: Replica, plan, start: float):
         """If step 0 (``plan``) opens a decode window of >= 2 steps, return a generator that runs it."""
         sched = rep.scheduler
-        win = plan_decode_window(sched, plan, self.max_window_steps)
+        group = plan.group_decodes > 0  # every running request is a lazy decode-group member
+        if group:
+            win = plan_group_window(sched, plan, self.max_window_steps)
+        else:
+            win = plan_decode_window(sched, plan, self.max_window_steps)
         if win is None:
             return None
         timing = rep.timing
+        priced = None
         if hasattr(timing, "decode_durations"):
-            durations, _, _ = timing.decode_durations(win.num_seqs, win.kv_tokens_read)
+            priced = timing.decode_durations(win.num_seqs, win.kv_tokens_read)
+            durations = priced[0]
         else:
             durations = np.array([timing.step_time(s).duration_s for s in _decode_shapes(win, win.max_steps)])
         times = np.cumsum(np.concatenate(([start], durations)))  # sequential, like SimPy's clock
@@ -258,12 +270,15 @@ class Engine:
         max_sim = self.limits.max_sim_time_s
         if max_sim is not None:
             k = min(k, 1 + int(np.searchsorted(times[1:k], max_sim, side="right")))
-        k, pop_steps, pop_idx = block_limited_steps(sched, win, k)
+        if group:
+            pop_steps = pop_idx = None  # the allocator finds block boundaries as the window runs
+        else:
+            k, pop_steps, pop_idx = block_limited_steps(sched, win, k)
         if k < 2:
             return None
-        return self._run_window(rep, win, k, durations, times, pop_steps, pop_idx, start)
+        return self._run_window(rep, win, k, durations, priced, times, pop_steps, pop_idx, start)
 
-    def _run_window(self, rep: Replica, win, k, durations, times, pop_steps, pop_idx, start):
+    def _run_window(self, rep: Replica, win, k, durations, priced, times, pop_steps, pop_idx, start):
         sched = rep.scheduler
         alloc = sched.allocator
         waiting0 = len(sched.waiting)
@@ -276,7 +291,10 @@ class Engine:
         # The replay needs nothing from SimPy (arrivals only join a blocked queue's tail meanwhile),
         # so it runs first and may end the window early; then the clock jumps to the window's end.
         target = sched.prefetch_target()  # constant through the window: nobody is admitted
-        k, segments = apply_decode_window(sched, win, k, times, pop_steps, pop_idx, on_finish)
+        if pop_steps is None:
+            k, segments = apply_group_window(sched, k, times, on_finish)
+        else:
+            k, segments = apply_decode_window(sched, win, k, times, pop_steps, pop_idx, on_finish)
         if target is not None:
             p = target.prefetched_s
             for d in durations[:k].tolist():
@@ -286,8 +304,8 @@ class Engine:
         yield self._advance_to(rep.now_s)
         means = window_means(win, k, durations, segments, alloc.capacity_tokens)
         timing = rep.timing
-        if hasattr(timing, "decode_durations"):
-            _, breakdown, kv_bytes = timing.decode_durations(win.num_seqs[:k], win.kv_tokens_read[:k])
+        if priced is not None:
+            breakdown, kv_bytes = decode_totals(priced[1], priced[2], k)
         else:
             shapes = _decode_shapes(win, k)
             steps = [timing.step_time(s) for s in shapes]
@@ -314,6 +332,8 @@ class Engine:
         self.env.process(self._arrivals())
         loops = [self.env.process(self._loop(rep)) for rep in self.replicas]
         self.env.run(until=self.env.all_of(loops))
+        for rep in self.replicas:
+            rep.scheduler.sync_progress()
         self.end_s = max(rep.end_s for rep in self.replicas)
         if len(self.replicas) > 1:
             # Pad replicas that went quiet early so time-weighted means cover the same span.

@@ -155,17 +155,30 @@ class SlotLedger:
     """Per-request (held, written, final) slot counts with running sums, shared by all allocators.
 
     Keeps ``sum(W)``, ``sum(min(A, F))`` and ``sum(A)`` incrementally so a usage snapshot is O(1).
+
+    Decode steps are lazy: :meth:`grow_all_by_one` ("every request writes one more token") only
+    advances a ``clock``; a request's written count is its stored offset plus the clock. With
+    ``track_boundaries`` the ledger also keeps a heap of the clock values at which each request's
+    written count reaches its held slots, so a decode step touches only the requests that need a
+    new block (about one in ``block_size`` per step), not every request.
     """
 
-    __slots__ = ("held", "written", "final", "sum_held", "sum_written", "sum_useful")
+    __slots__ = ("held", "_woff", "final", "sum_held", "sum_written", "sum_useful", "clock", "_bounds",
+                 "_num_bounds", "_track")
 
-    def __init__(self) -> None:
+    def __init__(self, track_boundaries: bool = False) -> None:
         self.held: dict[int, int] = {}
-        self.written: dict[int, int] = {}
+        self._woff: dict[int, int] = {}  # written - clock
         self.final: dict[int, int] = {}
         self.sum_held = 0
         self.sum_written = 0
         self.sum_useful = 0  # sum of min(A, F)
+        self.clock = 0  # decode steps taken by grow_all_by_one
+        # clock value at which written == held -> request ids; an entry whose request's counts no
+        # longer give that value is stale and skipped.
+        self._bounds: dict[int, list[int]] = {}
+        self._num_bounds = 0
+        self._track = track_boundaries
 
     def __contains__(self, request_id: int) -> bool:
         return request_id in self.held
@@ -173,14 +186,35 @@ class SlotLedger:
     def __len__(self) -> int:
         return len(self.held)
 
+    def written_of(self, request_id: int) -> int:
+        return self._woff[request_id] + self.clock
+
+    def _bound(self, request_id: int) -> None:
+        """Record where ``request_id`` fills its held slots (after its held or written count changed)."""
+        key = self.held[request_id] - self._woff[request_id]
+        bucket = self._bounds.get(key)
+        if bucket is None:
+            self._bounds[key] = [request_id]
+        else:
+            bucket.append(request_id)
+        self._num_bounds += 1
+        if self._num_bounds > 4 * len(self.held) + 64:  # drop stale entries now and then
+            self._bounds = {}
+            self._num_bounds = 0
+            for r in self.held:
+                self._bounds.setdefault(self.held[r] - self._woff[r], []).append(r)
+                self._num_bounds += 1
+
     def add(self, request_id: int, final_tokens: int, held_tokens: int) -> None:
         if request_id in self.held:
             raise ValueError(f"request {request_id} is already allocated")
         self.held[request_id] = held_tokens
-        self.written[request_id] = 0
+        self._woff[request_id] = -self.clock
         self.final[request_id] = final_tokens
         self.sum_held += held_tokens
         self.sum_useful += min(held_tokens, final_tokens)
+        if self._track:
+            self._bound(request_id)
 
     def set_held(self, request_id: int, held_tokens: int) -> None:
         old = self.held[request_id]
@@ -188,19 +222,25 @@ class SlotLedger:
         self.held[request_id] = held_tokens
         self.sum_held += held_tokens - old
         self.sum_useful += min(held_tokens, f) - min(old, f)
+        if self._track:
+            self._bound(request_id)
 
     def set_written(self, request_id: int, written_tokens: int) -> None:
-        old = self.written[request_id]
+        old = self._woff[request_id] + self.clock
         if written_tokens > self.held[request_id]:
             raise ValueError(f"request {request_id}: {written_tokens} written > {self.held[request_id]} held")
-        self.written[request_id] = written_tokens
+        if written_tokens == old:
+            return
+        self._woff[request_id] = written_tokens - self.clock
         self.sum_written += written_tokens - old
+        if self._track:
+            self._bound(request_id)
 
     def remove(self, request_id: int) -> None:
         if request_id not in self.held:
             raise ValueError(f"request {request_id} is not allocated")
         a = self.held.pop(request_id)
-        w = self.written.pop(request_id)
+        w = self._woff.pop(request_id) + self.clock
         f = self.final.pop(request_id)
         self.sum_held -= a
         self.sum_written -= w
@@ -227,55 +267,65 @@ class SlotLedger:
             unshared_tokens=self.sum_written + unshared_extra_tokens,
         )
 
-    def grow_all_by_one(self, request_ids, block_size: int, free_blocks: int) -> int:
+    def grow_all_by_one(self, block_size: int, free_blocks: int) -> int:
         """Every request writes one more token (a decode step for all). A request whose next token
         does not fit its held slots takes one more ``block_size`` block. Returns the number of blocks
-        taken, or -1 (and changes nothing) if more than ``free_blocks`` would be needed."""
-        held, written, final = self.held, self.written, self.final
+        taken, or -1 (and changes nothing) if more than ``free_blocks`` would be needed.
+        Needs ``track_boundaries``: only the requests at a block boundary are touched."""
+        if not self._track:
+            raise ValueError("grow_all_by_one needs a ledger that tracks block boundaries")
+        clock = self.clock
+        bucket = self._bounds.pop(clock, None)
         need = 0
-        for r in request_ids:
-            if written[r] >= held[r]:
-                need += 1
-        if need > free_blocks:
-            return -1
-        if need:
-            useful = 0
-            for r in request_ids:
-                w = written[r] + 1
-                written[r] = w
-                h = held[r]
-                if w > h:
+        if bucket:
+            self._num_bounds -= len(bucket)
+            held, woff = self.held, self._woff
+            # requests whose held slots are all written (stale and repeated entries dropped)
+            full = list(dict.fromkeys([r for r in bucket if held.get(r, -1) - woff.get(r, 0) == clock]))
+            need = len(full)
+            if need > free_blocks:
+                self._bounds[clock] = full
+                self._num_bounds += need
+                return -1
+            if need:
+                final = self.final
+                useful = 0
+                for r in full:
+                    h = held[r]  # == written < final: the request still decodes
+                    h2 = held[r] = h + block_size
                     f = final[r]
-                    held[r] = h + block_size
-                    useful += min(h + block_size, f) - min(h, f)
-            self.sum_held += need * block_size
-            self.sum_useful += useful
-        else:
-            for r in request_ids:
-                written[r] += 1
-        self.sum_written += len(request_ids)
+                    useful += (h2 if h2 < f else f) - h
+                nxt = self._bounds.get(clock + block_size)  # each is full again block_size steps on
+                if nxt is None:
+                    self._bounds[clock + block_size] = full
+                else:
+                    nxt.extend(full)
+                self._num_bounds += need
+                self.sum_held += need * block_size
+                self.sum_useful += useful
+        self.clock = clock + 1
+        self.sum_written += len(self.held)
         return need
 
     def set_written_many(self, request_ids, written_tokens) -> None:
         """Bulk ``set_written`` (each value within the request's held slots)."""
-        written, held = self.written, self.held
-        delta = 0
         for r, w in zip(request_ids, written_tokens):
-            if w > held[r]:
-                raise ValueError(f"request {r}: {w} written > {held[r]} held")
-            delta += w - written[r]
-            written[r] = w
-        self.sum_written += delta
+            self.set_written(r, w)
 
     def check(self, who: str) -> None:
+        written = {r: o + self.clock for r, o in self._woff.items()}
         assert self.sum_held == sum(self.held.values()), f"{who}: sum_held out of sync"
-        assert self.sum_written == sum(self.written.values()), f"{who}: sum_written out of sync"
+        assert self.sum_written == sum(written.values()), f"{who}: sum_written out of sync"
         useful = sum(min(a, self.final[r]) for r, a in self.held.items())
         assert self.sum_useful == useful, f"{who}: sum_useful out of sync"
         for r, a in self.held.items():
-            w = self.written[r]
+            w = written[r]
             assert 0 <= w <= a, f"{who}: request {r} written {w} outside [0, held {a}]"
             assert w <= self.final[r], f"{who}: request {r} written {w} beyond final {self.final[r]}"
+        if self._track:
+            for r, a in self.held.items():
+                assert r in self._bounds.get(a - self._woff[r], ()), f"{who}: request {r}'s block boundary is not tracked"
+            assert self._num_bounds == sum(len(b) for b in self._bounds.values()), f"{who}: boundary count out of sync"
 
 
 class ExtentAllocator:
@@ -288,7 +338,7 @@ class ExtentAllocator:
     block_size_tokens = None
 
     def _init_ledger(self) -> None:
-        self.ledger = SlotLedger()
+        self.ledger = SlotLedger(track_boundaries=True)
         self._samples: dict[int, int] = {}  # requests with parallel samples -> n
 
     def _add_extent(self, req: KVRequest, size_tokens: int) -> None:
@@ -317,7 +367,7 @@ class ExtentAllocator:
             raise ValueError(
                 f"request {request_id}: {num_tokens} tokens exceed its extent of {self.ledger.held[request_id]}"
             )
-        if written < self.ledger.written[request_id]:
+        if written < self.ledger.written_of(request_id):
             raise ValueError(f"request {request_id}: written tokens cannot shrink")
         self.ledger.set_written(request_id, written)
         return True
@@ -327,11 +377,11 @@ class ExtentAllocator:
         for r, w in zip(request_ids, written_tokens):
             self.ensure_slots(r, w)
 
-    def grow_all_by_one(self, request_ids) -> bool:
+    def grow_all_by_one(self) -> bool:
         """A decode step for every admitted request at once: extents already hold every token."""
         if self._samples:
             return False
-        return self.ledger.grow_all_by_one(request_ids, 1, 0) == 0
+        return self.ledger.grow_all_by_one(1, 0) == 0
 
     def usage(self, head: KVRequest | None = None, head_hold_tokens: int = 0) -> KVUsage:
         return self.ledger.usage(self.capacity_tokens, self._external(head))

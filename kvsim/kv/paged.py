@@ -380,7 +380,7 @@ class PagedAllocator:
             for _ in range(need):
                 table.append(self._new_block())
             self.ledger.set_held(request_id, len(table) * self.block_size)
-        if num_tokens < self.ledger.written[request_id]:
+        if num_tokens < self.ledger.written_of(request_id):
             raise ValueError(f"request {request_id}: written tokens cannot shrink")
         self.ledger.set_written(request_id, num_tokens)
         if self.prefix_caching:
@@ -405,7 +405,7 @@ class PagedAllocator:
                 table.append(self._new_block())
             self.ledger.set_held(rid, len(table) * self.block_size)
         written = geo.written(num_tokens)
-        if written < self.ledger.written[rid]:
+        if written < self.ledger.written_of(rid):
             raise ValueError(f"request {rid}: written tokens cannot shrink")
         self.ledger.set_written(rid, written)
         self._seq_len[rid] = num_tokens
@@ -458,8 +458,8 @@ class PagedAllocator:
     def _unshared_extra(self) -> int:
         if not self._seq_len:
             return 0
-        w = self.ledger.written
-        return sum(self._samples[r][0].n * n - w[r] for r, n in self._seq_len.items())
+        w = self.ledger.written_of
+        return sum(self._samples[r][0].n * n - w(r) for r, n in self._seq_len.items())
 
     def usage(self, head: KVRequest | None = None, head_hold_tokens: int = 0) -> KVUsage:
         # Any free block can serve any request: paging has no external fragmentation.
@@ -531,7 +531,7 @@ class CountingPagedAllocator:
     def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0):
         _init_geometry(self, num_blocks, block_size, watermark)
         self.num_free_blocks = num_blocks
-        self.ledger = SlotLedger()
+        self.ledger = SlotLedger(track_boundaries=True)
         self._geo: dict[int, SampleGeometry] = {}  # requests with parallel samples
         self._seq_len: dict[int, int] = {}
 
@@ -551,28 +551,7 @@ class CountingPagedAllocator:
 
     def ensure_slots_many(self, request_ids, num_tokens) -> bool:
         """``ensure_slots`` for several requests in order; stops at the first that does not fit."""
-        if self._geo:
-            return all([self.ensure_slots(r, n) for r, n in zip(request_ids, num_tokens)])
-        ledger = self.ledger
-        held, written, final = ledger.held, ledger.written, ledger.final
-        bs = self.block_size
-        for r, n in zip(request_ids, num_tokens):
-            h = held[r]
-            if n > h:
-                need = (n - h + bs - 1) // bs
-                if need > self.num_free_blocks:
-                    return False
-                self.num_free_blocks -= need
-                f = final[r]
-                held[r] = h2 = h + need * bs
-                ledger.sum_held += need * bs
-                ledger.sum_useful += min(h2, f) - min(h, f)
-            w = written[r]
-            if n < w:
-                raise ValueError(f"request {r}: written tokens cannot shrink")
-            written[r] = n
-            ledger.sum_written += n - w
-        return True
+        return all([self.ensure_slots(r, n) for r, n in zip(request_ids, num_tokens)])
 
     def seq_capacities(self, request_ids) -> list[int]:
         """``seq_capacity_tokens`` of many requests at once (decode windows)."""
@@ -618,7 +597,7 @@ class CountingPagedAllocator:
                 return False
             self.num_free_blocks -= need
             ledger.set_held(request_id, held + need * self.block_size)
-        if written < ledger.written[request_id]:
+        if written < ledger.written_of(request_id):
             raise ValueError(f"request {request_id}: written tokens cannot shrink")
         ledger.set_written(request_id, written)
         if geo is not None:
@@ -633,12 +612,12 @@ class CountingPagedAllocator:
             return
         self.ledger.set_written_many(request_ids, written_tokens)
 
-    def grow_all_by_one(self, request_ids) -> bool:
+    def grow_all_by_one(self) -> bool:
         """A decode step for every admitted request at once (all or nothing): see
         :meth:`SlotLedger.grow_all_by_one`. Block ids are not tracked, so the order is irrelevant."""
         if self._geo:
             return False
-        need = self.ledger.grow_all_by_one(request_ids, self.block_size, self.num_free_blocks)
+        need = self.ledger.grow_all_by_one(self.block_size, self.num_free_blocks)
         if need < 0:
             return False
         self.num_free_blocks -= need
@@ -654,8 +633,8 @@ class CountingPagedAllocator:
     def usage(self, head: KVRequest | None = None, head_hold_tokens: int = 0) -> KVUsage:
         extra = 0
         if self._seq_len:
-            w = self.ledger.written
-            extra = sum(self._geo[r].n * n - w[r] for r, n in self._seq_len.items())
+            w = self.ledger.written_of
+            extra = sum(self._geo[r].n * n - w(r) for r, n in self._seq_len.items())
         return self.ledger.usage(self.capacity_tokens, 0, unshared_extra_tokens=extra)
 
     def usage_parts(self, head: KVRequest | None = None) -> tuple[int, int, int, int, int]:

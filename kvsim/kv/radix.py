@@ -418,7 +418,7 @@ class RadixAllocator:
     def ensure_slots(self, request_id: int, num_tokens: int) -> bool:
         self.ledger.require(request_id)
         st = self._state[request_id]
-        if num_tokens < self.ledger.written[request_id]:
+        if num_tokens < self.ledger.written_of(request_id):
             raise ValueError(f"request {request_id}: written tokens cannot shrink")
         table = st.table
         need = cdiv(num_tokens, self.page_size) - len(table)
@@ -532,8 +532,8 @@ class RadixAllocator:
         for rid, st in self._state.items():
             held = self.ledger.held[rid]
             assert len(st.table) * ps == held, f"request {rid}: {len(st.table)} pages but {held} held tokens"
-            assert st.plen == self.ledger.written[rid] // ps, (
-                f"request {rid}: {st.plen} pages in the tree but {self.ledger.written[rid]} tokens written")
+            assert st.plen == self.ledger.written_of(rid) // ps, (
+                f"request {rid}: {st.plen} pages in the tree but {self.ledger.written_of(rid)} tokens written")
             chain = []
             n = st.node
             while n is not root:

@@ -69,29 +69,35 @@ BREAKDOWN_COLUMNS = [
 ]
 
 
-class StepRecorder:
-    """Buffers rows column-wise; ``flush_every`` rows go to a parquet row group (bounded memory)."""
+assert list(STEP_COLUMNS)[-len(BREAKDOWN_COLUMNS):] == BREAKDOWN_COLUMNS  # rows are built in this order
 
-    def __init__(self, bytes_per_token: int, path: Path | None = None, flush_every: int = 65536):
+
+class StepRecorder:
+    """Buffers rows; every ``flush_every`` rows become a parquet row group (bounded memory).
+
+    A row is kept as a tuple in ``STEP_COLUMNS`` order until the flush turns the buffer into typed
+    columns: one tuple per row is the cheapest thing to build while the engine runs."""
+
+    def __init__(self, bytes_per_token: int, path: Path | None = None, flush_every: int = 32768):
         self.bytes_per_token = bytes_per_token
         self.path = path
         self.flush_every = flush_every
-        self._cols: dict[str, list] = {name: [] for name in STEP_COLUMNS}
+        self._rows: list[tuple] = []
         self._writer: pq.ParquetWriter | None = None
         self._chunks: list[pa.Table] = []  # only used when path is None (in-memory runs)
         self.num_rows = 0
         self.schema = pa.schema([(n, pa.from_numpy_dtype(np.dtype(t))) for n, t in STEP_COLUMNS.items()])
 
-    def _append(self, values: dict) -> None:
-        """Append one row; columns not in ``values`` (breakdown parts a model lacks) get 0."""
-        c = self._cols
-        c["step"].append(self.num_rows)
-        for name in STEP_COLUMNS:
-            if name != "step":
-                c[name].append(values.get(name, 0))
+    def _push(self, row: tuple) -> None:
+        self._rows.append(row)
         self.num_rows += 1
-        if len(c["step"]) >= self.flush_every:
+        if len(self._rows) >= self.flush_every:
             self._flush()
+
+    @staticmethod
+    def _breakdown(breakdown: dict[str, float]) -> list:
+        """The breakdown columns in order (0 for parts a timing model lacks)."""
+        return [breakdown.get(k, 0) for k in BREAKDOWN_COLUMNS]
 
     def row(self, *, idle: bool, start_s: float, duration_s: float, batch_size: int, prefill_tokens: int,
             decode_tokens: int, running: int, waiting: int, admitted: int, preempted: int, finished: int,
@@ -99,20 +105,14 @@ class StepRecorder:
             evictions: int = 0, swap_in_bytes: int = 0, swap_out_bytes: int = 0, replica: int = 0) -> None:
         """One engine step (or, with ``idle``, a gap) in the state ``usage`` describes."""
         bpt = self.bytes_per_token
-        self._append({
-            **{k: breakdown[k] for k in BREAKDOWN_COLUMNS if k in breakdown},
-            "replica": replica, "idle": idle, "start_s": start_s, "duration_s": duration_s,
-            "num_steps": 0 if idle else num_steps, "batch_size": batch_size, "prefill_tokens": prefill_tokens,
-            "decode_tokens": decode_tokens, "running": running, "running_mean": float(running),
-            "batch_size_mean": float(batch_size), "waiting": waiting, "admitted": admitted,
-            "preempted": preempted, "finished": finished,
-            "token_states_bytes": usage.token_states_tokens * bpt, "reservation_bytes": usage.reservation_tokens * bpt,
-            "internal_frag_bytes": usage.internal_frag_tokens * bpt,
-            "external_frag_bytes": usage.external_frag_tokens * bpt, "free_bytes": usage.free_tokens * bpt,
-            "cached_free_bytes": usage.cached_free_tokens * bpt, "peak_used_bytes": usage.used_tokens * bpt,
-            "unshared_bytes": usage.unshared_tokens * bpt, "evictions": evictions,
-            "swap_in_bytes": swap_in_bytes, "swap_out_bytes": swap_out_bytes, "kv_bytes_read": kv_bytes_read,
-        })
+        self._push((
+            self.num_rows, replica, idle, start_s, duration_s, 0 if idle else num_steps, batch_size,
+            prefill_tokens, decode_tokens, running, float(running), float(batch_size), waiting, admitted,
+            preempted, finished, usage.token_states_tokens * bpt, usage.reservation_tokens * bpt,
+            usage.internal_frag_tokens * bpt, usage.external_frag_tokens * bpt, usage.free_tokens * bpt,
+            usage.cached_free_tokens * bpt, usage.used_tokens * bpt, usage.unshared_tokens * bpt, evictions,
+            swap_in_bytes, swap_out_bytes, kv_bytes_read, *self._breakdown(breakdown),
+        ))
 
     def macro_row(self, *, start_s: float, duration_s: float, num_steps: int, max_batch: int,
                   batch_mean: float, decode_tokens: int, waiting: int, finished: int,
@@ -120,27 +120,24 @@ class StepRecorder:
                   evictions: int, replica: int = 0) -> None:
         """One row standing for ``num_steps`` decode-only steps (means are time-weighted)."""
         bpt = self.bytes_per_token
-        self._append({
-            **{k: breakdown[k] for k in BREAKDOWN_COLUMNS if k in breakdown},
-            **{f"{p}_bytes": parts_mean_tokens[p] * bpt
-               for p in ("token_states", "reservation", "internal_frag", "external_frag", "free", "cached_free")},
-            "replica": replica, "idle": False, "start_s": start_s, "duration_s": duration_s,
-            "num_steps": num_steps, "batch_size": max_batch, "decode_tokens": decode_tokens,
-            "running": max_batch, "running_mean": batch_mean, "batch_size_mean": batch_mean, "waiting": waiting,
-            "finished": finished, "peak_used_bytes": int(parts_mean_tokens["peak_used"]) * bpt,
-            "unshared_bytes": parts_mean_tokens["unshared"] * bpt, "evictions": evictions,
-            "kv_bytes_read": kv_bytes_read,
-        })
+        p = parts_mean_tokens
+        self._push((
+            self.num_rows, replica, False, start_s, duration_s, num_steps, max_batch, 0, decode_tokens,
+            max_batch, batch_mean, batch_mean, waiting, 0, 0, finished, p["token_states"] * bpt,
+            p["reservation"] * bpt, p["internal_frag"] * bpt, p["external_frag"] * bpt, p["free"] * bpt,
+            p["cached_free"] * bpt, int(p["peak_used"]) * bpt, p["unshared"] * bpt, evictions, 0, 0,
+            kv_bytes_read, *self._breakdown(breakdown),
+        ))
 
     def _flush(self) -> None:
-        if not self._cols["step"]:
+        if not self._rows:
             return
+        columns = zip(*self._rows)
         table = pa.table(
-            {n: pa.array(np.asarray(v, dtype=STEP_COLUMNS[n])) for n, v in self._cols.items()},
+            {n: pa.array(np.asarray(v, dtype=t)) for (n, t), v in zip(STEP_COLUMNS.items(), columns)},
             schema=self.schema,
         )
-        for v in self._cols.values():
-            v.clear()
+        self._rows = []
         if self.path is None:
             self._chunks.append(table)
             return

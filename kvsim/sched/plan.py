@@ -10,13 +10,16 @@ from kvsim.timing.base import BatchShape
 @dataclass(frozen=True)
 class StepPlan:
     """What one engine step runs. ``scheduled`` pairs request ids with their new-token counts, in
-    scheduling order; ``preempted``/``admitted`` list request ids changed by this schedule() call."""
+    scheduling order; ``preempted``/``admitted`` list request ids changed by this schedule() call.
+    ``group_decodes``: members of the scheduler's decode group that each decode one token in this
+    step besides ``scheduled`` (they are not listed one by one)."""
 
     scheduled: tuple[tuple[int, int], ...]
     shape: BatchShape
     admitted: tuple[int, ...]
     preempted: tuple[int, ...]
+    group_decodes: int = 0
 
     @property
     def is_empty(self) -> bool:
-        return not self.scheduled
+        return not self.scheduled and not self.group_decodes

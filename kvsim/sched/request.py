@@ -29,7 +29,7 @@ class Request:
         "num_computed_tokens", "num_generated", "admitted_s", "first_token_s", "finish_s",
         "num_preemptions", "recomputed_tokens", "admit_seq", "reject_reason", "priority",
         "cached_tokens", "num_swaps", "swapped_tokens", "cpu_hit_tokens", "ssd_hit_tokens", "prefetched_s",
-        "load_s", "hidden_s", "num_samples", "replica", "remote_hit_tokens",
+        "load_s", "hidden_s", "num_samples", "replica", "remote_hit_tokens", "group_d0",
     )
 
     def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
@@ -62,6 +62,9 @@ class Request:
         self.recomputed_tokens = 0
         self.admit_seq = -1  # admission order, for "latest admitted" victim selection
         self.reject_reason = ""
+        # Decode-group membership (scheduler-internal): the group clock value at which
+        # ``num_computed_tokens`` and ``num_generated`` were last brought up to date, or -1.
+        self.group_d0 = -1
 
     @property
     def num_tokens(self) -> int:

@@ -31,6 +31,7 @@ from collections import deque
 
 from kvsim.kv.base import KVAllocator
 from kvsim.sched.config import SchedulerConfig
+from kvsim.sched.group import DecodeGroup
 from kvsim.sched.plan import StepPlan
 from kvsim.sched.request import Request, RequestStatus
 from kvsim.timing.base import BatchShape
@@ -72,6 +73,12 @@ class Scheduler:
         self.host_link_bandwidth = host_link_bandwidth_bytes_per_s
         self.hidden_by_prefetch_s = 0.0
         self._any_samples = False  # any request with parallel samples (then count sequences)
+        # Lazy decode steps (see kvsim.sched.group): with an allocator that grows every request
+        # by one token in one call, running requests that decode join the group and are not
+        # touched one by one while every running request decodes. Off for timing models that
+        # need each context length, and once a request with parallel samples arrives.
+        self.group = DecodeGroup()
+        self._lazy = hasattr(allocator, "grow_all_by_one") and not want_context_lens
 
     # -- arrivals ------------------------------------------------------------------------------
     def add_request(self, req: Request) -> bool:
@@ -80,6 +87,9 @@ class Scheduler:
             raise ValueError(f"request {req.request_id} added twice")
         if req.num_samples > 1:
             self._any_samples = True
+            if self._lazy:
+                self.group.dissolve()
+                self._lazy = False
         self.requests[req.request_id] = req
         reason = ""
         if req.prompt_tokens + req.output_tokens > self.max_model_len_tokens:
@@ -188,21 +198,22 @@ class Scheduler:
         swap_out = swap_in = 0
         tier_load_s = 0.0
 
-        grow_all = getattr(alloc, "grow_all_by_one", None)
         running = self.running
+        group = self.group
         i = 0
-        if (grow_all is not None and running and len(running) <= budget and not self._any_samples
-                and self._all_decoding() and grow_all([r.request_id for r in running])):
-            # Fast path: every running request decodes one token and all fit (no preemption).
-            for r in running:
-                scheduled[r.request_id] = (1, 1)
-            budget -= len(running)
-            i = len(running)
-            fast_shape = not self.want_context_lens
+        group_decodes = 0
+        if (self._lazy and running and len(group) == len(running) and len(running) <= budget
+                and alloc.grow_all_by_one()):
+            # Every running request is a group member: each decodes one token and all fit (no
+            # preemption). Nobody is touched one by one; the group clock advances in on_step_done.
+            group_decodes = num_decode = len(running)
+            budget -= num_decode
+            i = num_decode
             decode_kv = alloc.ledger.sum_written  # every running request reads its context + 1
-            num_decode = len(running)
+            fast_shape = True
         else:
             fast_shape = False
+            group.dissolve()
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = req.num_uncomputed_tokens
@@ -300,10 +311,10 @@ class Scheduler:
             scheduled[req.request_id] = (n, cost)
             budget -= cost
 
-        if fast_shape and not preempted and not swap_in:
+        if fast_shape:
             # The running requests all decode one token: their KV read is what the ledger says is
-            # written; only the newly admitted requests are looked at one by one.
-            shape = self._shape_after_fast_path(num_decode, decode_kv, admitted, scheduled, tier_load_s)
+            # written; only the requests admitted or swapped in are looked at one by one.
+            shape = self._shape_after_fast_path(num_decode, decode_kv, scheduled, swap_in, tier_load_s)
         else:
             shape = self._batch_shape(scheduled, swap_in, swap_out, tier_load_s)
         plan = StepPlan(
@@ -311,16 +322,10 @@ class Scheduler:
             shape=shape,
             admitted=tuple(admitted),
             preempted=tuple(preempted),
+            group_decodes=group_decodes,
         )
         self._plan = plan
         return plan
-
-    def _all_decoding(self) -> bool:
-        """Is every running request one token behind (pure decode)? Without chunked prefill a
-        running request always is: its prompt was scheduled whole at admission."""
-        if not self.chunked_prefill:
-            return True
-        return all(r.num_computed_tokens == r.num_tokens - 1 for r in self.running)
 
     def _num_seqs(self) -> int:
         """Running sequences (a request with n parallel samples counts n), for ``max_num_seqs``."""
@@ -333,13 +338,12 @@ class Scheduler:
         keys = [r.admit_seq for r in self.running]
         self.running.insert(bisect.bisect(keys, req.admit_seq), req)
 
-    def _shape_after_fast_path(self, num_decode: int, decode_kv: int, admitted: list, scheduled: dict,
+    def _shape_after_fast_path(self, num_decode: int, decode_kv: int, scheduled: dict, swap_in: int,
                                tier_load_s: float) -> BatchShape:
         n_pre = pre_tok = 0
         n_dec = dec_tok = num_decode
         kv = pairs = decode_kv
-        for rid in admitted:
-            n, cost = scheduled[rid]
+        for rid, (n, cost) in scheduled.items():  # single-sample requests (the group's condition)
             req = self.requests[rid]
             c = req.num_computed_tokens
             if n == 1 and req.num_generated > 0 and c == req.num_tokens - 1:  # as _batch_shape
@@ -352,9 +356,9 @@ class Scheduler:
             pre_tok += cost
             kv += c + n
             pairs += n * c + n * (n + 1) // 2
-        return BatchShape(num_seqs=num_decode + len(admitted), num_prefill_seqs=n_pre, num_decode_seqs=n_dec,
+        return BatchShape(num_seqs=num_decode + len(scheduled), num_prefill_seqs=n_pre, num_decode_seqs=n_dec,
                           num_prefill_tokens=pre_tok, num_decode_tokens=dec_tok, kv_tokens_read=kv,
-                          attention_pairs=pairs, tier_load_s=tier_load_s)
+                          attention_pairs=pairs, swap_in_bytes=swap_in, tier_load_s=tier_load_s)
 
     def _batch_shape(self, scheduled: dict, swap_in: int, swap_out: int,
                      tier_load_s: float = 0.0) -> BatchShape:
@@ -393,6 +397,13 @@ class Scheduler:
         self._plan = None
         first: list[Request] = []
         done: list[Request] = []
+        group = self.group
+        joins = self._lazy and plan.group_decodes
+        if plan.group_decodes:
+            group.clock += 1
+            if group.finish_clock() == group.clock:
+                done = group.pop_finished()
+        group_done = len(done)
         for rid, n in plan.scheduled:
             req = self.requests[rid]
             req.num_computed_tokens += n
@@ -402,20 +413,51 @@ class Scheduler:
                     req.first_token_s = now_s
                     first.append(req)
                 if req.num_generated >= req.output_tokens:
-                    req.status = RequestStatus.FINISHED
-                    req.finish_s = now_s
-                    self.allocator.free(rid)
-                    self.finished.append(req)
                     done.append(req)
+                elif joins:
+                    group.join(req)
+        if group_done and len(done) > group_done:
+            done.sort(key=lambda r: r.admit_seq)  # the order a one-by-one step finishes them in
         if done:
+            for r in done:
+                r.status = RequestStatus.FINISHED
+                r.finish_s = now_s
+                self.allocator.free(r.request_id)
+            self.finished.extend(done)
             self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
+        if self._lazy and not plan.group_decodes:
+            # A step planned one request at a time: every running request that now decodes
+            # (re)joins the group.
+            for r in self.running:
+                if r.group_d0 < 0 and r.num_generated and r.num_computed_tokens == r.num_tokens - 1:
+                    group.join(r)
         return first, done
+
+    def finish_group_members(self, now_s: float) -> list[Request]:
+        """Finish the group members that generated their last token by the group's clock (decode
+        windows); returns them in finish order."""
+        done = self.group.pop_finished()
+        for r in done:
+            r.status = RequestStatus.FINISHED
+            r.finish_s = now_s
+            self.allocator.free(r.request_id)
+            self.running.remove(r)
+        self.finished.extend(done)
+        return done
+
+    def sync_progress(self) -> None:
+        """Write the decode group's lazy progress back into its requests (before reading them)."""
+        self.group.sync()
 
     def usage(self):
         head = self.waiting[0].kv if self.waiting and not self.swapped else None
         return self.allocator.usage(head)
 
     def check_invariants(self) -> None:
+        self.group.sync()
+        self.group.check()
+        running_ids = {id(r) for r in self.running}
+        assert all(id(r) in running_ids for r in self.group.members), "a decode-group member is not running"
         assert self._num_seqs() <= self.max_num_seqs, "more running sequences than max_num_seqs"
         seqs = [r.admit_seq for r in self.running]
         assert seqs == sorted(seqs), "running list is not in admission order"

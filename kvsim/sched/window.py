@@ -18,6 +18,16 @@ A window of K steps starting with the scheduled step 0 is exact when, for steps 
   while requests are swapped out the window ends at the first finish;
 * every block a request needs is free at the window's start (frees inside the window are ignored
   for this bound, which only makes windows shorter), so no preemption happens.
+
+Two implementations share these rules. With an allocator that grows every request by one token
+in one call (the block-counting paged allocator, contiguous, buddy) all running requests are
+members of the scheduler's lazy decode group (:mod:`kvsim.sched.group`): :func:`plan_group_window`
+builds the arrays from the group's finish keys and :func:`apply_group_window` advances step by
+step through the allocator, which touches only requests at a block boundary, so a window costs
+O(steps + events) instead of O(running requests); it counts frees inside the window exactly and
+stops where a block is not free. Allocators that name blocks (prefix caching, tiers, radix) and
+requests with parallel samples use :func:`plan_decode_window` / :func:`block_limited_steps` /
+:func:`apply_decode_window`, which replay block allocations request by request.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvsim.sched.group import FINISH_KEY_SHIFT
 from kvsim.sched.request import RequestStatus
 
 
@@ -196,26 +207,97 @@ def _finish(sched, r, computed: int, t: float, on_finish) -> None:
         on_finish(r, t)
 
 
+def plan_group_window(sched, plan, max_steps: int) -> DecodeWindow | None:
+    """:func:`plan_decode_window` for a scheduler whose running requests are all members of its
+    decode group (``plan.group_decodes``): the arrays follow from the members' finish offsets and
+    base constants, no request is read one by one."""
+    shape = plan.shape
+    if (not plan.group_decodes or plan.scheduled or plan.preempted or shape.swap_in_bytes
+            or shape.swap_out_bytes or shape.tier_load_s):
+        return None
+    group = sched.group
+    b = len(group)
+    remaining = (np.array(group.keys, dtype=np.int64) >> FINISH_KEY_SHIFT) - group.clock  # ascending
+    kcap = min(max_steps, int(remaining[0] if sched.swapped else remaining[-1]))
+    if kcap < 2:
+        return None
+    computed0 = np.array(group.base, dtype=np.int64) + group.clock
+    j = np.arange(kcap, dtype=np.int64)
+    done_by = np.searchsorted(remaining, j, side="right")  # members finished before step j
+    num_seqs = b - done_by
+    csum = np.concatenate(([0], np.cumsum(computed0)))
+    kv_read = (csum[-1] - csum[done_by]) + num_seqs * (j + 1)
+    return DecodeWindow(list(group.members), remaining, computed0, num_seqs, kv_read, kcap,
+                        np.ones(b, np.int64), kv_read)
+
+
+def apply_group_window(sched, k: int, times: np.ndarray, on_finish=None):
+    """:func:`apply_decode_window` for a group window: steps 1..k-1 advance the group clock and
+    grow every request by one token through the allocator (which touches only requests at a block
+    boundary); finishes are a prefix of the group's members. The window ends early, at the step
+    the one-by-one scheduler would plan differently: a finish that might let the waiting head in,
+    or a block that is not free (the step-by-step scheduler would preempt there).
+
+    Returns ``(steps advanced, usage segments)`` as :func:`apply_decode_window` does."""
+    alloc = sched.allocator
+    group = sched.group
+    ledger = alloc.ledger
+    head = sched.waiting[0].kv if sched.waiting and not sched.swapped else None
+    segments = [(0, alloc.usage_parts(head))]
+    clock0 = group.clock
+    next_finish = group.finish_clock()
+    grow = alloc.grow_all_by_one
+    stop = k
+    for s in range(1, k):
+        changed = False
+        if next_finish == clock0 + s:  # members whose last token was step s - 1
+            group.clock = clock0 + s
+            done = sched.finish_group_members(float(times[s]))
+            if on_finish is not None:
+                for r in done:
+                    on_finish(r, float(times[s]))
+            if sched.waiting and sched.head_might_fit(num_running=len(sched.running)):
+                stop = s  # step s will be planned the ordinary way (it may admit the head)
+                break
+            next_finish = group.finish_clock() if len(group) else -1
+            changed = True
+        held = ledger.sum_held
+        if not grow():
+            stop = s  # a block step s needs is not free: plan it one request at a time (preemption)
+            break
+        if changed or ledger.sum_held != held:
+            segments.append((s, alloc.usage_parts(head)))
+    group.clock = clock0 + stop
+    if stop == k and next_finish == clock0 + k:
+        done = sched.finish_group_members(float(times[k]))
+        if on_finish is not None:
+            for r in done:
+                on_finish(r, float(times[k]))
+    sched._plan = None
+    return stop, segments
+
+
 def window_means(win: DecodeWindow, k: int, durations: np.ndarray, segments, capacity_tokens: int) -> dict:
-    """Time-weighted means over the window's steps of the memory parts (tokens) and batch size."""
+    """Time-weighted means over the window's steps of the memory parts (tokens) and batch size.
+
+    ``segments`` (strictly increasing first steps, all < k) hold piecewise-constant allocator
+    sums; the written / batch / KV-read series are per step."""
     d = durations[:k]
     total = float(d.sum())
-    starts = [s for s, _ in segments] + [k]
-    lengths = np.diff(starts)
+    starts = [s for s, _ in segments]
     vals = np.array([p for _, p in segments], dtype=np.float64)  # (segments, 5)
-    per_step = np.repeat(vals, lengths, axis=0)
-    held, useful, shared, cached_free, external = per_step.T
-    written = win.written[:k].astype(np.float64)
-    parts = {
+    seg_time = np.add.reduceat(d, starts)  # time spent in each segment
+    held, useful, shared, cached_free, external = (seg_time @ vals / total).tolist()
+    per_step = np.stack((win.written[:k], win.num_seqs[:k], win.kv_tokens_read[:k]))
+    written, batch, unshared = (per_step @ d / total).tolist()
+    return {
         "token_states": written - shared,
         "reservation": useful - written,
         "internal_frag": held - useful,
         "external_frag": external,
         "free": capacity_tokens - (held - shared) - external,
         "cached_free": cached_free,
+        "batch_mean": batch,
+        "peak_used": float((vals[:, 0] - vals[:, 2]).max()),
+        "unshared": unshared,
     }
-    out = {name: float((v * d).sum() / total) for name, v in parts.items()}
-    out["batch_mean"] = float((win.num_seqs[:k] * d).sum() / total)
-    out["peak_used"] = float((held - shared).max())
-    out["unshared"] = float((win.kv_tokens_read[:k] * d).sum() / total)
-    return out

@@ -76,7 +76,9 @@ class AnalyticalTiming:
         """Vectorised ``step_time`` for decode-only steps (one new token per sequence, no swaps).
 
         Element j equals ``step_time(shape_j).duration_s`` bit for bit: the same IEEE operations in
-        the same order (the fast engine relies on it). Returns (durations, breakdown sums, kv bytes read).
+        the same order (the fast engine relies on it). Returns (durations, breakdown parts per step
+        -- an array, or a float that is the same every step --, KV bytes read per step); see
+        :func:`kvsim.timing.base.decode_totals`.
         """
         kv_read = kv_tokens_read * self.kv_bytes_per_token
         kv_write = num_seqs * self.kv_bytes_per_token
@@ -86,16 +88,15 @@ class AnalyticalTiming:
         attn_s = self.attention_flops_per_pair * kv_tokens_read / self.flops_per_s
         swap_s = 0 / self.cfg.host_link_bandwidth_bytes_per_s + 0.0
         duration = np.maximum(weights_s + kv_s, linear_s + attn_s) + self.cfg.step_overhead_s + swap_s
-        k = len(num_seqs)
-        breakdown = {
-            "weights_read_s": weights_s * k,
-            "kv_read_s": float(kv_s.sum()),
-            "linear_compute_s": float(linear_s.sum()),
-            "attention_compute_s": float(attn_s.sum()),
-            "overhead_s": self.cfg.step_overhead_s * k,
+        parts = {
+            "weights_read_s": weights_s,
+            "kv_read_s": kv_s,
+            "linear_compute_s": linear_s,
+            "attention_compute_s": attn_s,
+            "overhead_s": self.cfg.step_overhead_s,
             "swap_s": 0.0,
         }
-        return duration, breakdown, int(kv_read.sum())
+        return duration, parts, kv_read
 
 
 TIMING_MODELS.register("analytical", AnalyticalTimingConfig, AnalyticalTiming)

@@ -57,3 +57,12 @@ class StepTiming:
 
 class TimingModel(Protocol):
     def step_time(self, shape: BatchShape) -> StepTiming: ...
+
+
+def decode_totals(parts: dict, kv_read_bytes, k: int) -> tuple[dict[str, float], int]:
+    """Breakdown sums and KV bytes read over the first ``k`` steps of a ``decode_durations`` result.
+
+    ``parts`` maps a breakdown name to its per-step values: an array, or a float that is the same
+    every step (summed as ``value * k``)."""
+    breakdown = {name: (float(v[:k].sum()) if hasattr(v, "shape") else v * k) for name, v in parts.items()}
+    return breakdown, int(kv_read_bytes[:k].sum())

@@ -36,9 +36,7 @@ class ConstantTiming:
         """Vectorised ``step_time`` for decode-only steps (see AnalyticalTiming.decode_durations)."""
         compute = self.cfg.per_token_s * num_seqs
         duration = self.cfg.step_s + compute + 0.0
-        k = len(num_seqs)
-        return duration, {"overhead_s": self.cfg.step_s * k, "compute_s": float(compute.sum())}, \
-            int((kv_tokens_read * self.kv_bytes_per_token).sum())
+        return duration, {"overhead_s": self.cfg.step_s, "compute_s": compute}, kv_tokens_read * self.kv_bytes_per_token
 
 
 TIMING_MODELS.register("constant", ConstantTimingConfig, ConstantTiming)

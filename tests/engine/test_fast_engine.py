@@ -29,7 +29,7 @@ def both(scn_kwargs, rows, prefix_keys=None):
     return out["step"], out["fast"]
 
 
-def assert_same(step, fast):
+def assert_same(step, fast, fast_has_windows=True):
     import pandas as pd
 
     pd.testing.assert_frame_equal(step.requests, fast.requests, check_exact=True)
@@ -51,7 +51,8 @@ def assert_same(step, fast):
     for k, v in s["step_time_breakdown_s"].items():
         assert math.isclose(v, f["step_time_breakdown_s"][k], rel_tol=1e-9, abs_tol=1e-12), k
     assert fast.summary["engine_steps"] == step.summary["engine_steps"]
-    assert len(fast.steps) < len(step.steps), "the fast engine advanced no window"
+    if fast_has_windows:
+        assert len(fast.steps) < len(step.steps), "the fast engine advanced no window"
 
 
 TIMING = {"kind": "analytical", "step_overhead_s": 0.001}
@@ -111,14 +112,13 @@ def test_fast_equals_step_with_chunked_prefill_and_seq_limit():
 
 
 def test_counting_paged_allocator_matches_the_block_id_allocator():
-    import pandas as pd
-
     rows = random_rows(300, seed=8)
     res = {}
     for track in ("auto", "always"):
         scn = make_scenario(kv_budget={"tokens": 3000}, timing=TIMING,
                             allocator={"kind": "paged", "block_size": 16, "watermark": 0.01, "track_block_ids": track})
         res[track] = run(scn, trace=make_trace(rows), check_invariants=True)
-    pd.testing.assert_frame_equal(res["auto"].requests, res["always"].requests, check_exact=True)
-    assert res["auto"].summary == res["always"].summary
+    # Request tables bit for bit; summaries up to float summation order (the counting allocator's
+    # windows find block boundaries as they run, so they may cut the steps into other rows).
+    assert_same(res["always"], res["auto"], fast_has_windows=False)
     assert res["auto"].summary["preemptions"] > 0

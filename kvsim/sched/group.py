@@ -1,0 +1,111 @@
+"""The decode group: running requests that decode one token per step, advanced lazily.
+
+Most engine steps are "every running request decodes one token". Touching every request's
+counters at each such step costs O(batch) Python per step; instead the group keeps a ``clock``
+(the number of group decode steps so far) and each member remembers the clock value at which its
+``num_computed_tokens`` / ``num_generated`` were last written (``Request.group_d0``). A member's
+true counts are the stored ones plus ``clock - group_d0``; :meth:`sync` writes them back.
+
+Members are ordered by finish key ``(clock value at which the member has generated all its output,
+admission order)``: the order in which the step-by-step scheduler finishes them. So a step's
+finishes are a prefix of the member list, and a decode window's batch sizes and KV reads follow
+from the finish keys and one constant per member (``computed tokens - clock``).
+
+Owned by the scheduler (it decides who joins and leaves); holds no KV state.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+_SEQ_BITS = FINISH_KEY_SHIFT = 32  # finish key = finish clock << 32 | admit_seq
+_SEQ_MASK = (1 << _SEQ_BITS) - 1
+
+
+class DecodeGroup:
+    __slots__ = ("clock", "keys", "members", "base", "sum_base")
+
+    def __init__(self) -> None:
+        self.clock = 0
+        self.keys: list[int] = []  # sorted finish keys
+        self.members: list = []  # Requests, in key order
+        self.base: list[int] = []  # computed tokens - clock, per member (constant while a member)
+        self.sum_base = 0
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def join(self, req) -> None:
+        """Add a running request that is one token behind (it decodes next step)."""
+        clock = self.clock
+        remaining = req.output_tokens - req.num_generated
+        if req.group_d0 >= 0 or remaining <= 0 or req.num_computed_tokens != req.num_tokens - 1:
+            raise ValueError(f"{req} cannot join the decode group")
+        if req.admit_seq > _SEQ_MASK:
+            raise ValueError(f"{req}: admission counter out of range")
+        req.group_d0 = clock
+        key = ((clock + remaining) << _SEQ_BITS) | req.admit_seq
+        i = bisect.bisect(self.keys, key)
+        self.keys.insert(i, key)
+        self.members.insert(i, req)
+        b = req.num_computed_tokens - clock
+        self.base.insert(i, b)
+        self.sum_base += b
+
+    @staticmethod
+    def _write_back(req, clock: int) -> None:
+        delta = clock - req.group_d0
+        req.num_computed_tokens += delta
+        req.num_generated += delta
+        req.group_d0 = clock
+
+    def sync(self) -> None:
+        """Bring every member's counters up to date (membership is kept)."""
+        clock = self.clock
+        for r in self.members:
+            if r.group_d0 != clock:
+                self._write_back(r, clock)
+
+    def dissolve(self) -> None:
+        """Sync and release every member (before the scheduler treats requests one by one)."""
+        clock = self.clock
+        for r in self.members:
+            self._write_back(r, clock)
+            r.group_d0 = -1
+        self.keys.clear()
+        self.members.clear()
+        self.base.clear()
+        self.sum_base = 0
+
+    def finish_clock(self) -> int:
+        """Clock value at which the first member finishes (group must not be empty)."""
+        return self.keys[0] >> _SEQ_BITS
+
+    def pop_finished(self) -> list:
+        """Remove and return (synced, in finish order) the members that have generated all their
+        output at the current clock."""
+        end = bisect.bisect(self.keys, (self.clock << _SEQ_BITS) | _SEQ_MASK)
+        if not end:
+            return []
+        done = self.members[:end]
+        self.sum_base -= sum(self.base[:end])
+        del self.keys[:end], self.members[:end], self.base[:end]
+        clock = self.clock
+        for r in done:
+            self._write_back(r, clock)
+            r.group_d0 = -1
+        return done
+
+    def check(self) -> None:
+        assert self.keys == sorted(self.keys), "decode group out of finish order"
+        assert len(self.keys) == len(self.members) == len(self.base), "decode group lists disagree"
+        assert self.sum_base == sum(self.base), "decode group base sum out of sync"
+        clock = self.clock
+        for key, r, b in zip(self.keys, self.members, self.base):
+            assert 0 <= r.group_d0 <= clock, f"{r}: group clock {r.group_d0} outside [0, {clock}]"
+            lag = clock - r.group_d0
+            computed, generated = r.num_computed_tokens + lag, r.num_generated + lag
+            assert computed - clock == b, f"{r}: computed tokens out of sync with the group"
+            assert computed == r.prompt_tokens + generated - 1, f"{r}: group member is not decoding"
+            assert (key >> _SEQ_BITS) - clock == r.output_tokens - generated, f"{r}: wrong finish key"
+            assert key & _SEQ_MASK == r.admit_seq, f"{r}: finish key has the wrong admission order"

@@ -1,0 +1,131 @@
+"""Lazy decode growth (``grow_all_by_one``) against the same steps made one request at a time.
+
+The block-counting paged allocator and the extent allocators advance "every request writes one
+more token" with a clock and a table of block boundaries, touching only requests that need a new
+block. Random sequences of admissions, grows, frees and decode-all steps are run on them and on
+the block-id paged allocator (or one ``ensure_slots`` per request), and every count must agree.
+"""
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvsim.kv.base import KVRequest, SlotLedger
+from kvsim.kv.contiguous import ContiguousAllocator
+from kvsim.kv.paged import CountingPagedAllocator, PagedAllocator
+
+EXAMPLES = int(os.environ.get("KVSIM_PROPERTY_EXAMPLES", "10000"))
+SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow])
+MAX_LEN = 200
+
+ops_strategy = st.lists(
+    st.tuples(st.sampled_from(["alloc", "grow", "free", "decode", "decode", "decode"]), st.integers(0, 5),
+              st.integers(1, 40), st.integers(1, 60)),
+    min_size=1, max_size=60,
+)
+
+
+def usage_tuple(alloc):
+    u = alloc.usage()
+    return (u.token_states_tokens, u.reservation_tokens, u.internal_frag_tokens, u.free_tokens, u.num_requests)
+
+
+def drive_pair(lazy, ref, ops):
+    """Apply ``ops`` to both allocators; ``decode`` is ``grow_all_by_one`` on ``lazy`` and, on ``ref``,
+    one ``ensure_slots`` per request (all or nothing, as the scheduler's fast path needs)."""
+    written: dict[int, int] = {}
+    reqs: dict[int, KVRequest] = {}
+    slot_to_id: dict[int, int] = {}
+    next_id = 0
+    decodes = 0
+    for verb, slot, a, b in ops:
+        rid = slot_to_id.get(slot)
+        if verb == "alloc" and rid is None:
+            r = KVRequest(next_id, a, b, MAX_LEN)
+            next_id += 1
+            got_lazy, got_ref = lazy.allocate(r, a), ref.allocate(r, a)
+            assert (got_lazy is None) == (got_ref is None)
+            if got_lazy is not None:
+                assert lazy.ensure_slots(r.request_id, a) and ref.ensure_slots(r.request_id, a)
+                slot_to_id[slot], reqs[r.request_id], written[r.request_id] = r.request_id, r, a
+        elif verb == "grow" and rid is not None:
+            target = min(written[rid] + b % 20, reqs[rid].final_kv_tokens)
+            ok = lazy.ensure_slots(rid, target)
+            assert ok == ref.ensure_slots(rid, target)
+            if ok:
+                written[rid] = target
+        elif verb == "free" and rid is not None:
+            lazy.free(rid)
+            ref.free(rid)
+            del slot_to_id[slot], written[rid]
+        elif verb == "decode" and written and all(w < reqs[r].final_kv_tokens for r, w in written.items()):
+            # Reference: does every request's next token fit? (new blocks all come from the free pool)
+            bs = getattr(ref, "block_size", None)
+            if bs is None:
+                fits = True
+            else:
+                need = sum(1 for r, w in written.items() if w == ref.held_tokens(r))
+                fits = need <= ref.num_free_blocks
+            assert lazy.grow_all_by_one() == fits
+            if fits:
+                for r in written:
+                    written[r] += 1
+                    assert ref.ensure_slots(r, written[r])
+                decodes += 1
+        lazy.check_invariants()
+        ref.check_invariants()
+        for r, w in written.items():
+            assert lazy.held_tokens(r) == ref.held_tokens(r), f"request {r}: held differs"
+            assert lazy.ledger.written_of(r) == w
+        assert usage_tuple(lazy) == usage_tuple(ref)
+        if bs_of(ref):
+            assert lazy.num_free_blocks == ref.num_free_blocks
+    return decodes
+
+
+def bs_of(alloc):
+    return getattr(alloc, "block_size", None)
+
+
+@SETTINGS
+@given(ops=ops_strategy, block_size=st.sampled_from([1, 2, 4, 16]), blocks=st.integers(1, 40),
+       watermark=st.sampled_from([0.0, 0.1]))
+def test_counting_paged_lazy_decode_matches_block_ids(ops, block_size, blocks, watermark):
+    drive_pair(CountingPagedAllocator(blocks, block_size, watermark), PagedAllocator(blocks, block_size, watermark),
+               ops)
+
+
+@SETTINGS
+@given(ops=ops_strategy, capacity=st.integers(1, 400), policy=st.sampled_from(["max", "oracle"]))
+def test_contiguous_lazy_decode_matches_ensure_slots(ops, capacity, policy):
+    drive_pair(ContiguousAllocator(capacity, policy), ContiguousAllocator(capacity, policy), ops)
+
+
+def test_lazy_decode_touches_only_requests_at_a_block_boundary():
+    alloc = CountingPagedAllocator(num_blocks=100, block_size=16)
+    for rid, prompt in enumerate([16, 20, 31]):  # 0 and 2 fill their blocks after 0 and 1 steps
+        r = KVRequest(rid, prompt, 100, MAX_LEN)
+        assert alloc.allocate(r, prompt) is not None and alloc.ensure_slots(rid, prompt)
+    free0 = alloc.num_free_blocks
+    assert alloc.grow_all_by_one()  # request 0 (16 of 16 written) takes a block
+    assert alloc.num_free_blocks == free0 - 1
+    assert [alloc.held_tokens(r) for r in range(3)] == [32, 32, 32]
+    assert alloc.grow_all_by_one()  # request 2 (32 of 32 written) takes a block
+    assert alloc.num_free_blocks == free0 - 2
+    assert [alloc.ledger.written_of(r) for r in range(3)] == [18, 22, 33]
+    alloc.check_invariants()
+    # Only as many blocks as are free: all or nothing.
+    tight = CountingPagedAllocator(num_blocks=2, block_size=4)
+    for rid in (0, 1):
+        assert tight.allocate(KVRequest(rid, 4, 50, MAX_LEN), 4) is not None and tight.ensure_slots(rid, 4)
+    assert not tight.grow_all_by_one()
+    assert [tight.ledger.written_of(r) for r in (0, 1)] == [4, 4] and tight.num_free_blocks == 0
+    tight.check_invariants()
+
+
+def test_ledger_refuses_lazy_growth_without_boundaries():
+    with pytest.raises(ValueError, match="tracks block boundaries"):
+        SlotLedger().grow_all_by_one(16, 10)

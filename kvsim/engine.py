@@ -41,6 +41,9 @@ from kvsim.timing.base import TimingModel, decode_totals
 from kvsim.trace.schema import Trace
 
 
+MIN_WINDOW_HORIZON = 32
+
+
 @dataclass(frozen=True)
 class EngineLimits:
     max_sim_time_s: float | None = None
@@ -61,6 +64,10 @@ class Replica:
         self.num_steps = 0
         self.num_windows = 0
         self.last_evictions = 0
+        # Steps the next decode window is planned for: four times the last window's length (at least
+        # MIN_WINDOW_HORIZON). Planning costs O(horizon) numpy work, and in a saturated engine a
+        # window ends at the first finish, far short of the longest request's end.
+        self.window_horizon = MIN_WINDOW_HORIZON
 
 
 class Engine:
@@ -248,10 +255,11 @@ class Engine:
         """If step 0 (``plan``) opens a decode window of >= 2 steps, return a generator that runs it."""
         sched = rep.scheduler
         group = plan.group_decodes > 0  # every running request is a lazy decode-group member
+        horizon = min(self.max_window_steps, rep.window_horizon)
         if group:
-            win = plan_group_window(sched, plan, self.max_window_steps)
+            win = plan_group_window(sched, plan, horizon)
         else:
-            win = plan_decode_window(sched, plan, self.max_window_steps)
+            win = plan_decode_window(sched, plan, horizon)
         if win is None:
             return None
         timing = rep.timing
@@ -300,6 +308,7 @@ class Engine:
             for d in durations[:k].tolist():
                 p += d
             target.prefetched_s = p
+        rep.window_horizon = max(MIN_WINDOW_HORIZON, 4 * k)
         rep.now_s = float(times[k])
         yield self._advance_to(rep.now_s)
         means = window_means(win, k, durations, segments, alloc.capacity_tokens)

@@ -158,13 +158,13 @@ class SlotLedger:
 
     Decode steps are lazy: :meth:`grow_all_by_one` ("every request writes one more token") only
     advances a ``clock``; a request's written count is its stored offset plus the clock. With
-    ``track_boundaries`` the ledger also keeps a heap of the clock values at which each request's
-    written count reaches its held slots, so a decode step touches only the requests that need a
+    ``track_boundaries`` the ledger also keeps, by clock value, the set of requests whose written
+    count reaches their held slots then, so a decode step touches only the requests that need a
     new block (about one in ``block_size`` per step), not every request.
     """
 
     __slots__ = ("held", "_woff", "final", "sum_held", "sum_written", "sum_useful", "clock", "_bounds",
-                 "_num_bounds", "_track")
+                 "_track")
 
     def __init__(self, track_boundaries: bool = False) -> None:
         self.held: dict[int, int] = {}
@@ -174,10 +174,9 @@ class SlotLedger:
         self.sum_written = 0
         self.sum_useful = 0  # sum of min(A, F)
         self.clock = 0  # decode steps taken by grow_all_by_one
-        # clock value at which written == held -> request ids; an entry whose request's counts no
-        # longer give that value is stale and skipped.
-        self._bounds: dict[int, list[int]] = {}
-        self._num_bounds = 0
+        # clock value at which written == held -> the requests for which it is (exactly; kept up to
+        # date on every change of held or written)
+        self._bounds: dict[int, set[int]] = {}
         self._track = track_boundaries
 
     def __contains__(self, request_id: int) -> bool:
@@ -189,21 +188,22 @@ class SlotLedger:
     def written_of(self, request_id: int) -> int:
         return self._woff[request_id] + self.clock
 
+    def _unbound(self, request_id: int) -> None:
+        """Forget where ``request_id`` fills its held slots (before its held or written count changes)."""
+        key = self.held[request_id] - self._woff[request_id]
+        bucket = self._bounds[key]
+        bucket.discard(request_id)
+        if not bucket:
+            del self._bounds[key]
+
     def _bound(self, request_id: int) -> None:
         """Record where ``request_id`` fills its held slots (after its held or written count changed)."""
         key = self.held[request_id] - self._woff[request_id]
         bucket = self._bounds.get(key)
         if bucket is None:
-            self._bounds[key] = [request_id]
+            self._bounds[key] = {request_id}
         else:
-            bucket.append(request_id)
-        self._num_bounds += 1
-        if self._num_bounds > 4 * len(self.held) + 64:  # drop stale entries now and then
-            self._bounds = {}
-            self._num_bounds = 0
-            for r in self.held:
-                self._bounds.setdefault(self.held[r] - self._woff[r], []).append(r)
-                self._num_bounds += 1
+            bucket.add(request_id)
 
     def add(self, request_id: int, final_tokens: int, held_tokens: int) -> None:
         if request_id in self.held:
@@ -217,6 +217,8 @@ class SlotLedger:
             self._bound(request_id)
 
     def set_held(self, request_id: int, held_tokens: int) -> None:
+        if self._track:
+            self._unbound(request_id)
         old = self.held[request_id]
         f = self.final[request_id]
         self.held[request_id] = held_tokens
@@ -231,6 +233,8 @@ class SlotLedger:
             raise ValueError(f"request {request_id}: {written_tokens} written > {self.held[request_id]} held")
         if written_tokens == old:
             return
+        if self._track:
+            self._unbound(request_id)
         self._woff[request_id] = written_tokens - self.clock
         self.sum_written += written_tokens - old
         if self._track:
@@ -239,6 +243,8 @@ class SlotLedger:
     def remove(self, request_id: int) -> None:
         if request_id not in self.held:
             raise ValueError(f"request {request_id} is not allocated")
+        if self._track:
+            self._unbound(request_id)
         a = self.held.pop(request_id)
         w = self._woff.pop(request_id) + self.clock
         f = self.final.pop(request_id)
@@ -275,34 +281,27 @@ class SlotLedger:
         if not self._track:
             raise ValueError("grow_all_by_one needs a ledger that tracks block boundaries")
         clock = self.clock
-        bucket = self._bounds.pop(clock, None)
+        full = self._bounds.get(clock)  # requests whose held slots are all written
         need = 0
-        if bucket:
-            self._num_bounds -= len(bucket)
-            held, woff = self.held, self._woff
-            # requests whose held slots are all written (stale and repeated entries dropped)
-            full = list(dict.fromkeys([r for r in bucket if held.get(r, -1) - woff.get(r, 0) == clock]))
+        if full:
             need = len(full)
             if need > free_blocks:
-                self._bounds[clock] = full
-                self._num_bounds += need
                 return -1
-            if need:
-                final = self.final
-                useful = 0
-                for r in full:
-                    h = held[r]  # == written < final: the request still decodes
-                    h2 = held[r] = h + block_size
-                    f = final[r]
-                    useful += (h2 if h2 < f else f) - h
-                nxt = self._bounds.get(clock + block_size)  # each is full again block_size steps on
-                if nxt is None:
-                    self._bounds[clock + block_size] = full
-                else:
-                    nxt.extend(full)
-                self._num_bounds += need
-                self.sum_held += need * block_size
-                self.sum_useful += useful
+            del self._bounds[clock]
+            held, final = self.held, self.final
+            useful = 0
+            for r in full:
+                h = held[r]  # == written < final: the request still decodes
+                h2 = held[r] = h + block_size
+                f = final[r]
+                useful += (h2 if h2 < f else f) - h
+            nxt = self._bounds.get(clock + block_size)  # each is full again block_size steps on
+            if nxt is None:
+                self._bounds[clock + block_size] = full
+            else:
+                nxt |= full
+            self.sum_held += need * block_size
+            self.sum_useful += useful
         self.clock = clock + 1
         self.sum_written += len(self.held)
         return need
@@ -325,7 +324,8 @@ class SlotLedger:
         if self._track:
             for r, a in self.held.items():
                 assert r in self._bounds.get(a - self._woff[r], ()), f"{who}: request {r}'s block boundary is not tracked"
-            assert self._num_bounds == sum(len(b) for b in self._bounds.values()), f"{who}: boundary count out of sync"
+            assert sum(len(b) for b in self._bounds.values()) == len(self.held), f"{who}: stale block boundaries"
+            assert all(self._bounds.values()), f"{who}: empty boundary set kept"
 
 
 class ExtentAllocator:

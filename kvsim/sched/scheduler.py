@@ -424,7 +424,11 @@ class Scheduler:
                 r.finish_s = now_s
                 self.allocator.free(r.request_id)
             self.finished.extend(done)
-            self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
+            if len(done) <= 4:
+                for r in done:
+                    self.running.remove(r)
+            else:
+                self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
         if self._lazy and not plan.group_decodes:
             # A step planned one request at a time: every running request that now decodes
             # (re)joins the group.

@@ -263,8 +263,15 @@ class Engine:
         if win is None:
             return None
         timing = rep.timing
-        priced = None
-        if hasattr(timing, "decode_durations"):
+        priced = step0 = None
+        if group:
+            if not hasattr(timing, "decode_durations"):
+                return None
+            # Step 0 (which may admit requests) is priced as a step; steps 1.. as decode steps.
+            step0 = timing.step_time(plan.shape)
+            priced = timing.decode_durations(win.num_seqs[1:], win.kv_tokens_read[1:])
+            durations = np.concatenate(([step0.duration_s], priced[0]))
+        elif hasattr(timing, "decode_durations"):
             priced = timing.decode_durations(win.num_seqs, win.kv_tokens_read)
             durations = priced[0]
         else:
@@ -284,13 +291,17 @@ class Engine:
             k, pop_steps, pop_idx = block_limited_steps(sched, win, k)
         if k < 2:
             return None
-        return self._run_window(rep, win, k, durations, priced, times, pop_steps, pop_idx, start)
+        return self._run_window(rep, plan, win, k, durations, priced, step0, times, pop_steps, pop_idx, start)
 
-    def _run_window(self, rep: Replica, win, k, durations, priced, times, pop_steps, pop_idx, start):
+    def _run_window(self, rep: Replica, plan, win, k, durations, priced, step0, times, pop_steps, pop_idx,
+                    start):
         sched = rep.scheduler
         alloc = sched.allocator
         waiting0 = len(sched.waiting)
         done = []
+
+        def on_first(r, t):
+            self._log(r.request_id, "first_token", t)
 
         def on_finish(r, t):
             done.append(r)
@@ -300,7 +311,7 @@ class Engine:
         # so it runs first and may end the window early; then the clock jumps to the window's end.
         target = sched.prefetch_target()  # constant through the window: nobody is admitted
         if pop_steps is None:
-            k, segments = apply_group_window(sched, k, times, on_finish)
+            k, segments = apply_group_window(sched, k, times, on_first, on_finish)
         else:
             k, segments = apply_decode_window(sched, win, k, times, pop_steps, pop_idx, on_finish)
         if target is not None:
@@ -313,7 +324,14 @@ class Engine:
         yield self._advance_to(rep.now_s)
         means = window_means(win, k, durations, segments, alloc.capacity_tokens)
         timing = rep.timing
-        if priced is not None:
+        decode_tokens = int(win.num_seqs[:k].sum())
+        if step0 is not None:  # step 0 priced on its own, then k - 1 decode steps
+            breakdown, kv_bytes = decode_totals(priced[1], priced[2], k - 1)
+            for name, v in step0.breakdown_s.items():
+                breakdown[name] = v + breakdown.get(name, 0.0)
+            kv_bytes += step0.kv_bytes_read
+            decode_tokens += plan.shape.num_decode_tokens - int(win.num_seqs[0])
+        elif priced is not None:
             breakdown, kv_bytes = decode_totals(priced[1], priced[2], k)
         else:
             shapes = _decode_shapes(win, k)
@@ -325,9 +343,10 @@ class Engine:
                     breakdown[name] = breakdown.get(name, 0.0) + v
         self.recorder.macro_row(
             start_s=start, duration_s=float(times[k]) - start, num_steps=k, max_batch=int(win.num_seqs[0]),
-            batch_mean=means["batch_mean"], decode_tokens=int(win.num_seqs[:k].sum()), waiting=waiting0,
+            batch_mean=means["batch_mean"], decode_tokens=decode_tokens, waiting=waiting0,
             finished=len(done), parts_mean_tokens=means, kv_bytes_read=kv_bytes, breakdown=breakdown,
-            evictions=getattr(alloc, "evictions", 0) - rep.last_evictions, replica=rep.index)
+            evictions=getattr(alloc, "evictions", 0) - rep.last_evictions, replica=rep.index,
+            admitted=len(plan.admitted), prefill_tokens=plan.shape.num_prefill_tokens)
         rep.last_evictions = getattr(alloc, "evictions", 0)
         rep.num_steps += k
         rep.num_windows += 1

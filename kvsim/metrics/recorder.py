@@ -117,13 +117,14 @@ class StepRecorder:
     def macro_row(self, *, start_s: float, duration_s: float, num_steps: int, max_batch: int,
                   batch_mean: float, decode_tokens: int, waiting: int, finished: int,
                   parts_mean_tokens: dict[str, float], kv_bytes_read: int, breakdown: dict[str, float],
-                  evictions: int, replica: int = 0) -> None:
-        """One row standing for ``num_steps`` decode-only steps (means are time-weighted)."""
+                  evictions: int, replica: int = 0, admitted: int = 0, prefill_tokens: int = 0) -> None:
+        """One row standing for ``num_steps`` steps: decode steps, the first of which may also
+        admit requests and compute their prompts (means are time-weighted)."""
         bpt = self.bytes_per_token
         p = parts_mean_tokens
         self._push((
-            self.num_rows, replica, False, start_s, duration_s, num_steps, max_batch, 0, decode_tokens,
-            max_batch, batch_mean, batch_mean, waiting, 0, 0, finished, p["token_states"] * bpt,
+            self.num_rows, replica, False, start_s, duration_s, num_steps, max_batch, prefill_tokens,
+            decode_tokens, max_batch, batch_mean, batch_mean, waiting, admitted, 0, finished, p["token_states"] * bpt,
             p["reservation"] * bpt, p["internal_frag"] * bpt, p["external_frag"] * bpt, p["free"] * bpt,
             p["cached_free"] * bpt, int(p["peak_used"]) * bpt, p["unshared"] * bpt, evictions, 0, 0,
             kv_bytes_read, *self._breakdown(breakdown),

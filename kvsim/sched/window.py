@@ -209,34 +209,59 @@ def _finish(sched, r, computed: int, t: float, on_finish) -> None:
 
 def plan_group_window(sched, plan, max_steps: int) -> DecodeWindow | None:
     """:func:`plan_decode_window` for a scheduler whose running requests are all members of its
-    decode group (``plan.group_decodes``): the arrays follow from the members' finish offsets and
-    base constants, no request is read one by one."""
+    decode group (``plan.group_decodes``). Step 0 may also complete the prefill of requests it
+    admits: they sample their first token in step 0 and decode with the group from step 1 on. The
+    arrays follow from the members' finish keys and base constants (step 0's entries are the
+    plan's own shape); no member is read one by one."""
     shape = plan.shape
-    if (not plan.group_decodes or plan.scheduled or plan.preempted or shape.swap_in_bytes
-            or shape.swap_out_bytes or shape.tier_load_s):
+    if (not plan.group_decodes or plan.preempted or shape.swap_in_bytes or shape.swap_out_bytes
+            or shape.tier_load_s or (plan.scheduled and sched.swapped)):
         return None
     group = sched.group
-    b = len(group)
-    remaining = (np.array(group.keys, dtype=np.int64) >> FINISH_KEY_SHIFT) - group.clock  # ascending
-    kcap = min(max_steps, int(remaining[0] if sched.swapped else remaining[-1]))
+    clock = group.clock
+    rem_new: list[int] = []
+    computed_new: list[int] = []
+    for rid, n in plan.scheduled:
+        r = sched.requests[rid]
+        if r.num_computed_tokens + n != r.num_tokens:
+            return None  # a prefill chunk: the request does not decode from step 1
+        rem_new.append(r.output_tokens - r.num_generated)
+        computed_new.append(r.num_tokens - 1)  # so that step j >= 1 reads num_tokens + j
+    first_finish = min([(group.keys[0] >> FINISH_KEY_SHIFT) - clock] + rem_new)
+    last_finish = max([(group.keys[-1] >> FINISH_KEY_SHIFT) - clock] + rem_new)
+    kcap = min(max_steps, first_finish if sched.swapped else last_finish)
     if kcap < 2:
         return None
-    computed0 = np.array(group.base, dtype=np.int64) + group.clock
+    if sched.waiting and (first_finish == 1 or (rem_new and sched.head_might_fit(len(sched.running)))):
+        # The window would most likely stop after step 0 (a finish or step 0's admissions may let
+        # the waiting head in): not worth planning. Only a cost estimate; apply re-checks exactly.
+        return None
+    remaining = (np.array(group.keys, dtype=np.int64) >> FINISH_KEY_SHIFT) - clock  # ascending
+    computed0 = np.array(group.base, dtype=np.int64) + clock
+    if rem_new:
+        remaining = np.concatenate((remaining, rem_new))
+        computed0 = np.concatenate((computed0, computed_new))
+        order = np.argsort(remaining, kind="stable")
+        remaining, computed0 = remaining[order], computed0[order]
+    b = len(remaining)
     j = np.arange(kcap, dtype=np.int64)
     done_by = np.searchsorted(remaining, j, side="right")  # members finished before step j
     num_seqs = b - done_by
     csum = np.concatenate(([0], np.cumsum(computed0)))
     kv_read = (csum[-1] - csum[done_by]) + num_seqs * (j + 1)
-    return DecodeWindow(list(group.members), remaining, computed0, num_seqs, kv_read, kcap,
-                        np.ones(b, np.int64), kv_read)
+    num_seqs[0] = shape.num_seqs  # step 0 as scheduled (prefills included)
+    kv_read[0] = shape.kv_tokens_read
+    return DecodeWindow(None, remaining, computed0, num_seqs, kv_read, kcap, np.ones(b, np.int64), kv_read)
 
 
-def apply_group_window(sched, k: int, times: np.ndarray, on_finish=None):
-    """:func:`apply_decode_window` for a group window: steps 1..k-1 advance the group clock and
-    grow every request by one token through the allocator (which touches only requests at a block
-    boundary); finishes are a prefix of the group's members. The window ends early, at the step
-    the one-by-one scheduler would plan differently: a finish that might let the waiting head in,
-    or a block that is not free (the step-by-step scheduler would preempt there).
+def apply_group_window(sched, k: int, times: np.ndarray, on_first=None, on_finish=None):
+    """:func:`apply_decode_window` for a group window. Step 0 (planned by ``schedule``) completes
+    through ``on_step_done``; steps 1..k-1 advance the group clock and grow every request by one
+    token through the allocator (which touches only requests at a block boundary); finishes are a
+    prefix of the group's members. The window ends early, at the step the one-by-one scheduler
+    would plan differently: when the waiting head might fit (tested after step 0 if it admitted or
+    finished anything, and after every finish), or a block is not free (the step-by-step
+    scheduler would preempt there).
 
     Returns ``(steps advanced, usage segments)`` as :func:`apply_decode_window` does."""
     alloc = sched.allocator
@@ -245,17 +270,30 @@ def apply_group_window(sched, k: int, times: np.ndarray, on_finish=None):
     head = sched.waiting[0].kv if sched.waiting and not sched.swapped else None
     segments = [(0, alloc.usage_parts(head))]
     clock0 = group.clock
-    next_finish = group.finish_clock()
+    admitted = bool(sched._plan.scheduled)
+    t1 = float(times[1])
+    first, done = sched.on_step_done(t1)  # step 0
+    if on_first is not None:
+        for r in first:
+            on_first(r, t1)
+    if on_finish is not None:
+        for r in done:
+            on_finish(r, t1)
+    if (admitted or done) and sched.waiting and sched.head_might_fit(num_running=len(sched.running)):
+        return 1, segments  # step 1 will be planned the ordinary way (it may admit the head)
+    head = sched.waiting[0].kv if sched.waiting and not sched.swapped else None
+    next_finish = group.finish_clock() if len(group) else -1
     grow = alloc.grow_all_by_one
+    changed = bool(admitted or done)
     stop = k
     for s in range(1, k):
-        changed = False
         if next_finish == clock0 + s:  # members whose last token was step s - 1
             group.clock = clock0 + s
-            done = sched.finish_group_members(float(times[s]))
+            t = float(times[s])
+            done = sched.finish_group_members(t)
             if on_finish is not None:
                 for r in done:
-                    on_finish(r, float(times[s]))
+                    on_finish(r, t)
             if sched.waiting and sched.head_might_fit(num_running=len(sched.running)):
                 stop = s  # step s will be planned the ordinary way (it may admit the head)
                 break
@@ -267,13 +305,14 @@ def apply_group_window(sched, k: int, times: np.ndarray, on_finish=None):
             break
         if changed or ledger.sum_held != held:
             segments.append((s, alloc.usage_parts(head)))
+            changed = False
     group.clock = clock0 + stop
     if stop == k and next_finish == clock0 + k:
-        done = sched.finish_group_members(float(times[k]))
+        t = float(times[k])
+        done = sched.finish_group_members(t)
         if on_finish is not None:
             for r in done:
-                on_finish(r, float(times[k]))
-    sched._plan = None
+                on_finish(r, t)
     return stop, segments
 
 

@@ -122,3 +122,17 @@ def test_counting_paged_allocator_matches_the_block_id_allocator():
     # windows find block boundaries as they run, so they may cut the steps into other rows).
     assert_same(res["always"], res["auto"], fast_has_windows=False)
     assert res["auto"].summary["preemptions"] > 0
+
+
+def test_fast_windows_that_start_with_admissions_equal_step():
+    # A busy engine with a queue: admission steps open windows (the admitted requests decode with
+    # the others from the window's second step on).
+    rows = random_rows(400, seed=11, rate=60.0, prompt=(1, 200), output=(20, 200))
+    step, fast = both({"kv_budget": {"tokens": 20000}, "timing": TIMING,
+                       "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 2048}}, rows)
+    assert_same(step, fast)
+    fused = fast.steps[(fast.steps["num_steps"] > 1) & (fast.steps["admitted"] > 0)]
+    assert len(fused) > 10
+    # the rows add up to the step engine's admissions and token counts
+    for col in ("admitted", "prefill_tokens", "decode_tokens", "finished"):
+        assert fast.steps[col].sum() == step.steps[col].sum(), col

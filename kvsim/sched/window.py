@@ -327,8 +327,9 @@ def window_means(win: DecodeWindow, k: int, durations: np.ndarray, segments, cap
     vals = np.array([p for _, p in segments], dtype=np.float64)  # (segments, 5)
     seg_time = np.add.reduceat(d, starts)  # time spent in each segment
     held, useful, shared, cached_free, external = (seg_time @ vals / total).tolist()
-    per_step = np.stack((win.written[:k], win.num_seqs[:k], win.kv_tokens_read[:k]))
-    written, batch, unshared = (per_step @ d / total).tolist()
+    written = float(np.dot(win.written[:k], d)) / total
+    batch = float(np.dot(win.num_seqs[:k], d)) / total
+    unshared = written if win.kv_tokens_read is win.written else float(np.dot(win.kv_tokens_read[:k], d)) / total
     return {
         "token_states": written - shared,
         "reservation": useful - written,

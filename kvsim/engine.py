@@ -279,10 +279,15 @@ class Engine:
             durations = np.array([timing.step_time(s).duration_s for s in _decode_shapes(win, win.max_steps)])
         times = np.cumsum(np.concatenate(([start], durations)))  # sequential, like SimPy's clock
         k = win.max_steps
-        cut_at_arrival = not (sched.waiting or sched.swapped) or self.router.state_dependent
-        if cut_at_arrival and self._next_arrival_idx < len(self.trace):
+        if self._next_arrival_idx < len(self.trace):
             nxt = float(self.trace.arrival_s[self._next_arrival_idx])
-            k = min(k, 1 + int(np.searchsorted(times[1:k], nxt, side="left")))
+            if self.router.state_dependent:
+                # The arrival is routed on the replicas' state at its time: the window must end at a
+                # step boundary before it (a boundary at the same time comes after it, URGENT).
+                k = min(k, int(np.searchsorted(times[1:k + 1], nxt, side="left")))
+            elif not (sched.waiting or sched.swapped):
+                # It could be admitted at the first step boundary after it.
+                k = min(k, 1 + int(np.searchsorted(times[1:k], nxt, side="left")))
         max_sim = self.limits.max_sim_time_s
         if max_sim is not None:
             k = min(k, 1 + int(np.searchsorted(times[1:k], max_sim, side="right")))
@@ -343,7 +348,7 @@ class Engine:
                 for name, v in st.breakdown_s.items():
                     breakdown[name] = breakdown.get(name, 0.0) + v
         self.recorder.macro_row(
-            start_s=start, duration_s=float(times[k]) - start, num_steps=k, max_batch=int(win.num_seqs[0]),
+            start_s=start, duration_s=float(times[k]) - start, num_steps=k, max_batch=int(win.num_requests[0]),
             batch_mean=means["batch_mean"], decode_tokens=decode_tokens, waiting=waiting0,
             finished=len(done), parts_mean_tokens=means, kv_bytes_read=kv_bytes, breakdown=breakdown,
             evictions=getattr(alloc, "evictions", 0) - rep.last_evictions, replica=rep.index,

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from kvsim.config import Scenario
@@ -54,6 +55,7 @@ def build_trace(scn: Scenario, base_dir: Path) -> tuple[Trace, dict]:
     return _build(scn.trace, base_dir, scn.seed, scn.model.max_model_len_tokens)
 
 
+IN_MEMORY_FLUSH_ROWS = 8192  # step rows buffered before an in-memory run makes an Arrow chunk of them
 MAX_TRACKED_BLOCKS = 1 << 25  # ~33.5M named blocks (about 2 GB of bookkeeping)
 
 
@@ -132,7 +134,11 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
             f"max length ({max_len}); without chunked_prefill a long prompt could never be scheduled: raise it "
             f"or set scheduler.chunked_prefill: true"
         )
-    recorder = StepRecorder(scn.kv_bytes_per_token, path=steps_path)
+    # In memory, step rows wait in Python lists until a flush turns them into a compact Arrow chunk:
+    # smaller flushes keep that buffer (~1.3 kB a row) small. Streamed to a file, the flush size is
+    # the parquet row-group size, which stays as it was (the file must not change).
+    recorder = StepRecorder(scn.kv_bytes_per_token, path=steps_path,
+                            **({} if steps_path is not None else {"flush_every": IN_MEMORY_FLUSH_ROWS}))
     engine = Engine(trace, recorder=recorder, max_model_len_tokens=max_len, check_invariants=check_invariants,
                     limits=EngineLimits(scn.limits.max_sim_time_s, scn.limits.max_wall_time_s),
                     progress=progress, event_log=event_log, mode=scn.engine.mode,
@@ -144,21 +150,106 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     finally:
         table = recorder.close()
     engine_wall = time.perf_counter() - wall0
-    if table is not None:
-        steps = table.to_pandas()
-    else:
-        import pyarrow.parquet as pq
-
-        steps = pq.read_table(steps_path).to_pandas()
+    # Take what the summary needs from the engine, build the request table, then let the engine go
+    # (schedulers, allocators, a million Request objects, the recorder's step chunks) before the
+    # step table is converted: at a million requests each of these is hundreds of MB.
+    summary_args = dict(
+        capacity_tokens=allocator.capacity_tokens, num_replicas=rcfg.count,
+        prefix_caching=bool(getattr(allocator, "prefix_caching", False)),
+        offloaded_blocks=sum(getattr(r.scheduler.allocator, "offloaded_blocks", 0) for r in replicas),
+        copy_bandwidth_bytes_per_s=getattr(timing, "copy_bandwidth_bytes_per_s", None),
+        bytes_per_token=scn.kv_bytes_per_token, block_size_tokens=allocator.block_size_tokens,
+        budget_bytes=budget, end_s=engine.end_s, start_s=float(trace.arrival_s[0]) if len(trace) else 0.0)
+    engine_rows = recorder.num_rows
     all_requests = [r for rep in replicas for r in rep.scheduler.requests.values()]
-    reqs = requests_table(all_requests)
-    start = float(trace.arrival_s[0]) if len(trace) else 0.0
-    summary = summarize(reqs, steps, capacity_tokens=allocator.capacity_tokens, num_replicas=rcfg.count,
-                        prefix_caching=bool(getattr(allocator, "prefix_caching", False)),
-                        offloaded_blocks=sum(getattr(r.scheduler.allocator, "offloaded_blocks", 0) for r in replicas),
-                        copy_bandwidth_bytes_per_s=getattr(timing, "copy_bandwidth_bytes_per_s", None),
-                        bytes_per_token=scn.kv_bytes_per_token, block_size_tokens=allocator.block_size_tokens,
-                        budget_bytes=budget, end_s=engine.end_s, start_s=start)
+    del engine, replicas, scheduler, sched, allocator, timing, recorder, store
+    # Only ``all_requests`` refers to the Request objects now: the table consumes (frees) them.
+    reqs = requests_table(all_requests, consume=True)
+    if table is None:
+        steps = steps_frame(_file_columns(steps_path))
+    else:
+        box = [table]
+        del table  # the box holds the only reference: the Arrow columns are freed as they are copied
+        steps = steps_frame(_table_columns(box))
+    summary = summarize(reqs, steps, **summary_args)
     return RunResult(name=str(scn.name), scenario=scn, requests=reqs,
                      steps=None if steps_path is not None else steps, summary=summary,
-                     trace_report=trace_report or {}, engine_wall_s=engine_wall, engine_rows=recorder.num_rows)
+                     trace_report=trace_report or {}, engine_wall_s=engine_wall, engine_rows=engine_rows)
+
+
+def _table_columns(box: list):
+    """(name, numpy array) for each column of the pyarrow Table ``box[0]``, dropping each column
+    from the table once copied; empties ``box``."""
+    table = box.pop()
+    for name in table.column_names:
+        col = table.column(name)
+        arr = _to_numpy(col)
+        del col
+        table = table.drop_columns([name])
+        yield name, arr
+
+
+def _file_columns(path: Path):
+    """(name, numpy array) for each column of a parquet file, read one column at a time."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    try:
+        for name in pf.schema_arrow.names:
+            col = pf.read(columns=[name]).column(0)
+            arr = _to_numpy(col)
+            del col
+            pa.default_memory_pool().release_unused()
+            yield name, arr
+    finally:
+        pf.close()
+
+
+def _to_numpy(col) -> np.ndarray:
+    """A writable numpy copy of a pyarrow ChunkedArray without nulls (as ``to_pandas`` makes it)."""
+    if col.num_chunks == 0:
+        return col.to_numpy()
+    if col.num_chunks == 1:
+        return col.chunk(0).to_numpy(zero_copy_only=False).copy()
+    return np.concatenate([c.to_numpy(zero_copy_only=False) for c in col.chunks])
+
+
+def steps_frame(columns) -> pd.DataFrame:
+    """The step table from ``(name, numpy array)`` pairs: the values, dtypes and column order of
+    ``table.to_pandas()``, one block per column (no consolidation copy). Memory that the columns'
+    sources free on the way is handed back to the OS every few columns, so the step table is not
+    held twice at its full size."""
+    cols = {}
+    for i, (name, arr) in enumerate(columns):
+        cols[name] = arr
+        if i % 4 == 3:
+            release_free_memory()
+    release_free_memory()
+    return pd.DataFrame(cols, copy=False)
+
+
+def release_free_memory() -> None:
+    """Hand memory that the C allocator keeps after ``free`` back to the OS (glibc only; no-op
+    elsewhere). The step chunks are many small buffers inside the heap: freed, they stay in the
+    process's RSS unless trimmed, so converting them would otherwise hold the step table twice."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+_TRIM: list = []
+
+
+def _malloc_trim():
+    if not _TRIM:
+        fn = None
+        try:
+            import ctypes
+
+            fn = ctypes.CDLL("libc.so.6").malloc_trim
+            fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+        except (OSError, AttributeError):
+            fn = None
+        _TRIM.append(fn)
+    return _TRIM[0]

@@ -150,7 +150,8 @@ class StepRecorder:
         """Flush and close; returns the whole table for in-memory runs, else None."""
         self._flush()
         if self.path is None:
-            return pa.concat_tables(self._chunks) if self._chunks else self.schema.empty_table()
+            chunks, self._chunks = self._chunks, []  # the caller owns the rows now (no second copy here)
+            return pa.concat_tables(chunks) if chunks else self.schema.empty_table()
         if self._writer is None:
             self._writer = pq.ParquetWriter(str(self.path), self.schema)
         self._writer.close()

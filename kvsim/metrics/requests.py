@@ -1,6 +1,13 @@
-"""The per-request result table, built once at the end of a run from the scheduler's records."""
+"""The per-request result table, built once at the end of a run from the scheduler's records.
+
+Memory: a million-request run ends with a million :class:`Request` objects alive, so the table is
+built straight into typed numpy columns (one pass over the requests per column, no per-column list
+of Python objects) and the DataFrame wraps those columns without copying or consolidating them.
+"""
 
 from __future__ import annotations
+
+from operator import attrgetter
 
 import numpy as np
 import pandas as pd
@@ -10,40 +17,76 @@ from kvsim.sched.request import Request, RequestStatus
 STATUS_NAMES = {RequestStatus.FINISHED: "finished", RequestStatus.REJECTED: "rejected",
                 RequestStatus.WAITING: "unfinished", RequestStatus.RUNNING: "unfinished"}
 
+# column -> (Request attribute, dtype), in the table's column order (before the string columns)
+NUMERIC_COLUMNS: dict[str, tuple[str, type]] = {
+    "request_id": ("request_id", np.int64),
+    "arrival_s": ("arrival_s", np.float64),
+    "admitted_s": ("admitted_s", np.float64),
+    "first_token_s": ("first_token_s", np.float64),
+    "finish_s": ("finish_s", np.float64),
+    "prompt_tokens": ("prompt_tokens", np.int64),
+    "output_tokens": ("output_tokens", np.int64),
+    "preemptions": ("num_preemptions", np.int64),
+    "recomputed_tokens": ("recomputed_tokens", np.int64),
+    "swaps": ("num_swaps", np.int64),
+    "cached_tokens": ("cached_tokens", np.int64),
+    "cpu_hit_tokens": ("cpu_hit_tokens", np.int64),
+    "ssd_hit_tokens": ("ssd_hit_tokens", np.int64),
+    "remote_hit_tokens": ("remote_hit_tokens", np.int64),
+    "transfer_s": ("load_s", np.float64),
+    "transfer_hidden_s": ("hidden_s", np.float64),
+    "priority": ("priority", np.int64),
+    "num_samples": ("num_samples", np.int64),
+    "replica": ("replica", np.int64),
+}
 
-def requests_table(requests: list[Request]) -> pd.DataFrame:
-    reqs = sorted(requests, key=lambda r: r.request_id)
+
+BLOCK = 1 << 16  # requests read (and, when consuming, released) at a time
+
+
+def requests_table(requests: list[Request], *, consume: bool = False) -> pd.DataFrame:
+    """One row per request, sorted by ``request_id`` (see docs/metrics.md for the columns).
+
+    ``consume=True`` empties ``requests`` and drops each block of requests once its rows are read,
+    so that, when the list held the last references to them, the Request objects are freed while
+    the table fills instead of both being alive at full size."""
+    if consume:
+        reqs = requests
+        reqs.sort(key=attrgetter("request_id"))
+    else:
+        reqs = sorted(requests, key=attrgetter("request_id"))
     n = len(reqs)
-
-    def col(attr, dtype):
-        return np.fromiter((getattr(r, attr) for r in reqs), dtype=dtype, count=n)
-
-    df = pd.DataFrame({
-        "request_id": col("request_id", np.int64),
-        "arrival_s": col("arrival_s", np.float64),
-        "admitted_s": col("admitted_s", np.float64),
-        "first_token_s": col("first_token_s", np.float64),
-        "finish_s": col("finish_s", np.float64),
-        "prompt_tokens": col("prompt_tokens", np.int64),
-        "output_tokens": col("output_tokens", np.int64),
-        "preemptions": col("num_preemptions", np.int64),
-        "recomputed_tokens": col("recomputed_tokens", np.int64),
-        "swaps": col("num_swaps", np.int64),
-        "cached_tokens": col("cached_tokens", np.int64),
-        "cpu_hit_tokens": col("cpu_hit_tokens", np.int64),
-        "ssd_hit_tokens": col("ssd_hit_tokens", np.int64),
-        "remote_hit_tokens": col("remote_hit_tokens", np.int64),
-        "transfer_s": col("load_s", np.float64),
-        "transfer_hidden_s": col("hidden_s", np.float64),
-        "priority": col("priority", np.int64),
-        "num_samples": col("num_samples", np.int64),
-        "replica": col("replica", np.int64),
-        "status": pd.Series([STATUS_NAMES[r.status] for r in reqs], dtype="string"),
-        "reject_reason": pd.Series([r.reject_reason for r in reqs], dtype="string"),
-    })
-    df["ttft_s"] = df["first_token_s"] - df["arrival_s"]
-    df["e2e_s"] = df["finish_s"] - df["arrival_s"]
-    decode_tokens = (df["output_tokens"] - 1).where(df["output_tokens"] > 1)
-    df["tpot_s"] = (df["finish_s"] - df["first_token_s"]) / decode_tokens
-    df["queue_s"] = df["admitted_s"] - df["arrival_s"]
-    return df
+    cols: dict[str, object] = {name: np.empty(n, dtype=dtype) for name, (_, dtype) in NUMERIC_COLUMNS.items()}
+    status: list[str] = []
+    reasons: list[str] = []
+    for lo in range(0, n, BLOCK):
+        hi = min(n, lo + BLOCK)
+        block = reqs[lo:hi]
+        for name, (attr, dtype) in NUMERIC_COLUMNS.items():
+            cols[name][lo:hi] = np.fromiter(map(attrgetter(attr), block), dtype=dtype, count=hi - lo)
+        status.extend([STATUS_NAMES[r.status] for r in block])
+        reasons.extend([r.reject_reason for r in block])
+        if consume:
+            reqs[lo:hi] = [None] * (hi - lo)
+        del block
+    if consume:
+        reqs.clear()
+    del reqs
+    cols["status"] = pd.Series(status, dtype="string")
+    del status
+    cols["reject_reason"] = pd.Series(reasons, dtype="string")
+    del reasons
+    arrival, first, finish = cols["arrival_s"], cols["first_token_s"], cols["finish_s"]
+    cols["ttft_s"] = first - arrival
+    cols["e2e_s"] = finish - arrival
+    # time per output token after the first; undefined (NaN) for single-token outputs
+    out = cols["output_tokens"]
+    decode_tokens = (out - 1).astype(np.float64)
+    decode_tokens[out <= 1] = np.nan
+    tpot = finish - first
+    tpot /= decode_tokens
+    del decode_tokens
+    cols["tpot_s"] = tpot
+    cols["queue_s"] = cols["admitted_s"] - arrival
+    # copy=False: keep one block per column instead of consolidating (which would copy the table)
+    return pd.DataFrame(cols, copy=False)

@@ -34,8 +34,11 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: i
               prefix_caching: bool = False, offloaded_blocks: int = 0,
               copy_bandwidth_bytes_per_s: float | None = None, num_replicas: int = 1,
               block_size_tokens: int | None, budget_bytes: int, end_s: float, start_s: float) -> dict:
-    fin = requests[requests["status"] == "finished"]
-    rejected = requests[requests["status"] == "rejected"]
+    # only the columns used below: a filtered copy of the whole table would cost its size again
+    status = requests["status"]
+    fin = requests.loc[status == "finished", ["output_tokens", "ttft_s", "tpot_s", "e2e_s"]]
+    rejected = requests.loc[status == "rejected", ["reject_reason"]]
+    del status
     duration = max(end_s - start_s, 0.0)
     dur = steps["duration_s"]
     capacity_bytes = capacity_tokens * bytes_per_token
@@ -131,7 +134,8 @@ def _prefix_cache(requests: pd.DataFrame, steps: pd.DataFrame, block_size: int |
                   offloaded_blocks: int = 0) -> dict:
     """Hit ratios over first admissions: a readmission after preemption hitting its own blocks is
     not counted as a prefix hit."""
-    adm = requests[requests["cached_tokens"] >= 0]
+    adm = requests.loc[requests["cached_tokens"] >= 0,
+                       ["prompt_tokens", "cached_tokens", "cpu_hit_tokens", "ssd_hit_tokens", "remote_hit_tokens"]]
     prompt = adm["prompt_tokens"].to_numpy()
     cached = adm["cached_tokens"].to_numpy()
     cpu = adm["cpu_hit_tokens"].to_numpy()

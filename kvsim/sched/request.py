@@ -78,6 +78,16 @@ class Request:
         prompt_part = max(0, min(c + new_positions, self.prompt_tokens) - c)
         return prompt_part + self.num_samples * (new_positions - prompt_part)
 
+    def positions_within(self, budget_tokens: int, computed: int | None = None) -> int:
+        """The most new positions (from ``computed``, default: its computed tokens) whose
+        :meth:`batch_tokens` fit in ``budget_tokens``: a chunk of a prefill or recompute. Past the
+        prompt a position costs one token per sample, so a multi-sample chunk may be 0."""
+        c = self.num_computed_tokens if computed is None else computed
+        prompt_part = max(0, self.prompt_tokens - c)
+        if budget_tokens <= prompt_part or self.num_samples == 1:
+            return budget_tokens
+        return prompt_part + (budget_tokens - prompt_part) // self.num_samples
+
     @property
     def num_uncomputed_tokens(self) -> int:
         return self.num_tokens - self.num_computed_tokens

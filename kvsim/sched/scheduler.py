@@ -87,17 +87,20 @@ class Scheduler:
             raise ValueError(f"request {req.request_id} added twice")
         if req.num_samples > 1:
             self._any_samples = True
-            if self._lazy:
-                self.group.dissolve()
-                self._lazy = False
+            # No more lazy decoding. The group is dissolved by the next schedule(), not here: a
+            # step planned with it may be in flight (arrivals come between schedule and
+            # on_step_done), and its members still advance when it completes.
+            self._lazy = False
         self.requests[req.request_id] = req
         reason = ""
         if req.prompt_tokens + req.output_tokens > self.max_model_len_tokens:
             reason = REJECT_TOO_LONG
         elif not self.allocator.max_footprint_fits(req.kv) or req.num_samples > self.max_num_seqs:
             reason = REJECT_KV
-        elif not self.chunked_prefill and req.prompt_tokens + req.output_tokens - 1 > self.token_budget:
-            # A recompute after preemption re-prefills prompt + generated tokens in one step.
+        elif not self.chunked_prefill and req.batch_tokens(req.output_tokens - 1 + req.prompt_tokens, 0) \
+                > self.token_budget:
+            # A recompute after preemption re-prefills prompt + generated tokens (each generated
+            # position once per sample) in one step.
             reason = REJECT_BUDGET
         if reason:
             req.status = RequestStatus.REJECTED
@@ -219,12 +222,11 @@ class Scheduler:
             n = req.num_uncomputed_tokens
             cost = n if req.num_samples == 1 else req.batch_tokens(n)
             if cost > budget:
-                # chunks of a multi-sample request stay within its prompt (one token per position)
-                if not self.chunked_prefill or (req.num_samples > 1 and req.num_computed_tokens + budget
-                                                > req.prompt_tokens):
+                n = req.positions_within(budget) if self.chunked_prefill else 0
+                if not n:
                     i += 1
                     continue
-                n = cost = budget
+                cost = req.batch_tokens(n)
             while not alloc.ensure_slots(req.request_id, req.num_computed_tokens + n):
                 victim = self._pick_victim()
                 vi = self.running.index(victim)
@@ -248,10 +250,9 @@ class Scheduler:
             req = self.swapped[0]
             n = req.num_uncomputed_tokens
             if req.batch_tokens(n) > budget:
-                if not self.chunked_prefill or (req.num_samples > 1 and req.num_computed_tokens + budget
-                                                > req.prompt_tokens):
+                n = req.positions_within(budget) if self.chunked_prefill else 0
+                if not n:
                     break
-                n = budget
             got = alloc.allocate(req.kv, req.num_tokens)
             if got is None:
                 break
@@ -283,9 +284,10 @@ class Scheduler:
             n = req.num_tokens - cached
             cost = req.batch_tokens(n, computed=cached)
             if cost > budget:
-                if not self.chunked_prefill or (req.num_samples > 1 and cached + budget > req.prompt_tokens):
+                n = req.positions_within(budget, computed=cached) if self.chunked_prefill else 0
+                if not n:
                     break
-                n = cost = budget
+                cost = req.batch_tokens(n, computed=cached)
             got = alloc.allocate(req.kv, req.num_tokens)
             if got is None:
                 break

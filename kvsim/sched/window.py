@@ -50,6 +50,7 @@ class DecodeWindow:
     max_steps: int
     samples: np.ndarray  # sequences (parallel samples) per request
     written: np.ndarray  # physical KV slots written after step j's scheduling
+    num_requests: np.ndarray  # requests scheduled in step j (the rows' batch size)
 
 
 def plan_decode_window(sched, plan, max_steps: int) -> DecodeWindow | None:
@@ -84,7 +85,7 @@ def plan_decode_window(sched, plan, max_steps: int) -> DecodeWindow | None:
         off = np.fromiter((alloc.written_offset_tokens(r.request_id) for r in running), np.int64, b)
         osum = np.concatenate(([0], np.cumsum(off[order])))
         written = kv_read - (osum[-1] - osum[done_by])
-    return DecodeWindow(list(running), remaining, computed0, num_seqs, kv_read, kcap, w, written)
+    return DecodeWindow(list(running), remaining, computed0, num_seqs, kv_read, kcap, w, written, b - done_by)
 
 
 def block_limited_steps(sched, win: DecodeWindow, k: int):
@@ -251,7 +252,7 @@ def plan_group_window(sched, plan, max_steps: int) -> DecodeWindow | None:
     kv_read = (csum[-1] - csum[done_by]) + num_seqs * (j + 1)
     num_seqs[0] = shape.num_seqs  # step 0 as scheduled (prefills included)
     kv_read[0] = shape.kv_tokens_read
-    return DecodeWindow(None, remaining, computed0, num_seqs, kv_read, kcap, np.ones(b, np.int64), kv_read)
+    return DecodeWindow(None, remaining, computed0, num_seqs, kv_read, kcap, np.ones(b, np.int64), kv_read, num_seqs)
 
 
 def apply_group_window(sched, k: int, times: np.ndarray, on_first=None, on_finish=None):
@@ -328,7 +329,7 @@ def window_means(win: DecodeWindow, k: int, durations: np.ndarray, segments, cap
     seg_time = np.add.reduceat(d, starts)  # time spent in each segment
     held, useful, shared, cached_free, external = (seg_time @ vals / total).tolist()
     written = float(np.dot(win.written[:k], d)) / total
-    batch = float(np.dot(win.num_seqs[:k], d)) / total
+    batch = float(np.dot(win.num_requests[:k], d)) / total
     unshared = written if win.kv_tokens_read is win.written else float(np.dot(win.kv_tokens_read[:k], d)) / total
     return {
         "token_states": written - shared,

@@ -136,3 +136,35 @@ def test_fast_windows_that_start_with_admissions_equal_step():
     # the rows add up to the step engine's admissions and token counts
     for col in ("admitted", "prefill_tokens", "decode_tokens", "finished"):
         assert fast.steps[col].sum() == step.steps[col].sum(), col
+
+
+@pytest.mark.parametrize("alloc", [
+    {"kind": "paged", "block_size": 16, "watermark": 0.01},
+    {"kind": "contiguous", "reservation": "max"},
+])
+def test_parallel_samples_arriving_mid_run_end_lazy_decoding_exactly(alloc):
+    # The first sampled request arrives while a step planned with the lazy decode group is in
+    # flight: that step must still advance the group; later steps treat requests one by one.
+    rows = random_rows(200, seed=12, rate=30.0)
+    samples = np.ones(len(rows), dtype=np.int64)
+    samples[60::7] = 3
+    out = {}
+    for mode in ("step", "fast"):
+        trace = make_trace(rows)
+        object.__setattr__(trace, "num_samples", samples)
+        scn = make_scenario(engine={"mode": mode}, kv_budget={"tokens": 12000}, allocator=alloc, timing=TIMING)
+        out[mode] = run(scn, trace=trace, check_invariants=True)
+    assert_same(out["step"], out["fast"])
+    req = out["fast"].requests
+    assert ((req["status"] == "finished") & (req["num_samples"] == 3)).sum() >= 10
+
+
+@pytest.mark.parametrize("router", ["least_loaded", "round_robin"])
+def test_fast_equals_step_with_busy_replicas(router):
+    # A state-dependent router reads the replicas' queues at each arrival: windows must not run a
+    # replica past the next arrival (routing then differed from the step engine).
+    rows = random_rows(300, seed=13, rate=80.0)
+    step, fast = both({"kv_budget": {"tokens": 4000}, "timing": TIMING,
+                       "replicas": {"count": 2, "router": router}}, rows)
+    assert_same(step, fast)
+    assert set(fast.requests["replica"]) == {0, 1}

@@ -163,3 +163,24 @@ def test_shared_prefix_store_serves_other_replicas():
 def test_fast_engine_is_exact_with_replicas(router):
     step, fast = _replica_run(router, mode="step", n=150), _replica_run(router, mode="fast", n=150)
     pd.testing.assert_frame_equal(step.requests, fast.requests, check_exact=True)
+
+
+@pytest.mark.parametrize("mode", ["fast", "step"])
+def test_recompute_of_many_generated_samples_is_chunked_to_the_budget(mode):
+    # A request with 2 parallel samples, preempted by recompute after generating many tokens,
+    # must re-prefill prompt + 2 x generated tokens: more than one step's budget. Chunks past the
+    # prompt take budget // 2 positions (it used to wait forever: "nothing schedulable").
+    rng = np.random.default_rng(21)
+    n = 40
+    rows = list(zip(np.cumsum(rng.exponential(0.02, n)), rng.integers(50, 200, n), rng.integers(150, 300, n)))
+    trace = make_trace(rows)
+    object.__setattr__(trace, "num_samples", np.full(n, 2, dtype=np.int64))
+    scn = make_scenario(engine={"mode": mode}, kv_budget={"tokens": 2400}, timing={"kind": "analytical"},
+                        allocator={"kind": "paged", "block_size": 16, "watermark": 0.0},
+                        scheduler={"chunked_prefill": True, "max_num_batched_tokens": 256,
+                                   "preemption_mode": "recompute"})
+    res = run(scn, trace=trace, check_invariants=True)
+    r = res.requests
+    assert (r["status"] == "finished").all()
+    # some recompute re-prefilled more than one step's budget
+    assert (r["recomputed_tokens"] > 256).any()

@@ -113,6 +113,9 @@ class Engine:
         self._priority = trace.priority
         self._samples = trace.num_samples
         self._arrivals_done = False
+        # One replica: the engine loop queues arrivals itself after each wait (no SimPy event per
+        # request); several: an arrival process routes each at its time.
+        self._pull = len(self.replicas) == 1
         self.end_s = 0.0
         self._wall_start = 0.0
         self._iterations = 0
@@ -134,11 +137,39 @@ class Engine:
         if self.event_log is not None:
             self.event_log.append((rid, event, t))
 
+    def _arrive(self, i: int):
+        """Create trace request ``i``, route it and queue it (or reject it). Returns (replica, accepted)."""
+        t = float(self.trace.arrival_s[i])
+        self._next_arrival_idx = i + 1
+        req = Request(i, t, int(self.trace.prompt_tokens[i]), int(self.trace.output_tokens[i]),
+                      self.max_model_len_tokens,
+                      priority=0 if self._priority is None else int(self._priority[i]),
+                      block_keys=None if self._block_keys is None else self._block_keys[i],
+                      num_samples=1 if self._samples is None else int(self._samples[i]))
+        rep = self.replicas[self.router.route(req)]
+        req.replica = rep.index
+        accepted = rep.scheduler.add_request(req)
+        self._log(i, "arrive" if accepted else "reject", t)
+        return rep, accepted
+
+    def _pull_arrivals(self, now_s: float) -> None:
+        """Single replica: queue every arrival at or before ``now_s`` (an arrival at a step boundary
+        is seen by that step's plan), in trace order. Called right after each SimPy wait, so the
+        scheduler holds the same requests at every decision as with an arrival process; it saves a
+        SimPy event per request."""
+        arr = self.trace.arrival_s
+        n = len(arr)
+        i = self._next_arrival_idx
+        while i < n and arr[i] <= now_s:
+            self._arrive(i)
+            i += 1
+        if i == n:
+            self._arrivals_done = True
+
     def _arrivals(self):
+        """The arrival process (several replicas: routing reads their state at each arrival's time)."""
         env = self.env
         arr = self.trace.arrival_s
-        prompt = self.trace.prompt_tokens
-        output = self.trace.output_tokens
         for i in range(len(self.trace)):
             t = float(arr[i])
             if t > env.now:
@@ -147,15 +178,7 @@ class Engine:
                 ev._ok, ev._value = True, None  # a plain scheduled event, as simpy.Timeout builds one
                 env.schedule(ev, URGENT, t - env.now)
                 yield ev
-            self._next_arrival_idx = i + 1
-            req = Request(i, t, int(prompt[i]), int(output[i]), self.max_model_len_tokens,
-                          priority=0 if self._priority is None else int(self._priority[i]),
-                          block_keys=None if self._block_keys is None else self._block_keys[i],
-                          num_samples=1 if self._samples is None else int(self._samples[i]))
-            rep = self.replicas[self.router.route(req)]
-            req.replica = rep.index
-            accepted = rep.scheduler.add_request(req)
-            self._log(i, "arrive" if accepted else "reject", t)
+            rep, accepted = self._arrive(i)
             if accepted and rep.wakeup is not None and not rep.wakeup.triggered:
                 rep.wakeup.succeed()
         self._arrivals_done = True
@@ -186,10 +209,16 @@ class Engine:
                     break
                 idle_start = rep.now_s
                 usage = sched.usage()
-                rep.wakeup = env.event()
-                yield rep.wakeup
-                rep.wakeup = None
-                rep.now_s = env.now  # woken by an arrival: exactly its trace time
+                if self._pull:
+                    while not sched.has_work and not self._arrivals_done:  # until one is accepted
+                        rep.now_s = float(self.trace.arrival_s[self._next_arrival_idx])
+                        yield self._advance_to(rep.now_s)
+                        self._pull_arrivals(rep.now_s)
+                else:
+                    rep.wakeup = env.event()
+                    yield rep.wakeup
+                    rep.wakeup = None
+                    rep.now_s = env.now  # woken by an arrival: exactly its trace time
                 if rep.now_s > idle_start:
                     rec.row(idle=True, start_s=idle_start, duration_s=rep.now_s - idle_start, batch_size=0,
                             prefill_tokens=0, decode_tokens=0, running=0, waiting=len(sched.waiting),
@@ -219,6 +248,8 @@ class Engine:
             prefetch_target = sched.prefetch_target()  # the head while this step computes
             rep.now_s = start + timing.duration_s
             yield self._advance_to(rep.now_s)
+            if self._pull:
+                self._pull_arrivals(rep.now_s)
             if prefetch_target is not None:
                 prefetch_target.prefetched_s += timing.duration_s
             first, done = sched.on_step_done(rep.now_s)
@@ -328,6 +359,8 @@ class Engine:
         rep.window_horizon = max(MIN_WINDOW_HORIZON, 4 * k)
         rep.now_s = float(times[k])
         yield self._advance_to(rep.now_s)
+        if self._pull:
+            self._pull_arrivals(rep.now_s)
         means = window_means(win, k, durations, segments, alloc.capacity_tokens)
         timing = rep.timing
         decode_tokens = int(win.num_seqs[:k].sum())
@@ -363,7 +396,10 @@ class Engine:
 
     def run(self) -> None:
         self._wall_start = time.monotonic()
-        self.env.process(self._arrivals())
+        if self._pull:
+            self._pull_arrivals(0.0)  # the clock starts at 0: earlier arrivals are queued at once
+        else:
+            self.env.process(self._arrivals())
         loops = [self.env.process(self._loop(rep)) for rep in self.replicas]
         # The run allocates one Request per arrival and keeps them all; the cyclic collector would
         # rescan that growing heap again and again (~8 % of a 100k-request run) to find nothing:

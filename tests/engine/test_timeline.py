@@ -110,3 +110,38 @@ def test_every_allocator_runs_a_random_trace_with_invariants(alloc):
     five = ["token_states_bytes", "reservation_bytes", "internal_frag_bytes", "external_frag_bytes", "free_bytes"]
     parts = steps[five].sum(axis=1)
     assert parts.to_numpy() == pytest.approx(s["kv"]["capacity_bytes"], rel=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["fast", "step"])
+def test_pulled_arrivals_equal_an_arrival_process(mode, monkeypatch):
+    # One replica queues arrivals itself after each wait; several use a SimPy arrival process.
+    # Forcing the process on one replica must change nothing: tables, step rows, event order.
+    import numpy as np
+
+    from kvsim.engine import Engine
+
+    rng = np.random.default_rng(5)
+    n = 120
+    arrivals = np.cumsum(rng.exponential(0.05, n))
+    arrivals[40:] += 3.0  # an idle gap
+    rows = list(zip(arrivals, rng.integers(1, 300, n), rng.integers(1, 80, n)))
+    rows[7] = (rows[7][0], 5000, 5)  # rejected: longer than the model
+    rows[50] = (rows[49][0], 10, 3)  # two arrivals at the same time
+    scn = make_scenario(engine={"mode": mode}, kv_budget={"tokens": 3000},
+                        timing={"kind": "analytical", "step_overhead_s": 0.001},
+                        allocator={"kind": "paged", "block_size": 16, "watermark": 0.0})
+    pulled, res_pulled = timeline(scn, rows)
+    init = Engine.__init__
+
+    def with_process(self, *a, **k):
+        init(self, *a, **k)
+        self._pull = False
+
+    monkeypatch.setattr(Engine, "__init__", with_process)
+    processed, res_processed = timeline(scn, rows)
+    assert pulled == processed
+    assert ("reject" in {e for _, e, _ in pulled}) and len(pulled) > 3 * n
+    import pandas as pd
+
+    pd.testing.assert_frame_equal(res_pulled.requests, res_processed.requests, check_exact=True)
+    pd.testing.assert_frame_equal(res_pulled.steps, res_processed.steps, check_exact=True)

@@ -1,14 +1,15 @@
-"""The SimPy model: an arrival process and an engine loop. The only module that imports simpy.
+"""The SimPy model: engine loops and arrivals. The only module that imports simpy.
 
 SimPy owns the clock and nothing else. Each engine step is one ``env.timeout(step duration)``:
 the scheduler plans the step (plain Python), the timing model prices it, the recorder appends a
 row, time advances, and the scheduler applies the step's results. An arrival during a step is
 queued and considered at the next step's planning; an arrival at exactly a step boundary is
-processed first (arrival events have SimPy's URGENT priority). When there is nothing to run the
-engine waits on a wake-up event that the arrival process triggers, and records the gap as an idle
-row.
+seen by that boundary's plan. With one replica the loop queues the arrivals up to each time it
+reaches (after every wait); with several, an arrival process routes each request at its time
+(URGENT priority at ties) and wakes an idle replica. An idle engine waits for the next accepted
+arrival and records the gap as an idle row.
 
-``mode="fast"`` (default) advances runs of pure decode steps as one exact *decode window* (see
+``mode="fast"`` (default) advances runs of decode steps as one exact *decode window* (see
 :mod:`kvsim.sched.window`): one SimPy timeout and one row for many steps, landing on exactly the
 float time the step-by-step loop (``mode="step"``, kept as the reference) reaches, so both produce
 identical request tables.

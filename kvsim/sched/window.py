@@ -218,6 +218,8 @@ def plan_group_window(sched, plan, max_steps: int) -> DecodeWindow | None:
     if (not plan.group_decodes or plan.preempted or shape.swap_in_bytes or shape.swap_out_bytes
             or shape.tier_load_s or (plan.scheduled and sched.swapped)):
         return None
+    if plan.scheduled and sched.waiting and sched.head_might_fit(len(sched.running)):
+        return None  # step 0's admissions may let the waiting head in at step 1 (see below)
     group = sched.group
     clock = group.clock
     rem_new: list[int] = []
@@ -233,9 +235,9 @@ def plan_group_window(sched, plan, max_steps: int) -> DecodeWindow | None:
     kcap = min(max_steps, first_finish if sched.swapped else last_finish)
     if kcap < 2:
         return None
-    if sched.waiting and (first_finish == 1 or (rem_new and sched.head_might_fit(len(sched.running)))):
-        # The window would most likely stop after step 0 (a finish or step 0's admissions may let
-        # the waiting head in): not worth planning. Only a cost estimate; apply re-checks exactly.
+    if sched.waiting and first_finish == 1:
+        # The window would most likely stop after step 0 (a finish, or above: step 0's admissions,
+        # may let the waiting head in): not worth planning. Only a cost estimate; apply re-checks.
         return None
     remaining = (np.array(group.keys, dtype=np.int64) >> FINISH_KEY_SHIFT) - clock  # ascending
     computed0 = np.array(group.base, dtype=np.int64) + clock

@@ -256,6 +256,13 @@ class SlotLedger:
         if request_id not in self.held:
             raise ValueError(f"request {request_id} is not allocated")
 
+    def require_new(self, request_id: int, hold_tokens: int) -> None:
+        """Misuse checks of ``allocate``: the request is not held yet and asks for >= 1 slot."""
+        if request_id in self.held:
+            raise ValueError(f"request {request_id} is already allocated")
+        if hold_tokens < 1:
+            raise ValueError(f"hold_tokens must be >= 1, got {hold_tokens}")
+
     def usage(self, capacity_tokens: int, external_tokens: int, shared_tokens: int = 0,
               cached_free_tokens: int = 0, unshared_extra_tokens: int = 0) -> KVUsage:
         """``shared_tokens``: slots counted by more than one owner (full prefix blocks shared by

@@ -77,8 +77,7 @@ class BuddyAllocator(ExtentAllocator):
         return any(self.free_lists[j] for j in range(order, self.max_order + 1))
 
     def allocate(self, req: KVRequest, hold_tokens: int) -> Allocation | None:
-        if req.request_id in self.ledger:
-            raise ValueError(f"request {req.request_id} is already allocated")
+        self.ledger.require_new(req.request_id, hold_tokens)
         order = self.order_for(req)
         if hold_tokens > (1 << order) * self.unit:
             raise ValueError(f"request {req.request_id}: hold {hold_tokens} exceeds its extent")

@@ -72,8 +72,7 @@ class ContiguousAllocator(ExtentAllocator):
         return self._find_hole(reservation_tokens(self.reservation, req)) >= 0
 
     def allocate(self, req: KVRequest, hold_tokens: int) -> Allocation | None:
-        if req.request_id in self.ledger:
-            raise ValueError(f"request {req.request_id} is already allocated")
+        self.ledger.require_new(req.request_id, hold_tokens)
         size = reservation_tokens(self.reservation, req)
         if hold_tokens > size:
             raise ValueError(f"request {req.request_id}: hold {hold_tokens} exceeds its reservation {size}")

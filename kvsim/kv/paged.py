@@ -301,10 +301,7 @@ class PagedAllocator:
 
     def allocate(self, req: KVRequest, hold_tokens: int) -> Allocation | None:
         rid = req.request_id
-        if rid in self.ledger:
-            raise ValueError(f"request {rid} is already allocated")
-        if hold_tokens < 1:
-            raise ValueError(f"hold_tokens must be >= 1, got {hold_tokens}")
+        self.ledger.require_new(rid, hold_tokens)
         total = self._blocks_for(req, hold_tokens)
         hits = self._cache_hits(req, hold_tokens)
         tier_hits = self._tier_hits(req, hold_tokens, len(hits))
@@ -569,10 +566,7 @@ class CountingPagedAllocator:
         return self.num_free_blocks - self._blocks_for(req, hold_tokens) >= self.watermark_blocks
 
     def allocate(self, req: KVRequest, hold_tokens: int) -> Allocation | None:
-        if req.request_id in self.ledger:
-            raise ValueError(f"request {req.request_id} is already allocated")
-        if hold_tokens < 1:
-            raise ValueError(f"hold_tokens must be >= 1, got {hold_tokens}")
+        self.ledger.require_new(req.request_id, hold_tokens)
         need = self._blocks_for(req, hold_tokens)
         if self.num_free_blocks - need < self.watermark_blocks:
             return None

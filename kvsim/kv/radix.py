@@ -384,10 +384,7 @@ class RadixAllocator:
     # -- allocator interface ---------------------------------------------------------------------
     def allocate(self, req: KVRequest, hold_tokens: int) -> Allocation | None:
         rid = req.request_id
-        if rid in self.ledger:
-            raise ValueError(f"request {rid} is already allocated")
-        if hold_tokens < 1:
-            raise ValueError(f"hold_tokens must be >= 1, got {hold_tokens}")
+        self.ledger.require_new(rid, hold_tokens)
         self._one_sequence(req)
         total = cdiv(hold_tokens, self.page_size)
         m, path, unlocked = self._match(req, self._max_hit(hold_tokens))

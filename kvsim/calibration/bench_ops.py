@@ -223,16 +223,21 @@ def _attn_geometry(model: ModelSpec) -> dict:
     return {"heads": model.num_attention_heads, "kv_heads": model.num_kv_heads, "head_dim": model.head_dim}
 
 
+def _paged_pool(env: BenchEnv, kv_dtype: str, tokens_needed: int, salt: int):
+    """(KV bytes per token per layer, a paged KV pool of at least ``tokens_needed`` tokens)."""
+    return (kv_bytes_per_token_layer(env.model, kv_dtype),
+            _KVPool(env, kv_dtype, _pool_tokens(env, kv_dtype, tokens_needed), salt=salt))
+
+
 def measure_decode_paged(env: BenchEnv, kv_dtype: str, block_sizes: tuple[int, ...],
                          points: list[tuple[int, int]], out_of_time: Callable[[], bool]) -> list[dict]:
     """Decode attention over a paged cache, every (block size, batch, context) point."""
     if not points:
         return []
     m = env.model
-    hq, hkv, d = m.num_attention_heads, m.num_kv_heads, m.head_dim
-    per_token_layer = kv_bytes_per_token_layer(m, kv_dtype)
+    hq, d = m.num_attention_heads, m.head_dim
     pad = max(block_sizes)
-    pool = _KVPool(env, kv_dtype, _pool_tokens(env, kv_dtype, max(b * (c + pad) for b, c in points)), salt=300)
+    per_token_layer, pool = _paged_pool(env, kv_dtype, max(b * (c + pad) for b, c in points), salt=300)
     q_dtype = torch.bfloat16 if kv_dtype == "fp8" else TORCH_KV_DTYPES[kv_dtype]
     gen = env.generator(301)
     rows: list[dict] = []
@@ -292,10 +297,9 @@ def measure_prefill(env: BenchEnv, kv_dtype: str, block_sizes: tuple[int, ...], 
     if not points:
         return []
     m = env.model
-    hq, hkv, d = m.num_attention_heads, m.num_kv_heads, m.head_dim
-    per_token_layer = kv_bytes_per_token_layer(m, kv_dtype)
+    hq, d = m.num_attention_heads, m.head_dim
     pad = max(block_sizes)
-    pool = _KVPool(env, kv_dtype, _pool_tokens(env, kv_dtype, max(n + c + pad for n, c in points)), salt=400)
+    per_token_layer, pool = _paged_pool(env, kv_dtype, max(n + c + pad for n, c in points), salt=400)
     cdt = env.attn_compute_dtype(kv_dtype)
     q_dtype = cdt
     gen = env.generator(401)

@@ -90,6 +90,29 @@ class GPUConfig(StrictModel):
         return GPUSpec(**self.model_dump())
 
 
+class HostLinkConfig(StrictModel):
+    """The GPU<->host link that swaps, tier loads, offload and prefetch use (kvsim.timing.transfer).
+    Write a preset name (``host_link: pcie-gen5-x16``) or ``{preset: NAME, field: value...}``, or
+    every field. Absent: the legacy ``timing.host_link_bandwidth_bytes_per_s`` (size-independent)."""
+
+    name: str
+    h2d_bandwidth_bytes_per_s: float = Field(gt=0, description="sustained host-to-device copy rate")
+    d2h_bandwidth_bytes_per_s: float = Field(gt=0, description="sustained device-to-host copy rate")
+    per_transfer_latency_s: float = Field(ge=0, description="fixed cost of one copy")
+    signalling_bandwidth_bytes_per_s: float = Field(0.0, ge=0, description="nominal rate, for reference")
+    source: str = ""
+    granularity: Literal["block", "run"] = Field(
+        "block", description="one copy per block, or per run of consecutive block ids")
+    layout: Literal["per_layer_kv", "per_layer", "contiguous"] = Field(
+        "per_layer_kv", description="copies per block: 2 x layers, layers, or 1")
+
+    def link(self):
+        from kvsim.timing.transfer import LinkProfile
+
+        return LinkProfile(self.name, self.h2d_bandwidth_bytes_per_s, self.d2h_bandwidth_bytes_per_s,
+                           self.per_transfer_latency_s, self.signalling_bandwidth_bytes_per_s, self.source)
+
+
 class KVBudgetConfig(StrictModel):
     """KV memory. Derived by default: ``memory x gpu_memory_utilization - weights - activation
     reserve``; or given explicitly with exactly one of ``bytes`` / ``tokens``."""
@@ -151,6 +174,7 @@ class Scenario(StrictModel):
     kv_dtype: KVDTypeName = "fp16"
     weight_dtype: WeightDTypeName = "fp16"
     kv_budget: KVBudgetConfig = KVBudgetConfig()
+    host_link: HostLinkConfig | None = None
     allocator: AllocatorConfig = Field(default_factory=lambda: ALLOCATORS.default_config("paged"))  # type: ignore[valid-type]
     scheduler: SchedulerConfig = SchedulerConfig()
     timing: TimingConfig = Field(default_factory=lambda: TIMING_MODELS.default_config("analytical"))  # type: ignore[valid-type]
@@ -169,6 +193,15 @@ class Scenario(StrictModel):
     def _gpu_preset(cls, v):
         return _preset("gpu", v, GPUS)
 
+    @field_validator("host_link", mode="before")
+    @classmethod
+    def _link_preset(cls, v):
+        from kvsim.timing.transfer import link_presets
+
+        if v is None:
+            return v
+        return _preset("link", v, link_presets())
+
     @field_validator("allocator", "timing", mode="before")
     @classmethod
     def _default_kind(cls, v, info):
@@ -183,6 +216,21 @@ class Scenario(StrictModel):
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
                 raise ValueError(f"variant name {name!r} must be letters, digits, '.', '_' or '-'")
         return v
+
+    @model_validator(mode="after")
+    def _one_link(self):
+        if self.host_link is not None and "host_link_bandwidth_bytes_per_s" in self.timing.model_fields_set:
+            raise ValueError("give host_link or timing.host_link_bandwidth_bytes_per_s, not both "
+                             "(host_link replaces it with a per-copy latency and per-direction rates)")
+        return self
+
+    def link_profile(self):
+        """The host link copies are priced on: ``host_link``, else the legacy size-independent rate."""
+        from kvsim.timing.transfer import legacy_link
+
+        if self.host_link is not None:
+            return self.host_link.link()
+        return legacy_link(getattr(self.timing, "host_link_bandwidth_bytes_per_s", 64e9))
 
     @model_validator(mode="after")
     def _store_needs_prefix_cache(self):
@@ -235,7 +283,7 @@ def _set_dotted(tree: dict, dotted: str, value: Any, where: str) -> None:
         nxt = node.get(k)
         if nxt is None:
             nxt = node[k] = {}
-        elif isinstance(nxt, str) and node is tree and k in ("model", "gpu"):
+        elif isinstance(nxt, str) and node is tree and k in ("model", "gpu", "host_link"):
             # Expanding a preset name: {preset: NAME} keeps it overridable field by field.
             nxt = node[k] = {"preset": nxt}
         elif not isinstance(nxt, dict):
@@ -283,7 +331,7 @@ def deep_merge(base: dict, override: dict) -> dict:
         if k in PLUGIN_SECTIONS and isinstance(v, dict) and isinstance(old, dict) and \
                 "kind" in v and v["kind"] != old.get("kind", PLUGIN_SECTIONS[k][1]):
             out[k] = copy.deepcopy(v)
-        elif k in ("model", "gpu") and isinstance(v, dict) and isinstance(old, str):
+        elif k in ("model", "gpu", "host_link") and isinstance(v, dict) and isinstance(old, str):
             out[k] = deep_merge({"preset": old}, v)
         elif isinstance(v, dict) and isinstance(old, dict):
             out[k] = deep_merge(old, v)

@@ -39,6 +39,7 @@ from kvsim.calibration import schema as S
 from kvsim.calibration.grid import gemm_shapes
 from kvsim.errors import CalibrationError
 from kvsim.hw import GPUS, GiB, GPUSpec, MODELS, ModelSpec
+from kvsim.timing import gemm
 
 DEFAULT_VIDUR_DIR = Path("/work/shared/peer-data/vidur")
 A40 = GPUSpec("A40", 48 * GiB, 696e9, 149.7e12, source="NVIDIA A40 datasheet (GDDR6 696 GB/s, 149.7 TFLOPS bf16 dense)")
@@ -134,11 +135,13 @@ def _ape(pred: np.ndarray, meas: np.ndarray) -> np.ndarray:
 
 
 def _records(gpu_key: str, model_name: str, op: str, meas_s: np.ndarray, analytical_s: np.ndarray,
-             calibrated_s: np.ndarray | None, step_s: np.ndarray | None = None) -> dict:
+             calibrated_s: np.ndarray | None, step_s: np.ndarray | None = None,
+             gemm_s: np.ndarray | None = None) -> dict:
     rec = {"gpu": gpu_key, "model": model_name, "op": op, "rows": len(meas_s),
            "analytical_mape_pct": 100 * float(_ape(analytical_s, meas_s).mean()),
            "analytical_bias_pct": 100 * float(np.median(analytical_s / meas_s - 1)),
-           "analytical_step_mape_pct": np.nan, "calibrated_mape_pct": np.nan}
+           "analytical_step_mape_pct": np.nan, "calibrated_mape_pct": np.nan,
+           "gemm_model_mape_pct": np.nan if gemm_s is None else 100 * float(_ape(gemm_s, meas_s).mean())}
     if step_s is not None:
         rec["analytical_step_mape_pct"] = 100 * float(_ape(step_s, meas_s).mean())
     if calibrated_s is not None:
@@ -159,19 +162,22 @@ def _compare_mlp(csv: Path, gpu_key: str, model_name: str, cal: CalibratedTables
     total_meas = np.zeros(len(df))
     total_an = np.zeros(len(df))
     total_cal = np.zeros(len(df))
+    total_fit = np.zeros(len(df))
     for vop, op in VIDUR_GEMMS.items():
         meas = df[f"time_stats.{vop}.median"].to_numpy() * 1e-3
         n, k = _gemm_nk(model, op)
         an = np.array([roof.gemm(int(m), n, k) for m in tokens])
+        fit = gemm.linear_time_s(tokens, n, k, GPU_MAP[gpu_key])
         calp = np.array([cal.gemms[op](float(m)) for m in tokens]) if use_cal and op in cal.gemms else None
-        recs.append(_records(gpu_key, model_name, vop, meas, an, calp))
+        recs.append(_records(gpu_key, model_name, vop, meas, an, calp, gemm_s=fit))
         total_meas += meas
         total_an += an
+        total_fit += fit
         if calp is not None:
             total_cal += calp
     step = np.array([analytical_step_per_layer(model, GPU_MAP[gpu_key], int(m)) for m in tokens])
     recs.append(_records(gpu_key, model_name, "layer_gemms", total_meas, total_an,
-                         total_cal if use_cal and len(cal.gemms) == 4 else None, step))
+                         total_cal if use_cal and len(cal.gemms) == 4 else None, step, total_fit))
     return recs
 
 
@@ -201,7 +207,8 @@ def _compare_attention(csv: Path, gpu_key: str, model_name: str, cal: Calibrated
         an = np.array([roof.attention(model, ni + ci, ni * ci + ni * (ni + 1) / 2) for ni, ci in zip(n, c)])
         calp = (np.array([cal.prefill(16, float(ni), float(ci)) for ni, ci in zip(n, c)])
                 if use_cal and cal.prefill is not None else None)
-        recs.append(_records(gpu_key, model_name, "attn_prefill", meas, an, calp))
+        fit = gemm.prefill_attention_time_s(n, c, model, GPU_MAP[gpu_key])
+        recs.append(_records(gpu_key, model_name, "attn_prefill", meas, an, calp, gemm_s=fit))
     return recs
 
 
@@ -229,16 +236,27 @@ def run_peer_check(vidur_dir: str | Path = DEFAULT_VIDUR_DIR, calibration: str |
         + (f"; calibrated = {calibration} [{cal.model_name} on {cal.label}, {cal.kv_dtype} KV]" if cal else ""))
     if cal is not None and cal.meta["device"] == "cpu":
         log(f"NOTE: {S.CPU_LABEL} -- calibrated column is meaningless against GPU data")
+    log("gemm = kvsim.timing.gemm with the GPU's fitted profile (kvsim/timing/data/gemm/<gpu>.yaml)")
     log(f"  {'gpu':<5}{'model':<28}{'op':<16}{'rows':>5}{'analytical %':>14}{'bias %':>8}{'step %':>8}"
-        f"{'calibrated %':>14}")
+        f"{'calibrated %':>14}{'gemm %':>8}")
     def num(v: float, width: int) -> str:
         return f"{v:>{width}.1f}" if v == v else f"{'-':>{width}}"  # NaN: not compared
 
     for r in table.itertuples():
         log(f"  {r.gpu:<5}{r.model:<28}{r.op:<16}{r.rows:>5}{num(r.analytical_mape_pct, 14)}"
-            f"{num(r.analytical_bias_pct, 8)}{num(r.analytical_step_mape_pct, 8)}{num(r.calibrated_mape_pct, 14)}")
+            f"{num(r.analytical_bias_pct, 8)}{num(r.analytical_step_mape_pct, 8)}{num(r.calibrated_mape_pct, 14)}"
+            f"{num(r.gemm_model_mape_pct, 8)}")
     summary = table.groupby(["gpu", "model"])["analytical_mape_pct"].mean()
     log("mean analytical MAPE over ops, per GPU and model:")
     for (g, m), v in summary.items():
         log(f"  {g:<5}{m:<28}{v:>8.1f} %")
+    log("GEMM MAPE per GPU (mean over models x the four layer GEMMs; held-out = leave-one-model-out refit, "
+        "from the profile's provenance):")
+    ops = table[table["op"].isin(list(VIDUR_GEMMS))]
+    for g, sub in ops.groupby("gpu"):
+        prov = gemm.profile_for(GPU_MAP[g]).provenance
+        held = prov.get("leave_one_model_out_mape_pct")
+        held_s = f"{held:.1f} %" if held is not None else "-"
+        log(f"  {g:<5} analytical {sub['analytical_mape_pct'].mean():5.1f} %   gemm model {sub['gemm_model_mape_pct'].mean():5.1f} %"
+            f"   gemm held-out {held_s}")
     return table

@@ -1,0 +1,193 @@
+"""Linear-layer (GEMM) and prefill-attention time with token-count-dependent efficiency.
+
+Fitted per GPU to Microsoft Vidur's published per-layer profiles (MIT; see docs/gemm_model.md for
+the data, the fit and the measured error). Plain numpy, vectorised over token counts.
+
+One GEMM ``Y[m, n] = X[m, k] @ W[k, n]`` in fp16/bf16 (``m`` = tokens in the step)::
+
+    t_mem = (m*k + k*n + m*n) * element_bytes / (hbm_bandwidth * bandwidth_efficiency)
+    t_cmp = 2 * k * ceil(m / tile_m) * tile_m * ceil(n / tile_n) * tile_n / (peak_flops * compute_efficiency)
+    t     = launch_s + (t_mem**q + t_cmp**q) ** (1/q)
+
+* ``launch_s``: the fixed cost of one kernel (launch, prologue, tail);
+* the tile padding is why efficiency depends on the token count: a step of 1..tile_m tokens costs
+  the same compute as tile_m tokens, and compute efficiency climbs with ``m`` up to
+  ``compute_efficiency`` (tile quantisation);
+* ``q`` blends the memory and compute bounds (a roofline ``max`` when ``q`` is large; a small ``q``
+  says they overlap imperfectly near the ridge point).
+
+Prefill attention for one sequence, one layer (``c`` new tokens over ``p`` cached ones, ``H`` query
+heads of dimension ``D``)::
+
+    pairs_eff = c*p + causal_factor * c*c / 2
+    t = attn_launch_s + 4*H*D * pairs_eff * (1 + attn_half_tokens / c) / (peak_flops * attn_compute_efficiency)
+
+``causal_factor`` > 1 is the work a tiled causal kernel wastes on the diagonal; ``attn_half_tokens``
+is the chunk size at which the kernel reaches half of ``attn_compute_efficiency`` (few query tiles
+cannot fill the GPU).
+
+Profiles live in ``kvsim/timing/data/gemm/<gpu>.yaml`` (parameters + provenance). GPUs without
+Vidur data get the profile of the same silicon where one exists (A100-40GB -> a100, H200 -> h100;
+efficiencies are relative to each GPU's own peaks) and otherwise :data:`GENERIC`, the plain roofline
+with the analytical model's default efficiencies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from kvsim.errors import ConfigError, format_choices
+from kvsim.hw import GPUSpec, ModelSpec
+
+DATA_DIR = Path(__file__).parent / "data" / "gemm"
+
+# Which fitted profile a GPU preset uses (see docs/gemm_model.md, "GPUs without Vidur data").
+PROFILE_FOR_GPU = {
+    "A100-80GB": "a100",
+    "A100-40GB": "a100",  # same GA100 die and tensor cores; its own (lower) HBM bandwidth
+    "H100-SXM-80GB": "h100",
+    "H200-141GB": "h100",  # same GH100 die, same 989 TFLOP/s; its own 4.8 TB/s HBM3e
+    "A40": "a40",
+}
+
+
+@dataclass(frozen=True)
+class GemmProfile:
+    """Fitted efficiency parameters of one GPU (dimensionless except where the name says)."""
+
+    name: str
+    launch_s: float
+    bandwidth_efficiency: float
+    compute_efficiency: float
+    overlap_q: float
+    tile_m_tokens: int
+    tile_n: int
+    attn_launch_s: float
+    attn_compute_efficiency: float
+    attn_causal_factor: float
+    attn_half_tokens: float
+    source: str = ""
+    provenance: dict = field(default_factory=dict, compare=False)
+
+    PARAMS = ("launch_s", "bandwidth_efficiency", "compute_efficiency", "overlap_q", "tile_m_tokens", "tile_n",
+              "attn_launch_s", "attn_compute_efficiency", "attn_causal_factor", "attn_half_tokens")
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+# The plain roofline the analytical model used before (compute 0.7, bandwidth 0.85, no launch cost,
+# hard max, no tiles); prefill attention at the same compute efficiency with no causal waste.
+GENERIC = GemmProfile(
+    name="generic", launch_s=0.0, bandwidth_efficiency=0.85, compute_efficiency=0.7, overlap_q=64.0,
+    tile_m_tokens=1, tile_n=1, attn_launch_s=0.0, attn_compute_efficiency=0.7, attn_causal_factor=1.0,
+    attn_half_tokens=0.0,
+    source="kvsim timing.analytical defaults (no public number for this GPU; see docs/gemm_model.md)")
+
+
+def load_profile(path: str | Path) -> GemmProfile:
+    """Read a profile YAML; a missing, non-numeric or negative parameter is a one-line ConfigError."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: cannot read GEMM profile ({e.__class__.__name__})") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("params"), dict):
+        raise ConfigError(f"{path}: expected a mapping with a 'params' mapping")
+    params = raw["params"]
+    vals: dict = {}
+    for key in GemmProfile.PARAMS:
+        v = params.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ConfigError(f"{path}: params.{key}: missing or not a number (keys: {format_choices(GemmProfile.PARAMS)})")
+        if v < 0 or (key in ("compute_efficiency", "bandwidth_efficiency", "attn_compute_efficiency", "overlap_q",
+                             "tile_m_tokens", "tile_n") and v <= 0):
+            raise ConfigError(f"{path}: params.{key}: must be positive (got {v!r})")
+        vals[key] = int(v) if key in ("tile_m_tokens", "tile_n") else float(v)
+    return GemmProfile(name=str(raw.get("name", path.stem)), source=str(raw.get("source", "")),
+                       provenance=dict(raw.get("provenance") or {}), **vals)
+
+
+@lru_cache(maxsize=None)
+def _shipped(name: str) -> GemmProfile:
+    return load_profile(DATA_DIR / f"{name}.yaml")
+
+
+def profile_for(gpu: GPUSpec | str) -> GemmProfile:
+    """The fitted profile for a GPU preset name (or spec), else :data:`GENERIC`."""
+    name = gpu if isinstance(gpu, str) else gpu.name
+    key = PROFILE_FOR_GPU.get(name)
+    return _shipped(key) if key is not None else GENERIC
+
+
+def linear_time_s(num_tokens, n: int, k: int, gpu: GPUSpec, profile: GemmProfile | None = None,
+                  element_bytes: int = 2):
+    """Time of one ``[num_tokens, k] x [k, n]`` GEMM. ``num_tokens``: int or array (vectorised);
+    0 tokens cost 0. Returns a float for a scalar input, else an array."""
+    prof = profile or profile_for(gpu)
+    m = np.asarray(num_tokens, dtype=float)
+    t_mem = (m * k + float(k) * n + m * n) * element_bytes / (gpu.hbm_bandwidth_bytes_per_s * prof.bandwidth_efficiency)
+    m_pad = np.ceil(m / prof.tile_m_tokens) * prof.tile_m_tokens
+    n_pad = np.ceil(n / prof.tile_n) * prof.tile_n
+    t_cmp = 2.0 * k * m_pad * n_pad / (gpu.bf16_flops_per_s * prof.compute_efficiency)
+    q = prof.overlap_q
+    hi = np.maximum(t_mem, t_cmp)
+    safe = np.where(hi > 0, hi, 1.0)
+    both = hi * ((t_mem / safe) ** q + (t_cmp / safe) ** q) ** (1.0 / q)  # scaled: no overflow for big q
+    t = np.where(m > 0, prof.launch_s + both, 0.0)
+    return float(t) if t.ndim == 0 else t
+
+
+def gemm_shapes(model: ModelSpec) -> dict[str, tuple[int, int]]:
+    """The four per-layer GEMMs as (n output features, k reduction dim), plus ``lm_head``."""
+    q_dim = model.num_attention_heads * model.head_dim
+    kv_dim = model.num_kv_heads * model.head_dim
+    return {
+        "qkv": (q_dim + 2 * kv_dim, model.hidden_size),
+        "attn_out": (model.hidden_size, q_dim),
+        "mlp_up": ((2 if model.gated_mlp else 1) * model.intermediate_size, model.hidden_size),
+        "mlp_down": (model.hidden_size, model.intermediate_size),
+        "lm_head": (model.vocab_size, model.hidden_size),
+    }
+
+
+def layer_linear_time_s(num_tokens, model: ModelSpec, gpu: GPUSpec, profile: GemmProfile | None = None,
+                        element_bytes: int = 2):
+    """One decoder layer's four GEMMs (QKV, attention output, MLP up(+gate), MLP down)."""
+    shapes = gemm_shapes(model)
+    return sum(linear_time_s(num_tokens, *shapes[op], gpu, profile, element_bytes)
+               for op in ("qkv", "attn_out", "mlp_up", "mlp_down"))
+
+
+def step_linear_time_s(num_tokens, num_seqs, model: ModelSpec, gpu: GPUSpec, profile: GemmProfile | None = None,
+                       element_bytes: int = 2):
+    """All linear layers of one engine step: ``num_layers`` x the layer GEMMs over ``num_tokens``,
+    plus the LM head over ``num_seqs`` rows (serving engines compute logits only for the last token
+    of each scheduled sequence). Vectorised over both arguments."""
+    lm_n, lm_k = gemm_shapes(model)["lm_head"]
+    return (model.num_layers * layer_linear_time_s(num_tokens, model, gpu, profile, element_bytes)
+            + linear_time_s(num_seqs, lm_n, lm_k, gpu, profile, element_bytes))
+
+
+def prefill_attention_time_s(chunk_tokens, context_tokens, model: ModelSpec, gpu: GPUSpec,
+                             profile: GemmProfile | None = None):
+    """One layer of prefill attention for one sequence: ``chunk_tokens`` new tokens attending to
+    ``context_tokens`` cached ones and causally to each other. Vectorised; 0 new tokens cost 0.
+    Multiply by ``model.num_layers`` for the whole model; sum over the sequences of a step."""
+    prof = profile or profile_for(gpu)
+    c = np.asarray(chunk_tokens, dtype=float)
+    p = np.asarray(context_tokens, dtype=float)
+    pairs = c * p + prof.attn_causal_factor * c * c / 2.0
+    safe_c = np.where(c > 0, c, 1.0)
+    flops = 4.0 * model.num_attention_heads * model.head_dim * pairs * (1.0 + prof.attn_half_tokens / safe_c)
+    t = np.where(c > 0, prof.attn_launch_s + flops / (gpu.bf16_flops_per_s * prof.attn_compute_efficiency), 0.0)
+    return float(t) if t.ndim == 0 else t
+
+
+def shipped_profiles() -> list[str]:
+    return sorted(p.stem for p in DATA_DIR.glob("*.yaml"))

@@ -82,9 +82,9 @@ class GemmProfile:
 
 
 # The plain roofline the analytical model used before (compute 0.7, bandwidth 0.85, no launch cost,
-# hard max, no tiles); prefill attention at the same compute efficiency with no causal waste.
+# hard max (overlap_q = inf), no tiles); prefill attention at the same compute efficiency with no causal waste.
 GENERIC = GemmProfile(
-    name="generic", launch_s=0.0, bandwidth_efficiency=0.85, compute_efficiency=0.7, overlap_q=64.0,
+    name="generic", launch_s=0.0, bandwidth_efficiency=0.85, compute_efficiency=0.7, overlap_q=float("inf"),
     tile_m_tokens=1, tile_n=1, attn_launch_s=0.0, attn_compute_efficiency=0.7, attn_causal_factor=1.0,
     attn_half_tokens=0.0,
     source="kvsim timing.analytical defaults (no public number for this GPU; see docs/gemm_model.md)")
@@ -138,7 +138,10 @@ def linear_time_s(num_tokens, n: int, k: int, gpu: GPUSpec, profile: GemmProfile
     q = prof.overlap_q
     hi = np.maximum(t_mem, t_cmp)
     safe = np.where(hi > 0, hi, 1.0)
-    both = hi * ((t_mem / safe) ** q + (t_cmp / safe) ** q) ** (1.0 / q)  # scaled: no overflow for big q
+    if np.isinf(q):
+        both = hi
+    else:
+        both = hi * ((t_mem / safe) ** q + (t_cmp / safe) ** q) ** (1.0 / q)  # scaled: no overflow for big q
     t = np.where(m > 0, prof.launch_s + both, 0.0)
     return float(t) if t.ndim == 0 else t
 

@@ -59,7 +59,7 @@ def register(subparsers) -> None:
     r = sub.add_parser("report", help="leave-one-out interpolation error and bandwidth utilisation of DIR")
     r.add_argument("dir", metavar="DIR")
     r.add_argument("--no-plots", action="store_true")
-    pc = sub.add_parser("peer-check", help="compare the analytical (and a calibrated) model with Vidur's GPU profiles")
+    pc = sub.add_parser("peer-check", help="compare the analytical roofline, the fitted GEMM model (and a calibrated model) with Vidur's GPU profiles")
     pc.add_argument("--vidur-dir", default=None, help="Vidur data folder (default /work/shared/peer-data/vidur)")
     pc.add_argument("--calibration", metavar="DIR", help="also compare this calibration directory (its model only)")
     pc.add_argument("--csv", metavar="FILE", help="write the MAPE table as CSV")

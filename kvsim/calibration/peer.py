@@ -17,6 +17,10 @@ Predictions, all per layer:
   also priced by :class:`~kvsim.timing.analytical.AnalyticalTiming` itself for a pure-prefill step of
   that many tokens divided by the layer count (``analytical_step`` column): what the simulator
   charges, including its weight-read floor over all parameters.
+* ``gemm`` -- :mod:`kvsim.timing.gemm` with the GPU's fitted profile (token-count-dependent
+  efficiency fitted to these same files, see docs/gemm_model.md) for the GEMMs, their per-layer sum
+  and prefill attention; a per-GPU summary gives its MAPE next to the roofline's and the held-out
+  (leave-one-model-out) MAPE stored in the profile.
 * ``calibrated`` -- with ``--calibration DIR`` for the same model: the calibration's interpolated
   tables (fp16 KV when measured, else the first dtype; block 16 for attention, Vidur's block).
   A calibration from another GPU (or a CPU plumbing run) is compared all the same and labelled.
@@ -257,6 +261,9 @@ def run_peer_check(vidur_dir: str | Path = DEFAULT_VIDUR_DIR, calibration: str |
         prov = gemm.profile_for(GPU_MAP[g]).provenance
         held = prov.get("leave_one_model_out_mape_pct")
         held_s = f"{held:.1f} %" if held is not None else "-"
+        every = table[(table["gpu"] == g) & table["gemm_model_mape_pct"].notna()]
         log(f"  {g:<5} analytical {sub['analytical_mape_pct'].mean():5.1f} %   gemm model {sub['gemm_model_mape_pct'].mean():5.1f} %"
-            f"   gemm held-out {held_s}")
+            f"   gemm held-out {held_s}   (every op the gemm model prices, layer sums and prefill attention "
+            f"included: analytical {every['analytical_mape_pct'].mean():.1f} %, gemm model "
+            f"{every['gemm_model_mape_pct'].mean():.1f} %)")
     return table

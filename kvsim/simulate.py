@@ -41,6 +41,8 @@ def resolved_dict(scn: Scenario) -> dict:
     """The scenario with every default filled in (JSON-able), minus the variants table."""
     d = scn.model_dump(mode="json")
     d.pop("variants", None)
+    if d.get("host_link") is None:
+        d.pop("host_link", None)  # absent = legacy link: old scenarios keep their resolved form and hash
     return d
 
 

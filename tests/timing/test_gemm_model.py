@@ -146,3 +146,18 @@ def test_bad_profile_names_file_and_key(tmp_path):
     p.write_text(good.replace("  launch_s:", "  launch_time:"))
     with pytest.raises(ConfigError, match=r"mine.yaml: params.launch_s: missing"):
         G.load_profile(p)
+
+
+@needs_vidur
+def test_peer_check_reports_the_fitted_model_per_gpu_below_the_roofline():
+    from kvsim.calibration.peer import run_peer_check
+
+    lines: list[str] = []
+    table = run_peer_check(DEFAULT_VIDUR_DIR, log=lines.append)
+    gemms = table[table["op"].isin(["attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj"])]
+    per_gpu = gemms.groupby("gpu")[["analytical_mape_pct", "gemm_model_mape_pct"]].mean()
+    assert set(per_gpu.index) >= {"a100", "h100"}
+    assert (per_gpu["gemm_model_mape_pct"] < per_gpu["analytical_mape_pct"]).all()
+    assert (per_gpu.loc[["a100", "h100"], "gemm_model_mape_pct"] <= 8.0).all()
+    summary = [ln for ln in lines if "gemm model" in ln and "held-out" in ln]
+    assert {ln.split()[0] for ln in summary} >= {"a100", "h100"}

@@ -145,3 +145,12 @@ def test_bad_link_profile_file_names_file_and_key(tmp_path):
     p.write_text("name: x\nparams:\n  h2d_bandwidth_bytes_per_s: 1.0e+9\n")
     with pytest.raises(ConfigError, match=r"params.d2h_bandwidth_bytes_per_s: missing"):
         T.load_link(p)
+
+
+def test_absent_host_link_leaves_the_resolved_scenario_as_before():
+    from kvsim.simulate import resolved_dict
+
+    plain = load_scenario(QUICKSTART).base
+    assert "host_link" not in resolved_dict(plain)
+    linked = load_scenario(QUICKSTART, ["host_link=nvlink-c2c"]).base
+    assert resolved_dict(linked)["host_link"]["name"] == "nvlink-c2c"

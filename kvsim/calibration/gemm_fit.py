@@ -8,7 +8,8 @@ check) and, for prefill attention, the hand-transcribed
 The fit minimises the mean absolute percentage error (MAPE) the way ``kvsim calibrate peer-check``
 reports it: every (model, op) group weighs the same. It is a Levenberg-Marquardt fit of log(pred /
 meas) with iteratively reweighted least squares (weights 1/|r|, which turns squares into absolute
-values), plain numpy. The tile sizes are chosen from {64, 128, 256}^2 by in-sample MAPE.
+values), plain numpy. The tile sizes are chosen from {64, 128, 256}^2 by in-sample MAPE; the SM
+count (wave quantisation) is the GPU's, from NVIDIA's datasheets.
 
 Held-out numbers, two of them:
 
@@ -33,12 +34,15 @@ import yaml
 
 from kvsim.errors import CalibrationError
 from kvsim.hw import GPUSpec, MODELS
-from kvsim.timing.gemm import GemmProfile, gemm_shapes, linear_time_s, prefill_attention_time_s
+from kvsim.timing.gemm import INT_PARAMS, GemmProfile, gemm_shapes, linear_time_s, prefill_attention_time_s
 
 VIDUR_OPS = {"attn_pre_proj": "qkv", "attn_post_proj": "attn_out", "mlp_up_proj": "mlp_up",
              "mlp_down_proj": "mlp_down"}
 COLUMN_PARALLEL = ("attn_pre_proj", "mlp_up_proj")  # TP splits n; the others (row parallel) split k
 TILES = (64, 128, 256)
+# Streaming multiprocessors per GPU, from NVIDIA's architecture whitepapers / datasheets (A100: 108;
+# H100 SXM5: 132; A40: 84) -- the wave-quantisation term's unit.
+NUM_SMS = {"a100": 108, "h100": 132, "a40": 84}
 VIDUR_COMMIT = "7d47513363ec447a741ac5e47241580b47724fbf"
 
 
@@ -124,7 +128,7 @@ def _irls(residual: Callable[[np.ndarray], np.ndarray], weights: np.ndarray, p0,
 def _gemm_profile(base: GemmProfile, x: np.ndarray, tm: int, tn: int) -> GemmProfile:
     return replace(base, launch_s=float(np.exp(x[0])), bandwidth_efficiency=_unit(x[1]),
                    compute_efficiency=_unit(x[2]), overlap_q=float(1.0 + np.exp(np.clip(x[3], -20, 20))),
-                   tile_m_tokens=tm, tile_n=tn)
+                   tile_m_tokens=tm, tile_n=tn, wave_weight=_unit(x[4]))
 
 
 def _unit(v: float) -> float:
@@ -155,7 +159,7 @@ def fit_gemm(rows: pd.DataFrame, gpu: GPUSpec, base: GemmProfile, tiles: tuple[i
         def resid(x, tm=tm, tn=tn):
             return np.log(predict_gemm(rows, gpu, _gemm_profile(base, x, tm, tn)) / t)
 
-        x = _irls(resid, weights, [np.log(5e-6), 1.4, 0.85, np.log(1.0)])
+        x = _irls(resid, weights, [np.log(5e-6), 1.4, 0.85, np.log(1.0), 0.0])
         prof = _gemm_profile(base, x, tm, tn)
         score = group_mape_pct(rows, predict_gemm(rows, gpu, prof))
         if best is None or score < best[0]:
@@ -208,7 +212,7 @@ def fit_gpu(vidur_dir: str | Path, gpu_key: str, *, with_held_out: bool = True,
     gpu = GPU_MAP[gpu_key]
     rows = load_gemm_rows(vidur_dir, gpu_key)
     base = GemmProfile(name=gpu_key, launch_s=0.0, bandwidth_efficiency=1.0, compute_efficiency=1.0, overlap_q=2.0,
-                       tile_m_tokens=64, tile_n=64, attn_launch_s=0.0, attn_compute_efficiency=1.0,
+                       tile_m_tokens=64, tile_n=64, num_sms=NUM_SMS[gpu_key], wave_weight=0.0, attn_launch_s=0.0, attn_compute_efficiency=1.0,
                        attn_causal_factor=1.0, attn_half_tokens=0.0)
     prof = fit_gemm(rows, gpu, base)
     prov: dict = {
@@ -249,7 +253,7 @@ def fit_gpu(vidur_dir: str | Path, gpu_key: str, *, with_held_out: bool = True,
 
 def profile_yaml(prof: GemmProfile) -> str:
     doc = {"name": prof.name, "source": prof.source,
-           "params": {k: (int(getattr(prof, k)) if k in ("tile_m_tokens", "tile_n") else float(f"{getattr(prof, k):.6g}"))
+           "params": {k: (int(getattr(prof, k)) if k in INT_PARAMS else float(f"{getattr(prof, k):.6g}"))
                       for k in GemmProfile.PARAMS},
            "provenance": prof.provenance}
     return ("# GEMM / prefill-attention efficiency profile for kvsim.timing.gemm.\n"

@@ -6,13 +6,18 @@ the data, the fit and the measured error). Plain numpy, vectorised over token co
 One GEMM ``Y[m, n] = X[m, k] @ W[k, n]`` in fp16/bf16 (``m`` = tokens in the step)::
 
     t_mem = (m*k + k*n + m*n) * element_bytes / (hbm_bandwidth * bandwidth_efficiency)
-    t_cmp = 2 * k * ceil(m / tile_m) * tile_m * ceil(n / tile_n) * tile_n / (peak_flops * compute_efficiency)
+    tiles = ceil(m / tile_m) * ceil(n / tile_n)                  # output tiles
+    waves = ceil(tiles / num_sms)                                 # rounds of one tile per SM
+    t_cmp = 2 * k * tile_m * tile_n * ((1 - wave_weight) * tiles + wave_weight * waves * num_sms)
+            / (peak_flops * compute_efficiency)
     t     = launch_s + (t_mem**q + t_cmp**q) ** (1/q)
 
 * ``launch_s``: the fixed cost of one kernel (launch, prologue, tail);
 * the tile padding is why efficiency depends on the token count: a step of 1..tile_m tokens costs
   the same compute as tile_m tokens, and compute efficiency climbs with ``m`` up to
   ``compute_efficiency`` (tile quantisation);
+* wave quantisation makes it depend on the matrix shape too: the last wave of tiles leaves SMs idle
+  (``wave_weight`` is the fitted share of the work that pays for whole waves);
 * ``q`` blends the memory and compute bounds (a roofline ``max`` when ``q`` is large; a small ``q``
   says they overlap imperfectly near the ridge point).
 
@@ -45,6 +50,7 @@ from kvsim.errors import ConfigError, format_choices
 from kvsim.hw import GPUSpec, ModelSpec
 
 DATA_DIR = Path(__file__).parent / "data" / "gemm"
+INT_PARAMS = ("tile_m_tokens", "tile_n", "num_sms")
 
 # Which fitted profile a GPU preset uses (see docs/gemm_model.md, "GPUs without Vidur data").
 PROFILE_FOR_GPU = {
@@ -67,6 +73,8 @@ class GemmProfile:
     overlap_q: float
     tile_m_tokens: int
     tile_n: int
+    num_sms: int
+    wave_weight: float
     attn_launch_s: float
     attn_compute_efficiency: float
     attn_causal_factor: float
@@ -75,7 +83,7 @@ class GemmProfile:
     provenance: dict = field(default_factory=dict, compare=False)
 
     PARAMS = ("launch_s", "bandwidth_efficiency", "compute_efficiency", "overlap_q", "tile_m_tokens", "tile_n",
-              "attn_launch_s", "attn_compute_efficiency", "attn_causal_factor", "attn_half_tokens")
+              "num_sms", "wave_weight", "attn_launch_s", "attn_compute_efficiency", "attn_causal_factor", "attn_half_tokens")
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -85,7 +93,7 @@ class GemmProfile:
 # hard max (overlap_q = inf), no tiles); prefill attention at the same compute efficiency with no causal waste.
 GENERIC = GemmProfile(
     name="generic", launch_s=0.0, bandwidth_efficiency=0.85, compute_efficiency=0.7, overlap_q=float("inf"),
-    tile_m_tokens=1, tile_n=1, attn_launch_s=0.0, attn_compute_efficiency=0.7, attn_causal_factor=1.0,
+    tile_m_tokens=1, tile_n=1, num_sms=1, wave_weight=0.0, attn_launch_s=0.0, attn_compute_efficiency=0.7, attn_causal_factor=1.0,
     attn_half_tokens=0.0,
     source="kvsim timing.analytical defaults (no public number for this GPU; see docs/gemm_model.md)")
 
@@ -106,9 +114,11 @@ def load_profile(path: str | Path) -> GemmProfile:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ConfigError(f"{path}: params.{key}: missing or not a number (keys: {format_choices(GemmProfile.PARAMS)})")
         if v < 0 or (key in ("compute_efficiency", "bandwidth_efficiency", "attn_compute_efficiency", "overlap_q",
-                             "tile_m_tokens", "tile_n") and v <= 0):
+                             "tile_m_tokens", "tile_n", "num_sms") and v <= 0):
             raise ConfigError(f"{path}: params.{key}: must be positive (got {v!r})")
-        vals[key] = int(v) if key in ("tile_m_tokens", "tile_n") else float(v)
+        if key in ("compute_efficiency", "bandwidth_efficiency", "attn_compute_efficiency", "wave_weight") and v > 1:
+            raise ConfigError(f"{path}: params.{key}: must be at most 1 (got {v!r})")
+        vals[key] = int(v) if key in INT_PARAMS else float(v)
     return GemmProfile(name=str(raw.get("name", path.stem)), source=str(raw.get("source", "")),
                        provenance=dict(raw.get("provenance") or {}), **vals)
 
@@ -132,9 +142,11 @@ def linear_time_s(num_tokens, n: int, k: int, gpu: GPUSpec, profile: GemmProfile
     prof = profile or profile_for(gpu)
     m = np.asarray(num_tokens, dtype=float)
     t_mem = (m * k + float(k) * n + m * n) * element_bytes / (gpu.hbm_bandwidth_bytes_per_s * prof.bandwidth_efficiency)
-    m_pad = np.ceil(m / prof.tile_m_tokens) * prof.tile_m_tokens
-    n_pad = np.ceil(n / prof.tile_n) * prof.tile_n
-    t_cmp = 2.0 * k * m_pad * n_pad / (gpu.bf16_flops_per_s * prof.compute_efficiency)
+    tiles = np.ceil(m / prof.tile_m_tokens) * np.ceil(n / prof.tile_n)
+    if prof.wave_weight > 0:
+        waves = np.ceil(tiles / prof.num_sms)
+        tiles = (1.0 - prof.wave_weight) * tiles + prof.wave_weight * waves * prof.num_sms
+    t_cmp = 2.0 * k * prof.tile_m_tokens * prof.tile_n * tiles / (gpu.bf16_flops_per_s * prof.compute_efficiency)
     q = prof.overlap_q
     hi = np.maximum(t_mem, t_cmp)
     safe = np.where(hi > 0, hi, 1.0)

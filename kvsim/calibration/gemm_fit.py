@@ -212,7 +212,8 @@ def fit_gpu(vidur_dir: str | Path, gpu_key: str, *, with_held_out: bool = True,
     gpu = GPU_MAP[gpu_key]
     rows = load_gemm_rows(vidur_dir, gpu_key)
     base = GemmProfile(name=gpu_key, launch_s=0.0, bandwidth_efficiency=1.0, compute_efficiency=1.0, overlap_q=2.0,
-                       tile_m_tokens=64, tile_n=64, num_sms=NUM_SMS[gpu_key], wave_weight=0.0, attn_launch_s=0.0, attn_compute_efficiency=1.0,
+                       tile_m_tokens=64, tile_n=64, num_sms=NUM_SMS[gpu_key], wave_weight=0.0, attn_launch_s=0.0,
+                       attn_compute_efficiency=1.0,
                        attn_causal_factor=1.0, attn_half_tokens=0.0)
     prof = fit_gemm(rows, gpu, base)
     prov: dict = {

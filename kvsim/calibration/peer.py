@@ -262,7 +262,8 @@ def run_peer_check(vidur_dir: str | Path = DEFAULT_VIDUR_DIR, calibration: str |
         held = prov.get("leave_one_model_out_mape_pct")
         held_s = f"{held:.1f} %" if held is not None else "-"
         every = table[(table["gpu"] == g) & table["gemm_model_mape_pct"].notna()]
-        log(f"  {g:<5} analytical {sub['analytical_mape_pct'].mean():5.1f} %   gemm model {sub['gemm_model_mape_pct'].mean():5.1f} %"
+        log(f"  {g:<5} analytical {sub['analytical_mape_pct'].mean():5.1f} %   "
+            f"gemm model {sub['gemm_model_mape_pct'].mean():5.1f} %"
             f"   gemm held-out {held_s}   (every op the gemm model prices, layer sums and prefill attention "
             f"included: analytical {every['analytical_mape_pct'].mean():.1f} %, gemm model "
             f"{every['gemm_model_mape_pct'].mean():.1f} %)")

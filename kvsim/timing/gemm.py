@@ -83,7 +83,8 @@ class GemmProfile:
     provenance: dict = field(default_factory=dict, compare=False)
 
     PARAMS = ("launch_s", "bandwidth_efficiency", "compute_efficiency", "overlap_q", "tile_m_tokens", "tile_n",
-              "num_sms", "wave_weight", "attn_launch_s", "attn_compute_efficiency", "attn_causal_factor", "attn_half_tokens")
+              "num_sms", "wave_weight", "attn_launch_s", "attn_compute_efficiency", "attn_causal_factor",
+              "attn_half_tokens")
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -93,7 +94,8 @@ class GemmProfile:
 # hard max (overlap_q = inf), no tiles); prefill attention at the same compute efficiency with no causal waste.
 GENERIC = GemmProfile(
     name="generic", launch_s=0.0, bandwidth_efficiency=0.85, compute_efficiency=0.7, overlap_q=float("inf"),
-    tile_m_tokens=1, tile_n=1, num_sms=1, wave_weight=0.0, attn_launch_s=0.0, attn_compute_efficiency=0.7, attn_causal_factor=1.0,
+    tile_m_tokens=1, tile_n=1, num_sms=1, wave_weight=0.0, attn_launch_s=0.0, attn_compute_efficiency=0.7,
+    attn_causal_factor=1.0,
     attn_half_tokens=0.0,
     source="kvsim timing.analytical defaults (no public number for this GPU; see docs/gemm_model.md)")
 

@@ -125,7 +125,8 @@ def test_gpus_without_vidur_data_fall_back_as_documented():
     # the generic profile is exactly the old roofline: max(flops / (0.7 peak), bytes / (0.85 peak))
     gpu = GPUS["L40S"]
     m, n, k = 300, 5120, 5120
-    roof = max(2.0 * m * n * k / (gpu.bf16_flops_per_s * 0.7), 2.0 * (m * k + n * k + m * n) / (gpu.hbm_bandwidth_bytes_per_s * 0.85))
+    roof = max(2.0 * m * n * k / (gpu.bf16_flops_per_s * 0.7),
+               2.0 * (m * k + n * k + m * n) / (gpu.hbm_bandwidth_bytes_per_s * 0.85))
     assert G.linear_time_s(m, n, k, gpu) == pytest.approx(roof, rel=1e-12)
     doc = (ROOT / "docs" / "gemm_model.md").read_text()
     assert "L40S" in doc and "H200" in doc

@@ -199,6 +199,8 @@ class Scenario(StrictModel):
     replicas: ReplicasConfig = ReplicasConfig()
     slo: SLOConfig | None = Field(None, description="service-level objectives for goodput / SLO attainment")
     metrics: MetricsConfig = MetricsConfig()
+    baseline: str | None = Field(None, description="the variant the headline table compares the others with "
+                                                   "(default: the first variant)")
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @field_validator("model", mode="before")
@@ -478,6 +480,10 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
         _set_dotted(raw, key, value, f"--set {expr}")
     raw.setdefault("name", path.stem)
     base = validate_scenario(raw, str(path))
+    if base.baseline is not None and base.baseline not in base.variants:
+        raise ConfigError(f"{path}: baseline: {base.baseline!r} is not a variant"
+                          f"{did_you_mean(base.baseline, list(base.variants))}; valid choices: "
+                          f"{format_choices(list(base.variants)) if base.variants else '(the file has no variants)'}")
     variants: dict[str, Scenario] = {}
     base_raw = {k: v for k, v in raw.items() if k != "variants"}
     for vname, override in base.variants.items():

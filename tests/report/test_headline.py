@@ -103,14 +103,18 @@ def test_compare_prints_headline_first_and_writes_csv(tmp_path, capsys):
     df = pd.read_csv(tmp_path / "cmp" / "headline.csv")
     assert "baseline:contiguous" in df.columns and df["a-paged change_pct"].iloc[3] == pytest.approx(275.0)
     assert not (tmp_path / "cmp" / "comparison_vllm.csv").exists()
-    # without --baseline: the scenario's baseline: key, else the first run (sorted directory order)
-    assert kvsim_main(["compare", str(src), "--out", str(tmp_path / "cmp2"), "-q"]) == 0
-    assert capsys.readouterr().out.startswith("Headline (baseline: a-paged)")
-    src2 = _variants_dir(tmp_path / "b", baseline="contiguous")
-    assert kvsim_main(["compare", str(src2), "--out", str(tmp_path / "cmp3"), "-q"]) == 0
-    assert capsys.readouterr().out.startswith("Headline (baseline: contiguous)")
     assert kvsim_main(["compare", str(src), "--out", str(tmp_path / "cmp4"), "--baseline", "nope"]) == 2
     assert "names no run" in capsys.readouterr().err
+
+
+def test_baseline_resolution(tmp_path):
+    from kvsim.report.comparison import baseline_of, collect_runs
+
+    runs, _ = collect_runs([_variants_dir(tmp_path / "a")])
+    assert baseline_of(runs) == "a-paged"  # no baseline: key: the first run
+    assert baseline_of(runs, "contiguous") == "contiguous"
+    runs, _ = collect_runs([_variants_dir(tmp_path / "b", baseline="contiguous")])
+    assert baseline_of(runs) == "contiguous"  # the scenario's baseline: key
 
 
 def test_compare_metric_names_vllm(tmp_path, capsys):

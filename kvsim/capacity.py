@@ -57,6 +57,7 @@ class VariantCapacity:
     attainment_at_capacity: float | None
     goodput_at_capacity_requests_per_s: float | None
     evaluations: list[Evaluation] = field(default_factory=list)
+    slo_ms: dict = field(default_factory=dict)  # the objectives searched against
 
 
 def parse_slo(text: str, where: str = "--slo") -> dict[str, float]:
@@ -181,13 +182,20 @@ def capacity(loaded, slo: dict[str, float] | None = None, *, attainment: float =
             raise ConfigError(f"{loaded.path}: capacity needs SLOs: give --slo ttft_ms=..,tpot_ms=.. or an slo: "
                               f"section in the scenario (keys {format_choices(SLO_KEYS)})")
         ev = evaluator(scn, loaded.path.parent, objectives, attainment, str(loaded.path))
-        out.append(search(ev, lo, hi, tol, name=name, log=log))
+        res = search(ev, lo, hi, tol, name=name, log=log)
+        res.slo_ms = dict(objectives)
+        out.append(res)
     return out
 
 
 def results_frame(results: list[VariantCapacity]) -> pd.DataFrame:
-    return pd.DataFrame([{k: v for k, v in asdict(r).items() if k != "evaluations"}
-                         | {"evaluations": len(r.evaluations)} for r in results])
+    rows = []
+    for r in results:
+        row = {k: v for k, v in asdict(r).items() if k not in ("evaluations", "slo_ms")}
+        row["evaluations"] = len(r.evaluations)
+        row.update({k: r.slo_ms.get(k) for k in SLO_KEYS})
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def table_text(results: list[VariantCapacity]) -> str:
@@ -202,18 +210,12 @@ def table_text(results: list[VariantCapacity]) -> str:
                      for row in [header, *rows])
 
 
-def write_outputs(out: Path, results: list[VariantCapacity], meta: dict) -> dict[str, Path]:
-    """Write ``capacity.csv`` and ``capacity.json`` into ``out`` (atomically each); refuse to
-    replace files of those names that kvsim did not write."""
-    from kvsim import __version__
-    from kvsim.results import write_json, write_text_atomic
-
-    out = Path(out)
+def check_out(out: Path) -> None:
+    """Refuse an ``--out`` that is a file, or holds capacity.csv / capacity.json kvsim did not write."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a directory")
     csv_path, json_path = out / "capacity.csv", out / "capacity.json"
     if csv_path.exists() or json_path.exists():
-        ours = False
         try:
             ours = json.loads(json_path.read_text()).get("kind") == MARKER
         except (OSError, ValueError, AttributeError):
@@ -221,6 +223,17 @@ def write_outputs(out: Path, results: list[VariantCapacity], meta: dict) -> dict
         if not ours:
             raise ConfigError(f"--out {out}: holds capacity.csv / capacity.json that kvsim capacity did not write; "
                               f"choose another --out")
+
+
+def write_outputs(out: Path, results: list[VariantCapacity], meta: dict) -> dict[str, Path]:
+    """Write ``capacity.csv`` and ``capacity.json`` into ``out`` (atomically each); refuse to
+    replace files of those names that kvsim did not write."""
+    from kvsim import __version__
+    from kvsim.results import write_json, write_text_atomic
+
+    out = Path(out)
+    check_out(out)
+    csv_path, json_path = out / "capacity.csv", out / "capacity.json"
     out.mkdir(parents=True, exist_ok=True)
     doc = {"kind": MARKER, "kvsim_version": __version__, **meta,
            "variants": [asdict(r) for r in results]}
@@ -235,10 +248,11 @@ def _cmd_capacity(args) -> int:
     loaded = load_scenario(args.file, args.set or [])
     slo = parse_slo(args.slo) if args.slo is not None else None
     log = None if args.quiet else (lambda m: print(m, file=sys.stderr))
+    out = Path(args.out) if args.out else Path("results") / f"{loaded.name}-capacity"
+    check_out(out)  # before hours of simulation, not after
     results = capacity(loaded, slo, attainment=args.attainment, lo=args.lo, hi=args.hi, tol=args.tol,
                        variants=args.variant, log=log)
-    out = Path(args.out) if args.out else Path("results") / f"{loaded.name}-capacity"
-    meta = {"scenario_file": str(loaded.path), "slo_ms": slo or "scenario slo: key", "attainment": args.attainment,
+    meta = {"scenario_file": str(loaded.path), "slo_ms_given": slo, "attainment": args.attainment,
             "lo": args.lo, "hi": args.hi, "tol": args.tol, "set": list(args.set or [])}
     written = write_outputs(out, results, meta)
     print(table_text(results))

@@ -382,8 +382,9 @@ class Engine:
                 for name, v in st.breakdown_s.items():
                     breakdown[name] = breakdown.get(name, 0.0) + v
         # ITL hook: each step's duration and decode tokens (kvsim/metrics/itl.py)
-        step_decodes = win.num_seqs[:k].copy()
+        step_decodes = win.num_seqs[:k]
         if step0 is not None:
+            step_decodes = step_decodes.copy()
             step_decodes[0] = plan.shape.num_decode_tokens
         self.recorder.macro_row(
             start_s=start, duration_s=float(times[k]) - start, num_steps=k, max_batch=int(win.num_requests[0]),

@@ -40,44 +40,49 @@ class ITLAccumulator:
         self.sum_sq_s2 = 0.0
         self.min_s = math.inf
         self.max_s = -math.inf
-        self._durations: list = []
-        self._weights: list = []
+        self._step_d: list[float] = []  # single steps, as Python numbers (cheapest to append)
+        self._step_w: list[int] = []
+        self._many_d: list[np.ndarray] = []  # decode windows, as the engine's arrays
+        self._many_w: list[np.ndarray] = []
         self._buffered = 0
 
     def add(self, duration_s: float, tokens: int) -> None:
         if tokens > 0:
-            self._durations.append(duration_s)
-            self._weights.append(tokens)
+            self._step_d.append(duration_s)
+            self._step_w.append(tokens)
             self._buffered += 1
             if self._buffered >= FLUSH_VALUES:
                 self.flush()
 
     def add_many(self, durations_s: np.ndarray, tokens: np.ndarray) -> None:
-        self._durations.append(np.asarray(durations_s, dtype=np.float64))
-        self._weights.append(np.asarray(tokens, dtype=np.int64))
+        """Steps of a window: numpy arrays of float durations and integer token counts, kept by
+        reference until the next flush (the caller must not change them)."""
+        self._many_d.append(durations_s)
+        self._many_w.append(tokens)
         self._buffered += len(durations_s)
         if self._buffered >= FLUSH_VALUES:
             self.flush()
 
     def flush(self) -> None:
-        if not self._durations:
+        if not (self._step_d or self._many_d):
             return
-        d = np.concatenate([np.atleast_1d(np.asarray(x, dtype=np.float64)) for x in self._durations])
-        w = np.concatenate([np.atleast_1d(np.asarray(x, dtype=np.int64)) for x in self._weights])
-        self._durations, self._weights, self._buffered = [], [], 0
+        d = np.concatenate([np.array(self._step_d, dtype=np.float64), *self._many_d]).astype(np.float64, copy=False)
+        w = np.concatenate([np.array(self._step_w, dtype=np.int64), *self._many_w]).astype(np.int64, copy=False)
+        self._step_d, self._step_w, self._many_d, self._many_w, self._buffered = [], [], [], [], 0
         keep = w > 0
         d, w = d[keep], w[keep]
         if d.size == 0:
             return
         self.count += int(w.sum())
         wf = w.astype(np.float64)
-        self.sum_s += math.fsum(d * wf)
-        self.sum_sq_s2 += math.fsum(d * d * wf)
+        dw = d * wf
+        self.sum_s += float(dw.sum())
+        self.sum_sq_s2 += float(np.dot(dw, d))
         self.min_s = min(self.min_s, float(d.min()))
         self.max_s = max(self.max_s, float(d.max()))
         idx = bin_index(d)
         self.counts += np.bincount(idx, weights=w, minlength=NUM_BINS + 2).astype(np.int64)
-        self.sums += np.bincount(idx, weights=d * wf, minlength=NUM_BINS + 2)
+        self.sums += np.bincount(idx, weights=dw, minlength=NUM_BINS + 2)
 
     def summary(self, percentiles: tuple[float, ...] = (50, 90, 99)) -> dict[str, float | None]:
         """``{mean, std, p<q>..., max}`` in seconds (None for no decode tokens); std is the

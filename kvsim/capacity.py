@@ -24,7 +24,7 @@ import json
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
@@ -47,7 +47,7 @@ class Evaluation:
     meets: bool
 
 
-@dataclass
+@dataclass(frozen=True)
 class VariantCapacity:
     variant: str
     status: str  # ok | below_range | above_range
@@ -56,7 +56,7 @@ class VariantCapacity:
     capacity_offered_rate_req_per_s: float | None
     attainment_at_capacity: float | None
     goodput_at_capacity_requests_per_s: float | None
-    evaluations: list[Evaluation] = field(default_factory=list)
+    evaluations: tuple[Evaluation, ...] = ()
     slo_ms: dict = field(default_factory=dict)  # the objectives searched against
 
 
@@ -114,7 +114,7 @@ def search(evaluate: Callable[[float], Evaluation], lo: float, hi: float, tol: f
             capacity_offered_rate_req_per_s=None if good is None else good.offered_rate_req_per_s,
             attainment_at_capacity=None if good is None else good.attainment,
             goodput_at_capacity_requests_per_s=None if good is None else good.goodput_requests_per_s,
-            evaluations=sorted(evals, key=lambda e: e.rate_scale))
+            evaluations=tuple(sorted(evals, key=lambda e: e.rate_scale)))
 
     low = ev(lo)
     if not low.meets:
@@ -182,9 +182,7 @@ def capacity(loaded, slo: dict[str, float] | None = None, *, attainment: float =
             raise ConfigError(f"{loaded.path}: capacity needs SLOs: give --slo ttft_ms=..,tpot_ms=.. or an slo: "
                               f"section in the scenario (keys {format_choices(SLO_KEYS)})")
         ev = evaluator(scn, loaded.path.parent, objectives, attainment, str(loaded.path))
-        res = search(ev, lo, hi, tol, name=name, log=log)
-        res.slo_ms = dict(objectives)
-        out.append(res)
+        out.append(replace(search(ev, lo, hi, tol, name=name, log=log), slo_ms=dict(objectives)))
     return out
 
 

@@ -297,13 +297,21 @@ def vllm_frame(runs: list[Run], meta: dict) -> pd.DataFrame:
     return pd.concat([base[keep].reset_index(drop=True), pd.DataFrame(rows)], axis=1)
 
 
-def table_text(df: pd.DataFrame, key: str = "label") -> str:
-    """A transposed plain-text view (one line per metric, one column per run) for the console."""
-    from kvsim.report.tables import fmt
+def _fixed2(v: Any) -> str:
+    """vLLM's console format: integers as they are, other numbers with 2 decimals."""
+    v = _py(v)
+    if is_missing(v):
+        return "n/a"
+    if isinstance(v, float) and not v.is_integer():
+        return f"{v:.2f}"
+    return str(int(v)) if isinstance(v, (int, float)) else str(v)
 
+
+def table_text(df: pd.DataFrame, key: str = "label", fmt=_fixed2) -> str:
+    """A transposed plain-text view (one line per metric, one column per run) for the console."""
     cols = [str(v) for v in df[key]]
     names = [c for c in df.columns if c != key and c != "source"]
-    cells = [[n] + [fmt(_py(df[n].iloc[i])) or "n/a" for i in range(len(df))] for n in names]
+    cells = [[n] + [fmt(df[n].iloc[i]) for i in range(len(df))] for n in names]
     header = ["metric"] + cols
     widths = [max(len(r[i]) for r in [header, *cells]) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))

@@ -84,7 +84,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: i
         "throughput_total_tokens_per_s": serving["total_token_throughput"],
         "ttft_s": _dist(fin["ttft_s"]),
         "tpot_s": _dist(fin["tpot_s"]),
-        "itl_s": (itl or ITLAccumulator()).summary(),
+        "itl_s": {**(itl or ITLAccumulator()).summary(), **itl_stalls(requests, itl)},
         "e2e_s": _dist(fin["e2e_s"]),
         "normalized_latency_s_per_token": None if math.isnan(norm) else float(norm),
         "concurrency": {
@@ -145,7 +145,29 @@ def _dist_ms(values_s: np.ndarray, percentiles: tuple[float, ...]) -> dict[str, 
     return out
 
 
-def _itl_ms(itl: ITLAccumulator | None, percentiles: tuple[float, ...]) -> dict[str, float | None]:
+def itl_stalls(requests: pd.DataFrame, itl: ITLAccumulator | None) -> dict[str, float | None]:
+    """What the step-level ITL cannot see, exactly, from the request table: ``stall_s_total``, the
+    time between the tokens of finished requests beyond the durations of the decode steps that
+    produced them (preempted, swapped-out or skipped time and re-prefills), and
+    ``mean_with_stalls_s`` = ``Σ n·(finish − first) / Σ n·(output − 1)`` (n = parallel samples), the
+    mean over every gap, as vLLM's mean ITL."""
+    fin = requests.loc[requests["status"] == "finished", ["first_token_s", "finish_s", "output_tokens",
+                                                          "num_samples"]]
+    n = fin["num_samples"].to_numpy(dtype=np.float64)
+    span = float((n * (fin["finish_s"] - fin["first_token_s"]).to_numpy(dtype=np.float64)).sum())
+    gaps = float((n * (fin["output_tokens"].to_numpy() - 1)).sum())
+    mean = span / gaps if gaps > 0 else None
+    if itl is None:
+        return {"stall_s_total": None, "mean_with_stalls_s": mean}
+    itl.flush()
+    stall = span - itl.sum_s
+    if abs(stall) <= 1e-9 * max(span, 1e-300):  # the same steps summed in another order
+        stall = 0.0
+    return {"stall_s_total": max(stall, 0.0), "mean_with_stalls_s": mean}
+
+
+def _itl_ms(itl: ITLAccumulator | None, percentiles: tuple[float, ...],
+            stalls: dict[str, float | None]) -> dict[str, float | None]:
     d = (itl or ITLAccumulator()).summary(tuple(sorted(set(percentiles) | {50.0})))
     out = {k: (None if d[k] is None else d[k] * MS) for k in ("mean",)}
     out["median"] = None if d["p50"] is None else d["p50"] * MS
@@ -153,6 +175,10 @@ def _itl_ms(itl: ITLAccumulator | None, percentiles: tuple[float, ...]) -> dict[
     for q in percentiles:
         out[pkey(q)] = None if d[pkey(q)] is None else d[pkey(q)] * MS
     out["max"] = None if d["max"] is None else d["max"] * MS
+    m = stalls["mean_with_stalls_s"]
+    out["mean_with_stalls"] = None if m is None else m * MS
+    st = stalls["stall_s_total"]
+    out["stall_total"] = None if st is None else st * MS
     return out
 
 
@@ -177,7 +203,7 @@ def serving_metrics(requests: pd.DataFrame, duration_s: float, itl: ITLAccumulat
         "percentiles": list(percentiles),
         "ttft_ms": _dist_ms(requests.loc[fin, "ttft_s"].to_numpy(dtype=float), percentiles),
         "tpot_ms": _dist_ms(requests.loc[fin, "tpot_s"].to_numpy(dtype=float), percentiles),
-        "itl_ms": _itl_ms(itl, percentiles),
+        "itl_ms": _itl_ms(itl, percentiles, itl_stalls(requests, itl)),
         "e2el_ms": _dist_ms(requests.loc[fin, "e2e_s"].to_numpy(dtype=float), percentiles),
     }
 

@@ -62,6 +62,26 @@ def test_itl_matches_per_token_ground_truth_without_preemption():
     assert itl["max"] > 2 * itl["p50"]
     ms = res.summary["serving"]["itl_ms"]
     assert ms["mean"] == pytest.approx(itl["mean"] * 1000) and ms["median"] == pytest.approx(itl["p50"] * 1000)
+    assert itl["stall_s_total"] == 0.0 and itl["mean_with_stalls_s"] == pytest.approx(itl["mean"], rel=1e-9)
+
+
+def test_itl_stalls_of_preempted_requests_are_counted_exactly():
+    rows = random_rows(60, 2)
+    scn = make_scenario(engine={"mode": "step"}, kv_budget={"tokens": 600}, timing=TIMING)
+    res, times = token_times(scn, rows)
+    assert res.summary["preemptions"] > 0
+    gaps = np.concatenate([np.diff(t) for t in times.values() if len(t) > 1])
+    itl = res.summary["itl_s"]
+    # the step-level distribution misses the gaps that span a preemption; the stall total and the
+    # mean over every gap (vLLM's mean ITL) are exact
+    assert itl["mean_with_stalls_s"] == pytest.approx(gaps.mean(), rel=1e-9)
+    assert itl["stall_s_total"] > 0 and itl["max"] < gaps.max()
+    assert itl["stall_s_total"] == pytest.approx(gaps.sum() - itl["mean"] * _count(res), rel=1e-6)
+
+
+def _count(res):
+    """Decode tokens in the run: the step rows' decode_tokens."""
+    return int(res.steps.loc[~res.steps["idle"], "decode_tokens"].sum())
 
 
 @pytest.mark.parametrize("budget", [100_000, 600])
@@ -101,7 +121,8 @@ def _requests(ttft, tpot, e2e, out, status=None):
     return pd.DataFrame({
         "status": pd.Series(status or ["finished"] * n, dtype="string"),
         "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "output_tokens": out,
-        "prompt_tokens": [10] * n,
+        "prompt_tokens": [10] * n, "num_samples": [1] * n,
+        "first_token_s": [0.0] * n, "finish_s": [e - t for e, t in zip(e2e, ttft)],
     })
 
 
@@ -133,7 +154,9 @@ def test_serving_distributions_match_numpy_and_throughputs():
     assert t["std"] == pytest.approx(np.std([100, 200, 400]))
     assert t["p25"] == pytest.approx(np.percentile([100, 200, 400], 25)) and "p50" not in t
     assert s["tpot_ms"]["mean"] == pytest.approx(15.0)  # the single-token request has no TPOT
-    assert s["itl_ms"]["mean"] is None
+    assert s["itl_ms"]["mean"] is None and s["itl_ms"]["stall_total"] is None
+    # mean over every gap: (0.9 + 1.8) s over 90 + 90 gaps (the single-token request has none)
+    assert s["itl_ms"]["mean_with_stalls"] == pytest.approx(2700 / 180)
 
 
 def test_scenario_percentiles_and_slo_reach_summary():

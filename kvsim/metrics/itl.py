@@ -11,8 +11,10 @@ Memory is bounded: exact count, sum, sum of squares, minimum and maximum, plus a
 ``BINS_PER_DECADE`` geometric bins per decade from ``LOW_S`` to ``HIGH_S``, each with its token
 count and the sum of its values. A percentile takes the value at a rank as the mean of the bin
 holding it (exact when the bin holds one distinct step duration; otherwise within one bin width,
-10**(1/BINS_PER_DECADE) - 1 = 0.58 % relative) and interpolates between ranks as numpy does. Values are buffered as arrays and binned in bulk, so a
-step costs one list append.
+10**(1/BINS_PER_DECADE) - 1 = 0.58 % relative) and interpolates between ranks as numpy does.
+Values are buffered (single steps as Python numbers, windows as the engine's arrays) and binned in
+bulk, so a step or window costs two list appends; see docs/metrics.md, "ITL", for what the
+distribution leaves out (gaps that span a preemption) and the exact stall totals reported instead.
 """
 
 from __future__ import annotations

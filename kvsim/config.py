@@ -22,6 +22,7 @@ import kvsim.kv  # noqa: F401  (registers allocator kinds)
 import kvsim.timing  # noqa: F401  (registers timing kinds)
 from kvsim.config_base import StrictModel
 from kvsim.errors import ConfigError, did_you_mean, format_choices
+from kvsim.metrics.summarize import DEFAULT_PERCENTILES
 from kvsim.hw import GPUS, KV_DTYPES, MODELS, WEIGHT_DTYPE_BYTES, GPUSpec, ModelSpec
 from kvsim.registry import ALLOCATORS, TIMING_MODELS
 from kvsim.sched.config import SchedulerConfig
@@ -154,6 +155,45 @@ class LimitsConfig(StrictModel):
     max_wall_time_s: float | None = Field(None, gt=0, description="stop with an error past this wall time")
 
 
+class SLOConfig(StrictModel):
+    """Service-level objectives per request, as vLLM's ``--goodput ttft:MS tpot:MS e2el:MS``: a
+    finished request is *good* when it meets every objective given (docs/metrics.md, goodput)."""
+
+    ttft_ms: float | None = Field(None, gt=0, allow_inf_nan=False, description="time to first token, ms")
+    tpot_ms: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                  description="time per output token after the first, ms")
+    e2e_ms: float | None = Field(None, gt=0, allow_inf_nan=False, description="end-to-end latency, ms")
+
+    @model_validator(mode="after")
+    def _at_least_one(self):
+        if self.ttft_ms is None and self.tpot_ms is None and self.e2e_ms is None:
+            raise ValueError("give at least one of ttft_ms, tpot_ms, e2e_ms")
+        return self
+
+    def as_dict(self) -> dict[str, float]:
+        """The objectives given, ``{name: ms}``."""
+        return {k: v for k, v in (("ttft_ms", self.ttft_ms), ("tpot_ms", self.tpot_ms), ("e2e_ms", self.e2e_ms))
+                if v is not None}
+
+
+class MetricsConfig(StrictModel):
+    """What ``summary.json`` reports beyond the fixed keys."""
+
+    percentiles: list[float] = Field(
+        default_factory=lambda: list(DEFAULT_PERCENTILES),
+        description="percentiles of TTFT, TPOT, ITL and E2EL in summary.json's serving section, each in (0, 100)")
+
+    @field_validator("percentiles")
+    @classmethod
+    def _valid_percentiles(cls, v):
+        if not v:
+            raise ValueError("give at least one percentile")
+        for q in v:
+            if not (0 < q < 100) or q != q:
+                raise ValueError(f"percentile {q} must be between 0 and 100 (exclusive)")
+        return sorted(set(float(q) for q in v))
+
+
 def _plugin_union(registry):
     classes = registry.config_classes()
     return Annotated[Union[classes], Field(discriminator="kind")]  # type: ignore[valid-type]
@@ -181,6 +221,10 @@ class Scenario(StrictModel):
     limits: LimitsConfig = LimitsConfig()
     engine: EngineConfig = EngineConfig()
     replicas: ReplicasConfig = ReplicasConfig()
+    slo: SLOConfig | None = Field(None, description="service-level objectives for goodput / SLO attainment")
+    metrics: MetricsConfig = MetricsConfig()
+    baseline: str | None = Field(None, description="the variant the headline table compares the others with "
+                                                   "(default: the first variant)")
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @field_validator("model", mode="before")
@@ -484,6 +528,10 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
         _set_dotted(raw, key, value, f"--set {expr}")
     raw.setdefault("name", path.stem)
     base = validate_scenario(raw, str(path))
+    if base.baseline is not None and base.baseline not in base.variants:
+        raise ConfigError(f"{path}: baseline: {base.baseline!r} is not a variant"
+                          f"{did_you_mean(base.baseline, list(base.variants))}; valid choices: "
+                          f"{format_choices(list(base.variants)) if base.variants else '(the file has no variants)'}")
     variants: dict[str, Scenario] = {}
     base_raw = {k: v for k, v in raw.items() if k != "variants"}
     for vname, override in base.variants.items():

@@ -381,12 +381,18 @@ class Engine:
             for st in steps:
                 for name, v in st.breakdown_s.items():
                     breakdown[name] = breakdown.get(name, 0.0) + v
+        # ITL hook: each step's duration and decode tokens (kvsim/metrics/itl.py)
+        step_decodes = win.num_seqs[:k]
+        if step0 is not None:
+            step_decodes = step_decodes.copy()
+            step_decodes[0] = plan.shape.num_decode_tokens
         self.recorder.macro_row(
             start_s=start, duration_s=float(times[k]) - start, num_steps=k, max_batch=int(win.num_requests[0]),
             batch_mean=means["batch_mean"], decode_tokens=decode_tokens, waiting=waiting0,
             finished=len(done), parts_mean_tokens=means, kv_bytes_read=kv_bytes, breakdown=breakdown,
             evictions=getattr(alloc, "evictions", 0) - rep.last_evictions, replica=rep.index,
-            admitted=len(plan.admitted), prefill_tokens=plan.shape.num_prefill_tokens)
+            admitted=len(plan.admitted), prefill_tokens=plan.shape.num_prefill_tokens,
+            step_durations_s=durations[:k], step_decode_tokens=step_decodes)
         rep.last_evictions = getattr(alloc, "evictions", 0)
         rep.num_steps += k
         rep.num_windows += 1

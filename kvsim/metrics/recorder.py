@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvsim.kv.base import KVUsage
+from kvsim.metrics.itl import ITLAccumulator
 
 STEP_COLUMNS: dict[str, str] = {
     # name -> numpy dtype; order is the file's column order
@@ -87,6 +88,7 @@ class StepRecorder:
         self._chunks: list[pa.Table] = []  # only used when path is None (in-memory runs)
         self.num_rows = 0
         self.schema = pa.schema([(n, pa.from_numpy_dtype(np.dtype(t))) for n, t in STEP_COLUMNS.items()])
+        self.itl = ITLAccumulator()  # decode tokens' inter-token latencies (kvsim/metrics/itl.py)
 
     def _push(self, row: tuple) -> None:
         self._rows.append(row)
@@ -105,6 +107,8 @@ class StepRecorder:
             evictions: int = 0, swap_in_bytes: int = 0, swap_out_bytes: int = 0, replica: int = 0) -> None:
         """One engine step (or, with ``idle``, a gap) in the state ``usage`` describes."""
         bpt = self.bytes_per_token
+        if decode_tokens and not idle:
+            self.itl.add(duration_s if num_steps == 1 else duration_s / num_steps, decode_tokens)
         self._push((
             self.num_rows, replica, idle, start_s, duration_s, 0 if idle else num_steps, batch_size,
             prefill_tokens, decode_tokens, running, float(running), float(batch_size), waiting, admitted,
@@ -117,10 +121,18 @@ class StepRecorder:
     def macro_row(self, *, start_s: float, duration_s: float, num_steps: int, max_batch: int,
                   batch_mean: float, decode_tokens: int, waiting: int, finished: int,
                   parts_mean_tokens: dict[str, float], kv_bytes_read: int, breakdown: dict[str, float],
-                  evictions: int, replica: int = 0, admitted: int = 0, prefill_tokens: int = 0) -> None:
+                  evictions: int, replica: int = 0, admitted: int = 0, prefill_tokens: int = 0,
+                  step_durations_s: np.ndarray | None = None, step_decode_tokens: np.ndarray | None = None) -> None:
         """One row standing for ``num_steps`` steps: decode steps, the first of which may also
-        admit requests and compute their prompts (means are time-weighted)."""
+        admit requests and compute their prompts (means are time-weighted).
+
+        ``step_durations_s`` / ``step_decode_tokens`` (each step's duration and decode tokens) feed
+        the inter-token latencies exactly; without them each step counts at the row's mean."""
         bpt = self.bytes_per_token
+        if step_durations_s is not None and step_decode_tokens is not None:
+            self.itl.add_many(step_durations_s, step_decode_tokens)
+        elif decode_tokens:
+            self.itl.add_many(np.array([duration_s / num_steps]), np.array([decode_tokens]))
         p = parts_mean_tokens
         self._push((
             self.num_rows, replica, False, start_s, duration_s, num_steps, max_batch, prefill_tokens,

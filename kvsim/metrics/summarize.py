@@ -11,16 +11,19 @@ import math
 import numpy as np
 import pandas as pd
 
+from kvsim.metrics.itl import ITLAccumulator, pkey
+
+DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
 MEMORY_PARTS = ["token_states", "reservation", "internal_frag", "external_frag", "free"]
 
 
 def _dist(values: pd.Series) -> dict[str, float | None]:
     v = values.dropna().to_numpy(dtype=float)
     if v.size == 0:
-        return {"mean": None, "p50": None, "p90": None, "p99": None, "max": None}
+        return {"mean": None, "std": None, "p50": None, "p90": None, "p99": None, "max": None}
     q = np.quantile(v, [0.5, 0.9, 0.99])
-    return {"mean": float(v.mean()), "p50": float(q[0]), "p90": float(q[1]), "p99": float(q[2]),
-            "max": float(v.max())}
+    return {"mean": float(v.mean()), "std": float(v.std()), "p50": float(q[0]), "p90": float(q[1]),
+            "p99": float(q[2]), "max": float(v.max())}
 
 
 def time_weighted_mean(values: pd.Series, weights: pd.Series) -> float:
@@ -33,7 +36,9 @@ def time_weighted_mean(values: pd.Series, weights: pd.Series) -> float:
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: int, bytes_per_token: int,
               prefix_caching: bool = False, offloaded_blocks: int = 0,
               copy_bandwidth_bytes_per_s: float | None = None, num_replicas: int = 1,
-              block_size_tokens: int | None, budget_bytes: int, end_s: float, start_s: float) -> dict:
+              block_size_tokens: int | None, budget_bytes: int, end_s: float, start_s: float,
+              itl: ITLAccumulator | None = None, slo: dict[str, float] | None = None,
+              percentiles: tuple[float, ...] = DEFAULT_PERCENTILES) -> dict:
     # only the columns used below: a filtered copy of the whole table would cost its size again
     status = requests["status"]
     fin = requests.loc[status == "finished", ["output_tokens", "ttft_s", "tpot_s", "e2e_s"]]
@@ -65,6 +70,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: i
     step_time_total = float(dur[is_step].sum())
     breakdown = {c: float(steps.loc[is_step, c].sum()) for c in steps.columns
                  if c.endswith("_s") and c not in ("start_s", "duration_s")}
+    serving = serving_metrics(requests, duration, itl, percentiles)
     return {
         "requests_total": int(len(requests)),
         "requests_finished": int(len(fin)),
@@ -74,8 +80,11 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: i
         "duration_s": duration,
         "throughput_requests_per_s": len(fin) / duration if duration > 0 else 0.0,
         "throughput_output_tokens_per_s": out_tokens / duration if duration > 0 else 0.0,
+        "throughput_input_tokens_per_s": serving["input_throughput"],
+        "throughput_total_tokens_per_s": serving["total_token_throughput"],
         "ttft_s": _dist(fin["ttft_s"]),
         "tpot_s": _dist(fin["tpot_s"]),
+        "itl_s": {**(itl or ITLAccumulator()).summary(), **itl_stalls(requests, itl)},
         "e2e_s": _dist(fin["e2e_s"]),
         "normalized_latency_s_per_token": None if math.isnan(norm) else float(norm),
         "concurrency": {
@@ -112,6 +121,126 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: i
             "concurrency_mean_total": time_weighted_mean(steps["running_mean"], dur) * num_replicas,
         },
         "time_per_kv_block_read_s": _per_block(steps, bytes_per_token * (block_size_tokens or 1)),
+        "serving": serving,
+        "slo": slo_metrics(requests, duration, slo) if slo else None,
+    }
+
+
+# -- serving metrics as vLLM's serving benchmark names them (docs/metrics.md, "Serving metrics") ------
+
+MS = 1000.0
+
+
+def _dist_ms(values_s: np.ndarray, percentiles: tuple[float, ...]) -> dict[str, float | None]:
+    """``{mean, median, std, p<q>..., max}`` in ms of ``values_s`` (NaN dropped), with numpy's
+    mean / median / population std / linear percentiles, as ``vllm bench serve``."""
+    v = values_s[~np.isnan(values_s)] * MS
+    keys = ["mean", "median", "std", *(pkey(q) for q in percentiles), "max"]
+    if v.size == 0:
+        return dict.fromkeys(keys)
+    out = {"mean": float(v.mean()), "median": float(np.median(v)), "std": float(v.std())}
+    for q, x in zip(percentiles, np.percentile(v, list(percentiles))):
+        out[pkey(q)] = float(x)
+    out["max"] = float(v.max())
+    return out
+
+
+def itl_stalls(requests: pd.DataFrame, itl: ITLAccumulator | None) -> dict[str, float | None]:
+    """What the step-level ITL cannot see, exactly, from the request table: ``stall_s_total``, the
+    time between the tokens of finished requests beyond the durations of the decode steps that
+    produced them (preempted, swapped-out or skipped time and re-prefills), and
+    ``mean_with_stalls_s`` = ``Σ n·(finish − first) / Σ n·(output − 1)`` (n = parallel samples), the
+    mean over every gap, as vLLM's mean ITL."""
+    fin = requests.loc[requests["status"] == "finished", ["first_token_s", "finish_s", "output_tokens",
+                                                          "num_samples"]]
+    n = fin["num_samples"].to_numpy(dtype=np.float64)
+    span = float((n * (fin["finish_s"] - fin["first_token_s"]).to_numpy(dtype=np.float64)).sum())
+    gaps = float((n * (fin["output_tokens"].to_numpy() - 1)).sum())
+    mean = span / gaps if gaps > 0 else None
+    if itl is None:
+        return {"stall_s_total": None, "mean_with_stalls_s": mean}
+    itl.flush()
+    stall = span - itl.sum_s
+    if abs(stall) <= 1e-9 * max(span, 1e-300):  # the same steps summed in another order
+        stall = 0.0
+    return {"stall_s_total": max(stall, 0.0), "mean_with_stalls_s": mean}
+
+
+def _itl_ms(itl: ITLAccumulator | None, percentiles: tuple[float, ...],
+            stalls: dict[str, float | None]) -> dict[str, float | None]:
+    d = (itl or ITLAccumulator()).summary(tuple(sorted(set(percentiles) | {50.0})))
+    out = {k: (None if d[k] is None else d[k] * MS) for k in ("mean",)}
+    out["median"] = None if d["p50"] is None else d["p50"] * MS
+    out["std"] = None if d["std"] is None else d["std"] * MS
+    for q in percentiles:
+        out[pkey(q)] = None if d[pkey(q)] is None else d[pkey(q)] * MS
+    out["max"] = None if d["max"] is None else d["max"] * MS
+    m = stalls["mean_with_stalls_s"]
+    out["mean_with_stalls"] = None if m is None else m * MS
+    st = stalls["stall_s_total"]
+    out["stall_total"] = None if st is None else st * MS
+    return out
+
+
+def serving_metrics(requests: pd.DataFrame, duration_s: float, itl: ITLAccumulator | None,
+                    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES) -> dict:
+    """Totals, throughputs and TTFT / TPOT / ITL / E2EL distributions in ms over finished requests
+    (vLLM's "successful requests"); ITL pools the gaps of every decode token."""
+    percentiles = tuple(float(q) for q in percentiles)
+    fin = requests["status"] == "finished"
+    prompt = requests.loc[fin, "prompt_tokens"].to_numpy()
+    output = requests.loc[fin, "output_tokens"].to_numpy()
+    total_in, total_out = int(prompt.sum()), int(output.sum())
+    rate = (lambda x: x / duration_s) if duration_s > 0 else (lambda x: 0.0)
+    return {
+        "completed": int(fin.sum()),
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput": float(rate(int(fin.sum()))),
+        "input_throughput": float(rate(total_in)),
+        "output_throughput": float(rate(total_out)),
+        "total_token_throughput": float(rate(total_in + total_out)),
+        "percentiles": list(percentiles),
+        "ttft_ms": _dist_ms(requests.loc[fin, "ttft_s"].to_numpy(dtype=float), percentiles),
+        "tpot_ms": _dist_ms(requests.loc[fin, "tpot_s"].to_numpy(dtype=float), percentiles),
+        "itl_ms": _itl_ms(itl, percentiles, itl_stalls(requests, itl)),
+        "e2el_ms": _dist_ms(requests.loc[fin, "e2e_s"].to_numpy(dtype=float), percentiles),
+    }
+
+
+def good_requests(requests: pd.DataFrame, slo: dict[str, float]) -> np.ndarray:
+    """Boolean mask: finished and within every objective of ``slo`` (``{ttft_ms, tpot_ms, e2e_ms}``;
+    a single-token output has TPOT 0, as in vLLM's goodput)."""
+    good = (requests["status"] == "finished").to_numpy()
+    for key, col in (("ttft_ms", "ttft_s"), ("tpot_ms", "tpot_s"), ("e2e_ms", "e2e_s")):
+        limit = slo.get(key)
+        if limit is None:
+            continue
+        v = requests[col].to_numpy(dtype=float)
+        if col == "tpot_s":
+            v = np.where(requests["output_tokens"].to_numpy() <= 1, 0.0, v)
+        with np.errstate(invalid="ignore"):
+            good &= v <= limit / MS
+    return good
+
+
+def slo_metrics(requests: pd.DataFrame, duration_s: float, slo: dict[str, float]) -> dict:
+    """Goodput and SLO attainment. Attainment counts every trace request: a rejected or unfinished
+    request misses its objectives."""
+    fin = (requests["status"] == "finished").to_numpy()
+    good = good_requests(requests, slo)
+    n, n_fin, n_good = len(requests), int(fin.sum()), int(good.sum())
+    met = {}
+    for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        if slo.get(key) is not None:
+            met[key] = float(good_requests(requests, {key: slo[key]}).sum() / n) if n else 0.0
+    return {
+        "objectives_ms": {k: float(v) for k, v in slo.items() if v is not None},
+        "good_requests": n_good,
+        "goodput_requests_per_s": n_good / duration_s if duration_s > 0 else 0.0,
+        "attainment": n_good / n if n else 0.0,
+        "attainment_of_finished": n_good / n_fin if n_fin else 0.0,
+        "met_frac": met,
     }
 
 

@@ -10,7 +10,8 @@ def _cmd_compare(args) -> int:
     from kvsim.report.comparison import compare
 
     log = None if args.quiet else (lambda m: print(m, file=sys.stderr))
-    written = compare(args.paths, Path(args.out) if args.out else None, log=log)
+    written = compare(args.paths, Path(args.out) if args.out else None, log=log, metric_names=args.metric_names,
+                      baseline=args.baseline, show=lambda text: print(text + "\n"))
     for p in written.values():
         print(p)
     return 0
@@ -26,12 +27,21 @@ def _cmd_report(args) -> int:
 def register(subparsers) -> None:
     c = subparsers.add_parser(
         "compare", help="comparison tables and plots over run, variants or sweep directories",
-        description="Write comparison.csv and comparison plots (fragmentation breakdown, concurrency, memory over "
+        description="Print the headline table (fragmentation, HBM bandwidth utilisation, KV access latency, max "
+                    "concurrency: baseline vs each run with the % change) and write headline.csv, "
+                    "comparison.csv and comparison plots (fragmentation breakdown, concurrency, memory over "
                     "time, latency CDFs, and when the inputs vary them: concurrency vs block size, throughput and "
                     "normalized latency vs request rate with the knee, prefix hit ratio vs capacity, bandwidth vs "
                     "block size). See docs/report.md.")
     c.add_argument("paths", nargs="+", metavar="PATH", help="run dir, variants dir or sweep dir (several allowed)")
     c.add_argument("--out", help="output directory (default PATH/compare for one input; required for several)")
+    c.add_argument("--metric-names", choices=["kvsim", "vllm"], default="kvsim",
+                   help="vllm: also print and write comparison_vllm.csv with vLLM's serving-benchmark names and ms "
+                        "units (mean/median/std/pNN of ttft, tpot, itl, e2el; request/output/total token throughput, "
+                        "request_goodput)")
+    c.add_argument("--baseline", metavar="RUN",
+                   help="the headline table's baseline run (label or variant name; default: the scenario's "
+                        "baseline: key, else the first run)")
     c.add_argument("-q", "--quiet", action="store_true", help="no notes on stderr")
     c.set_defaults(func=_cmd_compare)
 

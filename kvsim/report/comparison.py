@@ -241,6 +241,97 @@ def _pick(runs: list[Run], n: int = MAX_LINES) -> list[Run]:
 # ---------------------------------------------------------------------------------------------------
 # Tables
 
+VLLM_LATENCIES = (("ttft", "ttft_s"), ("tpot", "tpot_s"), ("itl", "itl_s"), ("e2el", "e2e_s"))
+
+
+def _vllm_pword(q: float) -> str:
+    """vLLM's percentile label: 99 -> "99", 99.9 -> "99.9"."""
+    return str(int(q)) if float(q) == int(q) else f"{q:g}"
+
+
+def vllm_metrics(summary: dict) -> dict[str, Any]:
+    """One run's metrics as ``vllm bench serve`` names them (its result JSON keys), times in ms.
+
+    From ``summary.json → serving`` (and ``slo`` for ``request_goodput``); a summary from an older
+    kvsim without ``serving`` falls back to the seconds distributions (mean, p50 as median, p90, p99)."""
+    sv = summary.get("serving")
+    row: dict[str, Any] = {}
+    if isinstance(sv, dict):
+        row.update({"completed": sv.get("completed"), "duration": summary.get("duration_s"),
+                    "total_input_tokens": sv.get("total_input_tokens"),
+                    "total_output_tokens": sv.get("total_output_tokens"),
+                    "request_throughput": sv.get("request_throughput"),
+                    "request_goodput": get_path(summary, ("slo", "goodput_requests_per_s")),
+                    "output_throughput": sv.get("output_throughput"),
+                    "total_token_throughput": sv.get("total_token_throughput")})
+        percentiles = sv.get("percentiles") or []
+        for name, _ in VLLM_LATENCIES:
+            d = sv.get(f"{name}_ms") or {}
+            row[f"mean_{name}_ms"] = d.get("mean")
+            row[f"median_{name}_ms"] = d.get("median")
+            row[f"std_{name}_ms"] = d.get("std")
+            for q in percentiles:
+                row[f"p{_vllm_pword(q)}_{name}_ms"] = d.get(f"p{q:g}")
+        return row
+    row.update({"completed": summary.get("requests_finished"), "duration": summary.get("duration_s"),
+                "request_throughput": summary.get("throughput_requests_per_s"),
+                "request_goodput": None, "output_throughput": summary.get("throughput_output_tokens_per_s")})
+    for name, key in VLLM_LATENCIES:
+        d = summary.get(key) or {}
+        ms = (lambda v: None if not isinstance(v, (int, float)) else v * 1000.0)
+        row[f"mean_{name}_ms"] = ms(d.get("mean"))
+        row[f"median_{name}_ms"] = ms(d.get("p50"))
+        row[f"std_{name}_ms"] = ms(d.get("std"))
+        for q in (90, 99):
+            row[f"p{q}_{name}_ms"] = ms(d.get(f"p{q}"))
+    return row
+
+
+def vllm_frame(runs: list[Run], meta: dict) -> pd.DataFrame:
+    """``comparison_vllm.csv``: the comparison table's label, source and parameter columns, then
+    :func:`vllm_metrics` (vLLM's names, ms)."""
+    base = comparison_frame(runs, meta)
+    metric_cols = set(summary_metrics(runs[0].summary)) if runs else set()
+    keep = [c for c in base.columns if c not in metric_cols]
+    rows = [vllm_metrics(r.summary) for r in runs]
+    return pd.concat([base[keep].reset_index(drop=True), pd.DataFrame(rows)], axis=1)
+
+
+def _fixed2(v: Any) -> str:
+    """vLLM's console format: integers as they are, other numbers with 2 decimals."""
+    v = _py(v)
+    if is_missing(v):
+        return "n/a"
+    if isinstance(v, float) and not v.is_integer():
+        return f"{v:.2f}"
+    return str(int(v)) if isinstance(v, (int, float)) else str(v)
+
+
+def table_text(df: pd.DataFrame, key: str = "label", fmt=_fixed2) -> str:
+    """A transposed plain-text view (one line per metric, one column per run) for the console."""
+    cols = [str(v) for v in df[key]]
+    names = [c for c in df.columns if c != key and c != "source"]
+    cells = [[n] + [fmt(df[n].iloc[i]) for i in range(len(df))] for n in names]
+    header = ["metric"] + cols
+    widths = [max(len(r[i]) for r in [header, *cells]) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in [header, *cells])
+
+
+def baseline_of(runs: list[Run], baseline: str | None = None) -> str:
+    """The headline's baseline label: ``baseline`` (a label, or a run/variant name), else the
+    scenario's ``baseline:`` key, else the first run."""
+    labels = [r.label for r in runs]
+    wanted = [baseline] if baseline is not None else []
+    wanted += [v for r in runs if isinstance(v := r.params.get("baseline"), str)]
+    for w in wanted:
+        for r in runs:
+            if w in (r.label, r.name, r.variant):
+                return r.label
+    if baseline is not None:
+        raise KvsimError(f"compare: --baseline {baseline!r} names no run; runs: {', '.join(labels)}")
+    return labels[0]
+
 
 def comparison_frame(runs: list[Run], meta: dict) -> pd.DataFrame:
     param_keys = meta["override_keys"] if meta["sweep"] else varying_params(runs)
@@ -455,17 +546,41 @@ def default_compare_dir(paths: list[str | Path]) -> Path:
     return Path(paths[0]) / "compare"
 
 
-def compare(paths: list[str | Path], out: str | Path | None = None, log=None) -> dict[str, Path]:
-    """Write comparison tables and plots for ``paths`` into ``out``; returns {file name: path}."""
+METRIC_NAMES = ("kvsim", "vllm")
+
+
+def compare(paths: list[str | Path], out: str | Path | None = None, log=None, *, metric_names: str = "kvsim",
+            baseline: str | None = None, show=None) -> dict[str, Path]:
+    """Write comparison tables and plots for ``paths`` into ``out``; returns {file name: path}.
+
+    ``show`` (e.g. ``print``) receives the headline table first and, with ``metric_names="vllm"``,
+    the vLLM-named view, as text. ``baseline`` names the headline's baseline run."""
+    from kvsim.report.headline import headline, headline_frame, headline_text
+
+    if metric_names not in METRIC_NAMES:
+        raise KvsimError(f"compare: --metric-names {metric_names!r}: valid choices are {', '.join(METRIC_NAMES)}")
     say = log or (lambda m: None)
     runs, meta = collect_runs(paths)
+    base_label = baseline_of(runs, baseline)
     out = Path(out) if out is not None else default_compare_dir(paths)
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
 
+    head = headline({r.label: r.summary for r in runs}, base_label)
+    write_text_atomic(out / "headline.csv", headline_frame(head).to_csv(index=False))
+    written["headline.csv"] = out / "headline.csv"
+    if show is not None:
+        show(f"Headline (baseline: {head.baseline})\n{headline_text(head)}")
     table = comparison_frame(runs, meta)
     write_text_atomic(out / "comparison.csv", table.to_csv(index=False))
     written["comparison.csv"] = out / "comparison.csv"
+    if metric_names == "vllm":
+        vtable = vllm_frame(runs, meta)
+        write_text_atomic(out / "comparison_vllm.csv", vtable.to_csv(index=False))
+        written["comparison_vllm.csv"] = out / "comparison_vllm.csv"
+        if show is not None:
+            metric_cols = ["label"] + [c for c in vtable.columns if c in vllm_metrics(runs[0].summary)]
+            show("Serving metrics (vLLM names, ms)\n" + table_text(vtable[metric_cols]))
 
     def attempt(name: str, fn) -> None:
         """Draw one output; a failure is reported and the other outputs are still written."""

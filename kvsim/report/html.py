@@ -3,6 +3,8 @@
 One file, no network: inline CSS, no JavaScript, every PNG embedded as a ``data:image/png;base64``
 URI. Contents: the resolved scenario (YAML), the summary table(s), and every plot:
 
+* every report opens with the headline table (:mod:`kvsim.report.headline`: fragmentation, HBM
+  bandwidth utilisation, KV access latency, max concurrency; baseline vs each run, % change);
 * single run: the summary table and the run's PNGs (memory breakdown, concurrency, latency CDF);
 * variants directory: a comparison table (variants x metrics), the cross-variant PNGs, then one
   section per variant with its summary and PNGs;
@@ -169,10 +171,46 @@ def _header(title: str, path: Path, kind: str) -> list[str]:
             f"<code>{_esc(path.name)}</code>. Metrics are defined in docs/metrics.md.</p>"]
 
 
+MAX_HEADLINE_RUNS = 17  # baseline + 16 others; a larger sweep's full table is compare/headline.csv
+
+
+def _headline_section(summaries: dict[str, dict], baseline: str | None = None) -> list[str]:
+    """The headline table (kvsim/report/headline.py) that opens every report."""
+    from kvsim.report.headline import headline, headline_html, pick_baseline
+
+    if not summaries:
+        return []
+    labels = list(summaries)
+    base = pick_baseline(labels, baseline)
+    shown = [base] + [lab for lab in labels if lab != base][:MAX_HEADLINE_RUNS - 1]
+    h = headline({lab: summaries[lab] for lab in shown}, base)
+    out = ['<h2 id="headline-heading">Headline</h2>']
+    if len(shown) < len(labels):
+        out.append(f'<p class="meta">Showing the baseline and {len(shown) - 1} of {len(labels) - 1} other runs; '
+                   "every run is in compare/headline.csv.</p>")
+    out.append(headline_html(h))
+    return out
+
+
+def _scenario_order(run_dir: Path, names: list[str]) -> tuple[list[str], str | None]:
+    """Variant names in the scenario file's order (scenario.resolved.yaml ``runs``), and the
+    scenario's ``baseline:`` variant."""
+    path = run_dir / "scenario.resolved.yaml"
+    try:
+        runs = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("runs") or {} if path.exists() else {}
+    except yaml.YAMLError:
+        runs = {}
+    order = [n for n in runs if n in names] + [n for n in names if n not in runs]
+    baseline = next((r.get("scenario", {}).get("baseline") for r in runs.values()
+                     if isinstance(r, dict) and isinstance(r.get("scenario"), dict)), None)
+    return order, baseline if isinstance(baseline, str) else None
+
+
 def _single_run_body(run_dir: Path, tmp: Path) -> tuple[str, list[str]]:
     summary = json.loads((run_dir / "summary.json").read_text())
     title = f"kvsim run: {summary.get('name', run_dir.name)}"
     body = _header(title, run_dir, "run")
+    body += _headline_section({str(summary.get("name", run_dir.name)): summary})
     body += ['<h2 id="summary-heading">Summary</h2>', _summary_table(summary, "summary")]
     body += ['<h2 id="plots">Plots</h2>'] + _run_plots(run_dir, tmp)
     body.append(_scenario_section(run_dir))
@@ -185,6 +223,8 @@ def _variants_body(run_dir: Path, tmp: Path) -> tuple[str, list[str]]:
     scenario = next(iter(summaries.values())).get("scenario", run_dir.name)
     title = f"kvsim run: {scenario} ({len(subs)} variants)"
     body = _header(title, run_dir, "variants")
+    order, baseline = _scenario_order(run_dir, list(summaries))
+    body += _headline_section({n: summaries[n] for n in order}, baseline)
     table = pd.DataFrame({n: summary_metrics(s) for n, s in summaries.items()})
     table.insert(0, "metric", table.index)
     body += ['<h2 id="summary-heading">Summary by variant</h2>', _table(table.reset_index(drop=True), "summary")]
@@ -228,6 +268,12 @@ def _sweep_body(sweep_dir: Path, tmp: Path) -> tuple[str, list[str]]:
     ok = int((idx["status"] == "ok").sum())
     body.append(f'<p class="meta">{len(idx)} points: {ok} ok, {len(idx) - ok} not ok. Source: '
                 f"<code>{_esc(Path(str(doc.get('sweep_file', ''))).name)}</code></p>")
+    heads = {}
+    for _, r in idx.iterrows():
+        f = sweep_dir / str(r["run_dir"]) / "summary.json"
+        if r["status"] == "ok" and f.exists():
+            heads[str(r["point_id"])] = json.loads(f.read_text())
+    body += _headline_section(heads)
     keys = [k for k in (doc.get("override_keys") or []) if k in idx.columns]
     cols = ["point_id"] + (["variant"] if "variant" in idx.columns else []) + keys + ["status"]
     metric_cols = ["throughput_requests_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "e2e_p50_s", "e2e_p99_s",

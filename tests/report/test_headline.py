@@ -1,0 +1,161 @@
+"""The headline table (fragmentation, HBM bandwidth utilisation, KV access latency, max concurrency:
+baseline vs each variant with the % change), on summaries built by hand, in `kvsim compare` and in
+report.html; and `kvsim compare --metric-names vllm`."""
+
+from __future__ import annotations
+
+import json
+from html.parser import HTMLParser
+
+import pandas as pd
+import pytest
+import yaml
+
+from kvsim.report.headline import HEADLINE, headline, headline_frame, headline_html, headline_text
+from report_helpers import kvsim_main
+
+
+def summary(frag=None, bw=None, lat=None, conc=None, **extra) -> dict:
+    s: dict = {"concurrency": {}, "kv": {}}
+    if frag is not None:
+        s["kv"]["fragmentation_frac"] = frag
+    if bw is not None or lat is not None:
+        s["kv_access"] = {}
+        if bw is not None:
+            s["kv_access"]["hbm_bandwidth_utilisation"] = bw
+        if lat is not None:
+            s["kv_access"]["mean_access_latency_ns"] = lat
+    if conc is not None:
+        s["concurrency"]["max"] = conc
+    s.update(extra)
+    return s
+
+
+def test_values_and_changes_by_hand():
+    h = headline({"contiguous": summary(0.6, 0.5, 200.0, 10),
+                  "paged-16": summary(0.04, 0.55, 250.0, 35)})
+    assert h.baseline == "contiguous" and h.others == ("paged-16",)
+    ch = h.changes["paged-16"]
+    labels = [m.label for m in HEADLINE]
+    assert ch[labels[0]] == pytest.approx((0.04 - 0.6) / 0.6 * 100)  # -93.3 %
+    assert ch[labels[1]] == pytest.approx(10.0)
+    assert ch[labels[2]] == pytest.approx(25.0)
+    assert ch[labels[3]] == pytest.approx(250.0)
+    text = headline_text(h)
+    assert "60.0 %" in text and "4.0 %" in text and "-93.3 %" in text and "+250.0 %" in text
+    df = headline_frame(h)
+    assert list(df["metric"]) == labels
+    assert df["baseline:contiguous"].iloc[0] == pytest.approx(60.0)
+    assert df["paged-16 change_pct"].iloc[3] == pytest.approx(250.0)
+
+
+def test_missing_keys_show_na_and_designated_baseline():
+    old = summary(conc=12)  # an older kvsim: no fragmentation_frac, no kv_access section
+    new = summary(0.1, 0.4, 90.0, 24)
+    h = headline({"old": old, "new": new}, baseline="new")
+    assert h.baseline == "new" and h.others == ("old",)
+    labels = [m.label for m in HEADLINE]
+    assert h.values["old"][labels[0]] is None and h.changes["old"][labels[0]] is None
+    assert h.changes["old"][labels[3]] == pytest.approx(-50.0)
+    rows = headline_text(h).splitlines()
+    assert len(rows) == 1 + len(HEADLINE)
+    assert rows[1].count("n/a") == 2 and rows[2].count("n/a") == 2 and "n/a" not in rows[4]
+    # a zero baseline has no relative change
+    z = headline({"a": summary(0.0, conc=0), "b": summary(0.2, conc=3)})
+    assert z.changes["b"][labels[0]] is None and z.changes["b"][labels[3]] is None
+
+
+def test_html_is_escaped_and_complete():
+    h = headline({"<base>": summary(0.5, conc=2), "v&1": summary(0.25, conc=4)})
+    out = headline_html(h)
+    assert "<base>" not in out and "&lt;base&gt;" in out and "v&amp;1" in out
+    assert out.count("<tr>") == 1 + len(HEADLINE) and "-50.0 %" in out and "+100.0 %" in out
+
+
+def _run_dir(path, name, s, scenario=None):
+    path.mkdir(parents=True)
+    (path / "summary.json").write_text(json.dumps({"name": name, **s}))
+    return path
+
+
+def _variants_dir(tmp_path, baseline=None):
+    out = tmp_path / "study"
+    serving = {"completed": 10, "total_input_tokens": 1000, "total_output_tokens": 500,
+               "request_throughput": 2.0, "input_throughput": 200.0, "output_throughput": 100.0,
+               "total_token_throughput": 300.0, "percentiles": [50.0, 99.0],
+               **{f"{m}_ms": {"mean": 10.0, "median": 9.0, "std": 1.0, "p50": 9.0, "p99": 20.0, "max": 30.0}
+                  for m in ("ttft", "tpot", "itl", "e2el")}}
+    _run_dir(out / "contiguous", "contiguous", summary(0.5, 0.3, 400.0, 8, serving=serving,
+                                                      slo={"goodput_requests_per_s": 1.5}))
+    _run_dir(out / "a-paged", "a-paged", summary(0.05, 0.45, 300.0, 30, serving=serving))
+    runs = {"contiguous": {"scenario": {"name": "study", "baseline": baseline}}, "a-paged": {"scenario": {}}}
+    (out / "scenario.resolved.yaml").write_text(yaml.safe_dump({"name": "study", "runs": runs}, sort_keys=False))
+    return out
+
+
+def test_compare_prints_headline_first_and_writes_csv(tmp_path, capsys):
+    src = _variants_dir(tmp_path)
+    assert kvsim_main(["compare", str(src), "--out", str(tmp_path / "cmp"), "-q",
+                       "--baseline", "contiguous"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Headline (baseline: contiguous)")
+    assert "-90.0 %" in out  # fragmentation 50 % -> 5 %
+    df = pd.read_csv(tmp_path / "cmp" / "headline.csv")
+    assert "baseline:contiguous" in df.columns and df["a-paged change_pct"].iloc[3] == pytest.approx(275.0)
+    assert not (tmp_path / "cmp" / "comparison_vllm.csv").exists()
+    assert kvsim_main(["compare", str(src), "--out", str(tmp_path / "cmp4"), "--baseline", "nope"]) == 2
+    assert "names no run" in capsys.readouterr().err
+
+
+def test_baseline_resolution(tmp_path):
+    from kvsim.report.comparison import baseline_of, collect_runs
+
+    runs, _ = collect_runs([_variants_dir(tmp_path / "a")])
+    assert baseline_of(runs) == "a-paged"  # no baseline: key: the first run
+    assert baseline_of(runs, "contiguous") == "contiguous"
+    runs, _ = collect_runs([_variants_dir(tmp_path / "b", baseline="contiguous")])
+    assert baseline_of(runs) == "contiguous"  # the scenario's baseline: key
+
+
+def test_compare_metric_names_vllm(tmp_path, capsys):
+    src = _variants_dir(tmp_path)
+    assert kvsim_main(["compare", str(src), "--out", str(tmp_path / "cmp"), "-q", "--metric-names", "vllm"]) == 0
+    out = capsys.readouterr().out
+    assert "Serving metrics (vLLM names, ms)" in out and "p99_itl_ms" in out
+    df = pd.read_csv(tmp_path / "cmp" / "comparison_vllm.csv")
+    for col in ("request_throughput", "request_goodput", "output_throughput", "total_token_throughput",
+                "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "mean_itl_ms",
+                "median_e2el_ms", "total_input_tokens"):
+        assert col in df.columns, col
+    row = df.set_index("label").loc["contiguous"]
+    assert row["p99_itl_ms"] == 20.0 and row["request_goodput"] == 1.5
+    assert pd.isna(df.set_index("label").loc["a-paged", "request_goodput"])  # no slo: no goodput
+    with pytest.raises(SystemExit) as e:  # argparse: usage line naming the valid choices
+        kvsim_main(["compare", str(src), "--out", str(tmp_path / "x"), "--metric-names", "tgi"])
+    assert e.value.code == 2 and "choose from 'kvsim', 'vllm'" in capsys.readouterr().err
+
+
+class _Tables(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.ids: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.ids.append(dict(attrs).get("id") or "")
+
+
+def test_report_opens_with_headline(tmp_path):
+    from kvsim.report.html import render_report
+
+    src = _variants_dir(tmp_path, baseline="contiguous")
+    page = render_report(src)
+    p = _Tables()
+    p.feed(page)
+    assert p.ids[0] == "headline"
+    head = page[page.index('id="headline"'):page.index("</table>", page.index('id="headline"'))]
+    assert "contiguous (baseline)" in head and "-90.0 %" in head
+    single = render_report(src / "a-paged")
+    p = _Tables()
+    p.feed(single)
+    assert p.ids[0] == "headline" and "a-paged (baseline)" in single

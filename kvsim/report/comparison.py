@@ -455,12 +455,24 @@ def default_compare_dir(paths: list[str | Path]) -> Path:
     return Path(paths[0]) / "compare"
 
 
-def compare(paths: list[str | Path], out: str | Path | None = None, log=None) -> dict[str, Path]:
-    """Write comparison tables and plots for ``paths`` into ``out``; returns {file name: path}."""
+def compare(paths: list[str | Path], out: str | Path | None = None, log=None, *, force: bool = False
+            ) -> dict[str, Path]:
+    """Write comparison tables and plots for ``paths`` into ``out``; returns {file name: path}.
+
+    ``out`` is a kvsim output directory (kvsim.outdir): written atomically, replacing only an
+    earlier ``compare`` output (another kvsim command's only with ``force``), never a directory
+    kvsim did not write, nor one holding an input."""
+    from kvsim.outdir import atomic_out_dir
+
     say = log or (lambda m: None)
     runs, meta = collect_runs(paths)
-    out = Path(out) if out is not None else default_compare_dir(paths)
-    out.mkdir(parents=True, exist_ok=True)
+    final = Path(out) if out is not None else default_compare_dir(paths)
+    with atomic_out_dir(final, "compare", force=force, protect=paths, log=say) as tmp:
+        written = _write_comparison(runs, meta, tmp, say)
+    return {name: final / name for name in written}
+
+
+def _write_comparison(runs, meta, out: Path, say) -> dict[str, Path]:
     written: dict[str, Path] = {}
 
     table = comparison_frame(runs, meta)

@@ -124,6 +124,9 @@ def load_spec(path: str | Path):
         data = data["synthetic"]  # accept a file holding just a scenario's synthetic: section
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of generator settings, got {type(data).__name__}")
+    from kvsim.config_base import reject_non_finite
+
+    reject_non_finite(data, str(path))
     try:
         return SyntheticTraceSpec.model_validate(data)
     except ValidationError as exc:

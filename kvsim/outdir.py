@@ -124,8 +124,8 @@ def _describe(command: str) -> str:
 
 
 def check_out_dir(out: str | Path, command: str, *, force: bool = False, flag: str = "--out",
-                  protect: Iterable[str | Path] = (), legacy: Callable[[Path], Marker | None] | None = None
-                  ) -> Marker | None:
+                  protect: Iterable[str | Path] = (), legacy: Callable[[Path], Marker | None] | None = None,
+                  what: str = "a kvsim output directory") -> Marker | None:
     """May ``command`` write (replace) the directory ``out``? Returns its marker (None: new or empty).
 
     Raises :class:`ConfigError` (one line) otherwise. ``legacy(out)`` may recognise an older kvsim
@@ -143,8 +143,8 @@ def check_out_dir(out: str | Path, command: str, *, force: bool = False, flag: s
     if marker is None:
         if not any(out.iterdir()):
             return None
-        raise ConfigError(f"{flag} {out}: directory exists and was not written by kvsim (no {MARKER}); kvsim "
-                          f"never replaces it, even with --force: choose another {flag} or an empty directory")
+        raise ConfigError(f"{flag} {out}: directory exists and is not {what} (no {MARKER}: kvsim did not write it); "
+                          f"kvsim never replaces it, even with --force: choose another {flag} or an empty directory")
     if marker.command != command and not force:
         raise ConfigError(f"{flag} {out}: holds the output of {_describe(marker.command)}, not of "
                           f"{_describe(command)}; pass --force to replace it (files kvsim did not write are kept)")

@@ -87,28 +87,47 @@ def _driver_version() -> str | None:
         return None
 
 
+# Every file a calibration directory may hold (meta.json, measurements.csv, `calibrate report`'s).
+CALIBRATION_FILES = frozenset({S.META_FILE, S.CSV_FILE, "report_loo.csv", "report_loo.png", "report_bandwidth.csv",
+                               "report_bandwidth.png"})
+
+
+def _legacy_marker(d: Path):
+    """A calibration directory written before output markers existed: meta.json and nothing but
+    calibration files. Returns the marker it should have had, else None."""
+    from kvsim.outdir import Marker
+
+    names = {p.name for p in d.iterdir()}
+    if S.META_FILE in names and names <= CALIBRATION_FILES:
+        return Marker("calibrate", True, tuple(sorted(names)))
+    return None
+
+
 def _prepare_out(out: Path) -> Path:
-    """Refuse to replace a directory that is not an earlier calibration; return the temp dir."""
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / S.META_FILE).exists())):
-        raise CalibrationError(f"--out {out}: exists and is not a calibration directory (no {S.META_FILE}); "
-                               "choose another path")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    return tmp
+    """Refuse to replace a directory that is not an earlier calibration (kvsim.outdir); return the
+    hidden temp dir to write into."""
+    from kvsim.errors import ConfigError
+    from kvsim.outdir import _new_temp, check_out_dir, clean_leftovers
+
+    try:
+        check_out_dir(out, "calibrate", legacy=_legacy_marker, what="a calibration directory")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        clean_leftovers(out)
+        return _new_temp(out, "calibrate")
+    except ConfigError as e:
+        raise CalibrationError(str(e)) from None
 
 
 def _commit(tmp: Path, out: Path) -> None:
-    """Replace ``out`` by ``tmp`` with renames only: readers see the old or the new directory."""
-    old = None
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        out.rename(old)
-    tmp.rename(out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    """Replace ``out`` by ``tmp`` with renames only (readers see the old or the new directory),
+    keeping any file in ``out`` kvsim did not write."""
+    from kvsim.errors import ConfigError
+    from kvsim.outdir import commit
+
+    try:
+        commit(tmp, out, "calibrate", legacy=_legacy_marker)
+    except ConfigError as e:
+        raise CalibrationError(str(e)) from None
 
 
 def run_calibration(

@@ -406,3 +406,17 @@ def write_file_atomic(path: str | Path, write: Callable[[Path], None], *, force:
         raise
     record_written(path.parent, [path.name])
     return path
+
+
+def remove_output(out: str | Path) -> bool:
+    """Delete what kvsim wrote in the output directory ``out`` (per its marker), keeping anything
+    else; the directory goes too if nothing else is left. Returns False if ``out`` has no marker."""
+    out = Path(out)
+    marker = _is_ours(out) if out.is_dir() else None
+    if marker is None:
+        return False
+    _remove_written(out, marker.written)
+    (out / MARKER).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        out.rmdir()
+    return True

@@ -443,3 +443,15 @@ def test_validate_predictions_match_the_simulation_for_every_reason(tmp_path):
     actual = simulate(s, scn.parent).summary["rejected_by_reason"]
     assert predicted == actual
     assert predicted["exceeds_max_model_len"] > 0 and predicted["exceeds_kv_capacity"] > 0
+
+
+def test_remove_output_deletes_only_kvsim_files(tmp_path):
+    from kvsim.outdir import remove_output
+
+    out = tmp_path / "out"
+    run(scenario(tmp_path), out)
+    (out / "notes.txt").write_text("mine")
+    assert remove_output(out) and sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    assert not remove_output(out)  # no marker any more: nothing to do
+    run(scenario(tmp_path), tmp_path / "out2")
+    assert remove_output(tmp_path / "out2") and not (tmp_path / "out2").exists()

@@ -7,6 +7,8 @@ with a tiny scenario (well under a second per run)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -37,10 +39,27 @@ timing: {{kind: constant, step_s: 0.01}}
 """
 
 
-def kvsim(*args, cwd=ROOT):
+def subprocess_kvsim(*args, cwd=ROOT):
+    """The real command line (for the checks that need a separate process)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.run([sys.executable, "-m", "kvsim", *map(str, args)], cwd=cwd, capture_output=True, text=True,
                           env=env, timeout=300)
+
+
+def kvsim(*args, cwd=None):
+    """``kvsim ARGS`` in this process (kvsim.cli.main: same exit codes and stderr, no start-up cost)."""
+    from kvsim.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    here = os.getcwd()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([str(a) for a in args])
+    finally:
+        os.chdir(here)
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def one_line_error(res, *needles):
@@ -94,7 +113,7 @@ def test_run_refuses_a_foreign_directory_and_leaves_it_intact(tmp_path):
     (out / "data").mkdir()
     (out / "data" / "scenario.yaml").write_text("mine")
     before = snapshot(out)
-    res = kvsim("run", scn, "--out", out, "--no-plots", "-q")
+    res = subprocess_kvsim("run", scn, "--out", out, "--no-plots", "-q")
     one_line_error(res, str(out), "not a kvsim output directory", MARKER)
     res = kvsim("run", scn, "--out", out, "--no-plots", "-q", "--force")
     one_line_error(res, "even with --force")
@@ -263,10 +282,15 @@ def test_compare_keeps_a_users_compare_folder_and_replaces_its_own(tmp_path):
     res = kvsim("compare", out, "-q")
     one_line_error(res, "compare", "not a kvsim output directory")
     assert (out / "compare" / "mine.txt").read_text() == "mine"
-    compare([out], tmp_path / "cmp")
-    (tmp_path / "cmp" / "extra.txt").write_text("kept")
-    compare([out], tmp_path / "cmp")  # a rerun replaces its own output
-    assert read_marker(tmp_path / "cmp").command == "compare" and (tmp_path / "cmp" / "extra.txt").exists()
+    cmp = tmp_path / "cmp"
+    cmp.mkdir()
+    write_marker(cmp, Marker("compare", True, ("comparison.csv", "stale.png")))
+    (cmp / "stale.png").write_text("from an earlier compare")
+    (cmp / "extra.txt").write_text("kept")
+    written = compare([out], cmp)  # replaces its own earlier output
+    assert written["comparison.csv"] == cmp / "comparison.csv" and (cmp / "comparison.csv").is_file()
+    assert not (cmp / "stale.png").exists() and (cmp / "extra.txt").read_text() == "kept"
+    assert read_marker(cmp).command == "compare"
     with pytest.raises(ConfigError, match="is .*run"):
         compare([out], out)  # never into (or over) an input
 
@@ -366,8 +390,9 @@ def test_calibrate_output_rules(tmp_path):
 def test_non_finite_numbers_are_refused_in_a_scenario(tmp_path, value):
     scn = scenario(tmp_path)
     scn.write_text(scn.read_text().replace("rate_per_s: 20", f"rate_per_s: {value}"))
-    res = kvsim("validate", scn)
-    one_line_error(res, str(scn), "trace.synthetic.arrival.rate_per_s", "is not allowed")
+    for command in (["validate"], ["run", "--out", tmp_path / "o"]):
+        res = kvsim(command[0], scn, *command[1:])
+        one_line_error(res, str(scn), "trace.synthetic.arrival.rate_per_s", "is not allowed")
 
 
 def test_non_finite_numbers_are_refused_everywhere(tmp_path):

@@ -20,9 +20,15 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from kvsim.outdir import INCOMPLETE_FILE, read_marker
+from kvsim.errors import ConfigError
+from kvsim.outdir import INCOMPLETE_FILE, atomic_out_dir, read_marker
 
 INCOMPLETE_MARKER = INCOMPLETE_FILE
+
+
+def atomic_dir(out: Path, command: str = "run", **kw):
+    """``kvsim.outdir.atomic_out_dir`` (kept for callers of the old name)."""
+    return atomic_out_dir(out, command, **kw)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -57,6 +63,6 @@ def is_complete_run_dir(path: Path) -> bool:
         return False
     try:
         marker = read_marker(path)
-    except Exception:  # noqa: BLE001 -- a damaged marker: not a complete run
+    except ConfigError:  # a damaged marker: not a complete run
         return False
     return marker is None or marker.complete

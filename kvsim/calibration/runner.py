@@ -103,14 +103,14 @@ def _legacy_marker(d: Path):
     return None
 
 
-def _prepare_out(out: Path) -> Path:
+def _prepare_out(out: Path, force: bool = False) -> Path:
     """Refuse to replace a directory that is not an earlier calibration (kvsim.outdir); return the
     hidden temp dir to write into."""
     from kvsim.errors import ConfigError
     from kvsim.outdir import _new_temp, check_out_dir, clean_leftovers
 
     try:
-        check_out_dir(out, "calibrate", legacy=_legacy_marker, what="a calibration directory")
+        check_out_dir(out, "calibrate", force=force, legacy=_legacy_marker, what="a calibration directory")
         out.parent.mkdir(parents=True, exist_ok=True)
         clean_leftovers(out)
         return _new_temp(out, "calibrate")
@@ -118,14 +118,14 @@ def _prepare_out(out: Path) -> Path:
         raise CalibrationError(str(e)) from None
 
 
-def _commit(tmp: Path, out: Path) -> None:
+def _commit(tmp: Path, out: Path, force: bool = False) -> None:
     """Replace ``out`` by ``tmp`` with renames only (readers see the old or the new directory),
     keeping any file in ``out`` kvsim did not write."""
     from kvsim.errors import ConfigError
     from kvsim.outdir import commit
 
     try:
-        commit(tmp, out, "calibrate", legacy=_legacy_marker)
+        commit(tmp, out, "calibrate", force=force, legacy=_legacy_marker)
     except ConfigError as e:
         raise CalibrationError(str(e)) from None
 
@@ -142,6 +142,7 @@ def run_calibration(
     mem_fraction: float = 0.4,
     seed: int = 0,
     log: Callable[[str], None] = print,
+    force: bool = False,
 ) -> Path:
     """Measure and write a calibration directory; returns its path.
 
@@ -193,7 +194,7 @@ def run_calibration(
         mem_budget = 1 << 30  # keeps CPU plumbing runs light (the LM head weight alone is 1 GiB: one copy)
     label = gpu_name or (preset_gpu_name(device_name) if device == "cuda" else "cpu")
     out_path = Path(out) if out is not None else default_out_dir(label, spec.name)
-    tmp = _prepare_out(out_path)
+    tmp = _prepare_out(out_path, force)
 
     budget = time_budget_s if time_budget_s and time_budget_s > 0 else None
     deadlines: dict[str, float] = {}
@@ -335,7 +336,7 @@ def run_calibration(
             "wall_s": round(time.monotonic() - t_start, 2),
         }
         (tmp / S.META_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")
-        _commit(tmp, out_path)
+        _commit(tmp, out_path, force)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

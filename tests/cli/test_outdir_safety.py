@@ -370,6 +370,11 @@ def test_calibrate_output_rules(tmp_path):
     run(scenario(tmp_path), a_run)
     with pytest.raises(CalibrationError, match="`kvsim run`"):
         _prepare_out(a_run)
+    tmp = _prepare_out(a_run, force=True)  # --force: another kvsim command's output may be replaced
+    (tmp / "meta.json").write_text("{}")
+    (a_run / "mine.txt").write_text("kept")
+    _commit(tmp, a_run, force=True)
+    assert sorted(p.name for p in a_run.iterdir()) == [MARKER, "meta.json", "mine.txt"]
     # a calibration directory from before markers existed (the shipped example's layout) is replaced
     legacy = tmp_path / "legacy"
     legacy.mkdir()

@@ -28,5 +28,7 @@ test: $(VENV)/.installed-$(TEST_EXTRAS)
 bench: $(VENV)/.installed-test
 	$(BIN)/python bench/run_bench.py
 
+# Removes only what kvsim wrote in results/quickstart (files of yours there stay; docs/outputs.md).
 clean:
-	rm -rf $(VENV) results/quickstart
+	if [ -x $(BIN)/python ]; then $(BIN)/python -c "from kvsim.outdir import remove_output; remove_output('results/quickstart')"; fi
+	rm -rf $(VENV)

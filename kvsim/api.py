@@ -16,8 +16,10 @@ import pandas as pd
 
 from kvsim import __version__
 from kvsim.config import LoadedScenario, Scenario, load_scenario
-from kvsim.errors import ConfigError, SimulationLimitError, TraceError
-from kvsim.results import atomic_dir, write_json, write_parquet, write_yaml
+from kvsim.errors import SimulationLimitError, TraceError
+from kvsim.dropped import Dropped, warnings_for
+from kvsim.outdir import atomic_out_dir, check_out_dir
+from kvsim.results import write_json, write_parquet, write_yaml
 from kvsim.simulate import RunResult, build_trace, resolved_dict
 from kvsim.simulate import run as run_scenario
 
@@ -92,26 +94,38 @@ def default_out_dir(loaded: LoadedScenario, reports: list[dict]) -> Path:
 
 
 def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invariants: bool = False,
-               progress: bool | None = None, plots: bool = True, log=None) -> Path:
-    """Run every variant of ``loaded`` and write the result directory atomically. Returns its path."""
+               progress: bool | None = None, plots: bool = True, log=None, warn=None, force: bool = False) -> Path:
+    """Run every variant of ``loaded`` and write the result directory atomically. Returns its path.
+
+    ``out`` follows kvsim.outdir's rules (docs/outputs.md): a new or empty directory, or an earlier
+    ``kvsim run`` output (replaced, keeping files kvsim did not write); another kvsim command's
+    output only with ``force``; never a directory kvsim did not write, nor ``.``, the scenario's
+    directory or a parent of them. ``log``: one line per variant (finished, rejected by reason).
+    ``warn``: called with a warning line when more than 5 % of a variant's trace was not served
+    (default: printed on stderr).
+    """
     if plots:
         from kvsim import plots as plotting
+    if warn is None:
+        def warn(m: str) -> None:
+            print(m, file=sys.stderr)
 
     base_dir = loaded.path.parent
     runs = loaded.runs
+    if out is not None:  # refuse a bad --out before the (possibly slow) trace loading
+        check_out_dir(Path(out), "run", force=force, protect=[loaded.path])
     traces = _TraceCache(base_dir, str(loaded.path))
     built = {name: traces.get(scn) for name, scn in runs.items()}
     if out is None:
         out = default_out_dir(loaded, [r for _, r in built.values()])
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out}: exists and is not a directory")
     if progress is None:
         progress = sys.stderr.isatty()
     total = sum(len(t) for t, _ in built.values())
     bar = _Progress(total, progress)
+    dropped: dict[str, Dropped] = {}
     try:
-        with atomic_dir(out) as tmp:
+        with atomic_out_dir(out, "run", force=force, protect=[loaded.path], log=log) as tmp:
             write_yaml(tmp / "scenario.resolved.yaml", {
                 "kvsim_version": __version__,
                 "scenario_file": str(loaded.path),
@@ -136,22 +150,27 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
                 summaries[name] = summary
                 if plots:
                     plotting.plot_run_dir(d)
+                lost = dropped[name] = Dropped.from_summary(summary, report)
                 if log:
-                    log(f"{name}: {summary['requests_finished']}/{summary['requests_total']} finished, "
-                        f"max concurrency {summary['concurrency']['max']}, "
-                        f"token states {100 * summary['kv']['token_states_frac']:.1f}% of KV")
+                    log(f"{name}: {summary['requests_finished']}/{summary['requests_total']} finished"
+                        + "".join(f"; {p}" for p in lost.parts())
+                        + f", max concurrency {summary['concurrency']['max']}, "
+                          f"token states {100 * summary['kv']['token_states_frac']:.1f}% of KV")
             if loaded.variants:
                 write_parquet(tmp / "comparison.parquet", comparison_table(summaries))
                 comparison_table(summaries).to_csv(tmp / "comparison.csv", index=False)
                 if plots:
                     plotting.plot_comparison_dir(tmp, list(summaries))
+            if plots:
+                # The self-contained HTML report reads the finished directory (plots embedded).
+                from kvsim.report import write_run_report
+
+                bar.set_description("report")
+                write_run_report(tmp, shown_name=out.name)
     finally:
         bar.close()
-    if plots:
-        # The self-contained HTML report reads the finished directory (plots embedded).
-        from kvsim.report import write_run_report
-
-        write_run_report(out)
+    for w in warnings_for(dropped):
+        warn(w)
     return out
 
 

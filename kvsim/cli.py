@@ -2,6 +2,7 @@
 
 User errors print one line on stderr (``kvsim: error: ...``) and exit 2; ``--debug`` shows the
 traceback instead. Ctrl-C stops cleanly with exit 130 and leaves partial output marked INCOMPLETE.
+Where output may go (never over files kvsim did not write): kvsim.outdir, docs/outputs.md.
 """
 
 from __future__ import annotations
@@ -22,29 +23,36 @@ def _cmd_run(args) -> int:
 
     loaded = load_scenario(args.file, args.set or [])
     out = run_to_dir(loaded, Path(args.out) if args.out else None, check_invariants=args.check_invariants,
-                     progress=None if not args.quiet else False, plots=not args.no_plots,
-                     log=None if args.quiet else (lambda m: print(m, file=sys.stderr)))
+                     progress=None if not args.quiet else False, plots=not args.no_plots, force=args.force,
+                     log=None if args.quiet else (lambda m: print(m, file=sys.stderr)),
+                     warn=lambda m: print(m, file=sys.stderr))
     print(out)
     return 0
 
 
 def _cmd_validate(args) -> int:
+    from kvsim.api import _TraceCache
     from kvsim.config import load_scenario
+    from kvsim.dropped import Dropped, predict_rejections, warnings_for
     from kvsim.simulate import build_allocator
 
-    from kvsim.errors import TraceError
-    from kvsim.trace.config import resolve_path
-
     loaded = load_scenario(args.file, args.set or [])
+    traces = _TraceCache(loaded.path.parent, str(loaded.path))
+    dropped = {}
     for name, scn in loaded.runs.items():
-        if scn.trace.file is not None:
-            try:
-                resolve_path(scn.trace.file, loaded.path.parent)
-            except TraceError as e:
-                raise TraceError(f"{loaded.path}: trace: {e}") from None
         alloc, budget = build_allocator(scn, str(loaded.path))
+        trace, report = traces.get(scn)
+        rejected = predict_rejections(scn, trace, str(loaded.path))
+        d = Dropped(trace_requests=len(trace) + int(report.get("dropped", 0) or 0), simulated=len(trace),
+                    finished=len(trace) - sum(rejected.values()), rejected_by_reason=rejected,
+                    dropped_by_length_policy=int(report.get("dropped", 0) or 0),
+                    capped_by_length_policy=int(report.get("capped", 0) or 0))
+        served = f"{d.finished}/{d.trace_requests} requests admissible" + "".join(f"; {p}" for p in d.parts())
         print(f"{name}: ok ({scn.model.name} on {scn.gpu.name}, {scn.kv_dtype} KV, allocator {scn.allocator.kind}, "
-              f"KV capacity {alloc.capacity_tokens} tokens = {budget / 2**30:.2f} GiB)")
+              f"KV capacity {alloc.capacity_tokens} tokens = {budget / 2**30:.2f} GiB; {served})")
+        dropped[name] = d
+    for w in warnings_for(dropped):
+        print(w, file=sys.stderr)
     return 0
 
 
@@ -84,7 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="simulate a scenario YAML (all its variants) into a result directory")
     r.add_argument("file", help="scenario YAML")
-    r.add_argument("--out", help="result directory (default results/<name>-<hash of resolved config>)")
+    r.add_argument("--out", help="result directory (default results/<name>-<hash of resolved config>); a new or "
+                                 "empty directory or an earlier `kvsim run` output, which is replaced keeping "
+                                 "files kvsim did not write (docs/outputs.md)")
+    r.add_argument("--force", action="store_true",
+                   help="also replace the output of another kvsim command at --out (never a directory kvsim "
+                        "did not write)")
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a key, e.g. --set allocator.block_size=32 (repeatable; applies to every variant)")
     r.add_argument("--check-invariants", action="store_true", help="check allocator/scheduler invariants every step")
@@ -92,7 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar or per-variant lines")
     r.set_defaults(func=_cmd_run)
 
-    v = sub.add_parser("validate", help="check a scenario YAML without running it")
+    v = sub.add_parser("validate", help="check a scenario YAML without running it",
+                       description="Check a scenario YAML and its trace without simulating: per variant, the KV "
+                                   "capacity and how many requests the simulator will reject and why (with the fix).")
     v.add_argument("file")
     v.add_argument("--set", action="append", metavar="KEY=VALUE")
     v.set_defaults(func=_cmd_validate)

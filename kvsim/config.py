@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 import kvsim.kv  # noqa: F401  (registers allocator kinds)
 import kvsim.timing  # noqa: F401  (registers timing kinds)
-from kvsim.config_base import StrictModel
+from kvsim.config_base import StrictModel, reject_non_finite
 from kvsim.errors import ConfigError, did_you_mean, format_choices
 from kvsim.metrics.summarize import DEFAULT_PERCENTILES
 from kvsim.hw import GPUS, KV_DTYPES, MODELS, WEIGHT_DTYPE_BYTES, GPUSpec, ModelSpec
@@ -348,6 +348,7 @@ def parse_set(expr: str) -> tuple[str, Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    reject_non_finite(value, f"--set {expr}", prefix=key.strip())
     return key.strip(), value
 
 
@@ -510,6 +511,7 @@ def read_yaml_mapping(path: Path, what: str = "scenario") -> dict:
     bad = [k for k in raw if not isinstance(k, str)]
     if bad:
         raise ConfigError(f"{path}: top-level key {bad[0]!r} is not a string")
+    reject_non_finite(raw, str(path))
     return raw
 
 

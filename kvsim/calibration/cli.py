@@ -38,7 +38,10 @@ def register(subparsers) -> None:
                     "for `timing: {kind: calibrated, file: DIR}`. Without CUDA it runs a tiny CPU grid labelled "
                     "device: cpu (plumbing data, not GPU timings).")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
-    p.add_argument("--out", metavar="DIR", help="output directory (default calibration/<gpu>/<model>/)")
+    p.add_argument("--out", metavar="DIR", help="output directory (default calibration/<gpu>/<model>/): new, empty "
+                                                "or an earlier calibration (replaced, keeping files kvsim did not "
+                                                "write); never a directory kvsim did not write (docs/outputs.md)")
+    p.add_argument("--force", action="store_true", help="also replace another kvsim command's output at --out")
     p.add_argument("--model", default="Llama-3-8B", help="model preset whose head geometry and GEMMs to measure")
     p.add_argument("--gpu-name", help="label for meta.json and the default path (default: preset name of the "
                                       "CUDA device where known, else its name; 'cpu' on CPU)")
@@ -121,7 +124,7 @@ def _measure(args: argparse.Namespace) -> int:
         raise CalibrationError(f"--mem-fraction must be in (0, 0.9], got {args.mem_fraction}")
     out = run_calibration(args.out, device=args.device, model=args.model, gpu_name=args.gpu_name, grid=grid,
                           time_budget_s=args.time_budget_s, decode_impl=args.decode_impl,
-                          mem_fraction=args.mem_fraction, seed=args.seed)
+                          mem_fraction=args.mem_fraction, seed=args.seed, force=args.force)
     print(out)
     if args.report:
         from kvsim.calibration.report import run_report

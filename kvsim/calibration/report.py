@@ -153,4 +153,7 @@ def run_report(path: str | Path, *, log: Callable[[str], None] = print, plots: b
         files += ["report_loo.png", "report_bandwidth.png"]
     log("wrote " + ", ".join(str(out / f) for f in files))
     overall = float(loo["ape"].mean()) if len(loo) else float(np.nan)
+    from kvsim.outdir import record_written
+
+    record_written(out, files)  # the calibration directory's marker lists the report files too
     return {"mape": mape, "bandwidth": bw, "loo": loo, "overall_mape": overall, "files": files}

@@ -87,28 +87,47 @@ def _driver_version() -> str | None:
         return None
 
 
-def _prepare_out(out: Path) -> Path:
-    """Refuse to replace a directory that is not an earlier calibration; return the temp dir."""
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / S.META_FILE).exists())):
-        raise CalibrationError(f"--out {out}: exists and is not a calibration directory (no {S.META_FILE}); "
-                               "choose another path")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    return tmp
+# Every file a calibration directory may hold (meta.json, measurements.csv, `calibrate report`'s).
+CALIBRATION_FILES = frozenset({S.META_FILE, S.CSV_FILE, "report_loo.csv", "report_loo.png", "report_bandwidth.csv",
+                               "report_bandwidth.png"})
 
 
-def _commit(tmp: Path, out: Path) -> None:
-    """Replace ``out`` by ``tmp`` with renames only: readers see the old or the new directory."""
-    old = None
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        out.rename(old)
-    tmp.rename(out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+def _legacy_marker(d: Path):
+    """A calibration directory written before output markers existed: meta.json and nothing but
+    calibration files. Returns the marker it should have had, else None."""
+    from kvsim.outdir import Marker
+
+    names = {p.name for p in d.iterdir()}
+    if S.META_FILE in names and names <= CALIBRATION_FILES:
+        return Marker("calibrate", True, tuple(sorted(names)))
+    return None
+
+
+def _prepare_out(out: Path, force: bool = False) -> Path:
+    """Refuse to replace a directory that is not an earlier calibration (kvsim.outdir); return the
+    hidden temp dir to write into."""
+    from kvsim.errors import ConfigError
+    from kvsim.outdir import _new_temp, check_out_dir, clean_leftovers
+
+    try:
+        check_out_dir(out, "calibrate", force=force, legacy=_legacy_marker, what="a calibration directory")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        clean_leftovers(out)
+        return _new_temp(out, "calibrate")
+    except ConfigError as e:
+        raise CalibrationError(str(e)) from None
+
+
+def _commit(tmp: Path, out: Path, force: bool = False) -> None:
+    """Replace ``out`` by ``tmp`` with renames only (readers see the old or the new directory),
+    keeping any file in ``out`` kvsim did not write."""
+    from kvsim.errors import ConfigError
+    from kvsim.outdir import commit
+
+    try:
+        commit(tmp, out, "calibrate", force=force, legacy=_legacy_marker)
+    except ConfigError as e:
+        raise CalibrationError(str(e)) from None
 
 
 def run_calibration(
@@ -123,6 +142,7 @@ def run_calibration(
     mem_fraction: float = 0.4,
     seed: int = 0,
     log: Callable[[str], None] = print,
+    force: bool = False,
 ) -> Path:
     """Measure and write a calibration directory; returns its path.
 
@@ -174,7 +194,7 @@ def run_calibration(
         mem_budget = 1 << 30  # keeps CPU plumbing runs light (the LM head weight alone is 1 GiB: one copy)
     label = gpu_name or (preset_gpu_name(device_name) if device == "cuda" else "cpu")
     out_path = Path(out) if out is not None else default_out_dir(label, spec.name)
-    tmp = _prepare_out(out_path)
+    tmp = _prepare_out(out_path, force)
 
     budget = time_budget_s if time_budget_s and time_budget_s > 0 else None
     deadlines: dict[str, float] = {}
@@ -316,7 +336,7 @@ def run_calibration(
             "wall_s": round(time.monotonic() - t_start, 2),
         }
         (tmp / S.META_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")
-        _commit(tmp, out_path)
+        _commit(tmp, out_path, force)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -11,7 +11,7 @@ def _cmd_compare(args) -> int:
 
     log = None if args.quiet else (lambda m: print(m, file=sys.stderr))
     written = compare(args.paths, Path(args.out) if args.out else None, log=log, metric_names=args.metric_names,
-                      baseline=args.baseline, show=lambda text: print(text + "\n"))
+                      baseline=args.baseline, show=lambda text: print(text + "\n"), force=args.force)
     for p in written.values():
         print(p)
     return 0
@@ -20,7 +20,7 @@ def _cmd_compare(args) -> int:
 def _cmd_report(args) -> int:
     from kvsim.report.html import write_run_report
 
-    print(write_run_report(Path(args.dir), Path(args.out) if args.out else None))
+    print(write_run_report(Path(args.dir), Path(args.out) if args.out else None, force=args.force))
     return 0
 
 
@@ -34,7 +34,10 @@ def register(subparsers) -> None:
                     "normalized latency vs request rate with the knee, prefix hit ratio vs capacity, bandwidth vs "
                     "block size). See docs/report.md.")
     c.add_argument("paths", nargs="+", metavar="PATH", help="run dir, variants dir or sweep dir (several allowed)")
-    c.add_argument("--out", help="output directory (default PATH/compare for one input; required for several)")
+    c.add_argument("--out", help="output directory (default PATH/compare for one input; required for several): new, "
+                                 "empty or an earlier `kvsim compare` output (replaced, keeping files kvsim did not "
+                                 "write); never a directory kvsim did not write (docs/outputs.md)")
+    c.add_argument("--force", action="store_true", help="also replace another kvsim command's output at --out")
     c.add_argument("--metric-names", choices=["kvsim", "vllm"], default="kvsim",
                    help="vllm: also print and write comparison_vllm.csv with vLLM's serving-benchmark names and ms "
                         "units (mean/median/std/pNN of ttft, tpot, itl, e2el; request/output/total token throughput, "
@@ -50,5 +53,7 @@ def register(subparsers) -> None:
         description="Write DIR/report.html: resolved scenario, summary table(s) and every plot embedded, "
                     "no network access needed to view it.")
     r.add_argument("dir", help="run, variants or sweep directory")
-    r.add_argument("--out", help="output file (default DIR/report.html)")
+    r.add_argument("--out", help="output file (default DIR/report.html); an existing file only if kvsim wrote it "
+                                 "(listed in DIR's .kvsim-output.json) or with --force")
+    r.add_argument("--force", action="store_true", help="overwrite an existing output file kvsim did not write")
     r.set_defaults(func=_cmd_report)

@@ -550,20 +550,32 @@ METRIC_NAMES = ("kvsim", "vllm")
 
 
 def compare(paths: list[str | Path], out: str | Path | None = None, log=None, *, metric_names: str = "kvsim",
-            baseline: str | None = None, show=None) -> dict[str, Path]:
+            baseline: str | None = None, show=None, force: bool = False) -> dict[str, Path]:
     """Write comparison tables and plots for ``paths`` into ``out``; returns {file name: path}.
 
     ``show`` (e.g. ``print``) receives the headline table first and, with ``metric_names="vllm"``,
-    the vLLM-named view, as text. ``baseline`` names the headline's baseline run."""
-    from kvsim.report.headline import headline, headline_frame, headline_text
+    the vLLM-named view, as text. ``baseline`` names the headline's baseline run.
+
+    ``out`` is a kvsim output directory (kvsim.outdir): written atomically, replacing only an
+    earlier ``compare`` output (another kvsim command's only with ``force``), never a directory
+    kvsim did not write, nor one holding an input."""
+    from kvsim.outdir import atomic_out_dir
 
     if metric_names not in METRIC_NAMES:
         raise KvsimError(f"compare: --metric-names {metric_names!r}: valid choices are {', '.join(METRIC_NAMES)}")
     say = log or (lambda m: None)
     runs, meta = collect_runs(paths)
     base_label = baseline_of(runs, baseline)
-    out = Path(out) if out is not None else default_compare_dir(paths)
-    out.mkdir(parents=True, exist_ok=True)
+    final = Path(out) if out is not None else default_compare_dir(paths)
+    with atomic_out_dir(final, "compare", force=force, protect=paths, log=say) as tmp:
+        written = _write_comparison(runs, meta, tmp, say, metric_names=metric_names, base_label=base_label,
+                                    show=show)
+    return {name: final / name for name in written}
+
+
+def _write_comparison(runs, meta, out: Path, say, *, metric_names: str, base_label, show) -> dict[str, Path]:
+    from kvsim.report.headline import headline, headline_frame, headline_text
+
     written: dict[str, Path] = {}
 
     head = headline({r.label: r.summary for r in runs}, base_label)

@@ -29,7 +29,6 @@ import yaml
 from kvsim import __version__
 from kvsim.errors import KvsimError
 from kvsim.report.tables import fmt, summary_metrics
-from kvsim.results import write_text_atomic
 
 MAX_POINT_SECTIONS = 16
 RUN_PLOTS = {
@@ -165,10 +164,10 @@ def _warn(text: str) -> str:
     return f'<p class="warn">{_esc(text)}</p>'
 
 
-def _header(title: str, path: Path, kind: str) -> list[str]:
+def _header(title: str, path: Path, kind: str, shown_name: str | None = None) -> list[str]:
     return [f"<h1>{_esc(title)}</h1>",
             f'<p class="meta">kvsim {_esc(__version__)} report of the {_esc(kind)} directory '
-            f"<code>{_esc(path.name)}</code>. Metrics are defined in docs/metrics.md.</p>"]
+            f"<code>{_esc(shown_name or path.name)}</code>. Metrics are defined in docs/metrics.md.</p>"]
 
 
 MAX_HEADLINE_RUNS = 17  # baseline + 16 others; a larger sweep's full table is compare/headline.csv
@@ -206,25 +205,62 @@ def _scenario_order(run_dir: Path, names: list[str]) -> tuple[list[str], str | N
     return order, baseline if isinstance(baseline, str) else None
 
 
-def _single_run_body(run_dir: Path, tmp: Path) -> tuple[str, list[str]]:
+def _trace_reports(run_dir: Path) -> dict[str, dict]:
+    """{run name: trace report} from ``run_dir``'s scenario.resolved.yaml (empty if unreadable)."""
+    try:
+        doc = yaml.safe_load((run_dir / "scenario.resolved.yaml").read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+    return {str(k): (v or {}).get("trace") or {} for k, v in (doc.get("runs") or {}).items()}
+
+
+def _dropped_section(summaries: dict[str, dict], trace_reports: dict[str, dict]) -> list[str]:
+    """"Requests not served": rejected/dropped/unfinished counts by reason per run, with the fix."""
+    from kvsim.dropped import WARN_REJECTED_FRAC, Dropped
+
+    rows, fixes, warn = [], [], []
+    for name, s in summaries.items():
+        d = Dropped.from_summary(s, trace_reports.get(name) or (next(iter(trace_reports.values()))
+                                                                if len(trace_reports) == 1 else None))
+        if not d.parts():
+            continue
+        rows.append({"run": name, "trace requests": d.trace_requests, "finished": d.finished,
+                     "not served": f"{d.lost} ({100 * d.lost_frac:.1f}%)", "what happened": "; ".join(d.parts())})
+        fixes += [f for f in d.fixes() if f not in fixes]
+        if d.warning(name):
+            warn.append(name)
+    if not rows:
+        return ['<h2 id="dropped">Requests not served</h2><p>Every request of the trace was served.</p>']
+    out = ['<h2 id="dropped">Requests not served</h2>']
+    if warn:
+        out.append(_warn(f"More than {100 * WARN_REJECTED_FRAC:.0f}% of the trace was not served in: {', '.join(warn)}; "
+                         "their metrics describe only the requests that were."))
+    out.append(_table(pd.DataFrame(rows), "dropped"))
+    out.append("<ul>" + "".join(f"<li>{_esc(f)}</li>" for f in fixes) + "</ul>")
+    return out
+
+
+def _single_run_body(run_dir: Path, tmp: Path, shown_name: str | None = None) -> tuple[str, list[str]]:
     summary = json.loads((run_dir / "summary.json").read_text())
     title = f"kvsim run: {summary.get('name', run_dir.name)}"
-    body = _header(title, run_dir, "run")
+    body = _header(title, run_dir, "run", shown_name)
     body += _headline_section({str(summary.get("name", run_dir.name)): summary})
+    body += _dropped_section({summary.get("name", run_dir.name): summary}, _trace_reports(run_dir))
     body += ['<h2 id="summary-heading">Summary</h2>', _summary_table(summary, "summary")]
     body += ['<h2 id="plots">Plots</h2>'] + _run_plots(run_dir, tmp)
     body.append(_scenario_section(run_dir))
     return title, body
 
 
-def _variants_body(run_dir: Path, tmp: Path) -> tuple[str, list[str]]:
+def _variants_body(run_dir: Path, tmp: Path, shown_name: str | None = None) -> tuple[str, list[str]]:
     subs = sorted(p for p in run_dir.iterdir() if (p / "summary.json").exists())
     summaries = {p.name: json.loads((p / "summary.json").read_text()) for p in subs}
     scenario = next(iter(summaries.values())).get("scenario", run_dir.name)
     title = f"kvsim run: {scenario} ({len(subs)} variants)"
-    body = _header(title, run_dir, "variants")
+    body = _header(title, run_dir, "variants", shown_name)
     order, baseline = _scenario_order(run_dir, list(summaries))
     body += _headline_section({n: summaries[n] for n in order}, baseline)
+    body += _dropped_section(summaries, _trace_reports(run_dir))
     table = pd.DataFrame({n: summary_metrics(s) for n, s in summaries.items()})
     table.insert(0, "metric", table.index)
     body += ['<h2 id="summary-heading">Summary by variant</h2>', _table(table.reset_index(drop=True), "summary")]
@@ -325,8 +361,9 @@ def report_kind(path: Path) -> str:
     raise KvsimError(f"{path}: not a kvsim run, variants or sweep directory (no summary.json, no index.parquet)")
 
 
-def render_report(run_dir: str | Path) -> str:
-    """The report of ``run_dir`` as one HTML string."""
+def render_report(run_dir: str | Path, shown_name: str | None = None) -> str:
+    """The report of ``run_dir`` as one HTML string (``shown_name``: the directory name to print,
+    when ``run_dir`` is the temporary directory of a run about to be renamed)."""
     run_dir = Path(run_dir)
     kind = report_kind(run_dir)
     with tempfile.TemporaryDirectory(prefix="kvsim-report-") as t:
@@ -334,15 +371,22 @@ def render_report(run_dir: str | Path) -> str:
         if kind == "sweep":
             title, body = _sweep_body(run_dir, tmp)
         elif kind == "run":
-            title, body = _single_run_body(run_dir, tmp)
+            title, body = _single_run_body(run_dir, tmp, shown_name)
         else:
-            title, body = _variants_body(run_dir, tmp)
+            title, body = _variants_body(run_dir, tmp, shown_name)
         return _page(title, [b for b in body if b])
 
 
-def write_run_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Write ``report.html`` (or ``out``) for a run, variants or sweep directory; returns its path."""
+def write_run_report(run_dir: str | Path, out: str | Path | None = None, *, force: bool = False,
+                     shown_name: str | None = None) -> Path:
+    """Write ``report.html`` (or ``out``) for a run, variants or sweep directory; returns its path.
+
+    An existing file is replaced only if kvsim wrote it (the directory's marker lists it) or with
+    ``force`` (kvsim.outdir)."""
+    from kvsim.outdir import check_out_file, write_file_atomic
+
     run_dir = Path(run_dir)
     path = Path(out) if out is not None else run_dir / "report.html"
-    write_text_atomic(path, render_report(run_dir))
-    return path
+    check_out_file(path, force=force)
+    text = render_report(run_dir, shown_name)
+    return write_file_atomic(path, lambda p: p.write_text(text, encoding="utf-8"), force=force)

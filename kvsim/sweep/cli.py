@@ -41,7 +41,8 @@ def register(subparsers) -> argparse.ArgumentParser:
                     "then write SWEEP_DIR/index.parquet, index.csv, compare/ and report.html. Points "
                     "already complete are skipped, so rerunning resumes an interrupted sweep.")
     p.add_argument("file", help="sweep YAML")
-    p.add_argument("--out", help="sweep directory (default results/sweeps/<name>)")
+    p.add_argument("--out", help="sweep directory (default results/sweeps/<name>): new, empty or an earlier sweep's "
+                                 "(resumed); never a directory kvsim did not write (docs/outputs.md)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a key of every point, e.g. --set trace.end_s=60 (repeatable; like the sweep's set:)")
     p.add_argument("-j", "--jobs", type=int, default=None, help="points run in parallel (default: CPU count)")
@@ -50,7 +51,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--address", default=None,
                    help="Ray cluster address (auto, ray://host:10001, host:6379); default: start a local Ray")
     p.add_argument("--retries", type=int, default=1, help="extra attempts for a failing point (default 1)")
-    p.add_argument("--force", action="store_true", help="rerun points that are already complete")
+    p.add_argument("--force", action="store_true",
+                   help="rerun points that are already complete; also replace another kvsim command's output at --out")
     p.add_argument("--no-plots", action="store_true", help="skip per-point PNG plots")
     p.add_argument("--no-report", action="store_true", help="skip compare/ and report.html at the end")
     p.add_argument("--dry-run", action="store_true", help="validate and list the points (id, overrides); run nothing")

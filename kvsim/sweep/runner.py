@@ -16,7 +16,6 @@ interrupted sweep resumes where it stopped.
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -25,11 +24,16 @@ import pandas as pd
 import yaml
 
 from kvsim.errors import ConfigError
+from kvsim.outdir import open_in_place, set_complete
 from kvsim.results import is_complete_run_dir, write_text_atomic, write_yaml
 from kvsim.sweep.executors import EXECUTORS, Outcome, execute
 from kvsim.sweep.index import STATUS_FAILED, STATUS_OK, build_index, write_index
 from kvsim.sweep.spec import LoadedSweep, _jsonable, load_sweep
 from kvsim.sweep.worker import make_task
+
+
+# Everything run_sweep writes at the top of SWEEP_DIR (recorded in its .kvsim-output.json).
+SWEEP_OUTPUTS = ("sweep.resolved.yaml", "points", "errors", "index.parquet", "index.csv", "compare", "report.html")
 
 
 def _resolved_matches(point_dir: Path, point) -> bool:
@@ -69,7 +73,8 @@ def run_sweep(sweep_file_or_spec: str | Path | dict | LoadedSweep, out_dir: str 
     ``jobs``: parallel points (default: the number of CPUs). ``executor``: ``local`` (process pool),
     ``ray`` (``address`` of a cluster, or a local Ray instance) or ``inline`` (this process).
     ``retries``: extra attempts for a failing point. ``plots``: per-point PNGs.
-    ``report``: write ``compare/`` and ``report.html`` at the end. ``force``: rerun complete points.
+    ``report``: write ``compare/`` and ``report.html`` at the end. ``force``: rerun complete points,
+    and let the sweep take over another kvsim command's output at ``out_dir`` (docs/outputs.md).
     ``progress``: a tqdm bar over points (default: when stderr is a terminal). ``log``: a callable
     taking one line of text.
 
@@ -86,8 +91,9 @@ def run_sweep(sweep_file_or_spec: str | Path | dict | LoadedSweep, out_dir: str 
     sweep = sweep_file_or_spec if isinstance(sweep_file_or_spec, LoadedSweep) else \
         load_sweep(sweep_file_or_spec, base_dir=base_dir)
     out = Path(out_dir) if out_dir is not None else default_sweep_dir(sweep)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out}: exists and is not a directory")
+    # kvsim.outdir: a new/empty directory or an earlier sweep's (resumed); another kvsim command's
+    # output only with force (its files only); never a directory kvsim did not write.
+    open_in_place(out, "sweep", SWEEP_OUTPUTS, force=force, protect=[sweep.path, sweep.anchor])
     out = out.resolve()
     (out / "points").mkdir(parents=True, exist_ok=True)
     write_yaml(out / "sweep.resolved.yaml", sweep.resolved())
@@ -163,12 +169,12 @@ def run_sweep(sweep_file_or_spec: str | Path | dict | LoadedSweep, out_dir: str 
         try:
             from kvsim.report import compare, write_run_report
 
-            shutil.rmtree(out / "compare", ignore_errors=True)  # no stale plots from an earlier run
             if (df["status"] == STATUS_OK).any():
-                compare([out], out / "compare", log=say)
+                compare([out], out / "compare", log=say)  # replaces an earlier compare/ (kvsim.outdir)
             write_run_report(out)
         except Exception as e:  # noqa: BLE001 -- the sweep's results stand without the report
             say(f"warning: could not write the sweep report: {type(e).__name__}: {e}")
+    set_complete(out, not failed and len(status) == len(sweep.points))
     wall = time.perf_counter() - t_start
     df.attrs["sweep"] = {"points": len(sweep.points), "ran": len(todo), "skipped": skipped,
                          "failed": len(failed), "wall_s": wall, "sweep_dir": str(out)}

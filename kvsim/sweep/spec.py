@@ -40,6 +40,7 @@ from kvsim.config import (
     format_validation_error,
     parse_set,
     read_yaml_mapping,
+    reject_non_finite,
     validate_scenario,
 )
 from kvsim.errors import ConfigError, KvsimError, did_you_mean, format_choices
@@ -252,6 +253,7 @@ def load_sweep(source: str | Path | dict, *, base_dir: str | Path | None = None,
         name = source.get("name") if isinstance(source.get("name"), str) else "sweep"
         path = root / f"{name}.sweep.yaml"  # virtual: only used for messages and as the path anchor
         raw = copy.deepcopy(source)
+        reject_non_finite(raw, "sweep")
     else:
         path = Path(source).resolve()
         raw = read_yaml_mapping(path, "sweep")

@@ -48,7 +48,9 @@ def register(subparsers) -> argparse.ArgumentParser:
                        description="Convert a trace to the generic schema; OUT's extension (.csv, "
                                    ".jsonl, .parquet, optionally + .gz for text) picks the container.")
     p.add_argument("input", metavar="IN", help="source trace file")
-    p.add_argument("output", metavar="OUT", help="output file")
+    p.add_argument("output", metavar="OUT", help="output file (an existing file only with --force, unless kvsim "
+                                                 "wrote it into a kvsim output directory)")
+    p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     p.add_argument("--format", default="auto", choices=FORMAT_CHOICES, help=_FORMAT_HELP)
     p.add_argument("--on-unsorted", default="error", choices=("error", "sort"))
     p.add_argument("--on-zero-output", default="error", choices=("error", "drop"))
@@ -57,7 +59,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="generate a synthetic trace from a YAML spec",
                        description="Generate a synthetic trace from a SyntheticTraceSpec YAML file.")
     p.add_argument("spec", metavar="SPEC.yaml", help="generator spec (see docs/traces.md)")
-    p.add_argument("output", metavar="OUT", help="output file (.csv, .jsonl, .parquet, + .gz)")
+    p.add_argument("output", metavar="OUT", help="output file (.csv, .jsonl, .parquet, + .gz); an existing file "
+                                                 "only with --force")
+    p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     p.add_argument("--seed", type=int, default=None, help="seed (default: the spec's seed, else 0)")
     p.set_defaults(func=cmd_generate)
     return parser
@@ -94,9 +98,12 @@ def cmd_stats(args) -> int:
 def cmd_convert(args) -> int:
     from kvsim.trace.write import container_of, write_trace
 
+    from kvsim.outdir import check_out_file
+
     container_of(Path(args.output))  # reject a bad output name before reading the input
+    check_out_file(Path(args.output), force=args.force, flag="OUT")
     trace = _load(args)
-    write_trace(trace, args.output)
+    write_trace(trace, args.output, force=args.force)
     _out(f"wrote {len(trace):,} requests ({trace.source['format']} -> generic) to {args.output}")
     return 0
 
@@ -124,6 +131,9 @@ def load_spec(path: str | Path):
         data = data["synthetic"]  # accept a file holding just a scenario's synthetic: section
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of generator settings, got {type(data).__name__}")
+    from kvsim.config_base import reject_non_finite
+
+    reject_non_finite(data, str(path))
     try:
         return SyntheticTraceSpec.model_validate(data)
     except ValidationError as exc:
@@ -146,11 +156,14 @@ def cmd_generate(args) -> int:
     from kvsim.trace.synthetic import generate_trace
     from kvsim.trace.write import container_of, write_trace
 
+    from kvsim.outdir import check_out_file
+
     container_of(Path(args.output))
+    check_out_file(Path(args.output), force=args.force, flag="OUT")
     spec = load_spec(args.spec)
     seed = args.seed if args.seed is not None else spec.seed
     trace = generate_trace(spec, seed=seed, base_dir=Path(args.spec).resolve().parent)
-    write_trace(trace, args.output)
+    write_trace(trace, args.output, force=args.force)
     _out(f"wrote {len(trace):,} synthetic requests (seed {trace.source['seed']}) to {args.output}")
     return 0
 

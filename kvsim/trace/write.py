@@ -63,29 +63,39 @@ def _open_binary(path: Path, gz: bool):
     return raw, None
 
 
-def write_trace(trace: Trace, path: str | Path) -> Path:
-    """Write ``trace`` to ``path`` in the generic schema; the container follows the extension."""
+def write_trace(trace: Trace, path: str | Path, *, force: bool = False) -> Path:
+    """Write ``trace`` to ``path`` in the generic schema; the container follows the extension.
+
+    An existing file is replaced only if kvsim wrote it (a marker of its folder lists it) or with
+    ``force``; the file is written under a temporary name and renamed into place (kvsim.outdir)."""
+    from kvsim.outdir import check_out_file, write_file_atomic
+
     path = Path(path)
     container, gz = container_of(path)
     if not path.parent.exists():
         raise TraceError(f"{path}: the output folder {path.parent} does not exist")
+    check_out_file(path, force=force, flag="OUT")
     try:
-        if container == "parquet":
-            _write_parquet(trace, path)
-        else:
-            out, raw = _open_binary(path, gz)
-            try:
-                if container == "csv":
-                    out.write((",".join(_columns(trace)) + "\n").encode())
-                for lo in range(0, len(trace), CHUNK_ROWS):
-                    out.write(_text_rows(trace, lo, min(len(trace), lo + CHUNK_ROWS), container))
-            finally:
-                out.close()
-                if raw is not None:
-                    raw.close()
+        write_file_atomic(path, lambda tmp: _write(trace, tmp, container, gz), force=force, flag="OUT")
     except OSError as exc:
         raise TraceError(f"{path}: cannot write the trace: {exc.strerror or exc}") from None
     return path
+
+
+def _write(trace: Trace, path: Path, container: str, gz: bool) -> None:
+    if container == "parquet":
+        _write_parquet(trace, path)
+    else:
+        out, raw = _open_binary(path, gz)
+        try:
+            if container == "csv":
+                out.write((",".join(_columns(trace)) + "\n").encode())
+            for lo in range(0, len(trace), CHUNK_ROWS):
+                out.write(_text_rows(trace, lo, min(len(trace), lo + CHUNK_ROWS), container))
+        finally:
+            out.close()
+            if raw is not None:
+                raw.close()
 
 
 def _key_list_array(keys: list[np.ndarray]):

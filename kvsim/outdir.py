@@ -1,0 +1,422 @@
+"""Output safety: kvsim deletes or replaces only what kvsim wrote. Every command that writes uses this.
+
+Rules (user-facing text: docs/outputs.md):
+
+* **Output directories** (``run``, ``sweep``, ``compare``, ``calibrate``) carry a marker file,
+  :data:`MARKER` (``.kvsim-output.json``), recording the command that wrote the directory, whether
+  it is complete, and every file and directory kvsim wrote there (paths relative to it).
+* A path that does not exist, or an empty directory, may be used. A directory with a marker is a
+  kvsim directory: a rerun of the same command replaces it, ``--force`` also lets another kvsim
+  command replace it. Only what the marker lists is removed: anything else (a user's ``notes.txt``
+  or ``compare-mine/``, another command's output nested inside) is moved into the new directory.
+  A non-empty directory without a marker is never touched, with or without ``--force``.
+* Refused outright: ``--out`` equal to, or a parent of, the current directory, the home directory,
+  the filesystem root, or a protected input (the scenario file's directory, compared runs).
+* Replacement is atomic: the new output is written into a hidden ``.OUT.tmp-<pid>`` next to
+  ``OUT`` (marked incomplete) and renamed into place when complete; the old directory is renamed to
+  ``.OUT.old-<pid>`` in between. Readers see the old or the new complete directory. Leftovers of a
+  killed run are recognised by their marker and dead pid: a temp directory is removed, an old
+  directory gives the user's files back (or is renamed back to ``OUT`` if the swap was cut short).
+  A hidden directory without our marker is never removed.
+* **Output files** (``trace convert/generate``, ``report --out FILE``): an existing file is
+  replaced only when the marker of the directory holding it lists it (kvsim wrote it), or with
+  ``--force``. Files are written to a temp name and renamed into place.
+
+This module uses the standard library only (``kvsim calibrate`` runs on machines with a bare Python).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvsim.errors import ConfigError
+
+MARKER = ".kvsim-output.json"
+MARKER_FORMAT = "kvsim output directory"
+INCOMPLETE_FILE = "INCOMPLETE"
+
+
+@dataclass(frozen=True)
+class Marker:
+    """The content of a :data:`MARKER` file."""
+
+    command: str
+    complete: bool
+    written: tuple[str, ...]  # relative paths ("a", "a/summary.json"), sorted
+
+    def to_json(self) -> str:
+        return json.dumps({"format": MARKER_FORMAT, "command": self.command, "complete": self.complete,
+                           "written": list(self.written)}, indent=1) + "\n"
+
+
+def read_marker(d: Path) -> Marker | None:
+    """The marker of directory ``d``, or None when it has none. A damaged marker is a user error."""
+    p = Path(d) / MARKER
+    if not p.is_file():
+        return None
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+        if doc.get("format") != MARKER_FORMAT:
+            raise ValueError("not a kvsim marker")
+        return Marker(str(doc["command"]), bool(doc["complete"]), tuple(sorted(str(w) for w in doc["written"])))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise ConfigError(f"{p}: damaged kvsim marker file; kvsim will not touch {d} "
+                          f"(move it away or choose another output path)") from None
+
+
+def write_marker(d: Path, marker: Marker) -> None:
+    _write_text_atomic(Path(d) / MARKER, marker.to_json())
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def tree(d: Path) -> list[str]:
+    """Every file and directory under ``d`` as sorted relative POSIX paths, the marker excluded."""
+    d = Path(d)
+    out = []
+    for root, dirs, files in os.walk(d):
+        rel = Path(root).relative_to(d)
+        for name in dirs + files:
+            r = (rel / name).as_posix()
+            if r != MARKER:
+                out.append(r)
+    return sorted(out)
+
+
+# --- where an output may go ----------------------------------------------------------------------
+
+
+def _protected_roots(protect: Iterable[str | Path]) -> list[tuple[Path, str]]:
+    roots = [(Path.cwd().resolve(), "the current directory"), (Path("/").resolve(), "the filesystem root")]
+    home = os.path.expanduser("~")
+    if home and home != "~":
+        roots.append((Path(home).resolve(), "your home directory"))
+    for p in protect:
+        p = Path(p).resolve()
+        roots.append((p.parent, f"the directory of {p}") if p.is_file() else (p, str(p)))
+    return roots
+
+
+def check_not_protected(out: Path, flag: str, protect: Iterable[str | Path] = ()) -> None:
+    """Refuse ``out`` equal to or a parent of the current/home/root directory or a protected input."""
+    real = Path(out).resolve()
+    roots = _protected_roots(protect)
+    hits = [("is", what) for root, what in roots if real == root]
+    hits += [("is a parent of", what) for root, what in roots if real in root.parents]
+    if hits:
+        rel, what = hits[0]
+        raise ConfigError(f"{flag} {out}: {rel} {what}; kvsim writes its output into a directory of its own "
+                          f"(e.g. {flag} results/NAME)")
+
+
+def _describe(command: str) -> str:
+    return f"`kvsim {command}`"
+
+
+def check_out_dir(out: str | Path, command: str, *, force: bool = False, flag: str = "--out",
+                  protect: Iterable[str | Path] = (), legacy: Callable[[Path], Marker | None] | None = None,
+                  what: str = "a kvsim output directory") -> Marker | None:
+    """May ``command`` write (replace) the directory ``out``? Returns its marker (None: new or empty).
+
+    Raises :class:`ConfigError` (one line) otherwise. ``legacy(out)`` may recognise an older kvsim
+    directory without a marker and return the marker it should have had.
+    """
+    out = Path(out)
+    check_not_protected(out, flag, protect)
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ConfigError(f"{flag} {out}: exists and is not a directory; kvsim will not replace it")
+    if not out.exists():
+        return None
+    marker = read_marker(out)
+    if marker is None and legacy is not None:
+        marker = legacy(out)
+    if marker is None:
+        if not any(out.iterdir()):
+            return None
+        raise ConfigError(f"{flag} {out}: directory exists and is not {what} (no {MARKER}: kvsim did not write it); "
+                          f"kvsim never replaces it, even with --force: choose another {flag} or an empty directory")
+    if marker.command != command and not force:
+        raise ConfigError(f"{flag} {out}: holds the output of {_describe(marker.command)}, not of "
+                          f"{_describe(command)}; pass --force to replace it (files kvsim did not write are kept)")
+    return marker
+
+
+# --- leftovers of killed runs ---------------------------------------------------------------------
+
+
+def _pid_alive(pid: int) -> bool:
+    """Is ``pid`` a live process? A zombie (killed, not yet reaped) counts as dead."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+def _pid_of(p: Path) -> int | None:
+    try:
+        return int(p.name.rsplit("-", 1)[1])
+    except (ValueError, IndexError):
+        return None
+
+
+def _is_ours(d: Path) -> Marker | None:
+    try:
+        return read_marker(d)
+    except ConfigError:
+        return None
+
+
+def _remove_written(d: Path, written: Iterable[str]) -> None:
+    """Delete the listed paths under ``d`` (deepest first); a listed directory that still holds
+    unlisted entries is kept."""
+    listed = set(written)
+    for rel in sorted(listed, key=lambda r: r.count("/"), reverse=True):
+        p = d / rel
+        if p.is_symlink() or p.is_file():
+            p.unlink()
+        elif p.is_dir():
+            if all(f"{rel}/{c.name}" in listed for c in p.iterdir()):
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def _user_entries(d: Path, written: Iterable[str]) -> list[str]:
+    """Top-most paths under ``d`` that kvsim did not write (per ``written``)."""
+    listed = set(written)
+    found = []
+
+    def walk(base: Path, prefix: str) -> None:
+        for c in sorted(base.iterdir(), key=lambda c: c.name):
+            rel = f"{prefix}{c.name}"
+            if rel == MARKER:
+                continue
+            if rel not in listed:
+                found.append(rel)
+            elif c.is_dir() and not c.is_symlink():
+                walk(c, rel + "/")
+
+    walk(d, "")
+    return found
+
+
+def _move_user_entries(src: Path, dst: Path, entries: list[str]) -> list[str]:
+    """Move ``entries`` from ``src`` to ``dst`` (same relative paths); returns those left behind
+    because ``dst`` already has that name."""
+    left = []
+    for rel in entries:
+        target = dst / rel
+        if target.exists() or target.is_symlink():
+            left.append(rel)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(src / rel, target)
+    return left
+
+
+def clean_leftovers(out: Path) -> list[str]:
+    """Tidy up after killed runs into ``out``: returns one note per thing done or left alone."""
+    out = Path(out)
+    notes: list[str] = []
+    if not out.parent.is_dir():
+        return notes
+    for old in sorted(out.parent.glob(f".{out.name}.old-*")):
+        pid, marker = _pid_of(old), _is_ours(old)
+        if pid is None or marker is None or _pid_alive(pid):
+            continue
+        if not out.exists():  # killed between the two renames: the old complete output goes back
+            os.replace(old, out)
+            notes.append(f"restored {out} from an interrupted replacement")
+            continue
+        left = _move_user_entries(old, out, _user_entries(old, marker.written))
+        _remove_written(old, marker.written)
+        if left:
+            notes.append(f"kept {old}: it holds your files {', '.join(left[:5])} whose names are now taken in {out}")
+            continue
+        (old / MARKER).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            old.rmdir()
+    for tmp in sorted(out.parent.glob(f".{out.name}.tmp-*")):
+        pid = _pid_of(tmp)
+        if pid is None or not tmp.is_dir() or _is_ours(tmp) is None or _pid_alive(pid):
+            continue
+        shutil.rmtree(tmp, ignore_errors=True)
+    return notes
+
+
+# --- writing a directory atomically ---------------------------------------------------------------
+
+
+def _new_temp(out: Path, command: str) -> Path:
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        if _is_ours(tmp) is None:
+            raise ConfigError(f"{tmp}: exists and was not written by kvsim; move it away")
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    write_marker(tmp, Marker(command, False, ()))
+    return tmp
+
+
+def commit(tmp: Path, out: Path, command: str, *, force: bool = False, flag: str = "--out",
+           legacy: Callable[[Path], Marker | None] | None = None) -> Path:
+    """Mark ``tmp`` complete and put it at ``out``, keeping the files in ``out`` kvsim did not write."""
+    tmp, out = Path(tmp), Path(out)
+    (tmp / INCOMPLETE_FILE).unlink(missing_ok=True)
+    write_marker(tmp, Marker(command, True, tuple(tree(tmp))))
+    # Check again: the directory may have changed while we were running.
+    old_marker = check_out_dir(out, command, force=force, flag=flag, legacy=legacy)
+    if not out.exists():
+        os.replace(tmp, out)
+        return out
+    if old_marker is None:  # an empty directory
+        out.rmdir()
+        os.replace(tmp, out)
+        return out
+    user = _user_entries(out, old_marker.written)
+    taken = [u for u in user if (tmp / u).exists()]
+    if taken:
+        raise ConfigError(f"{flag} {out}: your file {out / taken[0]} has the name of a new kvsim output; move it "
+                          f"away and rerun (the new output is kept in {tmp})")
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if old.exists():
+        raise ConfigError(f"{old}: in the way of replacing {out}; move it away")
+    if read_marker(out) is None:  # a recognised older kvsim directory: give it its marker first
+        write_marker(out, old_marker)
+    os.replace(out, old)
+    os.replace(tmp, out)
+    _move_user_entries(old, out, user)
+    _remove_written(old, old_marker.written)
+    (old / MARKER).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        old.rmdir()
+    return out
+
+
+@contextlib.contextmanager
+def atomic_out_dir(out: str | Path, command: str, *, force: bool = False, flag: str = "--out",
+                   protect: Iterable[str | Path] = (), legacy: Callable[[Path], Marker | None] | None = None,
+                   log: Callable[[str], None] | None = None) -> Iterator[Path]:
+    """Yield a temporary directory to write ``command``'s output into; on success it replaces ``out``.
+
+    Refused (before anything is written) per :func:`check_out_dir`. On an exception the temp
+    directory stays, marked incomplete (``INCOMPLETE`` says why), and a later run removes it.
+    """
+    out = Path(out)
+    check_out_dir(out, command, force=force, flag=flag, protect=protect, legacy=legacy)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for note in clean_leftovers(out):
+        if log:
+            log(note)
+    tmp = _new_temp(out, command)
+    try:
+        yield tmp
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            (tmp / INCOMPLETE_FILE).write_text(f"run stopped before completion: {type(e).__name__}: {e}\n")
+        raise
+    commit(tmp, out, command, force=force, flag=flag, legacy=legacy)
+
+
+# --- a directory written in place (a sweep: resumable) ---------------------------------------------
+
+
+def open_in_place(out: str | Path, command: str, written: Iterable[str], *, force: bool = False,
+                  flag: str = "--out", protect: Iterable[str | Path] = ()) -> Path:
+    """Prepare ``out`` for ``command`` to write into directly (resumable output such as a sweep).
+
+    A directory of another kvsim command is replaced only with ``force`` (its own files only).
+    The marker is written incomplete, listing ``written`` (top-level names the command may write).
+    """
+    out = Path(out)
+    marker = check_out_dir(out, command, force=force, flag=flag, protect=protect)
+    if marker is not None and marker.command != command:
+        _remove_written(out, marker.written)
+        marker = None
+    out.mkdir(parents=True, exist_ok=True)
+    names = set(written) | (set(marker.written) if marker else set())
+    write_marker(out, Marker(command, False, tuple(sorted(names))))
+    return out
+
+
+def set_complete(out: str | Path, complete: bool = True) -> None:
+    out = Path(out)
+    m = read_marker(out)
+    if m is not None:
+        write_marker(out, Marker(m.command, complete, m.written))
+
+
+# --- single files ---------------------------------------------------------------------------------
+
+
+def check_out_file(path: str | Path, *, force: bool = False, flag: str = "--out") -> None:
+    """May kvsim write the file ``path``? Yes when it does not exist, when the marker of its
+    directory lists it (kvsim wrote it), or with ``force``. Never a directory."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path}: is a directory; give a file name")
+    if not (path.exists() or path.is_symlink()) or force:
+        return
+    marker = _is_ours(path.parent)
+    if marker is not None and path.name in marker.written:
+        return
+    raise ConfigError(f"{flag} {path}: file exists and kvsim did not write it; pass --force to overwrite it, "
+                      f"or choose another name")
+
+
+def record_written(d: str | Path, names: Iterable[str]) -> None:
+    """Add ``names`` (relative to ``d``) to the marker of ``d``, if it has one."""
+    d = Path(d)
+    m = _is_ours(d)
+    if m is not None:
+        write_marker(d, Marker(m.command, m.complete, tuple(sorted(set(m.written) | set(names)))))
+
+
+def write_file_atomic(path: str | Path, write: Callable[[Path], None], *, force: bool = False,
+                      flag: str = "--out") -> Path:
+    """Check ``path`` (:func:`check_out_file`), have ``write(tmp)`` write a temp file next to it,
+    rename it into place and record it in the directory's marker. Returns ``path``."""
+    path = Path(path)
+    check_out_file(path, force=force, flag=flag)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    record_written(path.parent, [path.name])
+    return path
+
+
+def remove_output(out: str | Path) -> bool:
+    """Delete what kvsim wrote in the output directory ``out`` (per its marker), keeping anything
+    else; the directory goes too if nothing else is left. Returns False if ``out`` has no marker."""
+    out = Path(out)
+    marker = _is_ours(out) if out.is_dir() else None
+    if marker is None:
+        return False
+    _remove_written(out, marker.written)
+    (out / MARKER).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        out.rmdir()
+    return True

@@ -43,8 +43,12 @@ def _cmd_validate(args) -> int:
             except TraceError as e:
                 raise TraceError(f"{loaded.path}: trace: {e}") from None
         alloc, budget = build_allocator(scn, str(loaded.path))
-        print(f"{name}: ok ({scn.model.name} on {scn.gpu.name}, {scn.kv_dtype} KV, allocator {scn.allocator.kind}, "
-              f"KV capacity {alloc.capacity_tokens} tokens = {budget / 2**30:.2f} GiB)")
+        par = scn.parallel_plan()
+        many = par.tensor * par.pipeline > 1
+        gpus = (f"{par.tensor * par.pipeline} x {scn.gpu.name}, tensor {par.tensor} x pipeline {par.pipeline}"
+                if many else scn.gpu.name)
+        print(f"{name}: ok ({scn.model.name} on {gpus}, {scn.kv_dtype} KV, allocator {scn.allocator.kind}, "
+              f"KV capacity {alloc.capacity_tokens} tokens = {budget / 2**30:.2f} GiB{' per GPU' * many})")
     return 0
 
 
@@ -56,17 +60,20 @@ def _cmd_models(args) -> int:
         print(json.dumps(table, indent=2))
         return 0
     dtypes = list(table["kv_dtypes"])
-    print(f"{'model':<14}{'layers':>7}{'heads':>6}{'kv':>4}{'hd':>5}{'params':>8}{'max len':>9}  KV bytes/token "
-          + " ".join(f"{d:>8}" for d in dtypes))
+    print(f"{'model':<16}{'attn':>5}{'layers':>7}{'heads':>6}{'kv':>4}{'hd':>5}{'params':>9}{'max len':>9}"
+          f"{'window':>8}  KV bytes/token " + " ".join(f"{d:>8}" for d in dtypes))
     for name, m in table["models"].items():
-        print(f"{name:<14}{m['num_layers']:>7}{m['num_attention_heads']:>6}{m['num_kv_heads']:>4}{m['head_dim']:>5}"
-              f"{m['num_params'] / 1e9:>7.2f}B{m['max_model_len_tokens']:>9}  {'':14}"
+        window = f"{m['sliding_window_tokens']}x{m['sliding_window_layers']}" if m["sliding_window_layers"] else "-"
+        print(f"{name:<16}{m['attention']:>5}{m['num_layers']:>7}{m['num_attention_heads']:>6}{m['num_kv_heads']:>4}"
+              f"{m['head_dim']:>5}{m['num_params'] / 1e9:>8.2f}B{m['max_model_len_tokens']:>9}{window:>8}  {'':14}"
               + " ".join(f"{m['kv_bytes_per_token'][d]:>8}" for d in dtypes))
+    print("(window: tokens x layers with a sliding window; MoE params are the total, see --json for active)")
     print()
-    print(f"{'gpu':<16}{'memory GiB':>11}{'HBM TB/s':>10}{'bf16 TFLOP/s':>14}")
+    print(f"{'gpu':<16}{'memory GiB':>11}{'HBM TB/s':>10}{'bf16 TFLOP/s':>14}  {'GPU-GPU link (GB/s one way)'}")
     for name, g in table["gpus"].items():
         print(f"{name:<16}{g['memory_bytes'] / 2**30:>11.0f}{g['hbm_bandwidth_bytes_per_s'] / 1e12:>10.3f}"
-              f"{g['bf16_flops_per_s'] / 1e12:>14.1f}")
+              f"{g['bf16_flops_per_s'] / 1e12:>14.1f}  {g['interconnect']} "
+              f"{g['interconnect_bandwidth_bytes_per_s'] / 1e9:.0f}")
     return 0
 
 

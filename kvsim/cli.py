@@ -104,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--set", action="append", metavar="KEY=VALUE")
     v.set_defaults(func=_cmd_validate)
 
-    m = sub.add_parser("models", help="list model and GPU presets with KV bytes per token")
+    m = sub.add_parser("models", help="list model and GPU presets with KV bytes per token",
+                       description="Model presets (any case in a scenario; or model: path/to/config.json for a "
+                                   "Hugging Face config) and GPU presets with their interconnect. See docs/models.md.")
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=_cmd_models)
 

@@ -49,6 +49,10 @@ def _cmd_validate(args) -> int:
                 if many else scn.gpu.name)
         print(f"{name}: ok ({scn.model.name} on {gpus}, {scn.kv_dtype} KV, allocator {scn.allocator.kind}, "
               f"KV capacity {alloc.capacity_tokens} tokens = {budget / 2**30:.2f} GiB{' per GPU' * many})")
+        m = scn.model
+        if m.sliding_window_layers:
+            print(f"  note: {m.sliding_window_layers} of {m.num_layers} layers use a {m.sliding_window_tokens}-token "
+                  f"sliding window; KV is charged for every token (an upper bound past the window, docs/models.md)")
     return 0
 
 

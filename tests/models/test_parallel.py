@@ -142,3 +142,13 @@ def test_vllm_paper_table1_setups_run_with_the_papers_kv_slots():
     assert caps["opt-175b-tp8-derived"] < caps["opt-175b-tp8-paper"]
     assert loaded.runs["opt-66b-tp4-paper"].parallel_plan().kv_heads_per_gpu == 18  # 72 heads / 4
     assert loaded.runs["opt-175b-tp8-paper"].parallel_plan().kv_bytes_per_token_per_gpu == 96 * 2 * 12 * 128 * 2
+
+
+def test_calibrated_timing_is_single_gpu_and_refuses_parallel(tmp_path):
+    import yaml
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump({"trace": {"file": "t.csv"}, "model": "Llama-3-70B", "gpu": "H100-SXM-80GB",
+                                 "parallel": {"tensor": 4}, "timing": {"kind": "calibrated", "file": "calib"}}))
+    with pytest.raises(ConfigError) as e:
+        load_scenario(f)
+    assert "parallel: timing kind 'calibrated'" in str(e.value) and "analytical" in str(e.value)

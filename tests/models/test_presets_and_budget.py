@@ -154,3 +154,11 @@ def test_shipped_unbounded_what_ifs_still_load():
 
     load_scenario(ROOT / "scenarios" / "studies" / "prefix_caching_mooncake.yaml")
     load_sweep(ROOT / "scenarios" / "studies" / "prefix_caching_capacity_sweep.yaml", check_capacity=False)
+
+
+def test_cli_validate_notes_the_sliding_window_upper_bound(tmp_path):
+    (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n")
+    f = write(tmp_path, base(model="mistral-7b"))
+    out = kvsim("validate", str(f), cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "32 of 32 layers use a 4096-token sliding window" in out.stdout and "upper bound" in out.stdout

@@ -173,8 +173,9 @@ def model_fields(cfg: dict, file: str, name: str | None = None) -> dict:
     window, window_layers = sliding_window_layers(cfg, model_type, L, file)
     if window_layers and window >= max_len:
         window, window_layers = 0, 0  # a window as long as the context changes nothing
-    if name is None:
-        name = str(cfg.get("_name_or_path") or "") or Path(file).parent.name or Path(file).stem
+    if name is None:  # the repo name it was saved from, else its folder (.../Llama-3-8B/config.json) or file name
+        f = Path(file)
+        name = str(cfg.get("_name_or_path") or "") or (f.parent.name if f.name == "config.json" else f.stem) or f.stem
     return {
         "name": name,
         "num_layers": L,

@@ -81,6 +81,7 @@ def test_model_config_json_relative_to_the_scenario_file(tmp_path, monkeypatch):
     assert ds.model.attention == "mla" and ds.model.max_model_len_tokens == 4096
     assert ds.kv_bytes_per_token == 61 * 576  # fp8 latent, replicated on every tensor rank
     assert loaded.variants["mistral"].model.sliding_window_layers == 32
+    assert loaded.variants["mistral"].model.name == "mistral"  # the file's name (a config.json: its folder's)
     assert "models/config.json" in ds.model.source
 
 

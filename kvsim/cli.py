@@ -48,7 +48,8 @@ def _cmd_validate(args) -> int:
         gpus = (f"{par.tensor * par.pipeline} x {scn.gpu.name}, tensor {par.tensor} x pipeline {par.pipeline}"
                 if many else scn.gpu.name)
         print(f"{name}: ok ({scn.model.name} on {gpus}, {scn.kv_dtype} KV, allocator {scn.allocator.kind}, "
-              f"KV capacity {alloc.capacity_tokens} tokens = {budget / 2**30:.2f} GiB{' per GPU' * many})")
+              f"KV capacity {alloc.capacity_tokens} tokens x {scn.kv_bytes_per_token:,} bytes/token{' per GPU' * many} "
+              f"<= {budget / 2**30:.2f} GiB{' per GPU' * many})")
         m = scn.model
         if m.sliding_window_layers:
             print(f"  note: {m.sliding_window_layers} of {m.num_layers} layers use a {m.sliding_window_tokens}-token "
@@ -57,9 +58,14 @@ def _cmd_validate(args) -> int:
 
 
 def _cmd_models(args) -> int:
-    from kvsim.hw import presets_table
+    from kvsim.hw import ModelSpec, presets_table
+    from kvsim.models.hf import load_model_file
 
-    table = presets_table()
+    models = None
+    if args.config:  # Hugging Face config.json files instead of the presets
+        specs = [ModelSpec(**load_model_file(f, None)) for f in args.config]
+        models = {m.name: m for m in specs}
+    table = presets_table(models)
     if args.json:
         print(json.dumps(table, indent=2))
         return 0
@@ -112,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Model presets (any case in a scenario; or model: path/to/config.json for a "
                                    "Hugging Face config) and GPU presets with their interconnect. See docs/models.md.")
     m.add_argument("--json", action="store_true")
+    m.add_argument("--config", action="append", metavar="CONFIG_JSON",
+                   help="show a Hugging Face config.json (repeatable) instead of the presets")
     m.set_defaults(func=_cmd_models)
 
     for module, fn in PLUGIN_COMMANDS:

@@ -201,14 +201,15 @@ GPUS: dict[str, GPUSpec] = {
 }
 
 
-def presets_table() -> dict:
-    """Everything ``kvsim models --json`` prints."""
+def presets_table(models: dict[str, ModelSpec] | None = None) -> dict:
+    """Everything ``kvsim models --json`` prints (``models``: instead of the presets, e.g. read
+    from Hugging Face config files)."""
     return {
         "kv_dtypes": {k: asdict(v) for k, v in KV_DTYPES.items()},
         "models": {
             name: {**m.to_dict(), "kv_bytes_per_token": {dt: m.kv_bytes_per_token(dt) for dt in KV_DTYPES},
                    "params_per_token": m.params_per_token}
-            for name, m in MODELS.items()
+            for name, m in (MODELS if models is None else models).items()
         },
         "gpus": {name: g.to_dict() for name, g in GPUS.items()},
     }

@@ -163,3 +163,12 @@ def test_cli_validate_notes_the_sliding_window_upper_bound(tmp_path):
     out = kvsim("validate", str(f), cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "32 of 32 layers use a 4096-token sliding window" in out.stdout and "upper bound" in out.stdout
+
+
+def test_cli_models_shows_a_config_json():
+    out = kvsim("models", "--json", "--config", str(HF / "deepseek-v3.json"), cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    m = json.loads(out.stdout)["models"]["deepseek-v3"]
+    assert m["attention"] == "mla" and m["kv_bytes_per_token"]["bf16"] == 70_272
+    out = kvsim("models", "--config", "nope.json", cwd=ROOT)
+    assert out.returncode == 2 and "nope.json" in out.stderr and "not found" in out.stderr

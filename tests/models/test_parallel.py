@@ -129,7 +129,7 @@ def test_impossible_splits_are_refused_in_one_line(tmp_path, over, words):
 PAPER_SLOTS = {"opt-13b-paper": 15_700, "opt-66b-tp4-paper": 9_700, "opt-175b-tp8-paper": 60_100}
 
 
-def test_vllm_paper_table1_setups_run_with_the_papers_kv_slots():
+def test_vllm_paper_table1_setups_hold_the_papers_kv_slots():
     loaded = load_scenario(ROOT / "scenarios" / "studies" / "vllm_table1_parallel.yaml")
     caps = {}
     for name, scn in loaded.runs.items():

@@ -48,8 +48,17 @@ def _cmd_validate(args) -> int:
                     dropped_by_length_policy=int(report.get("dropped", 0) or 0),
                     capped_by_length_policy=int(report.get("capped", 0) or 0))
         served = f"{d.finished}/{d.trace_requests} requests admissible" + "".join(f"; {p}" for p in d.parts())
-        print(f"{name}: ok ({scn.model.name} on {scn.gpu.name}, {scn.kv_dtype} KV, allocator {scn.allocator.kind}, "
-              f"KV capacity {alloc.capacity_tokens} tokens = {budget / 2**30:.2f} GiB; {served})")
+        par = scn.parallel_plan()
+        many = par.tensor * par.pipeline > 1
+        gpus = (f"{par.tensor * par.pipeline} x {scn.gpu.name}, tensor {par.tensor} x pipeline {par.pipeline}"
+                if many else scn.gpu.name)
+        print(f"{name}: ok ({scn.model.name} on {gpus}, {scn.kv_dtype} KV, allocator {scn.allocator.kind}, "
+              f"KV capacity {alloc.capacity_tokens} tokens x {scn.kv_bytes_per_token:,} bytes/token{' per GPU' * many} "
+              f"<= {budget / 2**30:.2f} GiB{' per GPU' * many}; {served})")
+        m = scn.model
+        if m.sliding_window_layers:
+            print(f"  note: {m.sliding_window_layers} of {m.num_layers} layers use a {m.sliding_window_tokens}-token "
+                  f"sliding window; KV is charged for every token (an upper bound past the window, docs/models.md)")
         dropped[name] = d
     for w in warnings_for(dropped):
         print(w, file=sys.stderr)
@@ -57,24 +66,32 @@ def _cmd_validate(args) -> int:
 
 
 def _cmd_models(args) -> int:
-    from kvsim.hw import presets_table
+    from kvsim.hw import ModelSpec, presets_table
+    from kvsim.models.hf import load_model_file
 
-    table = presets_table()
+    models = None
+    if args.config:  # Hugging Face config.json files instead of the presets
+        specs = [ModelSpec(**load_model_file(f, None)) for f in args.config]
+        models = {m.name: m for m in specs}
+    table = presets_table(models)
     if args.json:
         print(json.dumps(table, indent=2))
         return 0
     dtypes = list(table["kv_dtypes"])
-    print(f"{'model':<14}{'layers':>7}{'heads':>6}{'kv':>4}{'hd':>5}{'params':>8}{'max len':>9}  KV bytes/token "
-          + " ".join(f"{d:>8}" for d in dtypes))
+    print(f"{'model':<16}{'attn':>5}{'layers':>7}{'heads':>6}{'kv':>4}{'hd':>5}{'params':>9}{'max len':>9}"
+          f"{'window':>8}  KV bytes/token " + " ".join(f"{d:>8}" for d in dtypes))
     for name, m in table["models"].items():
-        print(f"{name:<14}{m['num_layers']:>7}{m['num_attention_heads']:>6}{m['num_kv_heads']:>4}{m['head_dim']:>5}"
-              f"{m['num_params'] / 1e9:>7.2f}B{m['max_model_len_tokens']:>9}  {'':14}"
+        window = f"{m['sliding_window_tokens']}x{m['sliding_window_layers']}" if m["sliding_window_layers"] else "-"
+        print(f"{name:<16}{m['attention']:>5}{m['num_layers']:>7}{m['num_attention_heads']:>6}{m['num_kv_heads']:>4}"
+              f"{m['head_dim']:>5}{m['num_params'] / 1e9:>8.2f}B{m['max_model_len_tokens']:>9}{window:>8}  {'':14}"
               + " ".join(f"{m['kv_bytes_per_token'][d]:>8}" for d in dtypes))
+    print("(window: tokens x layers with a sliding window; MoE params are the total, see --json for active)")
     print()
-    print(f"{'gpu':<16}{'memory GiB':>11}{'HBM TB/s':>10}{'bf16 TFLOP/s':>14}")
+    print(f"{'gpu':<16}{'memory GiB':>11}{'HBM TB/s':>10}{'bf16 TFLOP/s':>14}  {'GPU-GPU link (GB/s one way)'}")
     for name, g in table["gpus"].items():
         print(f"{name:<16}{g['memory_bytes'] / 2**30:>11.0f}{g['hbm_bandwidth_bytes_per_s'] / 1e12:>10.3f}"
-              f"{g['bf16_flops_per_s'] / 1e12:>14.1f}")
+              f"{g['bf16_flops_per_s'] / 1e12:>14.1f}  {g['interconnect']} "
+              f"{g['interconnect_bandwidth_bytes_per_s'] / 1e9:.0f}")
     return 0
 
 
@@ -112,8 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--set", action="append", metavar="KEY=VALUE")
     v.set_defaults(func=_cmd_validate)
 
-    m = sub.add_parser("models", help="list model and GPU presets with KV bytes per token")
+    m = sub.add_parser("models", help="list model and GPU presets with KV bytes per token",
+                       description="Model presets (any case in a scenario; or model: path/to/config.json for a "
+                                   "Hugging Face config) and GPU presets with their interconnect. See docs/models.md.")
     m.add_argument("--json", action="store_true")
+    m.add_argument("--config", action="append", metavar="CONFIG_JSON",
+                   help="show a Hugging Face config.json (repeatable) instead of the presets")
     m.set_defaults(func=_cmd_models)
 
     for module, fn in PLUGIN_COMMANDS:

@@ -24,6 +24,9 @@ from kvsim.config_base import StrictModel, reject_non_finite
 from kvsim.errors import ConfigError, did_you_mean, format_choices
 from kvsim.metrics.summarize import DEFAULT_PERCENTILES
 from kvsim.hw import GPUS, KV_DTYPES, MODELS, WEIGHT_DTYPE_BYTES, GPUSpec, ModelSpec
+from kvsim.models import hf
+from kvsim.models.names import did_you_mean_preset, lookup
+from kvsim.models.parallel import ParallelPlan, plan
 from kvsim.registry import ALLOCATORS, TIMING_MODELS
 from kvsim.sched.config import SchedulerConfig
 from kvsim.trace.config import TraceConfig
@@ -34,7 +37,9 @@ assert set(get_args(KVDTypeName)) == set(KV_DTYPES) and set(get_args(WeightDType
 
 
 def _preset(kind: str, value: Any, presets: dict) -> Any:
-    """Accept a preset name, or a mapping with ``preset: NAME`` plus field overrides."""
+    """Accept a preset name (any case), or a mapping with ``preset: NAME`` plus field overrides; for
+    models also a Hugging Face ``config.json`` path (load_scenario resolves it against the scenario
+    file's folder first, see :func:`kvsim.models.hf.expand_model_file`; here: the current folder)."""
     name = None
     if isinstance(value, str):
         name, value = value, {}
@@ -45,10 +50,17 @@ def _preset(kind: str, value: Any, presets: dict) -> Any:
             raise ValueError(f"preset must be a {kind} name")
     if name is None:
         return value
-    if name not in presets:
-        raise ValueError(f"unknown {kind} preset {name!r}{did_you_mean(name, presets)}; "
-                         f"valid presets: {format_choices(presets)}")
-    return {**presets[name].to_dict(), **value}
+    if kind == "model" and hf.is_config_path(name):
+        try:
+            return {**hf.load_model_file(name, None), **value}
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+    key = lookup(name, presets)
+    if key is None:
+        extra = " or a Hugging Face config.json path" if kind == "model" else ""
+        raise ValueError(f"unknown {kind} preset {name!r}{did_you_mean_preset(name, presets)}; "
+                         f"valid presets: {format_choices(presets)}{extra}")
+    return {**presets[key].to_dict(), **value}
 
 
 class ModelConfig(StrictModel):
@@ -66,12 +78,33 @@ class ModelConfig(StrictModel):
     max_model_len_tokens: int = Field(gt=0)
     gated_mlp: bool = True
     source: str = ""
+    attention: Literal["gqa", "mla"] = Field(
+        "gqa", description="gqa: K and V per kv head (MHA/GQA/MQA); mla: one compressed latent per layer")
+    kv_lora_rank: int = Field(0, ge=0, description="MLA latent width (DeepSeek-V2/V3: 512)")
+    qk_rope_head_dim: int = Field(0, ge=0, description="MLA rope key width stored with the latent (64)")
+    sliding_window_tokens: int = Field(0, ge=0, description="window of the sliding-window layers (0: none)")
+    sliding_window_layers: int = Field(0, ge=0, description="how many layers use the sliding window")
+    num_experts: int = Field(0, ge=0, description="MoE routed experts per MoE layer (0: dense)")
+    experts_per_token: int = Field(0, ge=0, description="MoE experts each token is routed to")
+    active_params: float = Field(0.0, ge=0, description="parameters a token goes through (0: num_params)")
 
     @model_validator(mode="after")
     def _gqa(self):
         if self.num_attention_heads % self.num_kv_heads:
             raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                              f"num_kv_heads ({self.num_kv_heads})")
+        if self.attention == "mla" and not (self.kv_lora_rank and self.qk_rope_head_dim):
+            raise ValueError("attention mla needs kv_lora_rank and qk_rope_head_dim (DeepSeek-V3: 512 and 64)")
+        if self.sliding_window_layers > self.num_layers:
+            raise ValueError(f"sliding_window_layers ({self.sliding_window_layers}) is more than num_layers "
+                             f"({self.num_layers})")
+        if self.sliding_window_layers and not self.sliding_window_tokens:
+            raise ValueError("sliding_window_layers needs sliding_window_tokens")
+        if self.experts_per_token > self.num_experts:
+            raise ValueError(f"experts_per_token ({self.experts_per_token}) is more than num_experts "
+                             f"({self.num_experts})")
+        if self.active_params > self.num_params:
+            raise ValueError(f"active_params ({self.active_params:g}) is more than num_params ({self.num_params:g})")
         return self
 
     def spec(self) -> ModelSpec:
@@ -86,6 +119,11 @@ class GPUConfig(StrictModel):
     hbm_bandwidth_bytes_per_s: float = Field(gt=0)
     bf16_flops_per_s: float = Field(gt=0)
     source: str = ""
+    interconnect: str = ""
+    interconnect_bandwidth_bytes_per_s: float = Field(
+        0.0, ge=0, description="GPU-GPU link, bytes/s per GPU in one direction (0: none; needed by parallel)")
+    allreduce_efficiency: float = Field(1.0, gt=0, le=1, description="achieved all-reduce bus bandwidth / peak")
+    allreduce_latency_s: float = Field(0.0, ge=0, description="fixed cost of one all-reduce")
 
     def spec(self) -> GPUSpec:
         return GPUSpec(**self.model_dump())
@@ -115,19 +153,31 @@ class HostLinkConfig(StrictModel):
 
 
 class KVBudgetConfig(StrictModel):
-    """KV memory. Derived by default: ``memory x gpu_memory_utilization - weights - activation
-    reserve``; or given explicitly with exactly one of ``bytes`` / ``tokens``."""
+    """KV memory, per GPU. Derived by default: ``memory x gpu_memory_utilization - weights -
+    activation reserve``; or given explicitly with exactly one of ``bytes`` (per GPU) / ``tokens``
+    (the replica's token capacity), which must fit in that derived amount unless
+    ``allow_beyond_gpu: true`` (an "unbounded cache" what-if)."""
 
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     activation_reserve_bytes: int = Field(1 << 30, ge=0)
-    bytes: int | None = Field(None, gt=0)
-    tokens: int | None = Field(None, gt=0)
+    bytes: int | None = Field(None, gt=0, description="KV bytes per GPU")
+    tokens: int | None = Field(None, gt=0, description="KV capacity in tokens")
+    allow_beyond_gpu: bool = Field(
+        False, description="accept bytes/tokens beyond what the GPU memory holds (what-if studies)")
 
     @model_validator(mode="after")
     def _one(self):
         if self.bytes is not None and self.tokens is not None:
             raise ValueError("give at most one of bytes and tokens")
         return self
+
+
+class ParallelConfig(StrictModel):
+    """GPUs per replica: ``tensor`` share every layer (Megatron-style), ``pipeline`` stages split the
+    layers. See docs/models.md#parallelism."""
+
+    tensor: int = Field(1, ge=1, le=1024, description="tensor-parallel GPUs (vLLM tensor_parallel_size)")
+    pipeline: int = Field(1, ge=1, le=1024, description="pipeline stages (vLLM pipeline_parallel_size)")
 
 
 class EngineConfig(StrictModel):
@@ -215,6 +265,7 @@ class Scenario(StrictModel):
     weight_dtype: WeightDTypeName = "fp16"
     kv_budget: KVBudgetConfig = KVBudgetConfig()
     host_link: HostLinkConfig | None = None
+    parallel: ParallelConfig = ParallelConfig()
     allocator: AllocatorConfig = Field(default_factory=lambda: ALLOCATORS.default_config("paged"))  # type: ignore[valid-type]
     scheduler: SchedulerConfig = SchedulerConfig()
     timing: TimingConfig = Field(default_factory=lambda: TIMING_MODELS.default_config("analytical"))  # type: ignore[valid-type]
@@ -283,22 +334,65 @@ class Scenario(StrictModel):
             raise ValueError("replicas.shared_prefix_store needs allocator kind paged with prefix_caching: true")
         return self
 
+    @model_validator(mode="after")
+    def _fits(self):
+        try:
+            p = self.parallel_plan()
+        except ValueError as e:
+            raise ValueError(str(e)) from None
+        if p.tensor * p.pipeline > 1 and self.timing.kind == "calibrated":
+            raise ValueError(f"parallel: timing kind 'calibrated' measures one GPU; use timing kind analytical "
+                             f"for tensor {p.tensor} x pipeline {p.pipeline}")
+        b = self.kv_budget
+        if b.allow_beyond_gpu or (b.tokens is None and b.bytes is None):
+            return self
+        fits = self.derived_kv_budget_bytes()
+        need = self.kv_budget_bytes()
+        if need > fits:
+            gpus = f"{p.tensor * p.pipeline} x " if p.tensor * p.pipeline > 1 else ""
+            if b.tokens is not None:
+                what = (f"kv_budget.tokens: {b.tokens:,} tokens x {p.kv_bytes_per_token_per_gpu:,} bytes per GPU = "
+                        f"{need / 2**30:.2f} GiB per GPU")
+                limit = f" (at most {max(fits, 0) // p.kv_bytes_per_token_per_gpu:,} tokens)"
+            else:
+                what, limit = f"kv_budget.bytes: {need / 2**30:.2f} GiB per GPU", ""
+            raise ValueError(
+                f"{what} is more than the {fits / 2**30:.2f} GiB{limit} that fits on {gpus}{self.gpu.name} "
+                f"({self.gpu.memory_bytes / 2**30:.1f} GiB x gpu_memory_utilization {b.gpu_memory_utilization} - "
+                f"weights {p.weight_bytes_per_gpu / 2**30:.1f} GiB - activation reserve "
+                f"{b.activation_reserve_bytes / 2**30:.1f} GiB); lower it, use more GPUs (parallel.tensor), or set "
+                f"kv_budget.allow_beyond_gpu: true for an unbounded-cache what-if")
+        return self
+
     # -- derived quantities ----------------------------------------------------------------------
+    def parallel_plan(self) -> ParallelPlan:
+        """Per-GPU view of one replica (one GPU without ``parallel``)."""
+        return plan(self.model.spec(), self.gpu.spec(), self.kv_dtype, self.weight_dtype,
+                    self.parallel.tensor, self.parallel.pipeline)
+
     @property
     def kv_bytes_per_token(self) -> int:
-        return self.model.spec().kv_bytes_per_token(self.kv_dtype)
+        """KV bytes a token takes on one GPU (all of it without parallelism): sizes the KV pool."""
+        return self.parallel_plan().kv_bytes_per_token_per_gpu
 
     @property
     def weight_bytes(self) -> int:
-        return self.model.spec().weight_bytes(self.weight_dtype)
+        """Weight bytes on one GPU (all of them without parallelism)."""
+        return self.parallel_plan().weight_bytes_per_gpu
+
+    def derived_kv_budget_bytes(self) -> int:
+        """What one GPU has for KV: memory x utilisation - weights - activation reserve."""
+        b = self.kv_budget
+        return int(self.gpu.memory_bytes * b.gpu_memory_utilization) - self.weight_bytes - b.activation_reserve_bytes
 
     def kv_budget_bytes(self) -> int:
+        """The KV budget of one GPU (given, or derived)."""
         b = self.kv_budget
         if b.tokens is not None:
             return b.tokens * self.kv_bytes_per_token
         if b.bytes is not None:
             return b.bytes
-        return int(self.gpu.memory_bytes * b.gpu_memory_utilization) - self.weight_bytes - b.activation_reserve_bytes
+        return self.derived_kv_budget_bytes()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -457,6 +551,8 @@ def _one_error(e: dict, prefix: str) -> str:
     msg = e["msg"]
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
+    if not loc:  # a check across sections: its message starts with the key it is about
+        return f"{prefix}{msg}"
     got = e.get("input")
     if t not in ("value_error", "assertion_error") and not isinstance(got, (dict, list)):
         msg += f" (got {got!r})"
@@ -522,6 +618,14 @@ def validate_scenario(raw: dict, file: str, prefix: str = "") -> Scenario:
         raise ConfigError(format_validation_error(e, file, prefix)) from None
 
 
+def expand_model(raw: dict, base_dir: Path | None, where: str, prefix: str = "") -> dict:
+    """``model: x.json`` -> the fields read from that Hugging Face config (relative to base_dir)."""
+    try:
+        return hf.expand_model_file(raw, base_dir)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {prefix}model: {e}") from None
+
+
 def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedScenario:
     path = Path(path)
     raw = read_yaml_mapping(path)
@@ -529,6 +633,7 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
         key, value = parse_set(expr)
         _set_dotted(raw, key, value, f"--set {expr}")
     raw.setdefault("name", path.stem)
+    raw = expand_model(raw, path.parent, str(path))
     base = validate_scenario(raw, str(path))
     if base.baseline is not None and base.baseline not in base.variants:
         raise ConfigError(f"{path}: baseline: {base.baseline!r} is not a variant"
@@ -546,5 +651,6 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
         for expr in overrides:
             key, value = parse_set(expr)
             _set_dotted(merged, key, value, f"--set {expr}")
+        merged = expand_model(merged, path.parent, str(path), prefix=f"variants.{vname}.")
         variants[vname] = validate_scenario(merged, str(path), prefix=f"variants.{vname}.")
     return LoadedScenario(path=path, name=str(base.name), base=base, variants=variants)

@@ -1,7 +1,11 @@
 """Model and GPU presets, and KV-cache sizing.
 
 KV bytes per token = 2 (K and V) x layers x kv_heads x per-head bytes, where per-head bytes is
-``head_dim x bits / 8`` plus the quantisation scales stored with each head's vector:
+``head_dim x bits / 8`` plus the quantisation scales stored with each head's vector. For MLA models
+(DeepSeek-V2/V3, ``attention="mla"``) one compressed latent of ``kv_lora_rank + qk_rope_head_dim``
+elements per layer is stored instead, shared by every head: layers x vector bytes, no factor 2.
+Sliding-window layers are charged for every token (exact up to the window, an upper bound past
+it): see :meth:`ModelSpec.kv_bytes_for_context` and docs/models.md.
 
 ============  =====  =====================================================================
 kv dtype       bits  scale overhead per (token, layer, K|V, kv_head)
@@ -51,6 +55,9 @@ KV_DTYPES: dict[str, KVDType] = {
 WEIGHT_DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
 
 
+ATTENTION_KINDS = ("gqa", "mla")  # gqa covers MHA (kv_heads == heads) and MQA (kv_heads == 1)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -61,14 +68,47 @@ class ModelSpec:
     head_dim: int
     intermediate_size: int
     vocab_size: int
-    num_params: float  # total parameters
+    num_params: float  # total parameters (every expert of an MoE model): what the weights weigh
     max_model_len_tokens: int
     gated_mlp: bool = True
     source: str = ""
+    attention: str = "gqa"  # one of ATTENTION_KINDS
+    kv_lora_rank: int = 0  # MLA: the compressed latent's width
+    qk_rope_head_dim: int = 0  # MLA: the decoupled RoPE key stored beside the latent
+    sliding_window_tokens: int = 0  # 0: no sliding-window layers
+    sliding_window_layers: int = 0  # how many of num_layers attend only to the last window tokens
+    num_experts: int = 0  # MoE: routed experts per MoE layer (0: dense)
+    experts_per_token: int = 0  # MoE: routed experts each token uses
+    active_params: float = 0.0  # parameters one token goes through (0: num_params, a dense model)
+
+    def kv_vector_bytes(self, kv_dtype: str) -> int:
+        """Bytes of one stored vector (one kv head's K or V; MLA: the latent + rope key)."""
+        dt = KV_DTYPES[kv_dtype]
+        if self.attention == "mla":
+            return dt.head_bytes(self.kv_lora_rank + self.qk_rope_head_dim)
+        return dt.head_bytes(self.head_dim)
+
+    def kv_bytes_per_token_layer(self, kv_dtype: str, kv_heads: int | None = None) -> int:
+        """KV bytes one token adds to one layer (``kv_heads``: per GPU under tensor parallelism)."""
+        if self.attention == "mla":
+            return self.kv_vector_bytes(kv_dtype)  # one latent, shared by all heads (no K/V pair)
+        return 2 * (self.num_kv_heads if kv_heads is None else kv_heads) * self.kv_vector_bytes(kv_dtype)
 
     def kv_bytes_per_token(self, kv_dtype: str) -> int:
-        dt = KV_DTYPES[kv_dtype]
-        return 2 * self.num_layers * self.num_kv_heads * dt.head_bytes(self.head_dim)
+        """Every layer, every token: what the allocator charges per token (window layers included)."""
+        return self.num_layers * self.kv_bytes_per_token_layer(kv_dtype)
+
+    def kv_bytes_for_context(self, context_tokens: int, kv_dtype: str) -> int:
+        """What one sequence of ``context_tokens`` really holds: window layers keep at most the window."""
+        per_layer = self.kv_bytes_per_token_layer(kv_dtype)
+        full_layers = self.num_layers - self.sliding_window_layers
+        window = min(context_tokens, self.sliding_window_tokens) if self.sliding_window_layers else 0
+        return per_layer * (full_layers * context_tokens + self.sliding_window_layers * window)
+
+    @property
+    def params_per_token(self) -> float:
+        """Parameters a token goes through (MoE: the active experts only)."""
+        return self.active_params or self.num_params
 
     def weight_bytes(self, weight_dtype: str = "bf16") -> int:
         return int(self.num_params * WEIGHT_DTYPE_BYTES[weight_dtype])
@@ -84,6 +124,12 @@ class GPUSpec:
     hbm_bandwidth_bytes_per_s: float
     bf16_flops_per_s: float  # dense
     source: str = ""
+    # GPU-to-GPU link for tensor/pipeline parallelism: peak bytes/s per GPU in ONE direction (half
+    # the bidirectional figure datasheets print); 0 = none known (parallel runs must set it).
+    interconnect: str = ""
+    interconnect_bandwidth_bytes_per_s: float = 0.0
+    allreduce_efficiency: float = 1.0  # measured all-reduce bus bandwidth / peak (1.0: no public number)
+    allreduce_latency_s: float = 0.0  # fixed cost of one all-reduce call
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -104,28 +150,66 @@ MODELS: dict[str, ModelSpec] = {
                   source="meta-llama/Meta-Llama-3-70B config.json"),
         ModelSpec("Qwen2.5-7B", 28, 3584, 28, 4, 128, 18944, 152064, 7.62e9, 32768,
                   source="Qwen/Qwen2.5-7B config.json"),
+        # The vLLM paper's (Kwon et al., SOSP 2023, Table 1) larger OPT models.
+        ModelSpec("OPT-66B", 64, 9216, 72, 72, 128, 36864, 50272, 65.7e9, 2048, gated_mlp=False,
+                  source="facebook/opt-66b config.json; 65.7B parameters by the config's shapes"),
+        ModelSpec("OPT-175B", 96, 12288, 96, 96, 128, 49152, 50272, 175e9, 2048, gated_mlp=False,
+                  source="OPT paper (Zhang et al. 2022) Table 1: 96 layers, 96 heads, d_model 12288"),
+        # Sliding window 4096 on every layer (v0.1; v0.2+ dropped the window).
+        ModelSpec("Mistral-7B", 32, 4096, 32, 8, 128, 14336, 32000, 7.24e9, 32768,
+                  sliding_window_tokens=4096, sliding_window_layers=32,
+                  source="mistralai/Mistral-7B-v0.1 config.json (7.24B parameters, model card)"),
+        ModelSpec("Mixtral-8x7B", 32, 4096, 32, 8, 128, 14336, 32000, 46.7e9, 32768,
+                  num_experts=8, experts_per_token=2, active_params=12.9e9,
+                  source="mistralai/Mixtral-8x7B-v0.1 config.json; 46.7B total / 12.9B active (Mistral AI, "
+                         "'Mixtral of experts', 2023)"),
+        ModelSpec("Qwen2.5-72B", 80, 8192, 64, 8, 128, 29568, 152064, 72.7e9, 32768,
+                  source="Qwen/Qwen2.5-72B config.json (72.7B parameters, model card)"),
+        # MLA: 512-wide latent + 64 rope dims per layer; head_dim = qk_nope 128 + qk_rope 64 (for FLOPs).
+        ModelSpec("DeepSeek-V3", 61, 7168, 128, 128, 192, 18432, 129280, 671e9, 163840,
+                  attention="mla", kv_lora_rank=512, qk_rope_head_dim=64,
+                  num_experts=256, experts_per_token=8, active_params=37e9,
+                  source="deepseek-ai/DeepSeek-V3 config.json; 671B total / 37B active (DeepSeek-V3 "
+                         "technical report, arXiv:2412.19437)"),
+        ModelSpec("Llama-3.1-405B", 126, 16384, 128, 8, 128, 53248, 128256, 405.9e9, 131072,
+                  source="meta-llama/Llama-3.1-405B config.json; 405.9B parameters by the config's shapes"),
     ]
 }
+
+# Interconnect (docs/models.md#parallelism): NVLink per GPU, one direction = half the datasheet's
+# bidirectional total (A100: 600 GB/s NVLink 3; H100/H200 SXM: 900 GB/s NVLink 4); L40S has no
+# NVLink: PCIe Gen4 x16, 64 GB/s bidirectional. All-reduce efficiency and latency: Vidur's profiled
+# NCCL all-reduce on DGX A100 / DGX H100 (peer-data/vidur/data/profiling/network/*_dgx): bus
+# bandwidth of a 64 MiB all-reduce over 8 GPUs (174 GB/s = 0.58 of 300; 365 GB/s = 0.81 of 450),
+# and the median time of all-reduces of <= 64 KiB (32.5 us, 35.5 us). The A100 figures serve both
+# A100 sizes (same NVLink 3 / NVSwitch); H200 reuses H100's (same NVLink 4); L40S: no public number.
+_NVLINK3 = dict(interconnect="NVLink 3", interconnect_bandwidth_bytes_per_s=300e9,
+                allreduce_efficiency=0.58, allreduce_latency_s=32.5e-6)
+_NVLINK4 = dict(interconnect="NVLink 4", interconnect_bandwidth_bytes_per_s=450e9,
+                allreduce_efficiency=0.81, allreduce_latency_s=35.5e-6)
 
 GPUS: dict[str, GPUSpec] = {
     g.name: g
     for g in [
-        GPUSpec("A100-40GB", 40 * GiB, 1.555e12, 312e12, source="NVIDIA A100 datasheet (SXM4 40GB)"),
-        GPUSpec("A100-80GB", 80 * GiB, 2.039e12, 312e12, source="NVIDIA A100 datasheet (SXM4 80GB)"),
-        GPUSpec("H100-SXM-80GB", 80 * GiB, 3.35e12, 989e12, source="NVIDIA H100 datasheet (SXM5)"),
-        GPUSpec("H200-141GB", 141 * GiB, 4.8e12, 989e12, source="NVIDIA H200 datasheet (SXM)"),
-        GPUSpec("L40S", 48 * GiB, 0.864e12, 362.05e12, source="NVIDIA L40S datasheet"),
+        GPUSpec("A100-40GB", 40 * GiB, 1.555e12, 312e12, source="NVIDIA A100 datasheet (SXM4 40GB)", **_NVLINK3),
+        GPUSpec("A100-80GB", 80 * GiB, 2.039e12, 312e12, source="NVIDIA A100 datasheet (SXM4 80GB)", **_NVLINK3),
+        GPUSpec("H100-SXM-80GB", 80 * GiB, 3.35e12, 989e12, source="NVIDIA H100 datasheet (SXM5)", **_NVLINK4),
+        GPUSpec("H200-141GB", 141 * GiB, 4.8e12, 989e12, source="NVIDIA H200 datasheet (SXM)", **_NVLINK4),
+        GPUSpec("L40S", 48 * GiB, 0.864e12, 362.05e12, source="NVIDIA L40S datasheet", interconnect="PCIe Gen4 x16",
+                interconnect_bandwidth_bytes_per_s=32e9),
     ]
 }
 
 
-def presets_table() -> dict:
-    """Everything ``kvsim models --json`` prints."""
+def presets_table(models: dict[str, ModelSpec] | None = None) -> dict:
+    """Everything ``kvsim models --json`` prints (``models``: instead of the presets, e.g. read
+    from Hugging Face config files)."""
     return {
         "kv_dtypes": {k: asdict(v) for k, v in KV_DTYPES.items()},
         "models": {
-            name: {**m.to_dict(), "kv_bytes_per_token": {dt: m.kv_bytes_per_token(dt) for dt in KV_DTYPES}}
-            for name, m in MODELS.items()
+            name: {**m.to_dict(), "kv_bytes_per_token": {dt: m.kv_bytes_per_token(dt) for dt in KV_DTYPES},
+                   "params_per_token": m.params_per_token}
+            for name, m in (MODELS if models is None else models).items()
         },
         "gpus": {name: g.to_dict() for name, g in GPUS.items()},
     }

@@ -69,8 +69,8 @@ def build_allocator(scn: Scenario, where: str = "scenario"):
             f"{where}: kv_budget: derived KV budget is {budget / 2**30:.2f} GiB: GPU memory "
             f"{scn.gpu.memory_bytes / 2**30:.1f} GiB x gpu_memory_utilization {scn.kv_budget.gpu_memory_utilization} "
             f"- weights {scn.weight_bytes / 2**30:.1f} GiB ({scn.model.name}, {scn.weight_dtype}) - activation "
-            f"reserve {scn.kv_budget.activation_reserve_bytes / 2**30:.1f} GiB; use a bigger gpu, a smaller model "
-            f"or set kv_budget.bytes / kv_budget.tokens"
+            f"reserve {scn.kv_budget.activation_reserve_bytes / 2**30:.1f} GiB; use a bigger gpu, a smaller model, "
+            f"more GPUs (parallel.tensor) or set kv_budget.bytes / kv_budget.tokens"
         )
     capacity_tokens = budget // bpt
     # A budget beyond the GPU's memory is a legitimate what-if (an "unbounded" cache), but naming
@@ -115,10 +115,13 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
         allocator, budget = build_allocator(scn, where)
         if store is not None:
             allocator.attach_shared_store(store)
+        par = scn.parallel_plan()  # one GPU: whole-model bytes, no communication
         ctx = TimingContext(
             model=scn.model.spec(), gpu=scn.gpu.spec(), kv_dtype=scn.kv_dtype,
-            kv_bytes_per_token=scn.kv_bytes_per_token, weight_bytes=scn.weight_bytes,
+            kv_bytes_per_token=par.kv_bytes_per_token_per_rank, weight_bytes=par.weight_bytes_per_rank,
             block_size_tokens=allocator.block_size_tokens, base_dir=base_dir,
+            tensor_parallel=par.tensor, pipeline_parallel=par.pipeline,
+            comm_s_per_step=par.comm_s_per_step, comm_s_per_token=par.comm_s_per_token,
         )
         try:
             timing = TIMING_MODELS.build(scn.timing, ctx)

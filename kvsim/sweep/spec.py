@@ -37,6 +37,7 @@ from kvsim.config import (
     Scenario,
     _undot,
     deep_merge,
+    expand_model,
     format_validation_error,
     parse_set,
     read_yaml_mapping,
@@ -286,6 +287,7 @@ def load_sweep(source: str | Path | dict, *, base_dir: str | Path | None = None,
         if variants_raw is not None:
             base_raw["variants"] = variants_raw
     # The base alone must be a valid scenario (its variants are validated as points below).
+    base_raw = expand_model(base_raw, anchor.parent, base_where)  # model: x.json -> its fields
     base = validate_scenario(base_raw, base_where)
 
     grid_keys = list(spec.grid)
@@ -321,6 +323,7 @@ def load_sweep(source: str | Path | dict, *, base_dir: str | Path | None = None,
                                  + [f"{k}={_short(v)}" for k, v in overrides.items()])
                 seen[pid] = desc or "base"
                 try:
+                    merged = expand_model(merged, anchor.parent, f"{where}: point {pid}")
                     scn = _validate_point(merged, f"{where}: point {pid}", check_capacity, anchor.parent)
                 except KvsimError as e:
                     errors.append(str(e))

@@ -6,12 +6,14 @@ Per step::
     compute_s = (2 * num_params * num_tokens + 4 * layers * heads * head_dim * attention_pairs)
                 / (peak_flops * compute_efficiency)
     swap_s    = (swap_in_bytes + swap_out_bytes) / host_link_bandwidth + tier_load_s
-    duration  = max(memory_s, compute_s) + step_overhead_s + swap_s
+    duration  = max(memory_s, compute_s) + step_overhead_s + swap_s + parallel_comm_s
 
 ``kv_bytes_read = kv_tokens_read * kv_bytes_per_token``; ``kv_bytes_written = num_tokens *
 kv_bytes_per_token``. The weights are read once per step whatever the batch: that is what makes
 batching pay, and what makes KV capacity (concurrency) decide throughput. Swaps are serialised
-with compute (vLLM v0 swaps between steps on the critical path).
+with compute (vLLM v0 swaps between steps on the critical path). Under tensor/pipeline
+parallelism the bytes are one tensor rank's, FLOP/s are the tensor ranks' together, and
+``parallel_comm_s`` (all-reduces + stage sends, TimingContext.comm_s) is added; 0 on one GPU.
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ class AnalyticalTiming:
         self.kv_bytes_per_token = ctx.kv_bytes_per_token
         self.weight_bytes = ctx.weight_bytes
         self.bandwidth_bytes_per_s = ctx.gpu.hbm_bandwidth_bytes_per_s * cfg.bandwidth_efficiency
-        self.flops_per_s = ctx.gpu.bf16_flops_per_s * cfg.compute_efficiency
-        self.linear_flops_per_token = 2.0 * m.num_params
+        self.flops_per_s = ctx.gpu.bf16_flops_per_s * cfg.compute_efficiency * ctx.tensor_parallel
+        self.linear_flops_per_token = 2.0 * m.params_per_token  # MoE: the active experts only
+        self.comm_s = ctx.comm_s  # tensor/pipeline parallel communication (0.0 on one GPU)
         self.attention_flops_per_pair = 4.0 * m.num_layers * m.num_attention_heads * m.head_dim
 
     def step_time(self, shape: BatchShape) -> StepTiming:
@@ -58,6 +61,8 @@ class AnalyticalTiming:
         swap_s = (shape.swap_in_bytes + shape.swap_out_bytes) / self.cfg.host_link_bandwidth_bytes_per_s \
             + shape.tier_load_s
         duration = max(weights_s + kv_s, linear_s + attn_s) + self.cfg.step_overhead_s + swap_s
+        comm_s = self.comm_s(shape.num_tokens)  # parallelism (same expression in decode_durations)
+        duration = duration + comm_s
         return StepTiming(
             duration_s=duration,
             breakdown_s={
@@ -67,6 +72,7 @@ class AnalyticalTiming:
                 "attention_compute_s": attn_s,
                 "overhead_s": self.cfg.step_overhead_s,
                 "swap_s": swap_s,
+                "parallel_comm_s": comm_s,
             },
             kv_bytes_read=kv_read,
         )
@@ -88,6 +94,8 @@ class AnalyticalTiming:
         attn_s = self.attention_flops_per_pair * kv_tokens_read / self.flops_per_s
         swap_s = 0 / self.cfg.host_link_bandwidth_bytes_per_s + 0.0
         duration = np.maximum(weights_s + kv_s, linear_s + attn_s) + self.cfg.step_overhead_s + swap_s
+        comm_s = self.comm_s(num_seqs)  # parallelism (same expression as in step_time)
+        duration = duration + comm_s
         parts = {
             "weights_read_s": weights_s,
             "kv_read_s": kv_s,
@@ -95,6 +103,7 @@ class AnalyticalTiming:
             "attention_compute_s": attn_s,
             "overhead_s": self.cfg.step_overhead_s,
             "swap_s": 0.0,
+            "parallel_comm_s": comm_s,
         }
         return duration, parts, kv_read
 

@@ -13,7 +13,19 @@ class TimingContext:
     model: ModelSpec
     gpu: GPUSpec
     kv_dtype: str
+    # Under tensor/pipeline parallelism (kvsim/models/parallel.py) these two are ONE tensor rank's
+    # share summed over the pipeline stages, which run one after another within a step: the bytes
+    # one GPU of each stage reads, in sequence. Without parallelism: the whole model's.
     kv_bytes_per_token: int
     weight_bytes: int
     block_size_tokens: int | None  # None for allocators without fixed blocks
     base_dir: Path  # the scenario file's folder, for resolving relative paths
+    # -- parallelism (docs/models.md#parallelism) --------------------------------------------------
+    tensor_parallel: int = 1  # GPUs sharing each layer: FLOPs split this many ways
+    pipeline_parallel: int = 1  # stages (sequential within a step)
+    comm_s_per_step: float = 0.0  # all-reduce + stage-send latency per step (0 without parallelism)
+    comm_s_per_token: float = 0.0  # all-reduce + stage-send transfer time per token in the step
+
+    def comm_s(self, num_tokens):
+        """Communication time of a step of ``num_tokens`` (an int, or an array of them)."""
+        return self.comm_s_per_step + self.comm_s_per_token * num_tokens

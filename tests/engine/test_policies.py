@@ -20,7 +20,7 @@ def mooncake_scenario(capacity_tokens, block=512, n=600, **alloc):
     return Scenario.model_validate({
         "trace": {"file": str(MOONCAKE_SYN), "max_requests": n},
         "model": {"preset": "Llama-3-8B", "max_model_len_tokens": 262144},
-        "kv_budget": {"tokens": capacity_tokens},
+        "kv_budget": {"tokens": capacity_tokens, "allow_beyond_gpu": True},  # capacity what-ifs
         "allocator": {"kind": "paged", "block_size": block, "prefix_caching": True, "watermark": 0.0, **alloc},
         "timing": {"kind": "constant", "step_s": 0.01},
         "scheduler": {"max_num_seqs": 100000},

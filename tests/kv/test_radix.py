@@ -348,7 +348,7 @@ def _mooncake(alloc, n=300):
     return Scenario.model_validate({
         "trace": {"file": "traces/mooncake_synthetic.jsonl.gz", "max_requests": n},
         "model": {"preset": "Llama-3-8B", "max_model_len_tokens": 262144},
-        "kv_budget": {"tokens": 200_000_000},
+        "kv_budget": {"tokens": 200_000_000, "allow_beyond_gpu": True},  # an unbounded cache
         "timing": {"kind": "constant"},
         "allocator": alloc,
     })

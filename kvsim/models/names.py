@@ -1,0 +1,59 @@
+"""Preset names: case-insensitive lookup, and "did you mean" that matches on the distinctive parts.
+
+Plain edit distance offers ``A100-80GB`` for ``H100-80GB`` (one letter apart) although the user
+clearly meant an H100. Names are split into parts at separators and at letter/digit boundaries
+(``H100-SXM-80GB`` -> h, 100, sxm, 80, gb) and the preset sharing the most parts wins (Jaccard);
+edit distance only breaks ties and catches typos inside a part.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable, Mapping
+from typing import TypeVar
+
+T = TypeVar("T")
+
+_PART = re.compile(r"[a-z]+|\d+(?:\.\d+)?")
+
+
+def parts(name: str) -> frozenset[str]:
+    return frozenset(_PART.findall(name.lower()))
+
+
+def _squash(name: str) -> str:
+    return re.sub(r"[^a-z0-9.]", "", name.lower())
+
+
+def lookup(name: str, presets: Mapping[str, T]) -> str | None:
+    """The preset key ``name`` means: exact, else case-insensitive, else ignoring separators
+    (``llama3-8b`` -> ``Llama-3-8B``) when that is unambiguous; None when there is none."""
+    if name in presets:
+        return name
+    for key in presets:
+        if key.lower() == name.lower():
+            return key
+    squashed = [key for key in presets if _squash(key) == _squash(name)]
+    return squashed[0] if len(squashed) == 1 else None
+
+
+def closest(name: str, choices: Iterable[str]) -> str | None:
+    """The choice that shares the most distinctive parts with ``name`` (None when nothing is close)."""
+    choices = list(choices)
+    want = parts(name)
+    best, best_key, best_ok = None, (0.0, 0.0), False
+    for c in choices:
+        have = parts(c)
+        jaccard = len(want & have) / len(want | have) if want | have else 0.0
+        ratio = difflib.SequenceMatcher(None, name.lower(), c.lower()).ratio()
+        key = (jaccard, ratio)
+        if key > best_key:
+            # Close enough: half the parts shared, a near-spelling, or every part the user wrote.
+            best, best_key, best_ok = c, key, jaccard >= 0.5 or ratio >= 0.6 or (bool(want) and want <= have)
+    return best if best_ok else None
+
+
+def did_you_mean_preset(name: str, choices: Iterable[str]) -> str:
+    c = closest(name, choices)
+    return f" (did you mean '{c}'?)" if c else ""

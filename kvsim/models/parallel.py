@@ -1,0 +1,108 @@
+"""Tensor and pipeline parallelism: what each GPU holds, and what the GPUs say to each other.
+
+One kvsim replica is ``tensor x pipeline`` GPUs serving one copy of the model (vLLM's
+``tensor_parallel_size`` x ``pipeline_parallel_size``):
+
+* **Layers per pipeline stage** as vLLM's ``get_pp_indices`` splits them: ``layers // P`` each,
+  the remainder given one layer at a time to the stages before the last. The stage with the most
+  layers sets the KV capacity (every stage holds every token of its layers).
+* **KV heads per GPU** as vLLM's ``ModelConfig.get_num_kv_heads``: ``max(1, kv_heads // T)``; when
+  ``kv_heads < T`` the heads are replicated so that each GPU holds one. MLA models hold their one
+  latent on every GPU (vLLM returns 1 KV head for MLA: "during decode it becomes MQA"). Head
+  counts must divide as vLLM's ``QKVParallelLinear`` requires: ``heads % T == 0`` and
+  ``kv_heads % T == 0`` or ``T % kv_heads == 0``.
+* **Weights per GPU**: ``num_params x bytes / (T x P)`` (an even split; vLLM keeps the embedding
+  on the first stage and the LM head on the last, a few % more there).
+* **Communication per step** of ``n`` tokens (Megatron-LM tensor parallelism, Shoeybi et al. 2019:
+  two all-reduces of the ``n x hidden`` activations per layer in the forward pass), each a ring
+  all-reduce: ``2 (T-1)/T x bytes / (bandwidth x efficiency) + latency`` (the bus-bandwidth factor
+  of NCCL's tests, nccl-tests doc/PERFORMANCE.md); plus ``P-1`` stage-to-stage sends of the same
+  activations. Serialised with compute (vLLM does not overlap them). Pipeline stages run one after
+  another for a step: there is no micro-batch overlap between stages (see docs/models.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvsim.hw import WEIGHT_DTYPE_BYTES, GPUSpec, ModelSpec
+
+ACTIVATION_BYTES = 2  # fp16/bf16 activations, whatever the weight/KV dtype
+
+
+def layers_per_stage(num_layers: int, pipeline: int) -> tuple[int, ...]:
+    """vLLM's even split (vllm/distributed/utils.py get_pp_indices without a custom partition)."""
+    base, extra = divmod(num_layers, pipeline)
+    parts = [base] * pipeline
+    for i in range(2, extra + 2):
+        parts[-i] += 1
+    return tuple(parts)
+
+
+def kv_heads_per_gpu(model: ModelSpec, tensor: int) -> int:
+    if model.attention == "mla":
+        return 1
+    return max(1, model.num_kv_heads // tensor)
+
+
+def check_split(model: ModelSpec, tensor: int, pipeline: int) -> str | None:
+    """Why this model cannot be split this way (None when it can)."""
+    if model.num_attention_heads % tensor:
+        return (f"parallel.tensor: {tensor} does not divide {model.name}'s {model.num_attention_heads} attention "
+                f"heads (vLLM requires it)")
+    kvh = model.num_kv_heads
+    if model.attention != "mla" and (kvh % tensor if kvh >= tensor else tensor % kvh):
+        return (f"parallel.tensor: {tensor} and {model.name}'s {kvh} KV heads: one must divide the other "
+                f"(vLLM replicates KV heads only by whole copies)")
+    if pipeline > model.num_layers:
+        return f"parallel.pipeline: {pipeline} stages for {model.name}'s {model.num_layers} layers"
+    return None
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    tensor: int
+    pipeline: int
+    kv_heads_per_gpu: int
+    layers_per_stage: tuple[int, ...]
+    kv_bytes_per_token_per_gpu: int  # on the stage with the most layers: what sizes the KV pool
+    kv_bytes_per_token_per_rank: int  # one tensor rank's share summed over the stages (timing)
+    weight_bytes_per_gpu: int
+    weight_bytes_per_rank: int  # one tensor rank's share summed over the stages (timing)
+    comm_s_per_step: float  # fixed latency of a step's all-reduces and stage sends
+    comm_s_per_token: float  # + this per token in the step
+
+    def comm_s(self, num_tokens: int) -> float:
+        return self.comm_s_per_step + self.comm_s_per_token * num_tokens
+
+
+def plan(model: ModelSpec, gpu: GPUSpec, kv_dtype: str, weight_dtype: str, tensor: int = 1,
+         pipeline: int = 1) -> ParallelPlan:
+    """The per-GPU view of one replica. Raises ValueError (the message names the key) when the
+    model cannot be split so or the GPU has no interconnect to split it over."""
+    why = check_split(model, tensor, pipeline)
+    if why:
+        raise ValueError(why)
+    stages = layers_per_stage(model.num_layers, pipeline)
+    heads = kv_heads_per_gpu(model, tensor)
+    per_layer = model.kv_bytes_per_token_layer(kv_dtype, heads)
+    weights = model.num_params * WEIGHT_DTYPE_BYTES[weight_dtype]
+    comm_step = comm_token = 0.0
+    if tensor > 1 or pipeline > 1:
+        bw = gpu.interconnect_bandwidth_bytes_per_s * gpu.allreduce_efficiency
+        if bw <= 0:
+            raise ValueError(f"gpu.interconnect_bandwidth_bytes_per_s: GPU {gpu.name} has no interconnect bandwidth; "
+                             f"set it to split the model over {tensor * pipeline} GPUs")
+        act = model.hidden_size * ACTIVATION_BYTES
+        allreduces = 2 * model.num_layers if tensor > 1 else 0
+        ring = 2 * (tensor - 1) / tensor
+        comm_token = (allreduces * ring + (pipeline - 1)) * act / bw
+        comm_step = (allreduces + (pipeline - 1)) * gpu.allreduce_latency_s
+    return ParallelPlan(
+        tensor=tensor, pipeline=pipeline, kv_heads_per_gpu=heads, layers_per_stage=stages,
+        kv_bytes_per_token_per_gpu=max(stages) * per_layer,
+        kv_bytes_per_token_per_rank=model.num_layers * per_layer,
+        weight_bytes_per_gpu=int(weights / (tensor * pipeline)),
+        weight_bytes_per_rank=int(weights / tensor),
+        comm_s_per_step=comm_step, comm_s_per_token=comm_token,
+    )

@@ -1,0 +1,154 @@
+"""Tensor/pipeline parallelism: per-GPU KV and weights (vLLM's rules), communication time in the
+analytical timing, and the vLLM paper's Table 1 setups."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvsim.config import Scenario, load_scenario
+from kvsim.errors import ConfigError
+from kvsim.hw import GPUS, MODELS
+from kvsim.models.parallel import kv_heads_per_gpu, layers_per_stage, plan
+from kvsim.simulate import build_allocator
+from kvsim.timing.analytical import AnalyticalTiming, AnalyticalTimingConfig
+from kvsim.timing.base import BatchShape
+from kvsim.timing.context import TimingContext
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def scenario(**over):
+    return Scenario.model_validate({"trace": {"file": "unused.csv"}, "model": "Llama-3-70B", "gpu": "H100-SXM-80GB",
+                                    **over})
+
+
+def test_layers_per_stage_as_vllm_splits_them():
+    assert layers_per_stage(80, 1) == (80,)
+    assert layers_per_stage(80, 4) == (20, 20, 20, 20)
+    assert layers_per_stage(61, 2) == (31, 30)  # the extra layer goes before the last stage
+    assert layers_per_stage(80, 3) == (27, 27, 26)
+
+
+def test_kv_heads_split_then_replicated_and_mla_latent_on_every_gpu():
+    llama = MODELS["Llama-3-70B"]  # 8 KV heads
+    assert [kv_heads_per_gpu(llama, t) for t in (1, 2, 4, 8, 16, 32)] == [8, 4, 2, 1, 1, 1]
+    assert kv_heads_per_gpu(MODELS["DeepSeek-V3"], 8) == 1
+
+
+def test_tensor_parallel_divides_kv_and_weights_per_gpu():
+    one = scenario().parallel_plan()
+    for t in (2, 4, 8):
+        p = scenario(parallel={"tensor": t}).parallel_plan()
+        assert p.kv_bytes_per_token_per_gpu == one.kv_bytes_per_token_per_gpu // t == 80 * 2 * (8 // t) * 128 * 2
+        assert p.weight_bytes_per_gpu == int(70.55e9 * 2 / t)
+        assert p.kv_bytes_per_token_per_rank == p.kv_bytes_per_token_per_gpu  # one stage
+    # 16 GPUs, 8 KV heads: each GPU keeps a whole head, so per-GPU KV is twice 1/16th
+    p16 = plan(MODELS["Llama-3-70B"], GPUS["H100-SXM-80GB"], "fp16", "fp16", tensor=16)
+    assert p16.kv_bytes_per_token_per_gpu == 80 * 2 * 1 * 128 * 2 == 2 * one.kv_bytes_per_token_per_gpu // 16
+    # MLA: the latent is not split
+    ds = plan(MODELS["DeepSeek-V3"], GPUS["H200-141GB"], "fp8", "fp8", tensor=8)
+    assert ds.kv_bytes_per_token_per_gpu == 61 * 576
+
+
+def test_pipeline_stages_split_layers_and_the_biggest_stage_sizes_the_pool():
+    p = scenario(parallel={"pipeline": 3}).parallel_plan()
+    assert p.layers_per_stage == (27, 27, 26)
+    assert p.kv_bytes_per_token_per_gpu == 27 * 2 * 8 * 128 * 2
+    assert p.kv_bytes_per_token_per_rank == 80 * 2 * 8 * 128 * 2  # stages run one after another
+    assert p.weight_bytes_per_gpu == int(70.55e9 * 2 / 3)
+
+
+def test_communication_time_by_hand():
+    gpu = GPUS["H100-SXM-80GB"]
+    p = scenario(parallel={"tensor": 4}).parallel_plan()
+    bw = 450e9 * 0.81
+    # 80 layers x 2 all-reduces x ring factor 2(T-1)/T x hidden 8192 x 2 bytes per token
+    assert p.comm_s_per_token == pytest.approx(160 * 1.5 * 8192 * 2 / bw, rel=1e-12)
+    assert p.comm_s_per_step == pytest.approx(160 * gpu.allreduce_latency_s, rel=1e-12)
+    pp = scenario(parallel={"tensor": 2, "pipeline": 2}).parallel_plan()
+    assert pp.comm_s_per_token == pytest.approx((160 * 1.0 + 1) * 8192 * 2 / bw, rel=1e-12)
+    assert pp.comm_s_per_step == pytest.approx(161 * gpu.allreduce_latency_s, rel=1e-12)
+    assert scenario().parallel_plan().comm_s(1000) == 0.0
+
+
+def _timing(scn):
+    p = scn.parallel_plan()
+    ctx = TimingContext(model=scn.model.spec(), gpu=scn.gpu.spec(), kv_dtype=scn.kv_dtype,
+                        kv_bytes_per_token=p.kv_bytes_per_token_per_rank, weight_bytes=p.weight_bytes_per_rank,
+                        block_size_tokens=16, base_dir=Path("."), tensor_parallel=p.tensor,
+                        pipeline_parallel=p.pipeline, comm_s_per_step=p.comm_s_per_step,
+                        comm_s_per_token=p.comm_s_per_token)
+    return AnalyticalTiming(AnalyticalTimingConfig(), ctx), p
+
+
+def test_analytical_step_adds_the_communication_and_decode_durations_match_bit_for_bit():
+    t1, _ = _timing(scenario())
+    t4, p4 = _timing(scenario(parallel={"tensor": 4}))
+    shape = BatchShape(num_seqs=32, num_prefill_seqs=0, num_decode_seqs=32, num_prefill_tokens=0, num_decode_tokens=32,
+                       kv_tokens_read=32 * 2000,
+                       attention_pairs=32 * 2000)
+    s1, s4 = t1.step_time(shape), t4.step_time(shape)
+    assert s4.breakdown_s["parallel_comm_s"] == p4.comm_s(32) > 0
+    assert s1.breakdown_s["parallel_comm_s"] == 0.0
+    # memory-bound decode: a quarter of the bytes per GPU, plus the all-reduces
+    assert s4.breakdown_s["weights_read_s"] == pytest.approx(s1.breakdown_s["weights_read_s"] / 4, rel=1e-9)
+    assert s4.duration_s < s1.duration_s
+    seqs = np.array([1, 7, 32, 255], dtype=np.int64)
+    kv = np.array([100, 7000, 64000, 900000], dtype=np.int64)
+    for timing in (t1, t4):
+        durations, _, _ = timing.decode_durations(seqs, kv)
+        for j in range(len(seqs)):
+            one = BatchShape(num_seqs=int(seqs[j]), num_prefill_seqs=0, num_decode_seqs=int(seqs[j]), num_prefill_tokens=0,
+                             num_decode_tokens=int(seqs[j]),
+                             kv_tokens_read=int(kv[j]), attention_pairs=int(kv[j]))
+            assert durations[j] == timing.step_time(one).duration_s  # bit for bit
+
+
+@pytest.mark.parametrize("over,words", [
+    ({"parallel": {"tensor": 3}}, ["parallel.tensor", "3", "64 attention heads"]),
+    ({"model": "Qwen2.5-7B", "parallel": {"tensor": 8}}, ["parallel.tensor", "28 attention heads"]),
+    ({"parallel": {"pipeline": 81}}, ["parallel.pipeline", "81 stages", "80 layers"]),
+    ({"parallel": {"tensor": 0}}, ["parallel.tensor", "greater than or equal to 1"]),
+    ({"gpu": {"name": "mine", "memory_bytes": 80 << 30, "hbm_bandwidth_bytes_per_s": 2e12, "bf16_flops_per_s": 3e14},
+      "parallel": {"tensor": 2}}, ["gpu.interconnect_bandwidth_bytes_per_s", "mine"]),
+])
+def test_impossible_splits_are_refused_in_one_line(tmp_path, over, words):
+    import yaml
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump({"trace": {"file": "t.csv"}, "model": "Llama-3-70B", "gpu": "H100-SXM-80GB", **over}))
+    with pytest.raises(ConfigError) as e:
+        load_scenario(f)
+    msg = str(e.value)
+    assert msg.startswith(str(f)) and "\n" not in msg
+    for w in words:
+        assert w in msg, msg
+
+
+# The vLLM paper (Kwon et al., SOSP 2023), Table 1: KV slots 15.7K / 9.7K / 60.1K.
+PAPER_SLOTS = {"opt-13b-paper": 15_700, "opt-66b-tp4-paper": 9_700, "opt-175b-tp8-paper": 60_100}
+
+
+def test_vllm_paper_table1_setups_hold_the_papers_kv_slots():
+    loaded = load_scenario(ROOT / "scenarios" / "studies" / "vllm_table1_parallel.yaml")
+    caps = {}
+    for name, scn in loaded.runs.items():
+        alloc, budget = build_allocator(scn, name)
+        caps[name] = alloc.capacity_tokens
+    for name, slots in PAPER_SLOTS.items():
+        assert caps[name] == pytest.approx(slots, rel=0.02), (name, caps[name])
+    # Derived budgets (GPU memory x 0.9 - weights - 1 GiB per GPU) are smaller than the paper's.
+    assert caps["opt-66b-tp4-derived"] < caps["opt-66b-tp4-paper"]
+    assert caps["opt-175b-tp8-derived"] < caps["opt-175b-tp8-paper"]
+    assert loaded.runs["opt-66b-tp4-paper"].parallel_plan().kv_heads_per_gpu == 18  # 72 heads / 4
+    assert loaded.runs["opt-175b-tp8-paper"].parallel_plan().kv_bytes_per_token_per_gpu == 96 * 2 * 12 * 128 * 2
+
+
+def test_calibrated_timing_is_single_gpu_and_refuses_parallel(tmp_path):
+    import yaml
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump({"trace": {"file": "t.csv"}, "model": "Llama-3-70B", "gpu": "H100-SXM-80GB",
+                                 "parallel": {"tensor": 4}, "timing": {"kind": "calibrated", "file": "calib"}}))
+    with pytest.raises(ConfigError) as e:
+        load_scenario(f)
+    assert "parallel: timing kind 'calibrated'" in str(e.value) and "analytical" in str(e.value)

@@ -85,6 +85,8 @@ class GPUConfig(StrictModel):
     hbm_bandwidth_bytes_per_s: float = Field(gt=0)
     bf16_flops_per_s: float = Field(gt=0)
     source: str = ""
+    num_sms: int | None = Field(None, gt=0, description="streaming multiprocessors (attention-kernel parallelism); "
+                                                          "unknown: the kernel model assumes enough parallelism")
 
     def spec(self) -> GPUSpec:
         return GPUSpec(**self.model_dump())

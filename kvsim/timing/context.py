@@ -17,3 +17,9 @@ class TimingContext:
     weight_bytes: int
     block_size_tokens: int | None  # None for allocators without fixed blocks
     base_dir: Path  # the scenario file's folder, for resolving relative paths
+
+    @property
+    def block_size(self) -> int | None:
+        """The allocator's page size in tokens; None = contiguous KV (the attention kernel has no
+        page table). The same value as ``block_size_tokens`` (one owner: the allocator)."""
+        return self.block_size_tokens

@@ -111,14 +111,14 @@ def fit_rows(rows: pd.DataFrame, geom: dict, kv_dtype: str, template, peak_bw: f
     if num_sms is None:
         best_u = template.units_per_sm_to_saturate
     else:
-        grid = np.exp(np.linspace(math.log(0.125), math.log(256.0), 57))
+        grid = np.exp(np.linspace(math.log(0.125), math.log(256.0), 23))
         errs = [solve(u)[1] for u in grid]
         k = int(np.argmin(errs))
         lo, hi = math.log(grid[max(k - 1, 0)]), math.log(grid[min(k + 1, len(grid) - 1)])
         g = (math.sqrt(5) - 1) / 2
         a, b = hi - g * (hi - lo), lo + g * (hi - lo)
         fa, fb = solve(math.exp(a))[1], solve(math.exp(b))[1]
-        for _ in range(60):
+        for _ in range(36):
             if fa < fb:
                 hi, b, fb = b, a, fa
                 a = hi - g * (hi - lo)

@@ -48,10 +48,13 @@ def test_small_pages_slow_the_vllm_2023_kernel():
 
 def test_vllm_2023_paging_overhead_vs_contiguous_matches_the_paper_band():
     # vLLM paper (SOSP'23) section 7.1: 20-26 % higher attention-kernel latency than FasterTransformer
+    # (Llama-13B on an A100-40GB); docs/kernel_model.md gives the model's ratio at each setting
+    a100 = GPUS["A100-40GB"]
     for batch in (8, 32):
-        ratio = launch(kernel("vllm-2023-paged", 16), batch, 256).time_s / launch(kernel("contiguous", None), batch,
-                                                                                      256).time_s
-        assert 1.18 <= ratio <= 1.28
+        for context in (128, 256):
+            ratio = (launch(kernel("vllm-2023-paged", 16, gpu=a100), batch, context).time_s
+                     / launch(kernel("contiguous", None, gpu=a100), batch, context).time_s)
+            assert 1.17 <= ratio <= 1.27
 
 
 def test_flashinfer_is_nearly_flat_in_page_size():

@@ -29,13 +29,15 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from kvsim.config_base import StrictModel
 from kvsim.registry import TIMING_MODELS
 from kvsim.timing.base import BatchShape, StepTiming
 from kvsim.timing.context import TimingContext
-from kvsim.timing.kernel import KernelModel, KVLayout, default_backend, load_backend, pages_or_estimate
+from kvsim.errors import did_you_mean, format_choices
+from kvsim.timing.kernel import (KernelModel, KVLayout, builtin_backends, default_backend, load_backend,
+                                 pages_or_estimate)
 
 ROOFLINE = "roofline"
 
@@ -54,6 +56,15 @@ class AnalyticalTimingConfig(StrictModel):
                             "contiguous/buddy: contiguous), a built-in name (contiguous, flashinfer-paged, "
                             "vllm-2023-paged), a profile .yaml path (e.g. from `kvsim calibrate fit`), or "
                             "roofline (KV reads at bandwidth_efficiency, no kernel model)")
+
+    @field_validator("attention_backend")
+    @classmethod
+    def _known_backend(cls, v: str) -> str:
+        names = ["auto", ROOFLINE, *builtin_backends()]
+        if v in names or v.endswith((".yaml", ".yml")):
+            return v
+        raise ValueError(f"unknown attention backend {v!r}{did_you_mean(v, names)}; valid: "
+                         f"{format_choices(names)}, or a profile .yaml path")
 
 
 class AnalyticalTiming:
@@ -76,8 +87,7 @@ class AnalyticalTiming:
         if name != ROOFLINE:
             profile = load_backend(name, ctx.base_dir)
             layout = KVLayout.from_model(m, ctx.kv_dtype, ctx.block_size)
-            self.kernel = KernelModel(profile, layout, ctx.gpu.hbm_bandwidth_bytes_per_s,
-                                      getattr(ctx.gpu, "num_sms", None))
+            self.kernel = KernelModel(profile, layout, ctx.gpu.hbm_bandwidth_bytes_per_s, ctx.gpu.num_sms)
 
     def _attention_s(self, num_seqs, kv_tokens, kv_pages):
         if self.kernel is None:

@@ -91,7 +91,7 @@ def builtin_backends() -> list[str]:
     return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
 
 
-def _positive(v) -> bool:
+def _finite_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -113,7 +113,7 @@ def parse_profile(data, where: str) -> BackendProfile:
     vals = {}
     for key in BackendProfile.NUMERIC:
         v = data[key]
-        if not _positive(v) or v < 0:
+        if not _finite_number(v) or v < 0:
             raise ConfigError(f"{where}: key '{key}' must be a number >= 0, got {v!r}")
         vals[key] = v
     u = vals["max_bandwidth_utilisation"]
@@ -269,8 +269,8 @@ class KernelModel:
         t = p.launch_overhead_s + p.unit_overhead_s * units + p.page_overhead_s * fetches + sb / (self.bw * par * eff)
         if not self.fused:
             t = t + (p.launch_overhead_s + T * self.dequant_bytes_per_token / self.bw)
-        # an empty launch costs nothing (no sequences: no kernel)
-        t = where(n, t, 0.0)
+        # nothing to read costs nothing (no KV tokens: no kernel)
+        t = where(T, t, 0.0)
         return t, sb + (0.0 if self.fused else T * self.dequant_bytes_per_token), fetches
 
     def time_s(self, num_seqs, kv_tokens, kv_pages):
@@ -295,5 +295,8 @@ class KernelModel:
     def result(self, num_seqs, kv_tokens, kv_pages) -> KernelResult:
         t, b, f = self.evaluate(num_seqs, kv_tokens, kv_pages)
         useful = self.layout.num_layers * kv_tokens * self.layout.kv_bytes_per_token_layer
-        util = useful / t / self.peak_bw if (np.all(t > 0) if isinstance(t, np.ndarray) else t > 0) else 0.0
+        if isinstance(t, np.ndarray):
+            util = np.where(t > 0, useful / np.where(t > 0, t, 1.0) / self.peak_bw, 0.0)
+        else:
+            util = useful / t / self.peak_bw if t > 0 else 0.0
         return KernelResult(time_s=t, bytes_read=b, pages_fetched=f, bandwidth_utilisation=util)

@@ -208,3 +208,27 @@ def test_profile_path_relative_to_scenario(tmp_path):
     t = AnalyticalTiming(AnalyticalTimingConfig(attention_backend="prof.yaml"),
                          replace(_ctx(16), base_dir=tmp_path))
     assert t.kernel.profile.name == "flashinfer-paged"
+
+
+def test_scenario_rejects_an_unknown_backend_with_choices():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as e:
+        AnalyticalTimingConfig(attention_backend="flashinfer")
+    assert "did you mean 'flashinfer-paged'" in str(e.value) and "roofline" in str(e.value)
+    AnalyticalTimingConfig(attention_backend="my/profile.yaml")  # paths are checked when the model is built
+
+
+def test_missing_profile_file_is_one_line(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        AnalyticalTiming(AnalyticalTimingConfig(attention_backend="nope.yaml"), replace(_ctx(16), base_dir=tmp_path))
+    assert "nope.yaml" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_constant_timing_takes_the_pages_array():
+    from kvsim.timing.constant import ConstantTiming, ConstantTimingConfig
+
+    t = ConstantTiming(ConstantTimingConfig(step_s=0.01, per_token_s=0.001))
+    n = np.array([1, 5])
+    d, _, _ = t.decode_durations(n, n * 10, n * 2)
+    assert list(d) == [0.011, 0.015]

@@ -124,6 +124,8 @@ class GPUConfig(StrictModel):
         0.0, ge=0, description="GPU-GPU link, bytes/s per GPU in one direction (0: none; needed by parallel)")
     allreduce_efficiency: float = Field(1.0, gt=0, le=1, description="achieved all-reduce bus bandwidth / peak")
     allreduce_latency_s: float = Field(0.0, ge=0, description="fixed cost of one all-reduce")
+    num_sms: int | None = Field(None, gt=0, description="streaming multiprocessors (attention-kernel parallelism); "
+                                                          "unknown: the kernel model assumes enough parallelism")
 
     def spec(self) -> GPUSpec:
         return GPUSpec(**self.model_dump())

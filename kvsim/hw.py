@@ -130,6 +130,7 @@ class GPUSpec:
     interconnect_bandwidth_bytes_per_s: float = 0.0
     allreduce_efficiency: float = 1.0  # measured all-reduce bus bandwidth / peak (1.0: no public number)
     allreduce_latency_s: float = 0.0  # fixed cost of one all-reduce call
+    num_sms: int | None = None  # streaming multiprocessors (kernel parallelism); None = unknown
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -191,11 +192,16 @@ _NVLINK4 = dict(interconnect="NVLink 4", interconnect_bandwidth_bytes_per_s=450e
 GPUS: dict[str, GPUSpec] = {
     g.name: g
     for g in [
-        GPUSpec("A100-40GB", 40 * GiB, 1.555e12, 312e12, source="NVIDIA A100 datasheet (SXM4 40GB)", **_NVLINK3),
-        GPUSpec("A100-80GB", 80 * GiB, 2.039e12, 312e12, source="NVIDIA A100 datasheet (SXM4 80GB)", **_NVLINK3),
-        GPUSpec("H100-SXM-80GB", 80 * GiB, 3.35e12, 989e12, source="NVIDIA H100 datasheet (SXM5)", **_NVLINK4),
-        GPUSpec("H200-141GB", 141 * GiB, 4.8e12, 989e12, source="NVIDIA H200 datasheet (SXM)", **_NVLINK4),
-        GPUSpec("L40S", 48 * GiB, 0.864e12, 362.05e12, source="NVIDIA L40S datasheet", interconnect="PCIe Gen4 x16",
+        GPUSpec("A100-40GB", 40 * GiB, 1.555e12, 312e12, source="NVIDIA A100 datasheet (SXM4 40GB); 108 SMs: "
+                "NVIDIA A100 Tensor Core GPU Architecture whitepaper", num_sms=108, **_NVLINK3),
+        GPUSpec("A100-80GB", 80 * GiB, 2.039e12, 312e12, source="NVIDIA A100 datasheet (SXM4 80GB); 108 SMs: "
+                "NVIDIA A100 Tensor Core GPU Architecture whitepaper", num_sms=108, **_NVLINK3),
+        GPUSpec("H100-SXM-80GB", 80 * GiB, 3.35e12, 989e12, source="NVIDIA H100 datasheet (SXM5); 132 SMs: "
+                "NVIDIA H100 Tensor Core GPU Architecture whitepaper", num_sms=132, **_NVLINK4),
+        GPUSpec("H200-141GB", 141 * GiB, 4.8e12, 989e12, source="NVIDIA H200 datasheet (SXM); 132 SMs: same "
+                "GH100 configuration as H100 SXM5", num_sms=132, **_NVLINK4),
+        GPUSpec("L40S", 48 * GiB, 0.864e12, 362.05e12, source="NVIDIA L40S datasheet; 142 SMs (18,176 CUDA "
+                "cores / 128 per Ada SM)", num_sms=142, interconnect="PCIe Gen4 x16",
                 interconnect_bandwidth_bytes_per_s=32e9),
     ]
 }

@@ -166,7 +166,9 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
         bytes_per_token=scn.kv_bytes_per_token, block_size_tokens=allocator.block_size_tokens,
         budget_bytes=budget, end_s=engine.end_s, start_s=float(trace.arrival_s[0]) if len(trace) else 0.0,
         itl=recorder.itl, slo=scn.slo.as_dict() if scn.slo is not None else None,
-        percentiles=tuple(scn.metrics.percentiles))
+        percentiles=tuple(scn.metrics.percentiles),
+        hbm_bandwidth_bytes_per_s=scn.gpu.hbm_bandwidth_bytes_per_s,
+        page_fetches_per_page=scn.model.num_layers * scn.model.num_kv_heads)
     engine_rows = recorder.num_rows
     all_requests = [r for rep in replicas for r in rep.scheduler.requests.values()]
     del engine, replicas, scheduler, sched, allocator, timing, recorder, store

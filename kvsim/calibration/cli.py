@@ -8,6 +8,7 @@ Usage::
     kvsim calibrate report DIR [--no-plots]
     kvsim calibrate peer-check [--vidur-dir DIR] [--calibration DIR] [--csv FILE]
     kvsim calibrate selfcheck [--device auto|cuda|cpu]
+    kvsim calibrate fit DIR --out PROFILE.yaml [--template NAME] [--gpu NAME] [--kv-dtype D] [--impl I]
 
 The measuring form has no sub-command word, so ``report``/``peer-check``/``selfcheck`` are an
 optional nested sub-parser; its options live on the ``calibrate`` parser itself. The same commands
@@ -57,7 +58,7 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--report", action="store_true", help="run `calibrate report` on the result")
 
-    sub = p.add_subparsers(dest="calibrate_command", metavar="{report,peer-check,selfcheck}")
+    sub = p.add_subparsers(dest="calibrate_command", metavar="{report,peer-check,selfcheck,fit}")
     sub.required = False
     r = sub.add_parser("report", help="leave-one-out interpolation error and bandwidth utilisation of DIR")
     r.add_argument("dir", metavar="DIR")
@@ -68,6 +69,21 @@ def register(subparsers) -> None:
     pc.add_argument("--csv", metavar="FILE", help="write the MAPE table as CSV")
     sc = sub.add_parser("selfcheck", help="check the Triton kernel and torch paths against fp32 references")
     sc.add_argument("--device", dest="selfcheck_device", choices=["auto", "cuda", "cpu"], default="auto")
+    ft = sub.add_parser("fit", help="fit the decode-attention kernel model to DIR's decode rows -> backend profile",
+                        description="Fit the kernel model of docs/kernel_model.md (launch, per-unit, per-page "
+                                    "costs, bandwidth saturation) to the decode_paged / decode_contiguous rows of a "
+                                    "calibration directory and write a backend profile YAML usable as "
+                                    "timing.attention_backend. Prints the fitted values and the fit's MAPE as JSON.")
+    ft.add_argument("dir", metavar="DIR")
+    ft.add_argument("--out", dest="fit_out", metavar="PROFILE.yaml", required=True)
+    ft.add_argument("--template", default="vllm-2023-paged",
+                    help="backend whose flags, min_split_tokens and dram_chunk_half_bytes are kept (default "
+                         "vllm-2023-paged: no split-KV, like our Triton kernel's single-pass form)")
+    ft.add_argument("--gpu", dest="fit_gpu", help="GPU preset for peak bandwidth and SMs (default: meta.json gpu_name)")
+    ft.add_argument("--kv-dtype", dest="fit_kv_dtype", help="KV dtype rows to fit (default: first fp16/bf16)")
+    ft.add_argument("--impl", dest="fit_impl", help="decode implementation (default: fastest per point)")
+    ft.add_argument("--name", dest="fit_name", help="profile name (default fitted-<gpu>)")
+    ft.add_argument("--force", dest="fit_force", action="store_true", help="replace an existing --out file")
     p.set_defaults(func=handle)
 
 
@@ -87,6 +103,15 @@ def handle(args: argparse.Namespace) -> int:
         return 0
     if cmd == "selfcheck":
         return _selfcheck(args.selfcheck_device)
+    if cmd == "fit":
+        import json
+
+        from kvsim.calibration.fit import run_fit
+
+        out = run_fit(args.dir, args.fit_out, template=args.template, gpu=args.fit_gpu, kv_dtype=args.fit_kv_dtype,
+                      impl=args.fit_impl, name=args.fit_name, force=args.fit_force)
+        print(json.dumps(out))
+        return 0
     return _measure(args)
 
 

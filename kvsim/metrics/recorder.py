@@ -49,6 +49,7 @@ STEP_COLUMNS: dict[str, str] = {
     "swap_in_bytes": "int64",
     "swap_out_bytes": "int64",
     "kv_bytes_read": "int64",
+    "kv_pages_read": "int64",
     "weights_read_s": "float64",
     "kv_read_s": "float64",
     "linear_compute_s": "float64",
@@ -104,8 +105,10 @@ class StepRecorder:
     def row(self, *, idle: bool, start_s: float, duration_s: float, batch_size: int, prefill_tokens: int,
             decode_tokens: int, running: int, waiting: int, admitted: int, preempted: int, finished: int,
             usage: KVUsage, kv_bytes_read: int, breakdown: dict[str, float], num_steps: int = 1,
-            evictions: int = 0, swap_in_bytes: int = 0, swap_out_bytes: int = 0, replica: int = 0) -> None:
-        """One engine step (or, with ``idle``, a gap) in the state ``usage`` describes."""
+            evictions: int = 0, swap_in_bytes: int = 0, swap_out_bytes: int = 0, replica: int = 0,
+            kv_pages_read: int = 0) -> None:
+        """One engine step (or, with ``idle``, a gap) in the state ``usage`` describes.
+        ``kv_pages_read``: ``BatchShape.kv_pages_read`` of the step (0 = not counted)."""
         bpt = self.bytes_per_token
         if decode_tokens and not idle:
             self.itl.add(duration_s if num_steps == 1 else duration_s / num_steps, decode_tokens)
@@ -115,16 +118,18 @@ class StepRecorder:
             preempted, finished, usage.token_states_tokens * bpt, usage.reservation_tokens * bpt,
             usage.internal_frag_tokens * bpt, usage.external_frag_tokens * bpt, usage.free_tokens * bpt,
             usage.cached_free_tokens * bpt, usage.used_tokens * bpt, usage.unshared_tokens * bpt, evictions,
-            swap_in_bytes, swap_out_bytes, kv_bytes_read, *self._breakdown(breakdown),
+            swap_in_bytes, swap_out_bytes, kv_bytes_read, kv_pages_read, *self._breakdown(breakdown),
         ))
 
     def macro_row(self, *, start_s: float, duration_s: float, num_steps: int, max_batch: int,
                   batch_mean: float, decode_tokens: int, waiting: int, finished: int,
                   parts_mean_tokens: dict[str, float], kv_bytes_read: int, breakdown: dict[str, float],
                   evictions: int, replica: int = 0, admitted: int = 0, prefill_tokens: int = 0,
-                  step_durations_s: np.ndarray | None = None, step_decode_tokens: np.ndarray | None = None) -> None:
+                  step_durations_s: np.ndarray | None = None, step_decode_tokens: np.ndarray | None = None,
+                  kv_pages_read: int = 0) -> None:
         """One row standing for ``num_steps`` steps: decode steps, the first of which may also
-        admit requests and compute their prompts (means are time-weighted).
+        admit requests and compute their prompts (means are time-weighted). ``kv_pages_read`` is
+        the sum over the row's steps.
 
         ``step_durations_s`` / ``step_decode_tokens`` (each step's duration and decode tokens) feed
         the inter-token latencies exactly; without them each step counts at the row's mean."""
@@ -139,7 +144,7 @@ class StepRecorder:
             decode_tokens, max_batch, batch_mean, batch_mean, waiting, admitted, 0, finished, p["token_states"] * bpt,
             p["reservation"] * bpt, p["internal_frag"] * bpt, p["external_frag"] * bpt, p["free"] * bpt,
             p["cached_free"] * bpt, int(p["peak_used"]) * bpt, p["unshared"] * bpt, evictions, 0, 0,
-            kv_bytes_read, *self._breakdown(breakdown),
+            kv_bytes_read, kv_pages_read, *self._breakdown(breakdown),
         ))
 
     def _flush(self) -> None:

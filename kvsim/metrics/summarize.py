@@ -38,7 +38,11 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: i
               copy_bandwidth_bytes_per_s: float | None = None, num_replicas: int = 1,
               block_size_tokens: int | None, budget_bytes: int, end_s: float, start_s: float,
               itl: ITLAccumulator | None = None, slo: dict[str, float] | None = None,
-              percentiles: tuple[float, ...] = DEFAULT_PERCENTILES) -> dict:
+              percentiles: tuple[float, ...] = DEFAULT_PERCENTILES,
+              hbm_bandwidth_bytes_per_s: float | None = None, page_fetches_per_page: int = 1) -> dict:
+    """``hbm_bandwidth_bytes_per_s``: the GPU's peak (datasheet) HBM bandwidth, for
+    ``kv_access.hbm_bandwidth_utilisation``; ``page_fetches_per_page``: layers x KV heads -- one
+    page of a sequence is fetched once per layer and KV head (``kv_access.pages_fetched``)."""
     # only the columns used below: a filtered copy of the whole table would cost its size again
     status = requests["status"]
     fin = requests.loc[status == "finished", ["output_tokens", "ttft_s", "tpot_s", "e2e_s"]]
@@ -63,6 +67,11 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: i
     unshared = float((steps["unshared_bytes"] * dur).sum())
     # KV that sharing (prefix blocks, parallel samples' prompts) saved, over the unshared footprint
     kv["sharing_saving_frac"] = 1.0 - ts / unshared if unshared > 0 else 0.0
+    # the vLLM paper's memory-waste view: what allocated KV memory does not hold token states
+    waste = float(((steps["reservation_bytes"] + steps["internal_frag_bytes"] + steps["external_frag_bytes"])
+                   * dur).sum())
+    allocated = waste + ts
+    kv["fragmentation_frac"] = waste / allocated if allocated > 0 else 0.0
     kv["peak_used_frac"] = float(steps["peak_used_bytes"].max() / capacity_bytes) if len(steps) and capacity_bytes else 0.0
 
     out_tokens = float(fin["output_tokens"].sum())
@@ -113,6 +122,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: i
         "kv_bytes_read_total": int(steps["kv_bytes_read"].sum()),
         "step_time_breakdown_s": breakdown,
         "kv_bandwidth_utilisation": _bandwidth(steps, copy_bandwidth_bytes_per_s),
+        "kv_access": kv_access(steps, hbm_bandwidth_bytes_per_s, page_fetches_per_page),
         "replicas": {
             "count": num_replicas,
             "requests": [int((requests["replica"] == i).sum()) for i in range(num_replicas)],
@@ -251,6 +261,20 @@ def _bandwidth(steps: pd.DataFrame, copy_bw: float | None) -> float | None:
     if not copy_bw or att <= 0:
         return None
     return float(steps["kv_bytes_read"].sum()) / att / copy_bw
+
+
+def kv_access(steps: pd.DataFrame, peak_bw: float | None, fetches_per_page: int) -> dict:
+    """How the attention kernels read the KV cache over the run (docs/metrics.md, "kv_access")."""
+    att = float(steps["attention_s"].sum())
+    kv_bytes = int(steps["kv_bytes_read"].sum())
+    pages = int(steps["kv_pages_read"].sum()) * int(fetches_per_page) if "kv_pages_read" in steps else 0
+    return {
+        "attention_kernel_s": att,
+        "kv_bytes_read": kv_bytes,
+        "pages_fetched": pages,
+        "hbm_bandwidth_utilisation": kv_bytes / att / peak_bw if att > 0 and peak_bw else None,
+        "mean_access_latency_ns": att / pages * 1e9 if att > 0 and pages > 0 else None,
+    }
 
 
 def _per_block(steps: pd.DataFrame, block_bytes: int) -> float | None:

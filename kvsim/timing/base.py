@@ -20,6 +20,9 @@ class BatchShape:
       their prompt (prefill, including recompute) / generating (exactly one token each);
     * ``kv_tokens_read``: sum of ``c_i + n_i`` -- every KV entry attention reads this step;
     * ``attention_pairs``: sum of ``n_i*c_i + n_i*(n_i+1)/2`` -- causal (query, key) pairs;
+    * ``kv_pages_read``: sum of ``ceil((c_i + n_i) / block_size)`` on paged allocators (one run per
+      sequence on contiguous/buddy); 0 = not known (timing models then estimate it, see
+      :func:`kvsim.timing.kernel.pages_or_estimate`);
     * ``num_prefill_seqs`` / ``num_decode_seqs``: requests in each group;
     * ``swap_in_bytes`` / ``swap_out_bytes``: KV moved between GPU and a host tier this step;
     * ``tier_load_s``: time loading offloaded prefix blocks back (the allocator prices it at its
@@ -35,6 +38,7 @@ class BatchShape:
     num_decode_tokens: int
     kv_tokens_read: int
     attention_pairs: int
+    kv_pages_read: int = 0  # sum over scheduled sequences of pages (blocks) attention reads: ceil(context_i / block_size) on paged allocators, one contiguous run per sequence on contiguous/buddy
     swap_in_bytes: int = 0
     swap_out_bytes: int = 0
     tier_load_s: float = 0.0  # loading offloaded prefix blocks back from CPU/SSD tiers (serial)

@@ -32,8 +32,9 @@ class ConstantTiming:
         )
 
 
-    def decode_durations(self, num_seqs, kv_tokens_read):
-        """Vectorised ``step_time`` for decode-only steps (see AnalyticalTiming.decode_durations)."""
+    def decode_durations(self, num_seqs, kv_tokens_read, kv_pages_read=None):
+        """Vectorised ``step_time`` for decode-only steps (see AnalyticalTiming.decode_durations);
+        pages do not change a constant step."""
         compute = self.cfg.per_token_s * num_seqs
         duration = self.cfg.step_s + compute + 0.0
         return duration, {"overhead_s": self.cfg.step_s, "compute_s": compute}, kv_tokens_read * self.kv_bytes_per_token

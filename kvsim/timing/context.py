@@ -29,3 +29,9 @@ class TimingContext:
     def comm_s(self, num_tokens):
         """Communication time of a step of ``num_tokens`` (an int, or an array of them)."""
         return self.comm_s_per_step + self.comm_s_per_token * num_tokens
+
+    @property
+    def block_size(self) -> int | None:
+        """The allocator's page size in tokens; None = contiguous KV (the attention kernel has no
+        page table). The same value as ``block_size_tokens`` (one owner: the allocator)."""
+        return self.block_size_tokens

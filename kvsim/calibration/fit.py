@@ -1,0 +1,199 @@
+"""``kvsim calibrate fit DIR --out PROFILE.yaml``: fit the decode-attention kernel model
+(:mod:`kvsim.timing.kernel`) to measured decode rows, giving a backend profile.
+
+What is fitted, per layer (rows are one layer each)::
+
+    time = launch_overhead_s + unit_overhead_s * units + page_overhead_s * fetches
+           + stream_bytes / (peak * max_bandwidth_utilisation * parallelism * dram_eff)
+
+For a fixed ``units_per_sm_to_saturate`` the model is linear in (launch_overhead_s, unit_overhead_s,
+page_overhead_s, 1 / max_bandwidth_utilisation): those are solved by least squares on relative error
+(each row divided by its measured time, so short and long launches weigh alike), constrained >= 0.
+``units_per_sm_to_saturate`` is found by a log-grid search refined by golden section on the
+relative residual. The flags (split_kv, gqa_grouped, whole_page_reads), ``min_split_tokens`` and
+``dram_chunk_half_bytes`` are taken from a template profile (``--template``): the DRAM efficiency of
+short runs and the per-fetch indirection cost are both costs per page fetch and cannot be told apart
+from one GPU's rows (they differ only in how they scale with bandwidth), so the fit puts the whole
+per-page cost into ``page_overhead_s`` on top of the template's ``dram_chunk_half_bytes``.
+
+Rows used: ``op == decode_paged`` (paged layout at the row's ``block_size``) and
+``decode_contiguous`` (contiguous layout), of one KV dtype (``--kv-dtype``, default the first fp16 /
+bf16 dtype measured), and one ``impl`` (``--impl``; default: the fastest per point, as the
+calibrated timing model does). Each row is a uniform batch: ``batch`` sequences of ``context_len``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kvsim.calibration import schema as S
+from kvsim.errors import CalibrationError
+
+
+def _layout(geom: dict, kv_dtype: str, block_size: int | None):
+    from kvsim.hw import KV_DTYPES
+    from kvsim.timing.kernel import KVLayout
+
+    bpt = 2 * geom["num_kv_heads"] * KV_DTYPES[kv_dtype].head_bytes(geom["head_dim"])
+    return KVLayout(1, geom["num_kv_heads"], geom["num_attention_heads"], geom["head_dim"], kv_dtype, float(bpt),
+                    block_size)
+
+
+def _design(profile, rows: pd.DataFrame, geom: dict, kv_dtype: str, peak_bw: float, num_sms: int | None,
+            units_per_sm: float) -> tuple[np.ndarray, np.ndarray]:
+    """Columns (1, units, fetches, stream_bytes / (peak * par * eff)) per row, and measured times."""
+    from kvsim.timing.kernel import KernelModel
+
+    prof = replace(profile, units_per_sm_to_saturate=units_per_sm, launch_overhead_s=0.0, unit_overhead_s=0.0,
+                   page_overhead_s=0.0, max_bandwidth_utilisation=1.0)
+    cols = []
+    for (bs, contiguous), grp in rows.groupby(["block_size", "contiguous"], sort=True):
+        lay = _layout(geom, kv_dtype, None if contiguous else int(bs))
+        km = KernelModel(prof, lay, peak_bw, num_sms)
+        n = grp["batch"].to_numpy(np.int64)
+        c = grp["context_len"].to_numpy(np.int64)
+        T = n * c
+        P = n if lay.block_size is None else n * (-(-c // lay.block_size))
+        stream = km.time_s(n, T, P)  # only the stream term is left (overheads zeroed, u = 1)
+        # units and fetches as the model computes them
+        n1 = np.maximum(n, 1)
+        base = n1 * km.heads_par
+        if prof.split_kv and km.units_sat is not None:
+            splits = np.minimum(np.maximum(np.ceil(km.units_sat / base), 1.0),
+                                np.maximum(np.ceil((T / n1) / prof.min_split_tokens), 1.0))
+        else:
+            splits = np.ones(len(n))
+        units = base * splits
+        fetches = P * lay.num_kv_heads
+        cols.append(pd.DataFrame({"i": grp.index, "one": 1.0, "units": units, "fetches": fetches.astype(float),
+                                  "stream": stream}))
+    d = pd.concat(cols).set_index("i").loc[rows.index]
+    return d[["one", "units", "fetches", "stream"]].to_numpy(float), rows["median_s"].to_numpy(float)
+
+
+def _nnls_rel(A: np.ndarray, y: np.ndarray, fixed_zero: list[int]) -> tuple[np.ndarray, float]:
+    """Least squares of A x ~ y on relative error with x >= 0 (active-set by dropping negatives)."""
+    W = A / y[:, None]
+    active = [j for j in range(A.shape[1]) if j not in fixed_zero]
+    while True:
+        x = np.zeros(A.shape[1])
+        if active:
+            sol, *_ = np.linalg.lstsq(W[:, active], np.ones(len(y)), rcond=None)
+            x[active] = sol
+        neg = [j for j in active if x[j] < 0]
+        if not neg:
+            break
+        active.remove(min(neg, key=lambda j: x[j]))
+    r = W @ x - 1.0
+    return x, float(np.sqrt(np.mean(r * r)))
+
+
+def fit_rows(rows: pd.DataFrame, geom: dict, kv_dtype: str, template, peak_bw: float, num_sms: int | None,
+             name: str, reference_gpu: str):
+    """A fitted :class:`~kvsim.timing.kernel.BackendProfile` and fit statistics."""
+    if len(rows) < 4:
+        raise CalibrationError(f"only {len(rows)} usable decode rows: the kernel fit needs at least 4")
+    has_pages = bool((~rows["contiguous"]).any())
+    fixed_zero = [] if has_pages else [2]  # without paged rows the per-page cost is not measurable
+
+    def solve(u):
+        A, y = _design(template, rows, geom, kv_dtype, peak_bw, num_sms, u)
+        x, err = _nnls_rel(A, y, fixed_zero)
+        if x[3] <= 0:
+            return x, err + 1e9  # no bandwidth term: not a usable fit
+        return x, err
+
+    if num_sms is None:
+        best_u = template.units_per_sm_to_saturate
+    else:
+        grid = np.exp(np.linspace(math.log(0.125), math.log(256.0), 23))
+        errs = [solve(u)[1] for u in grid]
+        k = int(np.argmin(errs))
+        lo, hi = math.log(grid[max(k - 1, 0)]), math.log(grid[min(k + 1, len(grid) - 1)])
+        g = (math.sqrt(5) - 1) / 2
+        a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+        fa, fb = solve(math.exp(a))[1], solve(math.exp(b))[1]
+        for _ in range(36):
+            if fa < fb:
+                hi, b, fb = b, a, fa
+                a = hi - g * (hi - lo)
+                fa = solve(math.exp(a))[1]
+            else:
+                lo, a, fa = a, b, fb
+                b = lo + g * (hi - lo)
+                fb = solve(math.exp(b))[1]
+        best_u = math.exp((lo + hi) / 2)
+        if errs[k] < min(fa, fb):
+            best_u = float(grid[k])
+    x, err = solve(best_u)
+    umax = 1.0 / x[3]
+    if umax > 1.0:
+        raise CalibrationError(f"fitted max_bandwidth_utilisation {umax:.3f} exceeds 1 (faster than peak HBM "
+                               f"bandwidth {peak_bw:.3g} B/s): wrong GPU (--gpu) or rows that hit the L2 cache")
+    prof = replace(template, name=name, reference_gpu=reference_gpu, launch_overhead_s=float(x[0]),
+                   unit_overhead_s=float(x[1]), page_overhead_s=float(x[2]), max_bandwidth_utilisation=float(umax),
+                   units_per_sm_to_saturate=float(best_u),
+                   description=f"fitted by kvsim calibrate fit from {len(rows)} decode rows "
+                               f"(template {template.name}, KV dtype {kv_dtype})", source="")
+    A, y = _design(prof, rows, geom, kv_dtype, peak_bw, num_sms, best_u)
+    pred = A @ x
+    mape = float(np.mean(np.abs(pred - y) / y))
+    return prof, {"rows": int(len(rows)), "rms_rel_error": err, "mape": mape}
+
+
+def decode_rows(df: pd.DataFrame, kv_dtype: str, impl: str | None) -> pd.DataFrame:
+    sel = df[df["op"].isin([S.DECODE_PAGED, S.DECODE_CONTIGUOUS]) & (df["dtype"] == kv_dtype)].copy()
+    if impl is not None:
+        sel = sel[(sel["impl"] == impl) | (sel["op"] == S.DECODE_CONTIGUOUS)]
+    sel["contiguous"] = sel["op"] == S.DECODE_CONTIGUOUS
+    # fastest implementation per point (what an engine would launch)
+    sel = sel.sort_values("median_s").drop_duplicates(["contiguous", "block_size", "batch", "context_len"])
+    return sel.sort_values(["contiguous", "block_size", "batch", "context_len"]).reset_index(drop=True)
+
+
+def run_fit(dir_: str, out: str, *, template: str = "vllm-2023-paged", gpu: str | None = None,
+            kv_dtype: str | None = None, impl: str | None = None, name: str | None = None,
+            force: bool = False) -> dict:
+    """Fit, write the profile YAML to ``out``; returns the stats (printed by the CLI)."""
+    import yaml
+
+    from kvsim.calibration.loader import load_calibration_dir
+    from kvsim.hw import GPUS
+    from kvsim.timing.kernel import load_backend
+
+    data = load_calibration_dir(dir_)
+    meta = data.meta
+    gpu_name = gpu or meta.get("gpu_name")
+    if gpu_name not in GPUS:
+        raise CalibrationError(f"{data.meta_path}: field 'gpu_name' is {gpu_name!r}, not a GPU preset; give --gpu "
+                               f"(one of {', '.join(sorted(GPUS))}) for its peak bandwidth and SM count")
+    spec = GPUS[gpu_name]
+    if kv_dtype is None:
+        kv_dtype = next((d for d in meta["kv_dtypes"] if d in ("fp16", "bf16")), None)
+        if kv_dtype is None:
+            raise CalibrationError(f"{data.meta_path}: field 'kv_dtypes' has no fp16/bf16; give --kv-dtype")
+    elif kv_dtype not in meta["kv_dtypes"]:
+        raise CalibrationError(f"{data.meta_path}: field 'kv_dtypes' is {meta['kv_dtypes']}: no {kv_dtype!r} rows")
+    tmpl = load_backend(template, where="--template")
+    rows = decode_rows(data.df, kv_dtype, impl)
+    if rows.empty:
+        raise CalibrationError(f"{data.csv_path}: no decode_paged/decode_contiguous rows with dtype={kv_dtype!r}")
+    outp = Path(out)
+    if outp.exists() and not force:
+        raise CalibrationError(f"--out {out}: file exists (kvsim does not overwrite files it did not write; "
+                               f"pass --force to replace it)")
+    prof, stats = fit_rows(rows, meta["model"], kv_dtype, tmpl, spec.hbm_bandwidth_bytes_per_s, spec.num_sms,
+                           name or f"fitted-{gpu_name}", gpu_name)
+    header = (f"# kvsim backend profile fitted by `kvsim calibrate fit {dir_}` (device {meta['device']}, "
+              f"GPU {gpu_name}, KV dtype {kv_dtype}).\n# {stats['rows']} rows; MAPE {stats['mape']:.4f}; "
+              f"RMS relative error {stats['rms_rel_error']:.4f}. Use it as timing.attention_backend: {outp.name}\n")
+    if meta["device"] == "cpu":
+        header += f"# {S.CPU_LABEL}\n"
+    outp.parent.mkdir(parents=True, exist_ok=True)
+    outp.write_text(header + yaml.safe_dump(prof.to_yaml_dict(), sort_keys=False))
+    return {"profile": str(outp), "gpu": gpu_name, "kv_dtype": kv_dtype, **stats, **prof.to_yaml_dict()}

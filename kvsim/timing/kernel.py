@@ -1,0 +1,302 @@
+"""Decode-attention kernel model: how long one attention launch per layer takes to read the KV cache.
+
+Plain Python + numpy; every function works elementwise on scalars or on numpy arrays (one element
+per engine step), with the same IEEE operations in the same order, so a vectorised evaluation equals
+the scalar one bit for bit. The terms (parameters in a :class:`BackendProfile`, sources in
+docs/kernel_model.md)::
+
+    per layer launch, for a batch of n sequences with T KV tokens and P pages (sum of ceil(c_i / block)):
+      tokens_read  = P * block_size            if the backend reads whole last pages (and is paged)
+                   = T                          otherwise
+      heads_par    = kv_heads if gqa_grouped else query heads   (one CTA per head and sequence)
+      splits       = split-KV partitions per (sequence, head): enough to give every SM
+                     units_per_sm_to_saturate work units, at most ceil((T/n) / min_split_tokens)
+                     (1 without split_kv)
+      units        = n * heads_par * splits                     (parallel work units)
+      parallelism  = min(1, units / (num_sms * units_per_sm_to_saturate))   (1 if num_sms unknown)
+      chunk_bytes  = block_size * head_dim * elem_bytes           contiguous bytes per page fetch
+                   = (T/n) * head_dim * elem_bytes               contiguous KV: one run per sequence
+      dram_eff     = chunk_bytes / (chunk_bytes + dram_chunk_half_bytes)
+      fetches      = P * kv_heads                                (page, kv head) pairs fetched
+      stream_s     = bytes / (peak_hbm_bw * max_bandwidth_utilisation * parallelism * dram_eff)
+      time_layer   = launch_overhead_s + unit_overhead_s * units + page_overhead_s * fetches + stream_s
+                     [+ dequant_s: an unfused fp8/int8 KV is first converted to fp16 by a separate
+                      pass reading the quantised bytes and writing fp16 ones; attention then streams
+                      the fp16 bytes]
+    kernel time = layers * time_layer
+
+Launch-size saturation is the sum of the fixed terms (launch, per unit) and the parallelism cap:
+achieved bandwidth ``bytes / time`` rises with the bytes one launch reads and saturates at
+``max_bandwidth_utilisation`` (< 1) of peak. The per-page cost is ``page_overhead_s`` (indirection:
+the block-table load each page fetch depends on) plus the DRAM efficiency of short contiguous runs.
+A contiguous allocator (``block_size`` None) is one run per sequence: P = n and chunk_bytes is the
+whole context of a head.
+
+``pages`` may be 0 with ``tokens`` > 0 on a paged layout when the caller does not know the page
+count (an engine that predates ``BatchShape.kv_pages_read``): :func:`pages_or_estimate` then uses
+``T / block + n * (block - 1) / (2 * block)`` (each sequence's last page half full on average). The
+step engines fill ``kv_pages_read`` exactly, so the estimate is a fallback only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from kvsim.errors import ConfigError, did_you_mean, format_choices
+
+BACKENDS_PACKAGE = "kvsim.timing.backends"
+DEFAULT_PAGED_BACKEND = "vllm-2023-paged"
+DEFAULT_CONTIGUOUS_BACKEND = "contiguous"
+FP16_BYTES = 2
+
+
+@dataclass(frozen=True)
+class BackendProfile:
+    """One attention backend's kernel behaviour (a YAML file under kvsim/timing/backends/)."""
+
+    name: str
+    description: str
+    reference_gpu: str  # the GPU the time constants were measured/derived on (documentation)
+    split_kv: bool  # splits a sequence's KV into partitions (Flash-Decoding / FlashInfer)
+    gqa_grouped: bool  # one work unit per KV head (query heads of a group share it) vs per query head
+    whole_page_reads: bool  # reads every token slot of a sequence's last, partly filled page
+    fused_dequant_kv_dtypes: tuple[str, ...]  # quantised KV dtypes dequantised inside the kernel
+    launch_overhead_s: float  # fixed cost per launch (one launch per layer)
+    unit_overhead_s: float  # GPU-aggregate cost per work unit (sequence x head x split)
+    max_bandwidth_utilisation: float  # saturation: best achieved / peak HBM bandwidth, in (0, 1]
+    units_per_sm_to_saturate: float  # work units per SM needed to reach full bandwidth
+    min_split_tokens: int  # smallest split-KV partition (tokens); unused without split_kv
+    page_overhead_s: float  # GPU-aggregate cost per (page, kv head) fetch: block-table indirection
+    dram_chunk_half_bytes: float  # contiguous run length at which DRAM efficiency is 1/2
+    source: str = ""  # where the file came from (path), filled by the loader
+
+    NUMERIC = ("launch_overhead_s", "unit_overhead_s", "max_bandwidth_utilisation", "units_per_sm_to_saturate",
+               "min_split_tokens", "page_overhead_s", "dram_chunk_half_bytes")
+    FLAGS = ("split_kv", "gqa_grouped", "whole_page_reads")
+
+    def to_yaml_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
+        d["fused_dequant_kv_dtypes"] = list(self.fused_dequant_kv_dtypes)
+        return d
+
+
+def builtin_backends() -> list[str]:
+    root = resources.files(BACKENDS_PACKAGE)
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def _finite_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def parse_profile(data, where: str) -> BackendProfile:
+    """Validate a profile mapping; errors name ``where`` (the file) and the key."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping of backend parameters, got {type(data).__name__}")
+    known = {f.name for f in fields(BackendProfile)} - {"source"}
+    for key in data:
+        if key not in known:
+            raise ConfigError(f"{where}: unknown key {key!r}{did_you_mean(str(key), known)}; "
+                              f"valid keys: {format_choices(known)}")
+    for key in ("name", *BackendProfile.FLAGS, *BackendProfile.NUMERIC):
+        if key not in data:
+            raise ConfigError(f"{where}: key '{key}' is missing (every backend parameter must be given)")
+    for key in BackendProfile.FLAGS:
+        if not isinstance(data[key], bool):
+            raise ConfigError(f"{where}: key '{key}' must be true or false, got {data[key]!r}")
+    vals = {}
+    for key in BackendProfile.NUMERIC:
+        v = data[key]
+        if not _finite_number(v) or v < 0:
+            raise ConfigError(f"{where}: key '{key}' must be a number >= 0, got {v!r}")
+        vals[key] = v
+    u = vals["max_bandwidth_utilisation"]
+    if not 0 < u <= 1:
+        raise ConfigError(f"{where}: key 'max_bandwidth_utilisation' must be in (0, 1], got {u!r}")
+    for key in ("units_per_sm_to_saturate", "min_split_tokens"):
+        if vals[key] <= 0:
+            raise ConfigError(f"{where}: key '{key}' must be > 0, got {vals[key]!r}")
+    if vals["min_split_tokens"] != int(vals["min_split_tokens"]):
+        raise ConfigError(f"{where}: key 'min_split_tokens' must be a whole number of tokens")
+    fused = data.get("fused_dequant_kv_dtypes", [])
+    from kvsim.hw import KV_DTYPES
+
+    if not isinstance(fused, list) or any(d not in KV_DTYPES for d in fused):
+        raise ConfigError(f"{where}: key 'fused_dequant_kv_dtypes' must be a list of KV dtypes "
+                          f"({format_choices(KV_DTYPES)}), got {fused!r}")
+    return BackendProfile(
+        name=str(data["name"]), description=str(data.get("description", "")),
+        reference_gpu=str(data.get("reference_gpu", "")),
+        split_kv=data["split_kv"], gqa_grouped=data["gqa_grouped"], whole_page_reads=data["whole_page_reads"],
+        fused_dequant_kv_dtypes=tuple(fused),
+        launch_overhead_s=float(vals["launch_overhead_s"]), unit_overhead_s=float(vals["unit_overhead_s"]),
+        max_bandwidth_utilisation=float(u), units_per_sm_to_saturate=float(vals["units_per_sm_to_saturate"]),
+        min_split_tokens=int(vals["min_split_tokens"]), page_overhead_s=float(vals["page_overhead_s"]),
+        dram_chunk_half_bytes=float(vals["dram_chunk_half_bytes"]), source=where,
+    )
+
+
+def load_profile_file(path: str | Path) -> BackendProfile:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read backend profile ({e.strerror})") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    return parse_profile(data, str(path))
+
+
+def load_backend(name: str, base_dir: Path | None = None, where: str = "timing.attention_backend") -> BackendProfile:
+    """A built-in backend by name, or a profile YAML by path (relative to ``base_dir``, then cwd)."""
+    if name in builtin_backends():
+        res = resources.files(BACKENDS_PACKAGE) / f"{name}.yaml"
+        return parse_profile(yaml.safe_load(res.read_text()), f"kvsim/timing/backends/{name}.yaml")
+    if name.endswith((".yaml", ".yml")):
+        p = Path(name).expanduser()
+        if not p.is_absolute() and base_dir is not None and (Path(base_dir) / p).exists():
+            p = Path(base_dir) / p
+        if p.exists():
+            return load_profile_file(p)
+        raise ConfigError(f"{where}: backend profile file {name!r} not found")
+    raise ConfigError(f"{where}: unknown attention backend {name!r}{did_you_mean(name, builtin_backends())}; "
+                      f"valid: {format_choices(builtin_backends())}, or a path to a profile .yaml")
+
+
+def default_backend(block_size: int | None) -> str:
+    """Paged allocators -> the vLLM-paper-era paged kernel; contiguous/buddy -> a contiguous kernel."""
+    return DEFAULT_PAGED_BACKEND if block_size else DEFAULT_CONTIGUOUS_BACKEND
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """Static geometry of the KV cache one launch reads."""
+
+    num_layers: int
+    num_kv_heads: int
+    num_query_heads: int
+    head_dim: int
+    kv_dtype: str
+    kv_bytes_per_token_layer: float  # stored bytes per token per layer, K and V, all kv heads (with scales)
+    block_size: int | None  # tokens per page; None = contiguous KV (one run per sequence)
+
+    @classmethod
+    def from_model(cls, model, kv_dtype: str, block_size: int | None) -> KVLayout:
+        return cls(model.num_layers, model.num_kv_heads, model.num_attention_heads, model.head_dim, kv_dtype,
+                   model.kv_bytes_per_token(kv_dtype) / model.num_layers, block_size)
+
+
+def pages_or_estimate(num_seqs, kv_tokens, kv_pages, block_size: int | None):
+    """Pages attention reads. Contiguous KV: one run per sequence. Paged: ``kv_pages`` when known;
+    ``kv_pages`` None (a caller that does not know the page count) -> ``T/b + n(b-1)/(2b)``."""
+    if block_size is None:
+        return num_seqs
+    if kv_pages is None:
+        return kv_tokens / block_size + num_seqs * ((block_size - 1) / (2 * block_size))
+    return kv_pages
+
+
+@dataclass(frozen=True)
+class KernelResult:
+    time_s: object  # float or array: all layers
+    bytes_read: object  # HBM bytes the attention kernel (and an unfused dequant pass) reads, all layers
+    pages_fetched: object  # (page, kv head, layer) fetches; contiguous: one run per (sequence, head, layer)
+    bandwidth_utilisation: object  # useful KV bytes / time / peak HBM bandwidth
+
+
+class KernelModel:
+    """A backend profile bound to a KV layout and a GPU. ``time_s`` is the hot path."""
+
+    def __init__(self, profile: BackendProfile, layout: KVLayout, hbm_bandwidth_bytes_per_s: float,
+                 num_sms: int | None):
+        from kvsim.hw import KV_DTYPES
+
+        self.profile = profile
+        self.layout = layout
+        self.peak_bw = float(hbm_bandwidth_bytes_per_s)
+        p, lay = profile, layout
+        self.fused = lay.kv_dtype in p.fused_dequant_kv_dtypes or KV_DTYPES[lay.kv_dtype].bits >= 16
+        fp16_layer = 2 * lay.num_kv_heads * lay.head_dim * FP16_BYTES  # per token per layer
+        # bytes per token the attention loop streams: stored bytes when fused, fp16 after a dequant pass
+        self.stream_bytes_per_token = lay.kv_bytes_per_token_layer if self.fused else float(fp16_layer)
+        self.dequant_bytes_per_token = 0.0 if self.fused else lay.kv_bytes_per_token_layer + fp16_layer
+        elem_bytes = self.stream_bytes_per_token / (2 * lay.num_kv_heads * lay.head_dim)
+        self.head_token_bytes = lay.head_dim * elem_bytes  # one head's K (or V) of one token
+        self.heads_par = lay.num_kv_heads if p.gqa_grouped else lay.num_query_heads
+        self.units_sat = None if num_sms is None else num_sms * p.units_per_sm_to_saturate
+        self.bw = self.peak_bw * p.max_bandwidth_utilisation
+        self.whole_pages = p.whole_page_reads and lay.block_size is not None
+        if lay.block_size is not None:
+            chunk = lay.block_size * self.head_token_bytes
+            self.dram_eff = chunk / (chunk + p.dram_chunk_half_bytes)
+        else:
+            self.dram_eff = None  # per launch: the mean context is the run length
+
+    # -- the model ---------------------------------------------------------------------------------
+    def _parts(self, n, T, P, mn, mx, where):
+        """(time per layer, stream bytes per layer, fetches per layer); n, T, P scalars or arrays.
+        ``mn``/``mx`` are min/max for the operand kind, ``where`` a select(cond, a, b)."""
+        p, lay = self.profile, self.layout
+        n1 = mx(n, 1)
+        tokens = P * lay.block_size if self.whole_pages else T
+        sb = tokens * self.stream_bytes_per_token
+        base = n1 * self.heads_par
+        if p.split_kv and self.units_sat is not None:
+            if isinstance(base, np.ndarray):
+                want = np.ceil(self.units_sat / base)
+                cap = np.ceil((T / n1) / p.min_split_tokens)
+            else:
+                want = float(math.ceil(self.units_sat / base))
+                cap = float(math.ceil((T / n1) / p.min_split_tokens))
+            cap = mx(cap, 1.0)
+            splits = mn(mx(want, 1.0), cap)
+        else:
+            splits = 1.0
+        units = base * splits
+        par = 1.0 if self.units_sat is None else mn(units / self.units_sat, 1.0)
+        if self.dram_eff is None:
+            chunk = mx(T / n1, 1.0) * self.head_token_bytes
+            eff = chunk / (chunk + p.dram_chunk_half_bytes)
+        else:
+            eff = self.dram_eff
+        fetches = P * lay.num_kv_heads
+        t = p.launch_overhead_s + p.unit_overhead_s * units + p.page_overhead_s * fetches + sb / (self.bw * par * eff)
+        if not self.fused:
+            t = t + (p.launch_overhead_s + T * self.dequant_bytes_per_token / self.bw)
+        # nothing to read costs nothing (no KV tokens: no kernel)
+        t = where(T, t, 0.0)
+        return t, sb + (0.0 if self.fused else T * self.dequant_bytes_per_token), fetches
+
+    def time_s(self, num_seqs, kv_tokens, kv_pages):
+        """All layers' attention-kernel time. Scalars (python ints/floats) or numpy arrays."""
+        return self.evaluate(num_seqs, kv_tokens, kv_pages)[0]
+
+    def evaluate(self, num_seqs, kv_tokens, kv_pages):
+        """(time_s, bytes_read, pages_fetched) over all layers; ``kv_pages`` None = unknown
+        (see :func:`pages_or_estimate`)."""
+        L = self.layout.num_layers
+        P = pages_or_estimate(num_seqs, kv_tokens, kv_pages, self.layout.block_size)
+        if isinstance(num_seqs, np.ndarray):
+            n = num_seqs.astype(np.int64)
+            T = np.asarray(kv_tokens, dtype=np.int64)
+            P = np.asarray(P) if not isinstance(P, np.ndarray) else P
+            t, b, f = self._parts(n, T, P, np.minimum, np.maximum, lambda c, a, z: np.where(c > 0, a, z))
+        else:
+            n, T = int(num_seqs), int(kv_tokens)
+            t, b, f = self._parts(n, T, P, min, max, lambda c, a, z: a if c > 0 else z)
+        return L * t, L * b, L * f
+
+    def result(self, num_seqs, kv_tokens, kv_pages) -> KernelResult:
+        t, b, f = self.evaluate(num_seqs, kv_tokens, kv_pages)
+        useful = self.layout.num_layers * kv_tokens * self.layout.kv_bytes_per_token_layer
+        if isinstance(t, np.ndarray):
+            util = np.where(t > 0, useful / np.where(t > 0, t, 1.0) / self.peak_bw, 0.0)
+        else:
+            util = useful / t / self.peak_bw if t > 0 else 0.0
+        return KernelResult(time_s=t, bytes_read=b, pages_fetched=f, bandwidth_utilisation=util)

@@ -1,0 +1,76 @@
+"""`kvsim calibrate fit`: synthetic decode measurements from known kernel parameters are recovered."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+
+from kvsim.calibration import schema as S
+from kvsim.calibration.fit import run_fit
+from kvsim.cli import main
+from kvsim.hw import GPUS, MODELS
+from kvsim.timing.kernel import KernelModel, KVLayout, load_backend, load_profile_file
+
+MODEL = MODELS["Llama-3-8B"]
+GPU = GPUS["A100-80GB"]
+TRUE = replace(load_backend("vllm-2023-paged"), launch_overhead_s=5.1e-6, unit_overhead_s=2.2e-8,
+               page_overhead_s=2.6e-9, max_bandwidth_utilisation=0.88, units_per_sm_to_saturate=3.3)
+FITTED = ("launch_overhead_s", "unit_overhead_s", "page_overhead_s", "max_bandwidth_utilisation",
+          "units_per_sm_to_saturate")
+
+
+def _calibration_dir(tmp_path, profile=TRUE, gpu_name="A100-80GB"):
+    rows = []
+    for contiguous in (False, True):
+        for bs in ((None,) if contiguous else (1, 4, 16, 64, 256)):
+            layout = KVLayout(1, MODEL.num_kv_heads, MODEL.num_attention_heads, MODEL.head_dim, "fp16",
+                              float(MODEL.kv_bytes_per_token("fp16") / MODEL.num_layers), bs)
+            km = KernelModel(profile, layout, GPU.hbm_bandwidth_bytes_per_s, GPU.num_sms)
+            for batch in (1, 2, 4, 8, 16, 64, 128):
+                for ctx in (64, 256, 1024, 4096):
+                    pages = batch if bs is None else batch * -(-ctx // bs)
+                    t = float(km.time_s(batch, batch * ctx, pages))
+                    rows.append({"op": S.DECODE_CONTIGUOUS if contiguous else S.DECODE_PAGED, "impl": "triton",
+                                 "device": "cuda", "dtype": "fp16", "block_size": bs or 0, "batch": batch,
+                                 "context_len": ctx, "new_tokens": 1, "cached_tokens": ctx - 1, "tokens": batch,
+                                 "median_s": t, "kv_bytes": batch * ctx * layout.kv_bytes_per_token_layer})
+    d = tmp_path / "cal"
+    d.mkdir()
+    pd.DataFrame(rows).to_csv(d / S.CSV_FILE, index=False)
+    model = {k: getattr(MODEL, k) for k in ("name", *S.MODEL_GEOMETRY_KEYS)}
+    (d / S.META_FILE).write_text(json.dumps({
+        "schema_version": 1, "device": "cuda", "gpu_name": gpu_name, "model": model,
+        "copy_bandwidth_bytes_per_s": 1.8e12, "kv_dtypes": ["fp16"], "decode_impl": "triton"}))
+    return d
+
+
+def test_fit_recovers_known_parameters_within_2_percent(tmp_path):
+    d = _calibration_dir(tmp_path)
+    out = tmp_path / "fitted.yaml"
+    stats = run_fit(str(d), str(out))
+    prof = load_profile_file(out)  # the written file is a valid profile
+    for key in FITTED:
+        assert getattr(prof, key) == pytest.approx(getattr(TRUE, key), rel=0.02), key
+    assert stats["mape"] < 0.01
+    assert prof.reference_gpu == "A100-80GB"
+
+
+def test_fit_cli_prints_json_and_refuses_to_overwrite(tmp_path, capsys):
+    d = _calibration_dir(tmp_path)
+    out = tmp_path / "p.yaml"
+    assert main(["calibrate", "fit", str(d), "--out", str(out)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["profile"] == str(out) and got["rows"] == 7 * 4 * 6
+    assert main(["calibrate", "fit", str(d), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "file exists" in err and len(err.strip().splitlines()) == 1
+
+
+def test_fit_needs_a_known_gpu(tmp_path, capsys):
+    d = _calibration_dir(tmp_path, gpu_name="mystery")
+    assert main(["calibrate", "fit", str(d), "--out", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "gpu_name" in err and "--gpu" in err

@@ -1,0 +1,60 @@
+"""summary.json: kv_access, kv.fragmentation_frac, concurrency.max for every timing kind."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from kvsim.metrics.summarize import kv_access
+from kvsim.simulate import run
+from tests.helpers import make_scenario, make_trace
+
+TRACE = make_trace([(0.0, 10, 5), (0.0, 7, 9), (0.05, 30, 4), (0.3, 3, 12)])
+
+
+def _steps(**cols):
+    base = {"attention_s": [0.0], "kv_bytes_read": [0], "kv_pages_read": [0]}
+    base.update(cols)
+    return pd.DataFrame(base)
+
+
+def test_kv_access_formulas():
+    steps = _steps(attention_s=[0.001, 0.003], kv_bytes_read=[1_000_000, 3_000_000], kv_pages_read=[10, 30])
+    got = kv_access(steps, 2e12, fetches_per_page=4)
+    assert got["pages_fetched"] == 160
+    assert got["hbm_bandwidth_utilisation"] == pytest.approx(4e6 / 0.004 / 2e12)
+    assert got["mean_access_latency_ns"] == pytest.approx(0.004 / 160 * 1e9)
+
+
+def test_kv_access_without_attention_time_reports_null():
+    got = kv_access(_steps(kv_bytes_read=[100], kv_pages_read=[3]), 2e12, 1)
+    assert got["hbm_bandwidth_utilisation"] is None and got["mean_access_latency_ns"] is None
+    assert got["pages_fetched"] == 3
+
+
+@pytest.mark.parametrize("timing", [{"kind": "constant", "step_s": 0.1}, {"kind": "analytical"},
+                                    {"kind": "analytical", "attention_backend": "roofline"}])
+def test_every_timing_kind_has_the_headline_fields(timing):
+    scn = make_scenario(timing=timing, kv_budget={"tokens": 96})
+    s = run(scn, trace=TRACE, trace_report={}).summary
+    assert set(s["kv_access"]) == {"attention_kernel_s", "kv_bytes_read", "pages_fetched",
+                                   "hbm_bandwidth_utilisation", "mean_access_latency_ns"}
+    assert s["kv_access"]["kv_bytes_read"] == s["kv_bytes_read_total"] > 0
+    if timing["kind"] == "constant":
+        assert s["kv_access"]["hbm_bandwidth_utilisation"] is None
+    else:
+        assert 0 < s["kv_access"]["hbm_bandwidth_utilisation"] < 1
+    assert 0 <= s["kv"]["fragmentation_frac"] < 1
+    assert s["concurrency"]["max"] >= 2
+
+
+def test_fragmentation_frac_is_waste_over_allocated():
+    # contiguous-max reserves max length per request: most of what it allocates is reservation
+    cont = make_scenario(allocator={"kind": "contiguous", "reservation": "max"}, kv_budget={"tokens": 2048})
+    paged = make_scenario(allocator={"kind": "paged", "block_size": 1, "watermark": 0.0}, kv_budget={"tokens": 2048})
+    fc = run(cont, trace=TRACE, trace_report={}).summary["kv"]
+    fp = run(paged, trace=TRACE, trace_report={}).summary["kv"]
+    assert fp["fragmentation_frac"] == pytest.approx(0.0, abs=1e-12)  # block 1: no waste at all
+    assert fc["fragmentation_frac"] > 0.5
+    waste = fc["reservation_frac"] + fc["internal_frag_frac"] + fc["external_frag_frac"]
+    assert fc["fragmentation_frac"] == pytest.approx(waste / (waste + fc["token_states_frac"]))

@@ -92,8 +92,10 @@ def reservation_policy(policy: ReservationChoice) -> ReservationPolicy:
     return policy
 
 
-def reservation_tokens(policy: ReservationChoice, req: KVRequest) -> int:
-    """Slots reserved up front; a request with n parallel samples reserves n unshared copies."""
-    one = reservation_policy(policy).sequence_tokens(req.prompt_tokens + req.output_tokens,
-                                                     req.max_model_len_tokens)
-    return one * req.num_samples
+def reservation_tokens(policy: str | ReservationPolicy, req: KVRequest) -> int:
+    """Slots reserved up front; a request with n parallel samples reserves n unshared copies.
+    ``policy`` is a policy object (hot path: allocators build theirs once with
+    :func:`reservation_policy`) or a kind name."""
+    if type(policy) is str:
+        policy = _policy_for_kind(policy)
+    return policy.sequence_tokens(req.prompt_tokens + req.output_tokens, req.max_model_len_tokens) * req.num_samples

@@ -164,7 +164,8 @@ def test_routers():
 
 def test_reservation_accepts_names_configs_and_policy_objects():
     req = KVRequest(0, 100, 29, 2048, num_samples=2)
-    assert reservation_tokens("pow2", req) == reservation_tokens(Pow2ReservationConfig(), req) == 2 * 256
+    assert reservation_tokens("pow2", req) == reservation_tokens(reservation_policy(Pow2ReservationConfig()), req) \
+        == 2 * 256
     assert reservation_tokens(MaxReservation(), req) == reservation_tokens("max", req) == 2 * 2048
     assert reservation_tokens("oracle", req) == 2 * 129
     policy = reservation_policy("oracle")

@@ -106,7 +106,7 @@ def load_trace(
             )
         source.prefix_column = schema.prefix
         ctx = RowContext(where, source.row_label)
-        trace, repairs, n_in_file = _read_all(source, schema, ctx, on_unsorted, on_zero_output)
+        read = _read_all(source, schema, ctx, on_unsorted, on_zero_output)
         container = source.name
         if container == "parquet":
             sha = content_sha = sha256_of_file(path)
@@ -120,10 +120,10 @@ def load_trace(
         "format": fmt,
         "container": container,
         "compressed": bool(opened.compressed),
-        "requests_in_file": n_in_file,
-        "repairs": repairs,
+        "requests_in_file": read.requests_in_file,
+        "repairs": list(read.repairs),
     }
-    trace = _with_source(trace, info)
+    trace = _with_source(read.trace, info)
     trace.validate(where)
     return trace
 
@@ -166,7 +166,15 @@ def _block_tokens(source: Container, schema: TraceSchema, chunk: Chunk, ctx: Row
     return None
 
 
-def _read_all(source: Container, schema: TraceSchema, ctx: RowContext, on_unsorted: str, on_zero_output: str):
+@dataclass(frozen=True)
+class _ReadResult:
+    trace: Trace  # without ``source``
+    repairs: tuple[str, ...]  # one line per repair applied
+    requests_in_file: int  # before any request was dropped
+
+
+def _read_all(source: Container, schema: TraceSchema, ctx: RowContext, on_unsorted: str,
+              on_zero_output: str) -> _ReadResult:
     acc = _Columns()
     has_keys = schema.prefix is not None and schema.prefix in source.columns
     if has_keys:
@@ -310,7 +318,7 @@ def _read_all(source: Container, schema: TraceSchema, ctx: RowContext, on_unsort
         priority=optional_arrays.get("priority"),
         num_samples=optional_arrays.get("num_samples"),
     )
-    return trace, repairs, n_in_file
+    return _ReadResult(trace, tuple(repairs), n_in_file)
 
 
 def _fmt_time(value, schema: TraceSchema) -> str:

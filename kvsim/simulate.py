@@ -116,7 +116,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
         ctx = TimingContext(
             model=scn.model.spec(), gpu=scn.gpu.spec(), kv_dtype=scn.kv_dtype,
             kv_bytes_per_token=scn.kv_bytes_per_token, weight_bytes=scn.weight_bytes,
-            block_size_tokens=allocator.block_size_tokens, base_dir=base_dir,
+            block_size_tokens=allocator.block_size, base_dir=base_dir,
         )
         try:
             timing = TIMING_MODELS.build(scn.timing, ctx)
@@ -158,7 +158,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
         prefix_caching=bool(getattr(allocator, "prefix_caching", False)),
         offloaded_blocks=sum(getattr(r.scheduler.allocator, "offloaded_blocks", 0) for r in replicas),
         copy_bandwidth_bytes_per_s=getattr(timing, "copy_bandwidth_bytes_per_s", None),
-        bytes_per_token=scn.kv_bytes_per_token, block_size_tokens=allocator.block_size_tokens,
+        bytes_per_token=scn.kv_bytes_per_token, block_size_tokens=allocator.block_size,
         budget_bytes=budget, end_s=engine.end_s, start_s=float(trace.arrival_s[0]) if len(trace) else 0.0)
     engine_rows = recorder.num_rows
     all_requests = [r for rep in replicas for r in rep.scheduler.requests.values()]

@@ -14,7 +14,7 @@ RouterKind = Literal["round_robin", "least_loaded", "prefix_affinity"]
 
 
 def load(sched) -> int:
-    return sched._num_seqs() + sum(r.num_samples for r in sched.waiting) + sum(r.num_samples for r in sched.swapped)
+    return sched.load_seqs()
 
 
 class Router:
@@ -40,6 +40,6 @@ class Router:
         if self.kind == "least_loaded":
             return min(range(n), key=lambda i: (loads[i], i))
         if self.kind == "prefix_affinity":
-            hits = [s._peek_cached(req) for s in self.schedulers]
+            hits = [s.cached_prefix_tokens(req) for s in self.schedulers]
             return min(range(n), key=lambda i: (-hits[i], loads[i], i))
         raise ValueError(f"unknown router {self.kind!r}")

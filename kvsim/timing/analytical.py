@@ -72,7 +72,7 @@ class AnalyticalTiming:
         )
 
 
-    def decode_durations(self, num_seqs: np.ndarray, kv_tokens_read: np.ndarray):
+    def decode_durations(self, num_seqs: np.ndarray, kv_tokens_read: np.ndarray, kv_pages_read: np.ndarray):
         """Vectorised ``step_time`` for decode-only steps (one new token per sequence, no swaps).
 
         Element j equals ``step_time(shape_j).duration_s`` bit for bit: the same IEEE operations in

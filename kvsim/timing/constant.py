@@ -32,7 +32,7 @@ class ConstantTiming:
         )
 
 
-    def decode_durations(self, num_seqs, kv_tokens_read):
+    def decode_durations(self, num_seqs, kv_tokens_read, kv_pages_read):
         """Vectorised ``step_time`` for decode-only steps (see AnalyticalTiming.decode_durations)."""
         compute = self.cfg.per_token_s * num_seqs
         duration = self.cfg.step_s + compute + 0.0

@@ -1,0 +1,71 @@
+"""``kv_pages_read``: the pages (blocks) attention reads, exact in step and fast engines."""
+
+import math
+
+import numpy as np
+import pytest
+
+from helpers import make_scenario, make_trace
+from kvsim.sched.window import pages_per_step
+from kvsim.simulate import run
+
+
+def brute_pages(remaining, length0, weights, kcap, bs):
+    out = []
+    for j in range(kcap):
+        out.append(sum(w * (1 if bs is None else math.ceil((a + j) / bs))
+                       for r, a, w in zip(remaining, length0, weights) if r > j))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_pages_per_step_matches_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    b = int(rng.integers(1, 30))
+    bs = [None, 1, 2, 3, 16, 17][seed % 6]
+    remaining = np.sort(rng.integers(1, 50, b)).astype(np.int64)
+    length0 = rng.integers(1, 300, b).astype(np.int64)
+    weights = rng.integers(1, 4, b).astype(np.int64) if seed % 2 else np.ones(b, np.int64)
+    kcap = int(rng.integers(1, 60))
+    done_by = np.searchsorted(remaining, np.arange(kcap), side="right")
+    got = pages_per_step(remaining, length0, weights, done_by, bs)
+    assert got.dtype == np.int64
+    assert got.tolist() == brute_pages(remaining, length0, weights, kcap, bs)
+
+
+@pytest.mark.parametrize("mode", ["step", "fast"])
+@pytest.mark.parametrize("allocator,bs", [({"kind": "paged", "block_size": 16}, 16),
+                                          ({"kind": "paged", "block_size": 16, "prefix_caching": True}, 16),
+                                          ({"kind": "radix", "page_size": 4}, 4),
+                                          ({"kind": "contiguous"}, None),
+                                          ({"kind": "buddy"}, None)])
+def test_one_request_reads_ceil_context_over_block_size(mode, allocator, bs):
+    prompt, output = 37, 50
+    scn = make_scenario(engine={"mode": mode}, kv_budget={"tokens": 4096}, allocator=allocator)
+    res = run(scn, trace=make_trace([(0.0, prompt, output)]), check_invariants=True)
+    # step 0 computes the prompt (reads 37 tokens); decode step j reads prompt + j tokens
+    contexts = [prompt] + [prompt + j for j in range(1, output)]
+    want = sum(1 if bs is None else math.ceil(c / bs) for c in contexts)
+    assert int(res.steps["kv_pages_read"].sum()) == want
+    assert int(res.steps["kv_tokens_read" if "kv_tokens_read" in res.steps else "kv_bytes_read"].sum()) > 0
+    if mode == "fast":
+        assert len(res.steps) < output  # windows were taken
+
+
+@pytest.mark.parametrize("allocator", [{"kind": "paged", "block_size": 8}, {"kind": "contiguous"}])
+def test_parallel_samples_read_pages_per_sequence(allocator):
+    # two requests with 3 samples each: every sample is a sequence reading its whole context
+    rows = [(0.0, 20, 30), (0.0, 9, 12)]
+    out = {}
+    for mode in ("step", "fast"):
+        scn = make_scenario(engine={"mode": mode}, kv_budget={"tokens": 4096}, allocator=allocator)
+        trace = make_trace(rows)
+        object.__setattr__(trace, "num_samples", np.array([3, 3], np.int64))
+        out[mode] = run(scn, trace=trace, check_invariants=True)
+    bs = allocator.get("block_size")
+    want = 0
+    for prompt, output in ((20, 30), (9, 12)):
+        want += 1 if bs is None else math.ceil(prompt / bs)  # the prompt step: one sequence
+        want += sum(3 * (1 if bs is None else math.ceil((prompt + j) / bs)) for j in range(1, output))
+    assert int(out["step"].steps["kv_pages_read"].sum()) == want
+    assert int(out["fast"].steps["kv_pages_read"].sum()) == want

@@ -58,7 +58,8 @@ def test_parallel_samples_read_pages_per_sequence(allocator):
     rows = [(0.0, 20, 30), (0.0, 9, 12)]
     out = {}
     for mode in ("step", "fast"):
-        scn = make_scenario(engine={"mode": mode}, kv_budget={"tokens": 4096}, allocator=allocator)
+        # (contiguous reserves max_model_len per sample: room for both requests at once)
+        scn = make_scenario(engine={"mode": mode}, kv_budget={"tokens": 32768}, allocator=allocator)
         trace = make_trace(rows)
         object.__setattr__(trace, "num_samples", np.array([3, 3], np.int64))
         out[mode] = run(scn, trace=trace, check_invariants=True)
@@ -67,5 +68,6 @@ def test_parallel_samples_read_pages_per_sequence(allocator):
     for prompt, output in ((20, 30), (9, 12)):
         want += 1 if bs is None else math.ceil(prompt / bs)  # the prompt step: one sequence
         want += sum(3 * (1 if bs is None else math.ceil((prompt + j) / bs)) for j in range(1, output))
+    assert out["step"].summary["requests_finished"] == 2
     assert int(out["step"].steps["kv_pages_read"].sum()) == want
     assert int(out["fast"].steps["kv_pages_read"].sum()) == want

@@ -223,9 +223,12 @@ class Scheduler:
             raise RuntimeError("schedule() called twice without on_step_done()")
         step = _Step(self.token_budget)
         group_decodes = self._group_phase(step)
-        self._running_phase(step, group_decodes)
-        self._swap_in_phase(step)
-        self._admit_phase(step, now_s)
+        if group_decodes < len(self.running):
+            self._running_phase(step, group_decodes)
+        if self.swapped:
+            self._swap_in_phase(step)
+        if self.waiting and not self.swapped:
+            self._admit_phase(step, now_s)
         plan = StepPlan(
             scheduled=tuple((rid, n) for rid, (n, _) in step.scheduled.items()),
             shape=self._batch_shape(step, group_decodes),

@@ -88,7 +88,8 @@ def plan_decode_window(sched, plan, max_steps: int) -> DecodeWindow | None:
         osum = np.concatenate(([0], np.cumsum(off[order])))
         written = kv_read - (osum[-1] - osum[done_by])
     rem_sorted = remaining[order]
-    pages = pages_per_step(rem_sorted, (computed0 + 1)[order], w[order], done_by, sched.allocator.block_size)
+    pages = pages_per_step(rem_sorted, (computed0 + 1)[order], None if samples is None else w[order], done_by,
+                           sched.allocator.block_size)
     return DecodeWindow(list(running), remaining, computed0, num_seqs, kv_read, kcap, w, written, b - done_by, pages)
 
 
@@ -200,7 +201,7 @@ def _finish(sched, r, computed: int, t: float, on_finish) -> None:
         on_finish(r, t)
 
 
-def pages_per_step(remaining: np.ndarray, length0: np.ndarray, weights: np.ndarray, done_by: np.ndarray,
+def pages_per_step(remaining: np.ndarray, length0: np.ndarray, weights: np.ndarray | None, done_by: np.ndarray,
                    block_size: int | None) -> np.ndarray:
     """Pages attention reads in each step of a window, exactly: ``sum w_i * ceil((length0_i + j) /
     block_size)`` over the members active in step ``j`` (``w_i`` sequences of ``length0_i`` tokens
@@ -209,17 +210,68 @@ def pages_per_step(remaining: np.ndarray, length0: np.ndarray, weights: np.ndarr
     Members are sorted by ``remaining`` (ascending; member i is active in steps ``j < remaining_i``)
     and ``done_by[j]`` members have finished before step j. O((members + steps) log members): from
     step j-1 to j a member's pages grow by one iff ``(length0_i + j - 1) % block_size == 0`` (counted
-    per remainder class over the still-active suffix) and finished members drop out."""
-    wsum = np.concatenate(([0], np.cumsum(weights)))
-    if block_size is None:
+    per remainder class over the still-active suffix) and finished members drop out.
+    ``weights=None`` means one sequence per member."""
+    if block_size is None:  # one run per sequence
+        if weights is None:
+            return len(remaining) - done_by
+        wsum = np.concatenate(([0], np.cumsum(weights)))
         return wsum[-1] - wsum[done_by]
     bs = block_size
     b = len(remaining)
     kcap = len(done_by)
+    ones = weights is None
     pages = np.empty(kcap, np.int64)
-    pages[0] = int(np.dot(weights, -(-length0 // bs)))  # every member is active in step 0
+    first = -(-length0 // bs)
+    pages[0] = int(first.sum()) if ones else int(np.dot(weights, first))  # every member is active in step 0
     if kcap == 1:
         return pages
+    gone = np.zeros(b + 1, np.int64)  # gone[m]: pages the first m members read in their last step
+    last = -(-(length0 + remaining - 1) // bs)
+    np.cumsum(last if ones else weights * last, out=gone[1:])
+    # suffix[m, r]: sequences of the members at positions >= m whose step-0 length has remainder r
+    suffix = np.zeros((b + 1, bs), np.int64)
+    suffix[np.arange(b), length0 % bs] = 1 if ones else weights
+    np.cumsum(suffix[::-1], axis=0, out=suffix[::-1])
+    fin = done_by[1:]
+    # step j adds a page to the active members whose remainder is (1 - j) % bs
+    np.cumsum(suffix[fin, _page_phase(bs, kcap - 1)], out=pages[1:])
+    pages[1:] += pages[0] - gone[fin]
+    return pages
+
+
+_PHASES: dict[int, np.ndarray] = {}
+
+
+def _page_phase(bs: int, n: int) -> np.ndarray:
+    """``(1 - j) % bs`` for ``j = 1..n`` (a cached period-``bs`` pattern)."""
+    pat = _PHASES.get(bs)
+    if pat is None or len(pat) < n:
+        pat = (1 - np.arange(1, max(n, 4096) + 1, dtype=np.int64)) % bs
+        _PHASES[bs] = pat
+    return pat[:n]
+    last = -(-(length0 + remaining - 1) // bs)  # a member's pages in its last step
+    gone = np.cumsum(last if ones else weights * last)
+    res = length0 % bs
+    order = np.argsort(res, kind="stable")  # by remainder, then position
+    res_sorted = res[order]
+    keys = res_sorted * (b + 1) + order
+    # members per remainder class r sit at [ends[r - 1], ends[r]) of the sorted order
+    ends = np.searchsorted(res_sorted, np.arange(1, bs + 1), side="left")
+    # step j (1..kcap-1) adds a page to the active members of remainder (1 - j) % bs: a period of bs
+    rho = np.resize((1 - np.arange(1, bs + 1)) % bs, kcap - 1)
+    lo = np.searchsorted(keys, rho * (b + 1) + done_by[1:], side="left")
+    hi = ends[rho]
+    if ones:
+        cross = hi - lo
+    else:
+        cw = np.concatenate(([0], np.cumsum(weights[order])))
+        cross = cw[hi] - cw[lo]
+    np.cumsum(cross, out=pages[1:])
+    pages[1:] += pages[0]
+    fin = done_by[1:]
+    pages[1:] -= np.where(fin > 0, gone[fin - 1], 0)
+    return pages
     last = -(-(length0 + remaining - 1) // bs)  # a member's pages in its last step
     gone = np.concatenate(([0], np.cumsum(weights * last)))
     res = length0 % bs
@@ -280,7 +332,7 @@ def plan_group_window(sched, plan, max_steps: int) -> DecodeWindow | None:
     csum = np.concatenate(([0], np.cumsum(computed0)))
     kv_read = (csum[-1] - csum[done_by]) + num_seqs * (j + 1)
     ones = np.ones(b, np.int64)
-    pages = pages_per_step(remaining, computed0 + 1, ones, done_by, sched.allocator.block_size)
+    pages = pages_per_step(remaining, computed0 + 1, None, done_by, sched.allocator.block_size)
     num_seqs[0] = shape.num_seqs  # step 0 as scheduled (prefills included)
     kv_read[0] = shape.kv_tokens_read
     pages[0] = shape.kv_pages_read

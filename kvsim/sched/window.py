@@ -208,9 +208,10 @@ def pages_per_step(remaining: np.ndarray, length0: np.ndarray, weights: np.ndarr
     read in step 0), or ``sum w_i`` (one run per sequence) without pages.
 
     Members are sorted by ``remaining`` (ascending; member i is active in steps ``j < remaining_i``)
-    and ``done_by[j]`` members have finished before step j. O((members + steps) log members): from
-    step j-1 to j a member's pages grow by one iff ``(length0_i + j - 1) % block_size == 0`` (counted
-    per remainder class over the still-active suffix) and finished members drop out.
+    and ``done_by[j]`` members have finished before step j. Small windows evaluate every (step,
+    member) pair; larger ones take O(members x block_size + steps): from step j-1 to j a member's
+    pages grow by one iff ``(length0_i + j - 1) % block_size == 0`` (counted per remainder class
+    over the still-active suffix) and finished members drop out.
     ``weights=None`` means one sequence per member."""
     if block_size is None:  # one run per sequence
         if weights is None:
@@ -221,6 +222,12 @@ def pages_per_step(remaining: np.ndarray, length0: np.ndarray, weights: np.ndarr
     b = len(remaining)
     kcap = len(done_by)
     ones = weights is None
+    if kcap * b <= DENSE_PAGES_MAX:
+        # small windows (most): every (step, member) pair at once, in a few numpy calls
+        steps = _steps_column(kcap)
+        per = (length0 + steps + (bs - 1)) // bs  # (kcap, b): pages member i reads in step j
+        per *= remaining > steps  # active members only
+        return per.sum(axis=1) if ones else per @ weights
     pages = np.empty(kcap, np.int64)
     first = -(-length0 // bs)
     pages[0] = int(first.sum()) if ones else int(np.dot(weights, first))  # every member is active in step 0
@@ -240,7 +247,18 @@ def pages_per_step(remaining: np.ndarray, length0: np.ndarray, weights: np.ndarr
     return pages
 
 
+DENSE_PAGES_MAX = 1 << 15  # pages_per_step: (steps x members) pairs evaluated directly up to this
 _PHASES: dict[int, np.ndarray] = {}
+_STEPS: list = [np.zeros((0, 1), np.int64)]
+
+
+def _steps_column(n: int) -> np.ndarray:
+    """``arange(n)`` as an (n, 1) int64 column (cached)."""
+    col = _STEPS[0]
+    if len(col) < n:
+        col = np.arange(max(n, 4096), dtype=np.int64)[:, None]
+        _STEPS[0] = col
+    return col[:n]
 
 
 def _page_phase(bs: int, n: int) -> np.ndarray:
@@ -250,41 +268,6 @@ def _page_phase(bs: int, n: int) -> np.ndarray:
         pat = (1 - np.arange(1, max(n, 4096) + 1, dtype=np.int64)) % bs
         _PHASES[bs] = pat
     return pat[:n]
-    last = -(-(length0 + remaining - 1) // bs)  # a member's pages in its last step
-    gone = np.cumsum(last if ones else weights * last)
-    res = length0 % bs
-    order = np.argsort(res, kind="stable")  # by remainder, then position
-    res_sorted = res[order]
-    keys = res_sorted * (b + 1) + order
-    # members per remainder class r sit at [ends[r - 1], ends[r]) of the sorted order
-    ends = np.searchsorted(res_sorted, np.arange(1, bs + 1), side="left")
-    # step j (1..kcap-1) adds a page to the active members of remainder (1 - j) % bs: a period of bs
-    rho = np.resize((1 - np.arange(1, bs + 1)) % bs, kcap - 1)
-    lo = np.searchsorted(keys, rho * (b + 1) + done_by[1:], side="left")
-    hi = ends[rho]
-    if ones:
-        cross = hi - lo
-    else:
-        cw = np.concatenate(([0], np.cumsum(weights[order])))
-        cross = cw[hi] - cw[lo]
-    np.cumsum(cross, out=pages[1:])
-    pages[1:] += pages[0]
-    fin = done_by[1:]
-    pages[1:] -= np.where(fin > 0, gone[fin - 1], 0)
-    return pages
-    last = -(-(length0 + remaining - 1) // bs)  # a member's pages in its last step
-    gone = np.concatenate(([0], np.cumsum(weights * last)))
-    res = length0 % bs
-    pos = np.arange(b, dtype=np.int64)
-    order = np.lexsort((pos, res))  # by remainder, then position
-    keys = res[order] * (b + 1) + pos[order]
-    cw = np.concatenate(([0], np.cumsum(weights[order])))
-    j = np.arange(1, kcap, dtype=np.int64)
-    rho = (1 - j) % bs  # remainder of the members that start a new page in step j
-    lo = np.searchsorted(keys, rho * (b + 1) + done_by[1:], side="left")
-    hi = np.searchsorted(keys, (rho + 1) * (b + 1), side="left")
-    pages[1:] = pages[0] + np.cumsum(cw[hi] - cw[lo]) - gone[done_by[1:]]
-    return pages
 
 
 def plan_group_window(sched, plan, max_steps: int) -> DecodeWindow | None:

@@ -18,8 +18,12 @@ def brute_pages(remaining, length0, weights, kcap, bs):
     return out
 
 
+@pytest.mark.parametrize("dense", [True, False])
 @pytest.mark.parametrize("seed", range(40))
-def test_pages_per_step_matches_brute_force(seed):
+def test_pages_per_step_matches_brute_force(seed, dense, monkeypatch):
+    import kvsim.sched.window as window
+
+    monkeypatch.setattr(window, "DENSE_PAGES_MAX", 1 << 30 if dense else 0)  # both evaluations
     rng = np.random.default_rng(seed)
     b = int(rng.integers(1, 30))
     bs = [None, 1, 2, 3, 16, 17, 5][seed % 7]

@@ -309,13 +309,29 @@ def plan_group_window(sched, plan, max_steps: int) -> DecodeWindow | None:
         order = np.argsort(remaining, kind="stable")
         remaining, computed0 = remaining[order], computed0[order]
     b = len(remaining)
-    j = np.arange(kcap, dtype=np.int64)
-    done_by = np.searchsorted(remaining, j, side="right")  # members finished before step j
-    num_seqs = b - done_by
-    csum = np.concatenate(([0], np.cumsum(computed0)))
-    kv_read = (csum[-1] - csum[done_by]) + num_seqs * (j + 1)
+    bs = sched.allocator.block_size
+    if kcap * b <= DENSE_PAGES_MAX:
+        # every (step, member) pair at once: step j reads computed0 + j + 1 tokens of each active member
+        steps = _steps_column(kcap)
+        length = computed0 + 1 + steps  # (kcap, b)
+        active = remaining > steps
+        num_seqs = active.sum(axis=1)
+        length *= active
+        kv_read = length.sum(axis=1)
+        if bs is None:
+            pages = num_seqs.copy()
+        else:
+            length += bs - 1
+            length //= bs  # zero stays zero for finished members
+            pages = length.sum(axis=1)
+    else:
+        j = np.arange(kcap, dtype=np.int64)
+        done_by = np.searchsorted(remaining, j, side="right")  # members finished before step j
+        num_seqs = b - done_by
+        csum = np.concatenate(([0], np.cumsum(computed0)))
+        kv_read = (csum[-1] - csum[done_by]) + num_seqs * (j + 1)
+        pages = pages_per_step(remaining, computed0 + 1, None, done_by, bs)
     ones = np.ones(b, np.int64)
-    pages = pages_per_step(remaining, computed0 + 1, None, done_by, sched.allocator.block_size)
     num_seqs[0] = shape.num_seqs  # step 0 as scheduled (prefills included)
     kv_read[0] = shape.kv_tokens_read
     pages[0] = shape.kv_pages_read

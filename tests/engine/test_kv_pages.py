@@ -76,3 +76,26 @@ def test_parallel_samples_read_pages_per_sequence(allocator):
     assert out["step"].summary["requests_finished"] == 2
     assert int(out["step"].steps["kv_pages_read"].sum()) == want
     assert int(out["fast"].steps["kv_pages_read"].sum()) == want
+
+
+@pytest.mark.parametrize("dense", [True, False])
+@pytest.mark.parametrize("allocator", [{"kind": "paged", "block_size": 16}, {"kind": "contiguous"},
+                                       {"kind": "paged", "block_size": 16, "prefix_caching": True}])
+def test_window_arrays_both_evaluations_equal_step_mode(allocator, dense, monkeypatch):
+    import pandas as pd
+
+    import kvsim.sched.window as window
+
+    monkeypatch.setattr(window, "DENSE_PAGES_MAX", 1 << 30 if dense else 0)
+    rng = np.random.default_rng(11)
+    n = 60
+    rows = list(zip(np.cumsum(rng.exponential(1 / 25.0, n)), rng.integers(1, 300, n), rng.integers(1, 150, n)))
+    out = {}
+    for mode in ("step", "fast"):
+        scn = make_scenario(engine={"mode": mode}, kv_budget={"tokens": 3000}, allocator=allocator,
+                            timing={"kind": "analytical", "step_overhead_s": 0.001})
+        out[mode] = run(scn, trace=make_trace(rows), check_invariants=True)
+    pd.testing.assert_frame_equal(out["step"].requests, out["fast"].requests, check_exact=True)
+    assert len(out["fast"].steps) < len(out["step"].steps)
+    for col in ("kv_pages_read", "kv_bytes_read", "decode_tokens"):
+        assert int(out["fast"].steps[col].sum()) == int(out["step"].steps[col].sum()), col

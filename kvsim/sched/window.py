@@ -247,7 +247,7 @@ def pages_per_step(remaining: np.ndarray, length0: np.ndarray, weights: np.ndarr
     return pages
 
 
-DENSE_PAGES_MAX = 1 << 15  # pages_per_step: (steps x members) pairs evaluated directly up to this
+DENSE_PAGES_MAX = 1 << 13  # pages_per_step: (steps x members) pairs evaluated directly up to this
 _PHASES: dict[int, np.ndarray] = {}
 _STEPS: list = [np.zeros((0, 1), np.int64)]
 

@@ -19,7 +19,7 @@ from kvsim.config import LoadedScenario, Scenario, load_scenario
 from kvsim.errors import SimulationLimitError, TraceError
 from kvsim.dropped import Dropped, warnings_for
 from kvsim.outdir import atomic_out_dir, check_out_dir
-from kvsim.results import write_json, write_parquet, write_yaml
+from kvsim.results import write_json, write_parquet, write_text_atomic, write_yaml
 from kvsim.simulate import RunResult, build_trace, resolved_dict
 from kvsim.simulate import run as run_scenario
 
@@ -157,8 +157,13 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
                         + f", max concurrency {summary['concurrency']['max']}, "
                           f"token states {100 * summary['kv']['token_states_frac']:.1f}% of KV")
             if loaded.variants:
-                write_parquet(tmp / "comparison.parquet", comparison_table(summaries))
-                comparison_table(summaries).to_csv(tmp / "comparison.csv", index=False)
+                from kvsim.report.comparison import collect_runs, comparison_frame
+
+                cruns, cmeta = collect_runs([tmp])
+                cruns = [r for r in cruns if r.label in summaries]  # this run's variants only
+                table = comparison_frame(cruns, cmeta, source_root=tmp)
+                write_parquet(tmp / "comparison.parquet", table)
+                write_text_atomic(tmp / "comparison.csv", table.to_csv(index=False))
                 if plots:
                     plotting.plot_comparison_dir(tmp, list(summaries))
             if plots:
@@ -174,23 +179,13 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
     return out
 
 
-def comparison_table(summaries: dict[str, dict]) -> pd.DataFrame:
-    rows = []
-    for name, s in summaries.items():
-        rows.append({
-            "variant": name,
-            "requests_finished": s["requests_finished"],
-            "requests_rejected": s["requests_rejected"],
-            "throughput_requests_per_s": s["throughput_requests_per_s"],
-            "throughput_output_tokens_per_s": s["throughput_output_tokens_per_s"],
-            "ttft_p50_s": s["ttft_s"]["p50"], "ttft_p99_s": s["ttft_s"]["p99"],
-            "tpot_p50_s": s["tpot_s"]["p50"], "e2e_p50_s": s["e2e_s"]["p50"], "e2e_p99_s": s["e2e_s"]["p99"],
-            "concurrency_max": s["concurrency"]["max"], "concurrency_mean": s["concurrency"]["mean"],
-            **{f"kv_{k}": s["kv"][k] for k in ("token_states_frac", "reservation_frac", "internal_frag_frac",
-                                                "external_frag_frac", "free_frac")},
-            "preemptions": s["preemptions"],
-        })
-    return pd.DataFrame(rows)
+def comparison_table(results: dict) -> pd.DataFrame:
+    """The ``comparison.csv`` table (one layout for ``kvsim run`` and ``kvsim compare``:
+    kvsim.report.comparison.comparison_frame) of in-memory results: ``{name: RunResult}`` as
+    ``kvsim.run`` returns them (parameter columns and offered rate included), or ``{name: summary}``."""
+    from kvsim.report.comparison import comparison_frame, in_memory_runs
+
+    return comparison_frame(in_memory_runs(results))
 
 
 @dataclass

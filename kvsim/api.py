@@ -165,7 +165,7 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
                 write_parquet(tmp / "comparison.parquet", table)
                 write_text_atomic(tmp / "comparison.csv", table.to_csv(index=False))
                 if plots:
-                    plotting.plot_comparison_dir(tmp, list(summaries))
+                    plotting.plot_comparison_dir(tmp, [r.label for r in cruns])  # scenario order, baseline first
             if plots:
                 # The self-contained HTML report reads the finished directory (plots embedded).
                 from kvsim.report import write_run_report

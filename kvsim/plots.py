@@ -65,7 +65,7 @@ def note_dropped(fig, shown: int, total: int) -> None:
 
 
 def legend_outside(ax, n: int) -> None:
-    if n > 1:
+    if n > 1 and ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7 if n > 12 else 8, loc="upper left", bbox_to_anchor=(1.01, 1),
                   ncol=1 + (n - 1) // 20)
 

@@ -719,10 +719,15 @@ def _write_comparison(runs, meta, out: Path, say, *, metric_names: str, base_lab
 
     written: dict[str, Path] = {}
 
+    from kvsim.report.findings import key_findings
+
     head = headline({r.label: r.summary for r in runs}, base_label)
     write_text_atomic(out / "headline.csv", headline_frame(head).to_csv(index=False))
     written["headline.csv"] = out / "headline.csv"
     if show is not None:
+        findings = key_findings({r.label: r.summary for r in runs}, base_label)
+        if findings:
+            show("Key findings\n" + "\n".join(f"- {f}" for f in findings))
         show(f"Headline (baseline: {head.baseline})\n{headline_text(head)}")
     table = comparison_frame(runs, meta)
     write_text_atomic(out / "comparison.csv", table.to_csv(index=False))

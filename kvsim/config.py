@@ -514,14 +514,23 @@ def _model_from_annotation(ann: Any) -> Any:
     return None
 
 
-_ALL_TAGS = set(ALLOCATORS.kinds) | set(TIMING_MODELS.kinds)
+def _tagged_sections() -> dict:
+    """Sections chosen by ``kind:`` whose union tag pydantic puts in error paths: the top-level
+    plugin sections and the paged allocator's ``eviction``."""
+    from kvsim.kv.eviction import EVICTION_POLICIES
+
+    return {**{k: v[0] for k, v in PLUGIN_SECTIONS.items()}, "eviction": EVICTION_POLICIES}
+
+
+_TAGGED = _tagged_sections()
+_ALL_TAGS = set().union(*(set(r.kinds) for r in _TAGGED.values()))
 
 
 def _loc_str(loc: tuple) -> str:
     parts: list[str] = []
     prev = None
     for p in loc:
-        if prev in PLUGIN_SECTIONS and p in _ALL_TAGS:
+        if prev in _TAGGED and p in _ALL_TAGS:
             prev = p
             continue  # pydantic puts the union tag in the path; users never wrote it
         parts.append(f"[{p}]" if isinstance(p, int) else str(p))
@@ -542,14 +551,20 @@ def _one_error(e: dict, prefix: str) -> str:
     if t in ("union_tag_invalid", "union_tag_not_found"):
         ctx = e.get("ctx", {})
         section = str(loc[-1]) if loc else "section"
-        kinds = PLUGIN_SECTIONS.get(section, (None,))[0]
-        valid = kinds.kinds if kinds else []
+        kinds = _TAGGED.get(section)
+        valid = kinds.kinds if kinds else [t.strip(" '") for t in str(ctx.get("expected_tags", "")).split(",") if t.strip()]
         if t == "union_tag_not_found":
             return f"{path}: missing 'kind'; valid kinds: {format_choices(valid)}"
         tag = str(ctx.get("tag", ""))
         return f"{path}: unknown {section} kind {tag!r}{did_you_mean(tag, valid)}; valid kinds: {format_choices(valid)}"
     if t == "missing":
         return f"{path}: required key is missing"
+    if t in ("model_attributes_type", "dict_type") and loc and str(loc[-1]) in _TAGGED:
+        valid = _TAGGED[str(loc[-1])].kinds
+        got = e.get("input")
+        example = PLUGIN_SECTIONS.get(str(loc[-1]), (None, "lru" if "lru" in valid else "..."))[1]
+        return (f"{path}: expected a mapping with a kind, e.g. {{kind: {example}}}"
+                f"{f' (got {got!r})' if not isinstance(got, (dict, list)) else ''}; valid kinds: {format_choices(valid)}")
     msg = e["msg"]
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]

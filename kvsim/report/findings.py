@@ -89,8 +89,13 @@ def key_findings(summaries: dict[str, dict], baseline: str | None = None) -> lis
         if total and fin is not None and fin < total:
             lost.append(f"{lab} {int(fin)}/{int(total)}")
     if lost:
-        out.append("Not every request was served (finished/total): " + ", ".join(lost)
-                   + "; see \"Requests not served\".")
+        fracs = {ln.rsplit(" ", 1)[1] for ln in lost}
+        if len(lost) == len(summaries) > 1 and len(fracs) == 1:
+            out.append(f"Not every request was served: {fracs.pop()} finished in every run; "
+                       "see \"Requests not served\".")
+        else:
+            out.append("Not every request was served (finished/total): " + ", ".join(lost)
+                       + "; see \"Requests not served\".")
 
     conc = {lab: _get(s, ("concurrency", "max")) for lab, s in summaries.items()}
     out.append(_extreme("Maximum concurrent requests", conc, base, True, lambda v: f"{v:.0f}",

@@ -27,3 +27,15 @@ def make_scenario(**over):
     for k, v in over.items():
         raw[k] = v
     return Scenario.model_validate(raw)
+
+
+def vidur_dir():
+    """Vidur's public profiling data (../shared/peer-data/vidur beside the checkout, as on the
+    developers' machines and in CI), or $KVSIM_VIDUR_DIR."""
+    import os
+    from pathlib import Path
+
+    env = os.environ.get("KVSIM_VIDUR_DIR")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[1].parent / "shared" / "peer-data" / "vidur"

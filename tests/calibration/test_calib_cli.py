@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers import vidur_dir as _vidur_dir
 from calib_helpers import REPO, decode_shape, mixed_shape, prefill_shape, timing_context
 
-VIDUR = Path("/work/shared/peer-data/vidur")
+VIDUR = _vidur_dir()
 CLI_WIRED = (REPO / "kvsim" / "cli.py").exists() and "kvsim.calibration.cli" in (REPO / "kvsim" / "cli.py").read_text()
 
 

@@ -12,7 +12,10 @@ import numpy as np
 import pytest
 
 from kvsim.calibration import gemm_fit as F
-from kvsim.calibration.peer import DEFAULT_VIDUR_DIR, GPU_MAP, Roofline
+from helpers import vidur_dir
+from kvsim.calibration.peer import GPU_MAP, Roofline
+
+DEFAULT_VIDUR_DIR = vidur_dir()
 from kvsim.errors import ConfigError
 from kvsim.hw import GPUS, MODELS
 from kvsim.timing import gemm as G

@@ -22,6 +22,7 @@ from kvsim.metrics.summarize import summarize
 from kvsim.registry import ALLOCATORS, TIMING_MODELS
 from kvsim.sched.scheduler import Scheduler
 from kvsim.timing.context import TimingContext
+from kvsim.timing.transfer import HostTransfers
 from kvsim.trace.schema import Trace
 
 
@@ -59,6 +60,16 @@ def build_trace(scn: Scenario, base_dir: Path) -> tuple[Trace, dict]:
 
 IN_MEMORY_FLUSH_ROWS = 8192  # step rows buffered before an in-memory run makes an Arrow chunk of them
 MAX_TRACKED_BLOCKS = 1 << 25  # ~33.5M named blocks (about 2 GB of bookkeeping)
+
+
+def host_transfers(scn: Scenario) -> HostTransfers:
+    """How copies over the GPU<->host link are counted and priced in this scenario: ``host_link:``,
+    else the legacy size-independent rate (``legacy``: the old arithmetic exactly)."""
+    hl = scn.host_link
+    if hl is None:
+        return HostTransfers(scn.link_profile())
+    return HostTransfers(scn.link_profile(), granularity=hl.granularity, layout=hl.layout,
+                         num_layers=scn.model.spec().num_layers, legacy=False)
 
 
 def build_allocator(scn: Scenario, where: str = "scenario"):
@@ -116,12 +127,14 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
         if store is not None:
             allocator.attach_shared_store(store)
         par = scn.parallel_plan()  # one GPU: whole-model bytes, no communication
+        transfers = host_transfers(scn)
         ctx = TimingContext(
             model=scn.model.spec(), gpu=scn.gpu.spec(), kv_dtype=scn.kv_dtype,
             kv_bytes_per_token=par.kv_bytes_per_token_per_rank, weight_bytes=par.weight_bytes_per_rank,
             block_size_tokens=allocator.block_size, base_dir=base_dir,
             tensor_parallel=par.tensor, pipeline_parallel=par.pipeline,
             comm_s_per_step=par.comm_s_per_step, comm_s_per_token=par.comm_s_per_token,
+            host_transfers=transfers,
         )
         try:
             timing = TIMING_MODELS.build(scn.timing, ctx)
@@ -130,7 +143,8 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
         sched = Scheduler(scn.scheduler, allocator, max_len,
                           want_context_lens=bool(getattr(timing, "needs_context_lens", False)),
                           kv_bytes_per_token=scn.kv_bytes_per_token,
-                          host_link_bandwidth_bytes_per_s=getattr(scn.timing, "host_link_bandwidth_bytes_per_s", 64e9))
+                          host_link_bandwidth_bytes_per_s=getattr(scn.timing, "host_link_bandwidth_bytes_per_s", 64e9),
+                          host_transfers=transfers)
         replicas.append(Replica(i, sched, timing))
     scheduler = replicas[0].scheduler
     if not scn.scheduler.chunked_prefill and scheduler.token_budget < max_len:

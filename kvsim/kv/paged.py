@@ -41,6 +41,7 @@ from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, SampleGeometry
 from kvsim.kv.eviction import (EVICTION_POLICIES, BlockStats, FIFOEvictionConfig, LFUEvictionConfig,
                                LRUEvictionConfig, LRUKEvictionConfig, PriorityEvictionConfig)
 from kvsim.registry import ALLOCATORS
+from kvsim.timing.transfer import count_runs
 
 EvictionConfig = LRUEvictionConfig | FIFOEvictionConfig | LFUEvictionConfig | LRUKEvictionConfig | PriorityEvictionConfig
 
@@ -198,6 +199,11 @@ class PagedAllocator:
         held = self.ledger.held[request_id]
         s = self._samples.get(request_id)
         return held if s is None else s[0].seq_capacity(held // self.block_size)
+
+    def block_runs(self, request_id: int, first_block: int, end_block: int) -> int:
+        """Runs of consecutive block ids among blocks ``[first_block, end_block)`` of the request's
+        table (the BlockRuns capability: copies a coalescing copy engine needs)."""
+        return count_runs(self.block_tables[request_id][first_block:end_block])
 
     def block_table(self, request_id: int) -> list[int]:
         """A copy of the request's block ids (for tests; the scheduler never calls this)."""

@@ -23,6 +23,7 @@ from kvsim.registry import ALLOCATORS, TIMING_MODELS
 from kvsim.sched.scheduler import Scheduler
 from kvsim.timing.context import TimingContext
 from kvsim.timing.transfer import HostTransfers
+from kvsim.kv.protocol import HostLinkTiers
 from kvsim.trace.schema import Trace
 
 
@@ -62,12 +63,17 @@ IN_MEMORY_FLUSH_ROWS = 8192  # step rows buffered before an in-memory run makes 
 MAX_TRACKED_BLOCKS = 1 << 25  # ~33.5M named blocks (about 2 GB of bookkeeping)
 
 
-def host_transfers(scn: Scenario) -> HostTransfers:
+def host_transfers(scn: Scenario, where: str = "scenario") -> HostTransfers:
     """How copies over the GPU<->host link are counted and priced in this scenario: ``host_link:``,
-    else the legacy size-independent rate (``legacy``: the old arithmetic exactly)."""
+    else the legacy size-independent rate (``legacy``: the old arithmetic exactly). With
+    ``host_link:`` the link also prices CPU-tier loads, so a CPU tier bandwidth of its own is refused."""
     hl = scn.host_link
     if hl is None:
         return HostTransfers(scn.link_profile())
+    cpu = getattr(getattr(scn.allocator, "offload", None), "cpu", None)
+    if cpu is not None and "bandwidth_bytes_per_s" in cpu.model_fields_set:
+        raise ConfigError(f"{where}: give host_link or allocator.offload.cpu.bandwidth_bytes_per_s, not both "
+                          "(host_link prices CPU-tier loads per block, with its per-copy latency)")
     return HostTransfers(scn.link_profile(), granularity=hl.granularity, layout=hl.layout,
                          num_layers=scn.model.spec().num_layers, legacy=False)
 
@@ -122,12 +128,14 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
         store = LowerTier("remote", rcfg.shared_prefix_store.capacity_bytes // block_bytes,
                           rcfg.shared_prefix_store.bandwidth_bytes_per_s, shared=True)
     replicas = []
+    transfers = host_transfers(scn, where)
     for i in range(rcfg.count):
         allocator, budget = build_allocator(scn, where)
+        if not transfers.legacy and isinstance(allocator, HostLinkTiers):
+            allocator.use_host_link(transfers)  # CPU-tier loads over the same link as swaps
         if store is not None:
             allocator.attach_shared_store(store)
         par = scn.parallel_plan()  # one GPU: whole-model bytes, no communication
-        transfers = host_transfers(scn)
         ctx = TimingContext(
             model=scn.model.spec(), gpu=scn.gpu.spec(), kv_dtype=scn.kv_dtype,
             kv_bytes_per_token=par.kv_bytes_per_token_per_rank, weight_bytes=par.weight_bytes_per_rank,

@@ -118,6 +118,14 @@ class BlockRuns(Protocol):
 
 
 @runtime_checkable
+class HostLinkTiers(Protocol):
+    """``use_host_link(transfers)``: price loads from a CPU tier with the scenario's host link
+    (kvsim.timing.transfer.HostTransfers); called once at build time when ``host_link:`` is given."""
+
+    def use_host_link(self, transfers) -> None: ...
+
+
+@runtime_checkable
 class EvictionCounter(Protocol):
     """``evictions``: cached blocks evicted so far (the step table's ``evictions`` column)."""
 

@@ -7,7 +7,9 @@ Per step::
     kv_read_s  = attention_s + num_tokens * kv_bytes_per_token / (hbm_bandwidth * bandwidth_efficiency)
     compute_s  = (2 * num_params * num_tokens + 4 * layers * heads * head_dim * attention_pairs)
                  / (peak_flops * compute_efficiency)
-    swap_s     = (swap_in_bytes + swap_out_bytes) / host_link_bandwidth + tier_load_s
+    swap_s     = (swap_in_bytes + swap_out_bytes) / host_link_bandwidth + tier_load_s   (no host_link:)
+               = transfer_time_s(in bytes, in copies, h2d) + transfer_time_s(out..., d2h) + tier_load_s
+                 with host_link: (docs/transfer_model.md)
     duration   = max(weights_s + kv_read_s, compute_s) + step_overhead_s + swap_s + parallel_comm_s
 
 The attention kernel (backend ``timing.attention_backend``; ``auto``: the allocator's default, see

@@ -7,7 +7,8 @@ Per step, with ``L`` layers (every table holds one layer's time at tensor-parall
     gemm_s              = L * sum_op T_op(num_tokens)  for op in QKV, out, MLP up/gate, MLP down
     lm_head_s           = T_lm_head(num_seqs)          (once per step, if measured)
     elementwise_s       = L * T_elementwise(num_tokens) (norms, RoPE, activation, adds; if measured)
-    swap_s              = (swap_in_bytes + swap_out_bytes) / host_link_bandwidth
+    swap_s              = (swap_in_bytes + swap_out_bytes) / host_link_bandwidth + tier_load_s, or with
+                          host_link: the transfer model per copy (docs/transfer_model.md)
     duration            = attention_s + gemm_s + lm_head_s + elementwise_s + step_overhead_s + swap_s
 
 ``breakdown_s`` holds each term, the decode/prefill split of ``attention_s``, and ``compute_s`` =

@@ -22,6 +22,8 @@ from kvsim.metrics.summarize import summarize
 from kvsim.registry import ALLOCATORS, TIMING_MODELS
 from kvsim.sched.scheduler import Scheduler
 from kvsim.timing.context import TimingContext
+from kvsim.timing.transfer import HostTransfers
+from kvsim.kv.protocol import HostLinkTiers
 from kvsim.trace.schema import Trace
 
 
@@ -59,6 +61,21 @@ def build_trace(scn: Scenario, base_dir: Path) -> tuple[Trace, dict]:
 
 IN_MEMORY_FLUSH_ROWS = 8192  # step rows buffered before an in-memory run makes an Arrow chunk of them
 MAX_TRACKED_BLOCKS = 1 << 25  # ~33.5M named blocks (about 2 GB of bookkeeping)
+
+
+def host_transfers(scn: Scenario, where: str = "scenario") -> HostTransfers:
+    """How copies over the GPU<->host link are counted and priced in this scenario: ``host_link:``,
+    else the legacy size-independent rate (``legacy``: the old arithmetic exactly). With
+    ``host_link:`` the link also prices CPU-tier loads, so a CPU tier bandwidth of its own is refused."""
+    hl = scn.host_link
+    if hl is None:
+        return HostTransfers(scn.link_profile())
+    cpu = getattr(getattr(scn.allocator, "offload", None), "cpu", None)
+    if cpu is not None and "bandwidth_bytes_per_s" in cpu.model_fields_set:
+        raise ConfigError(f"{where}: give host_link or allocator.offload.cpu.bandwidth_bytes_per_s, not both "
+                          "(host_link prices CPU-tier loads per block, with its per-copy latency)")
+    return HostTransfers(scn.link_profile(), granularity=hl.granularity, layout=hl.layout,
+                         num_layers=scn.model.spec().num_layers, legacy=False)
 
 
 def build_allocator(scn: Scenario, where: str = "scenario"):
@@ -111,8 +128,11 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
         store = LowerTier("remote", rcfg.shared_prefix_store.capacity_bytes // block_bytes,
                           rcfg.shared_prefix_store.bandwidth_bytes_per_s, shared=True)
     replicas = []
+    transfers = host_transfers(scn, where)
     for i in range(rcfg.count):
         allocator, budget = build_allocator(scn, where)
+        if not transfers.legacy and isinstance(allocator, HostLinkTiers):
+            allocator.use_host_link(transfers)  # CPU-tier loads over the same link as swaps
         if store is not None:
             allocator.attach_shared_store(store)
         par = scn.parallel_plan()  # one GPU: whole-model bytes, no communication
@@ -122,6 +142,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
             block_size_tokens=allocator.block_size, base_dir=base_dir,
             tensor_parallel=par.tensor, pipeline_parallel=par.pipeline,
             comm_s_per_step=par.comm_s_per_step, comm_s_per_token=par.comm_s_per_token,
+            host_transfers=transfers,
         )
         try:
             timing = TIMING_MODELS.build(scn.timing, ctx)
@@ -130,7 +151,8 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
         sched = Scheduler(scn.scheduler, allocator, max_len,
                           want_context_lens=bool(getattr(timing, "needs_context_lens", False)),
                           kv_bytes_per_token=scn.kv_bytes_per_token,
-                          host_link_bandwidth_bytes_per_s=getattr(scn.timing, "host_link_bandwidth_bytes_per_s", 64e9))
+                          host_link_bandwidth_bytes_per_s=getattr(scn.timing, "host_link_bandwidth_bytes_per_s", 64e9),
+                          host_transfers=transfers)
         replicas.append(Replica(i, sched, timing))
     scheduler = replicas[0].scheduler
     if not scn.scheduler.chunked_prefill and scheduler.token_budget < max_len:

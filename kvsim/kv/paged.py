@@ -41,6 +41,7 @@ from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, SampleGeometry
 from kvsim.kv.eviction import (EVICTION_POLICIES, BlockStats, FIFOEvictionConfig, LFUEvictionConfig,
                                LRUEvictionConfig, LRUKEvictionConfig, PriorityEvictionConfig)
 from kvsim.registry import ALLOCATORS
+from kvsim.timing.transfer import HostTransfers, count_runs
 
 EvictionConfig = LRUEvictionConfig | FIFOEvictionConfig | LFUEvictionConfig | LRUKEvictionConfig | PriorityEvictionConfig
 
@@ -95,6 +96,9 @@ class LowerTier:
 
     def __init__(self, name: str, capacity_blocks: int, bandwidth_bytes_per_s: float, shared: bool = False):
         self.shared = shared
+        # seconds to load one block back when priced by the host link (kvsim.timing.transfer); None:
+        # block bytes / bandwidth_bytes_per_s
+        self.block_load_s: float | None = None
         self.name = name
         self.capacity_blocks = capacity_blocks
         self.bandwidth_bytes_per_s = bandwidth_bytes_per_s
@@ -199,6 +203,11 @@ class PagedAllocator:
         s = self._samples.get(request_id)
         return held if s is None else s[0].seq_capacity(held // self.block_size)
 
+    def block_runs(self, request_id: int, first_block: int, end_block: int) -> int:
+        """Runs of consecutive block ids among blocks ``[first_block, end_block)`` of the request's
+        table (the BlockRuns capability: copies a coalescing copy engine needs)."""
+        return count_runs(self.block_tables[request_id][first_block:end_block])
+
     def block_table(self, request_id: int) -> list[int]:
         """A copy of the request's block ids (for tests; the scheduler never calls this)."""
         return list(self.block_tables[request_id])
@@ -289,7 +298,17 @@ class PagedAllocator:
 
     def _load_s(self, tiers: list[LowerTier]) -> float:
         block_bytes = self.bytes_per_token * self.block_size
-        return sum(block_bytes / t.bandwidth_bytes_per_s for t in tiers)
+        return sum(block_bytes / t.bandwidth_bytes_per_s if t.block_load_s is None else t.block_load_s
+                   for t in tiers)
+
+    def use_host_link(self, transfers: HostTransfers) -> None:
+        """Price loads from the CPU tier with the host link (the HostLinkTiers capability): one block
+        at a time, ``transfers.copies_per_unit`` copies of its bytes each, per-copy latency included.
+        The SSD tier and a shared store keep their own bandwidth (their bottleneck is not the link)."""
+        block_bytes = self.bytes_per_token * self.block_size
+        for t in self.tiers:
+            if t.name == "cpu":
+                t.block_load_s = transfers.copy_s(block_bytes, transfers.copies_per_unit, "h2d")
 
     def can_allocate(self, req: KVRequest, hold_tokens: int) -> bool:
         """Would ``allocate(req, hold_tokens)`` succeed now? (no side effects)"""

@@ -108,6 +108,24 @@ class PrefixCachePeek(Protocol):
 
 
 @runtime_checkable
+class BlockRuns(Protocol):
+    """``block_runs(request_id, first_block, end_block)``: runs of consecutive block ids among the
+    request's blocks ``[first_block, end_block)`` of its block table (how many copies a copy engine
+    that coalesces contiguous blocks needs; docs/transfer_model.md). Allocators that do not name
+    their blocks lack it, and a copy per block is counted."""
+
+    def block_runs(self, request_id: int, first_block: int, end_block: int) -> int: ...
+
+
+@runtime_checkable
+class HostLinkTiers(Protocol):
+    """``use_host_link(transfers)``: price loads from a CPU tier with the scenario's host link
+    (kvsim.timing.transfer.HostTransfers); called once at build time when ``host_link:`` is given."""
+
+    def use_host_link(self, transfers) -> None: ...
+
+
+@runtime_checkable
 class EvictionCounter(Protocol):
     """``evictions``: cached blocks evicted so far (the step table's ``evictions`` column)."""
 
@@ -123,9 +141,11 @@ class AllocatorCapabilities:
     bulk_slots: bool  # BulkSlots
     prefix_peek: bool  # PrefixCachePeek
     eviction_counter: bool  # EvictionCounter
+    block_runs: bool = False  # BlockRuns
 
     def describe(self) -> str:
-        on = [name for name in ("windows", "decode_group", "bulk_slots", "prefix_peek", "eviction_counter")
+        on = [name for name in ("windows", "decode_group", "bulk_slots", "prefix_peek", "eviction_counter",
+                                                "block_runs")
               if getattr(self, name)]
         return ", ".join(on) or "none"
 
@@ -148,6 +168,7 @@ def allocator_capabilities(alloc: object) -> AllocatorCapabilities:
         bulk_slots=isinstance(alloc, BulkSlots),
         prefix_peek=isinstance(alloc, PrefixCachePeek),
         eviction_counter=isinstance(alloc, EvictionCounter),
+        block_runs=isinstance(alloc, BlockRuns),
     )
     log.debug("allocator %s capabilities: %s", type(alloc).__name__, caps.describe())
     return caps

@@ -24,6 +24,12 @@ tokens, within a per-step token budget. The phases of one ``schedule()`` call:
 
 Requests that could never run are rejected when they arrive and counted: longer than the model's
 max length (prompt + output), or larger than the whole KV budget. The scheduler never sees block ids.
+
+Swaps are priced with the host link (kvsim/timing/transfer.py, docs/transfer_model.md): the scheduler
+counts the copies a swap takes (blocks, or runs of consecutive blocks from the allocator's BlockRuns
+capability, times the layout's copies per block; one run per sequence extent on allocators without
+blocks) and puts bytes and copies into the batch shape; the timing model prices them with the same
+:class:`~kvsim.timing.transfer.HostTransfers` that prefetch hiding uses here.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from kvsim.sched.plan import StepPlan
 from kvsim.sched.request import Request, RequestStatus
 from kvsim.sched.victim import build_victim_policy
 from kvsim.timing.base import BatchShape
+from kvsim.timing.transfer import HostTransfers, legacy_transfers
 
 @dataclass(slots=True)
 class _Step:
@@ -51,6 +58,8 @@ class _Step:
     admitted: list[int] = field(default_factory=list)
     swap_in_bytes: int = 0
     swap_out_bytes: int = 0
+    swap_in_copies: int = 0
+    swap_out_copies: int = 0
     tier_load_s: float = 0.0
     group_kv_tokens: int = 0  # the decode group's members (phase 0): KV tokens and pages they read
     group_kv_pages: int = 0
@@ -64,7 +73,7 @@ REJECT_BUDGET = "exceeds_batch_token_budget"
 class Scheduler:
     def __init__(self, cfg: SchedulerConfig, allocator: KVAllocator, max_model_len_tokens: int,
                  want_context_lens: bool = False, kv_bytes_per_token: int = 0,
-                 host_link_bandwidth_bytes_per_s: float = 64e9):
+                 host_link_bandwidth_bytes_per_s: float = 64e9, host_transfers: HostTransfers | None = None):
         self.cfg = cfg
         self.allocator = allocator
         self._victim_policy = build_victim_policy(cfg.victim)
@@ -93,6 +102,8 @@ class Scheduler:
         self.swapped_in_bytes = 0
         self.prefetch = cfg.prefetch
         self.host_link_bandwidth = host_link_bandwidth_bytes_per_s
+        # how swaps are priced; None: the legacy size-independent host_link_bandwidth (docs/transfer_model.md)
+        self.transfers = host_transfers if host_transfers is not None else legacy_transfers(host_link_bandwidth_bytes_per_s)
         self.hidden_by_prefetch_s = 0.0
         self._any_samples = False  # any request with parallel samples (then count sequences)
         # Lazy decode steps (see kvsim.sched.group): with an allocator that grows every request
@@ -146,8 +157,26 @@ class Scheduler:
         """The victim among running requests: the ``scheduler.victim`` plugin (kvsim/sched/victim.py)."""
         return self._victim_policy.pick(self.running, self.allocator)
 
-    def _preempt(self, victim: Request) -> int:
-        """Preempt ``victim``; returns bytes swapped out (0 for recompute)."""
+    def _copies(self, request_id: int, first_token: int, end_token: int) -> int:
+        """Copies moving the request's KV of tokens ``[first_token, end_token)`` over the host link
+        (0 on the legacy link, whose price has no per-copy cost)."""
+        tr = self.transfers
+        if tr.legacy or end_token <= first_token:
+            return 0
+        bs = self.allocator.block_size
+        if bs is None:
+            units = 1  # one contiguous extent per sequence
+        else:
+            first, end = first_token // bs, -(-end_token // bs)
+            if tr.granularity == "run" and self.caps.block_runs:
+                units = self.allocator.block_runs(request_id, first, end)
+            else:
+                units = end - first  # per block (or blocks not named: no coalescing can be seen)
+        return units * tr.copies_per_unit
+
+    def _preempt(self, victim: Request, step: _Step) -> None:
+        """Preempt ``victim``; a swap adds its bytes and copies to ``step``."""
+        out_copies = self._copies(victim.request_id, 0, victim.num_computed_tokens) if self.swap_mode else 0
         self.allocator.free(victim.request_id)
         self.running.remove(victim)
         victim.num_preemptions += 1
@@ -163,13 +192,14 @@ class Scheduler:
             self.preemptions_by_mode["swap"] += 1
             nbytes = computed * self.kv_bytes_per_token
             self.swapped_out_bytes += nbytes
-            return nbytes
+            step.swap_out_bytes += nbytes
+            step.swap_out_copies += out_copies
+            return
         victim.recomputed_tokens += computed
         victim.num_computed_tokens = 0
         victim.status = RequestStatus.WAITING
         self.waiting.appendleft(victim)
         self.preemptions_by_mode["recompute"] += 1
-        return 0
 
     def head_might_fit(self, num_running: int) -> bool:
         """Could a schedule() with ``num_running`` decoding requests admit the waiting head, if the
@@ -267,7 +297,7 @@ class Scheduler:
                 vi = self.running.index(victim)
                 if victim.request_id in scheduled:
                     step.budget += scheduled.pop(victim.request_id)[1]
-                step.swap_out_bytes += self._preempt(victim)
+                self._preempt(victim, step)
                 step.preempted.append(victim.request_id)
                 if victim is req:
                     n = 0
@@ -295,17 +325,25 @@ class Scheduler:
                 break
             self.swapped.pop(0)
             computed = max(req.num_computed_tokens, got.cached_tokens)
-            transfer = req.num_computed_tokens - min(got.cached_tokens, req.num_computed_tokens)
+            first = min(got.cached_tokens, req.num_computed_tokens)
+            transfer = req.num_computed_tokens - first
+            copies = self._copies(req.request_id, first, req.num_computed_tokens)
             req.num_computed_tokens = computed
             n = min(n, req.num_uncomputed_tokens)
             self.swap_used_tokens -= req.swapped_tokens
             req.swapped_tokens = 0
             nbytes = transfer * self.kv_bytes_per_token
             self.swapped_in_bytes += nbytes
-            unhidden_s = self._hide(req, nbytes / self.host_link_bandwidth + got.load_s)
-            # what prefetch did not hide is paid now: swap bytes at the link, the rest as tier loads
-            step.swap_in_bytes += min(nbytes, int(unhidden_s * self.host_link_bandwidth))
-            step.tier_load_s += max(0.0, unhidden_s - nbytes / self.host_link_bandwidth)
+            if self.transfers.legacy:
+                unhidden_s = self._hide(req, nbytes / self.host_link_bandwidth + got.load_s)
+                # what prefetch did not hide is paid now: swap bytes at the link, the rest as tier loads
+                step.swap_in_bytes += min(nbytes, int(unhidden_s * self.host_link_bandwidth))
+                step.tier_load_s += max(0.0, unhidden_s - nbytes / self.host_link_bandwidth)
+            else:
+                swap_s = self.transfers.copy_s(nbytes, copies, "h2d")
+                unhidden_s = self._hide(req, swap_s + got.load_s)
+                self._pay_swap_in(step, nbytes, copies, swap_s, min(unhidden_s, swap_s))
+                step.tier_load_s += max(0.0, unhidden_s - swap_s)
             if not alloc.ensure_slots(req.request_id, computed + n):
                 raise RuntimeError(f"request {req.request_id}: swapped in but its next tokens do not fit")
             req.status = RequestStatus.RUNNING
@@ -313,6 +351,20 @@ class Scheduler:
             cost = req.batch_tokens(n)
             step.scheduled[req.request_id] = (n, cost)
             step.budget -= cost
+
+    @staticmethod
+    def _pay_swap_in(step: _Step, nbytes: int, copies: int, swap_s: float, unhidden_s: float) -> None:
+        """Add the part of a swap-in that prefetch did not hide to ``step``: prefetch issued the
+        first copies while the link was idle; the copies not finished when the step starts are paid
+        whole (a copy in flight is waited for), with their share of the bytes."""
+        if unhidden_s >= swap_s or copies == 0:
+            left = copies
+        elif unhidden_s <= 0.0:
+            return
+        else:
+            left = copies - int((swap_s - unhidden_s) / (swap_s / copies))
+        step.swap_in_bytes += nbytes if left == copies else nbytes * left // copies
+        step.swap_in_copies += left
 
     def _admit_phase(self, step: _Step, now_s: float) -> None:
         """Phase 3: waiting requests, FCFS, only if nothing was preempted or is swapped out."""
@@ -411,7 +463,8 @@ class Scheduler:
             num_seqs=group_decodes + len(step.scheduled), num_prefill_seqs=n_pre_seqs, num_decode_seqs=n_dec_seqs,
             num_prefill_tokens=pre_tok, num_decode_tokens=dec_tok, kv_tokens_read=kv_read,
             attention_pairs=pairs, kv_pages_read=pages, swap_in_bytes=step.swap_in_bytes,
-            swap_out_bytes=step.swap_out_bytes, tier_load_s=step.tier_load_s, context_lens=tuple(ctx),
+            swap_out_bytes=step.swap_out_bytes, swap_in_copies=step.swap_in_copies,
+            swap_out_copies=step.swap_out_copies, tier_load_s=step.tier_load_s, context_lens=tuple(ctx),
         )
 
     def on_step_done(self, now_s: float) -> tuple[list[Request], list[Request]]:

@@ -7,7 +7,9 @@ Per step::
     kv_read_s  = attention_s + num_tokens * kv_bytes_per_token / (hbm_bandwidth * bandwidth_efficiency)
     compute_s  = (2 * num_params * num_tokens + 4 * layers * heads * head_dim * attention_pairs)
                  / (peak_flops * compute_efficiency)
-    swap_s     = (swap_in_bytes + swap_out_bytes) / host_link_bandwidth + tier_load_s
+    swap_s     = (swap_in_bytes + swap_out_bytes) / host_link_bandwidth + tier_load_s   (no host_link:)
+               = transfer_time_s(in bytes, in copies, h2d) + transfer_time_s(out..., d2h) + tier_load_s
+                 with host_link: (docs/transfer_model.md)
     duration   = max(weights_s + kv_read_s, compute_s) + step_overhead_s + swap_s + parallel_comm_s
 
 The attention kernel (backend ``timing.attention_backend``; ``auto``: the allocator's default, see
@@ -39,6 +41,7 @@ from kvsim.config_base import StrictModel
 from kvsim.registry import TIMING_MODELS
 from kvsim.timing.base import BatchShape, StepTiming
 from kvsim.timing.context import TimingContext
+from kvsim.timing.transfer import step_transfers
 from kvsim.errors import did_you_mean, format_choices
 from kvsim.timing.kernel import (KernelModel, KVLayout, builtin_backends, default_backend, load_backend,
                                  pages_or_estimate)
@@ -81,6 +84,7 @@ class AnalyticalTiming:
         self.flops_per_s = ctx.gpu.bf16_flops_per_s * cfg.compute_efficiency * ctx.tensor_parallel
         self.linear_flops_per_token = 2.0 * m.params_per_token  # MoE: the active experts only
         self.comm_s = ctx.comm_s  # tensor/pipeline parallel communication (0.0 on one GPU)
+        self.transfers = step_transfers(ctx.host_transfers, cfg.host_link_bandwidth_bytes_per_s)
         self.attention_flops_per_pair = 4.0 * m.num_layers * m.num_attention_heads * m.head_dim
         self.block_size = ctx.block_size
         self.peak_hbm_bandwidth_bytes_per_s = ctx.gpu.hbm_bandwidth_bytes_per_s
@@ -109,8 +113,8 @@ class AnalyticalTiming:
         kv_s = attn_kv_s + kv_write / self.bandwidth_bytes_per_s
         linear_s = self.linear_flops_per_token * shape.num_tokens / self.flops_per_s
         attn_s = self.attention_flops_per_pair * shape.attention_pairs / self.flops_per_s
-        swap_s = (shape.swap_in_bytes + shape.swap_out_bytes) / self.cfg.host_link_bandwidth_bytes_per_s \
-            + shape.tier_load_s
+        swap_s = self.transfers.swap_s(shape.swap_in_bytes, shape.swap_in_copies,
+                                       shape.swap_out_bytes, shape.swap_out_copies) + shape.tier_load_s
         duration = max(weights_s + kv_s, linear_s + attn_s) + self.cfg.step_overhead_s + swap_s
         comm_s = self.comm_s(shape.num_tokens)  # parallelism (same expression in decode_durations)
         duration = duration + comm_s

@@ -29,6 +29,8 @@ class BatchShape:
       reads, ``ceil((c_i + n_i) / block_size)`` (1 per sequence when the allocator has no pages);
     * ``num_prefill_seqs`` / ``num_decode_seqs``: requests in each group;
     * ``swap_in_bytes`` / ``swap_out_bytes``: KV moved between GPU and a host tier this step;
+      ``swap_in_copies`` / ``swap_out_copies``: the copies that takes (blocks or runs x layout
+      copies, docs/transfer_model.md; 0 and unused without ``host_link:``);
     * ``tier_load_s``: time loading offloaded prefix blocks back (the allocator prices it at its
       tiers' bandwidths; the part hidden by prefetch is already taken off);
     * ``context_lens`` (optional): per-request ``c_i + n_i`` for models that need the shape of the
@@ -45,6 +47,8 @@ class BatchShape:
     kv_pages_read: int = 0  # sum over scheduled sequences of pages (blocks) attention reads: ceil(context_i / block_size) on paged allocators, one contiguous run per sequence on contiguous/buddy
     swap_in_bytes: int = 0
     swap_out_bytes: int = 0
+    swap_in_copies: int = 0  # copies (memcpys) the swap-in bytes take over the host link
+    swap_out_copies: int = 0  # copies the swap-out bytes take
     tier_load_s: float = 0.0  # loading offloaded prefix blocks back from CPU/SSD tiers (serial)
     context_lens: tuple[int, ...] = field(default=(), compare=False)
 

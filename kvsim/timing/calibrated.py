@@ -7,7 +7,8 @@ Per step, with ``L`` layers (every table holds one layer's time at tensor-parall
     gemm_s              = L * sum_op T_op(num_tokens)  for op in QKV, out, MLP up/gate, MLP down
     lm_head_s           = T_lm_head(num_seqs)          (once per step, if measured)
     elementwise_s       = L * T_elementwise(num_tokens) (norms, RoPE, activation, adds; if measured)
-    swap_s              = (swap_in_bytes + swap_out_bytes) / host_link_bandwidth
+    swap_s              = (swap_in_bytes + swap_out_bytes) / host_link_bandwidth + tier_load_s, or with
+                          host_link: the transfer model per copy (docs/transfer_model.md)
     duration            = attention_s + gemm_s + lm_head_s + elementwise_s + step_overhead_s + swap_s
 
 ``breakdown_s`` holds each term, the decode/prefill split of ``attention_s``, and ``compute_s`` =
@@ -49,6 +50,7 @@ from kvsim.hw import GPUS, ModelSpec
 from kvsim.registry import TIMING_MODELS
 from kvsim.timing.base import BatchShape, StepTiming
 from kvsim.timing.context import TimingContext
+from kvsim.timing.transfer import step_transfers
 
 
 class CalibratedTimingConfig(StrictModel):
@@ -119,6 +121,7 @@ class CalibratedTiming:
 
     def __init__(self, cfg: CalibratedTimingConfig, ctx: TimingContext):
         self.cfg = cfg
+        self.transfers = step_transfers(ctx.host_transfers, cfg.host_link_bandwidth_bytes_per_s)
         path = resolve_calibration_path(cfg.file, ctx.base_dir)
         data = load_calibration_dir(path)
         meta = data.meta
@@ -232,7 +235,8 @@ class CalibratedTiming:
             pre_s = self.prefill_attention_s(shape.num_prefill_seqs, n, pre_kv / shape.num_prefill_seqs - n)
         gemm_s, elem_s = self._token_ops_s(shape.num_tokens)
         lm_s = self._lm_head_s(shape.num_seqs)
-        swap_s = (shape.swap_in_bytes + shape.swap_out_bytes) / self.cfg.host_link_bandwidth_bytes_per_s + shape.tier_load_s
+        swap_s = self.transfers.swap_s(shape.swap_in_bytes, shape.swap_in_copies,
+                                       shape.swap_out_bytes, shape.swap_out_copies) + shape.tier_load_s
         attn_s = dec_s + pre_s
         duration = attn_s + gemm_s + lm_s + elem_s + self.cfg.step_overhead_s + swap_s
         return StepTiming(

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvsim.hw import GPUSpec, ModelSpec
+from kvsim.timing.transfer import HostTransfers
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,9 @@ class TimingContext:
     pipeline_parallel: int = 1  # stages (sequential within a step)
     comm_s_per_step: float = 0.0  # all-reduce + stage-send latency per step (0 without parallelism)
     comm_s_per_token: float = 0.0  # all-reduce + stage-send transfer time per token in the step
+    # -- host link (docs/transfer_model.md) -------------------------------------------------------
+    # None or legacy: swaps cost (bytes in + out) / the timing model's host_link_bandwidth_bytes_per_s
+    host_transfers: HostTransfers | None = None
 
     def comm_s(self, num_tokens):
         """Communication time of a step of ``num_tokens`` (an int, or an array of them)."""

@@ -180,3 +180,50 @@ def blocks_transfer_time_s(block_ids: Sequence[int] | np.ndarray, block_bytes: i
     """Convenience: the time to move whole blocks (``block_bytes`` each, all layers) over ``link``."""
     n = count_transfers(block_ids, granularity, layout, num_layers)
     return transfer_time_s(len(block_ids) * block_bytes, n, link, direction)
+
+
+@dataclass(frozen=True)
+class HostTransfers:
+    """The host link as the simulator prices copies over it (one owner, built once per run from the
+    scenario's ``host_link:``; shared by the scheduler, the timing model and the paged allocator).
+
+    ``legacy``: no ``host_link:`` in the scenario -- every price is the old ``bytes / bandwidth``
+    arithmetic, operation for operation, so legacy result tables stay byte-identical."""
+
+    link: LinkProfile
+    granularity: Granularity = "block"
+    layout: Layout = "per_layer_kv"
+    num_layers: int = 1
+    legacy: bool = True
+
+    @property
+    def copies_per_unit(self) -> int:
+        """Copies one block (or one run of blocks) takes in this KV layout."""
+        return copies_per_unit(self.layout, self.num_layers)
+
+    def copy_s(self, nbytes: int, num_copies: int, direction: Direction = "h2d") -> float:
+        """Time of ``num_copies`` copies moving ``nbytes`` (legacy: ``nbytes / bandwidth``)."""
+        if self.legacy:
+            return nbytes / self.link.h2d_bandwidth_bytes_per_s
+        return transfer_time_s(nbytes, num_copies, self.link, direction)
+
+    def swap_s(self, in_bytes: int, in_copies: int, out_bytes: int, out_copies: int) -> float:
+        """A step's swap time: swap-in (host to device) then swap-out (device to host), serial.
+        Legacy: ``(in_bytes + out_bytes) / bandwidth`` exactly as before."""
+        if self.legacy:
+            return (in_bytes + out_bytes) / self.link.h2d_bandwidth_bytes_per_s
+        return (transfer_time_s(in_bytes, in_copies, self.link, "h2d")
+                + transfer_time_s(out_bytes, out_copies, self.link, "d2h"))
+
+
+def legacy_transfers(bandwidth_bytes_per_s: float) -> HostTransfers:
+    """:class:`HostTransfers` of the legacy size-independent rate (no ``host_link:``)."""
+    return HostTransfers(legacy_link(bandwidth_bytes_per_s))
+
+
+def step_transfers(host_transfers: HostTransfers | None, legacy_bandwidth_bytes_per_s: float) -> HostTransfers:
+    """What a timing model prices swaps with: the scenario's link, or (no ``host_link:``) the
+    legacy rate of the timing model's own ``host_link_bandwidth_bytes_per_s``."""
+    if host_transfers is None or host_transfers.legacy:
+        return legacy_transfers(legacy_bandwidth_bytes_per_s)
+    return host_transfers

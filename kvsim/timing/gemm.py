@@ -44,8 +44,8 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-import yaml
 
+from kvsim.timing.profile_file import read_params_file
 from kvsim.errors import ConfigError, format_choices
 from kvsim.hw import GPUSpec, ModelSpec
 
@@ -102,14 +102,7 @@ GENERIC = GemmProfile(
 
 def load_profile(path: str | Path) -> GemmProfile:
     """Read a profile YAML; a missing, non-numeric or negative parameter is a one-line ConfigError."""
-    path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"{path}: cannot read GEMM profile ({e.__class__.__name__})") from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("params"), dict):
-        raise ConfigError(f"{path}: expected a mapping with a 'params' mapping")
-    params = raw["params"]
+    path, raw, params = read_params_file(path, "GEMM profile")
     vals: dict = {}
     for key in GemmProfile.PARAMS:
         v = params.get(key)

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import yaml
 
+from kvsim.timing.profile_file import read_params_file
 from kvsim.errors import ConfigError, format_choices
 
 DATA_DIR = Path(__file__).parent / "data" / "links"
@@ -79,13 +79,7 @@ class LinkProfile:
 
 def load_link(path: str | Path) -> LinkProfile:
     """Read a link YAML; a missing, non-numeric or out-of-range parameter is a one-line ConfigError."""
-    path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"{path}: cannot read link profile ({e.__class__.__name__})") from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("params"), dict):
-        raise ConfigError(f"{path}: expected a mapping with a 'params' mapping")
+    path, raw, _ = read_params_file(path, "link profile")
     vals = {}
     for key in LinkProfile.PARAMS + ("signalling_bandwidth_bytes_per_s",):
         v = raw["params"].get(key, 0.0 if key == "signalling_bandwidth_bytes_per_s" else None)

@@ -1,0 +1,23 @@
+"""Reading a model-parameter profile YAML (GEMM profiles, host-link profiles): one place for the
+file-level checks, so each model validates only its own parameters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from kvsim.errors import ConfigError
+
+
+def read_params_file(path: str | Path, what: str) -> tuple[Path, dict, dict]:
+    """``(path, document, params)`` of a profile YAML holding a ``params`` mapping; an unreadable
+    file or a missing ``params`` mapping is a one-line ConfigError naming the file."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: cannot read {what} ({e.__class__.__name__})") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("params"), dict):
+        raise ConfigError(f"{path}: expected a mapping with a 'params' mapping")
+    return path, raw, raw["params"]

@@ -224,12 +224,12 @@ class AnalyticalTiming:
         swap_s = 0 / self.cfg.host_link_bandwidth_bytes_per_s + 0.0
         comm_s = self.comm_s(num_seqs)  # parallelism (same expression as in step_time)
         if self.gemm is not None:
-            layers_s, lm_s = self.gemm.linear_s(num_seqs, num_seqs)
+            # step_time's decode-only path with its no-op terms (x - 0.0, x + 0.0: exact) left out
+            layers_s, lm_s = self.gemm.decode_linear_s(num_seqs)
             linear_s = layers_s + lm_s
-            dec_att = attn_kv_s - 0.0
-            dec_flops_s = self.attention_flops_per_pair * (kv_tokens_read - 0.0) / self.flops_per_s
-            dec_s = np.maximum(dec_att, dec_flops_s)
-            attention_s = dec_s + 0.0
+            dec_flops_s = self.attention_flops_per_pair * kv_tokens_read / self.flops_per_s
+            dec_s = np.maximum(attn_kv_s, dec_flops_s)
+            attention_s = dec_s
             kv_write_s = kv_write / self.bandwidth_bytes_per_s
             duration = linear_s + attention_s + kv_write_s + self.cfg.step_overhead_s + swap_s
             duration = duration + comm_s
@@ -318,6 +318,9 @@ class _FittedLinear:
         self._gemm = gemm
         self._layers = np.zeros(0)
         self._lm = np.zeros(0)
+        self._size = 0
+        self._layers_list: list[float] = []
+        self._lm_list: list[float] = []
 
     def _grow(self, n: int) -> None:
         old = len(self._layers)
@@ -329,15 +332,22 @@ class _FittedLinear:
         lm = g.linear_time_s(toks, lm_n, lm_k, self.gpu, self.profile, self.element_bytes)
         self._layers = np.concatenate([self._layers, np.atleast_1d(layers)])
         self._lm = np.concatenate([self._lm, np.atleast_1d(lm)])
+        self._size = len(self._layers)
+        self._layers_list = self._layers.tolist()  # Python floats: the same doubles, cheaper to index
+        self._lm_list = self._lm.tolist()
 
-    def linear_s(self, num_tokens, num_seqs):
-        hi = int(np.max(num_tokens)) if np.ndim(num_tokens) else int(num_tokens)
-        hi = max(hi, int(np.max(num_seqs)) if np.ndim(num_seqs) else int(num_seqs))
-        if hi >= len(self._layers):
+    def linear_s(self, num_tokens: int, num_seqs: int) -> tuple[float, float]:
+        """(all layers' GEMMs over ``num_tokens`` rows, LM head over ``num_seqs`` rows) for one step."""
+        hi = num_tokens if num_tokens > num_seqs else num_seqs
+        if hi >= self._size:
             self._grow(hi)
-        if np.ndim(num_tokens):
-            return self._layers[num_tokens], self._lm[num_seqs]
-        return float(self._layers[num_tokens]), float(self._lm[num_seqs])
+        return self._layers_list[num_tokens], self._lm_list[num_seqs]
+
+    def decode_linear_s(self, num_seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``linear_s(n, n)`` for an array of decode steps (one token per sequence): the same floats."""
+        if len(num_seqs) and num_seqs.max() >= self._size:
+            self._grow(int(num_seqs.max()))
+        return self._layers[num_seqs], self._lm[num_seqs]
 
     def prefill_attention_s(self, shape: BatchShape, decode_pairs: float) -> float:
         """The fitted prefill-attention time of the step's prefill chunks (all layers).

@@ -175,7 +175,7 @@ class AnalyticalTiming:
         dec_pairs = shape.kv_tokens_read - pre_kv  # one query per decode sequence: pairs = its KV tokens
         dec_flops_s = self.attention_flops_per_pair * dec_pairs / self.flops_per_s
         dec_s = max(dec_att, dec_flops_s)
-        if shape.num_prefill_seqs:
+        if shape.num_prefill_seqs and shape.attention_pairs:  # no (query, key) pairs: no attention FLOPs
             pre_fit = g.prefill_attention_s(shape, dec_pairs)
             pre_s = max(pre_att, pre_fit)
             attn_flops_s = dec_flops_s + pre_fit

@@ -80,3 +80,19 @@ def test_fp8_fused_reads_faster_and_unfused_pays_the_dequant_pass():
     assert res["fp8-fused"]["kv"]["capacity_tokens"] == res["fp8-unfused"]["kv"]["capacity_tokens"] \
         == 2 * res["fp16"]["kv"]["capacity_tokens"]
     assert res["fp8-fused"]["normalized_latency_s_per_token"] < res["fp8-unfused"]["normalized_latency_s_per_token"]
+
+
+def test_preemption_overhead_swap_costly_at_small_blocks_recompute_flat():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(STUDIES / "preemption_overhead.py")], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    rows = [line.split() for line in out if line.strip() and line.split()[0].isdigit()]
+    blocks = [int(r[0]) for r in rows]
+    swap = [float(r[4]) for r in rows]
+    recompute = [float(r[5]) for r in rows]
+    assert blocks == sorted(blocks) and blocks[0] == 1
+    assert all(a > b for a, b in zip(swap, swap[1:]))  # fewer, larger copies: cheaper per byte
+    assert max(recompute) == min(recompute)  # the block size never reaches a recompute
+    assert swap[0] > recompute[0] and swap[-1] < recompute[-1]  # swap loses at 1-token blocks, wins at 256

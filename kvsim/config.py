@@ -27,8 +27,10 @@ from kvsim.hw import GPUS, KV_DTYPES, MODELS, WEIGHT_DTYPE_BYTES, GPUSpec, Model
 from kvsim.models import hf
 from kvsim.models.names import did_you_mean_preset, lookup
 from kvsim.models.parallel import ParallelPlan, plan
-from kvsim.registry import ALLOCATORS, TIMING_MODELS
+from kvsim.kv.eviction import EVICTION_POLICIES
+from kvsim.registry import ALLOCATORS, RESERVATIONS, ROUTERS, TIMING_MODELS, VICTIMS, plugin_union, policy_field
 from kvsim.sched.config import SchedulerConfig
+from kvsim.sched.router import DEFAULT_ROUTER
 from kvsim.trace.config import TraceConfig
 
 KVDTypeName = Literal["fp16", "bf16", "fp8", "int8", "int4"]
@@ -198,7 +200,9 @@ class SharedStoreConfig(StrictModel):
 
 class ReplicasConfig(StrictModel):
     count: int = Field(1, ge=1, le=1024, description="engine replicas, each with the whole KV budget")
-    router: Literal["round_robin", "least_loaded", "prefix_affinity"] = "round_robin"
+    router: policy_field(ROUTERS, DEFAULT_ROUTER) = Field(  # type: ignore[valid-type]
+        DEFAULT_ROUTER, description="which replica gets an arriving request; a kind name or {kind: NAME} "
+                                    "(kvsim/sched/router.py)")
     shared_prefix_store: SharedStoreConfig | None = None
 
 
@@ -246,14 +250,19 @@ class MetricsConfig(StrictModel):
         return sorted(set(float(q) for q in v))
 
 
-def _plugin_union(registry):
-    classes = registry.config_classes()
-    return Annotated[Union[classes], Field(discriminator="kind")]  # type: ignore[valid-type]
-
-
-AllocatorConfig = _plugin_union(ALLOCATORS)
-TimingConfig = _plugin_union(TIMING_MODELS)
+AllocatorConfig = plugin_union(ALLOCATORS)
+TimingConfig = plugin_union(TIMING_MODELS)
+# Top-level plugin sections: registry and default kind.
 PLUGIN_SECTIONS = {"allocator": (ALLOCATORS, "paged"), "timing": (TIMING_MODELS, "analytical")}
+# Nested policy keys (scheduler.victim, replicas.router, allocator.reservation, allocator.eviction):
+# registry and default kind (None where it depends on the enclosing allocator). Policies accept a
+# bare kind name as shorthand for {kind: NAME}.
+POLICY_KEYS = {"victim": (VICTIMS, "latest_admitted"), "router": (ROUTERS, DEFAULT_ROUTER),
+               "reservation": (RESERVATIONS, None), "eviction": (EVICTION_POLICIES, "lru")}
+_SHORTHAND_KEYS = ("victim", "router", "reservation")  # eviction is always a mapping
+# Old scenario keys that still validate as aliases (see docs/scenario.md).
+DEPRECATED_KEYS = {"min_block_tokens": "block_size", "page_size": "block_size"}
+_KIND_REGISTRIES = {k: reg for k, (reg, _) in (PLUGIN_SECTIONS | POLICY_KEYS).items()}
 
 
 class Scenario(StrictModel):
@@ -414,24 +423,32 @@ class LoadedScenario:
         return self.variants or {self.name: self.base}
 
 
+def _kind_default(key: str) -> str | None:
+    return (PLUGIN_SECTIONS.get(key) or POLICY_KEYS.get(key) or (None, None))[1]
+
+
 def _set_dotted(tree: dict, dotted: str, value: Any, where: str) -> None:
     keys = dotted.split(".")
     if not all(keys):
         raise ConfigError(f"{where}: bad key path {dotted!r}")
     node = tree
-    for k in keys[:-1]:
+    for depth, k in enumerate(keys[:-1]):
         nxt = node.get(k)
         if nxt is None:
             nxt = node[k] = {}
         elif isinstance(nxt, str) and node is tree and k in ("model", "gpu", "host_link"):
             # Expanding a preset name: {preset: NAME} keeps it overridable field by field.
             nxt = node[k] = {"preset": nxt}
+        elif isinstance(nxt, str) and depth > 0 and k in _SHORTHAND_KEYS:
+            # Expanding a policy shorthand: victim: largest_kv -> {kind: largest_kv}.
+            nxt = node[k] = {"kind": nxt}
         elif not isinstance(nxt, dict):
             raise ConfigError(f"{where}: {dotted}: {k!r} is not a mapping (it is {nxt!r})")
         node = nxt
     last = keys[-1]
-    if last == "kind" and node is not tree and len(keys) == 2 and keys[0] in PLUGIN_SECTIONS \
-            and node.get("kind", PLUGIN_SECTIONS[keys[0]][1]) != value:
+    section = keys[-2] if len(keys) >= 2 else None
+    is_plugin = (len(keys) == 2 and section in PLUGIN_SECTIONS) or (len(keys) >= 3 and section in POLICY_KEYS)
+    if last == "kind" and is_plugin and node.get("kind", _kind_default(section)) != value:
         node.clear()  # another kind: the old kind's keys would not apply (as for variants)
     node[last] = value
 
@@ -463,19 +480,27 @@ def _undot(override: dict) -> dict:
     return out
 
 
-def deep_merge(base: dict, override: dict) -> dict:
-    """Override wins. A plugin section whose ``kind`` changes is replaced, not merged, because the
-    old kind's keys would be invalid for the new kind."""
+def _kind_of(section: str, value: Any) -> Any:
+    if isinstance(value, str) and section in _SHORTHAND_KEYS:
+        return value
+    return value.get("kind", _kind_default(section)) if isinstance(value, dict) else None
+
+
+def deep_merge(base: dict, override: dict, depth: int = 0) -> dict:
+    """Override wins. A plugin section or policy whose ``kind`` changes is replaced, not merged,
+    because the old kind's keys would be invalid for the new kind."""
     out = copy.deepcopy(base)
     for k, v in override.items():
         old = out.get(k)
-        if k in PLUGIN_SECTIONS and isinstance(v, dict) and isinstance(old, dict) and \
-                "kind" in v and v["kind"] != old.get("kind", PLUGIN_SECTIONS[k][1]):
+        plugin = (depth == 0 and k in PLUGIN_SECTIONS) or (depth > 0 and k in POLICY_KEYS)
+        if plugin and isinstance(v, dict) and "kind" in v and v["kind"] != _kind_of(k, old):
             out[k] = copy.deepcopy(v)
-        elif k in ("model", "gpu", "host_link") and isinstance(v, dict) and isinstance(old, str):
-            out[k] = deep_merge({"preset": old}, v)
+        elif depth > 0 and k in _SHORTHAND_KEYS and isinstance(v, dict) and isinstance(old, str):
+            out[k] = deep_merge({"kind": old}, v, depth + 1)
+        elif depth == 0 and k in ("model", "gpu", "host_link") and isinstance(v, dict) and isinstance(old, str):
+            out[k] = deep_merge({"preset": old}, v, depth + 1)
         elif isinstance(v, dict) and isinstance(old, dict):
-            out[k] = deep_merge(old, v)
+            out[k] = deep_merge(old, v, depth + 1)
         else:
             out[k] = copy.deepcopy(v)
     return out
@@ -514,14 +539,11 @@ def _model_from_annotation(ann: Any) -> Any:
     return None
 
 
-_ALL_TAGS = set(ALLOCATORS.kinds) | set(TIMING_MODELS.kinds)
-
-
 def _loc_str(loc: tuple) -> str:
     parts: list[str] = []
     prev = None
     for p in loc:
-        if prev in PLUGIN_SECTIONS and p in _ALL_TAGS:
+        if prev in _KIND_REGISTRIES and p in _KIND_REGISTRIES[prev].kinds:
             prev = p
             continue  # pydantic puts the union tag in the path; users never wrote it
         parts.append(f"[{p}]" if isinstance(p, int) else str(p))
@@ -536,18 +558,25 @@ def _one_error(e: dict, prefix: str) -> str:
     if t == "extra_forbidden":
         key = str(loc[-1])
         valid = _model_fields_at(loc) or []
+        if DEPRECATED_KEYS.get(key) in valid:
+            return (f"{path}: {key!r} is a deprecated name of {DEPRECATED_KEYS[key]!r}, which is also given; "
+                    f"keep only {DEPRECATED_KEYS[key]!r}")
         hint = did_you_mean(key, valid)
         choices = f"; valid keys: {format_choices(valid)}" if valid else ""
         return f"{path}: unknown key {key!r}{hint}{choices}"
+    section = str(loc[-1]) if loc else "section"
     if t in ("union_tag_invalid", "union_tag_not_found"):
         ctx = e.get("ctx", {})
-        section = str(loc[-1]) if loc else "section"
-        kinds = PLUGIN_SECTIONS.get(section, (None,))[0]
-        valid = kinds.kinds if kinds else []
+        registry = _KIND_REGISTRIES.get(section)
+        valid = registry.kinds if registry else []
         if t == "union_tag_not_found":
             return f"{path}: missing 'kind'; valid kinds: {format_choices(valid)}"
         tag = str(ctx.get("tag", ""))
         return f"{path}: unknown {section} kind {tag!r}{did_you_mean(tag, valid)}; valid kinds: {format_choices(valid)}"
+    if t in ("model_attributes_type", "union_tag_invalid_type", "model_type") and section in _SHORTHAND_KEYS:
+        valid = _KIND_REGISTRIES[section].kinds
+        return (f"{path}: expected a {section} kind name or a mapping with 'kind' (got {e.get('input')!r}); "
+                f"valid kinds: {format_choices(valid)}")
     if t == "missing":
         return f"{path}: required key is missing"
     msg = e["msg"]

@@ -1,6 +1,7 @@
 """Buddy KV allocator: power-of-two extents, split on allocation, coalesced with buddies on free.
 
-The slot space is measured in units of ``min_block_tokens``. When the capacity is not a power of
+The slot space is measured in units of ``block_size`` tokens (scenario key; ``min_block_tokens`` is its
+deprecated alias). When the capacity is not a power of
 two it is decomposed into power-of-two top-level blocks, largest first (``0, 2^K1, 2^K1+2^K2, ...``),
 so every block is aligned to its own size and a block's buddy is ``address XOR size``; two buddies
 merge only inside the same top-level block.
@@ -19,30 +20,37 @@ from __future__ import annotations
 import bisect
 from typing import Literal
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 
 from kvsim.config_base import StrictModel
 from kvsim.kv.base import NO_HIT, Allocation, ExtentAllocator, KVRequest, cdiv
-from kvsim.kv.reservation import ReservationPolicy, reservation_tokens
+from kvsim.kv.reservation import ReservationChoice, reservation_field, reservation_policy, reservation_tokens
 from kvsim.registry import ALLOCATORS
 
 
 class BuddyAllocatorConfig(StrictModel):
     kind: Literal["buddy"] = "buddy"
-    min_block_tokens: int = Field(16, ge=1, le=512, description="smallest extent, in tokens")
-    reservation: ReservationPolicy = Field("oracle", description="max | pow2 | oracle, then rounded to 2^k units")
+    block_size: int = Field(16, ge=1, le=512, validation_alias=AliasChoices("block_size", "min_block_tokens"),
+                            description="smallest extent, in tokens (min_block_tokens: deprecated alias)")
+    reservation: reservation_field("oracle") = Field(  # type: ignore[valid-type]
+        "oracle", description="max | pow2 | oracle, or {kind: NAME}; then rounded to 2^k units")
+
+    @property
+    def min_block_tokens(self) -> int:
+        """Deprecated name of ``block_size``."""
+        return self.block_size
 
 
 class BuddyAllocator(ExtentAllocator):
 
     def __init__(self, capacity_tokens: int, min_block_tokens: int = 16,
-                 reservation: ReservationPolicy = "oracle"):
+                 reservation: ReservationChoice = "oracle"):
         self.unit = min_block_tokens
         self.num_units = capacity_tokens // min_block_tokens
         if self.num_units < 1:
             raise ValueError("capacity is smaller than one minimum block")
         self.capacity_tokens = self.num_units * self.unit
-        self.reservation = reservation
+        self.reservation = reservation_policy(reservation)
         self.max_order = self.num_units.bit_length() - 1
         self.free_lists: list[list[int]] = [[] for _ in range(self.max_order + 1)]  # sorted unit addrs
         self.top_bases: list[int] = []
@@ -59,7 +67,7 @@ class BuddyAllocator(ExtentAllocator):
 
     @classmethod
     def from_capacity(cls, cfg: BuddyAllocatorConfig, capacity_tokens: int, bytes_per_token: int = 0) -> "BuddyAllocator":
-        return cls(capacity_tokens, cfg.min_block_tokens, cfg.reservation)
+        return cls(capacity_tokens, cfg.block_size, cfg.reservation)
 
     def order_for(self, req: KVRequest) -> int:
         units = cdiv(reservation_tokens(self.reservation, req), self.unit)

@@ -22,24 +22,25 @@ from pydantic import Field
 
 from kvsim.config_base import StrictModel
 from kvsim.kv.base import NO_HIT, Allocation, ExtentAllocator, KVRequest
-from kvsim.kv.reservation import ReservationPolicy, reservation_tokens
+from kvsim.kv.reservation import ReservationChoice, reservation_field, reservation_policy, reservation_tokens
 from kvsim.registry import ALLOCATORS
 
 
 class ContiguousAllocatorConfig(StrictModel):
     kind: Literal["contiguous"] = "contiguous"
-    reservation: ReservationPolicy = Field("max", description="max | pow2 | oracle")
+    reservation: reservation_field("max") = Field(  # type: ignore[valid-type]
+        "max", description="max | pow2 | oracle, or {kind: NAME} (kvsim/kv/reservation.py)")
     placement: Literal["first-fit", "best-fit"] = "first-fit"
 
 
 class ContiguousAllocator(ExtentAllocator):
 
-    def __init__(self, capacity_tokens: int, reservation: ReservationPolicy = "max",
+    def __init__(self, capacity_tokens: int, reservation: ReservationChoice = "max",
                  placement: str = "first-fit"):
         if capacity_tokens < 1:
             raise ValueError("capacity must be at least one token")
         self.capacity_tokens = capacity_tokens
-        self.reservation = reservation
+        self.reservation = reservation_policy(reservation)
         self.placement = placement
         self.hole_starts: list[int] = [0]  # sorted start addresses of free holes
         self.hole_sizes: list[int] = [capacity_tokens]

@@ -1,6 +1,7 @@
 """Radix-tree prefix cache (SGLang RadixAttention style): token-granular KV sharing.
 
-KV memory is ``num_pages`` pages of ``page_size`` tokens (default 1: one page per token, as in
+KV memory is ``num_pages`` pages of ``page_size`` tokens (scenario key ``block_size``; ``page_size`` there is a
+deprecated alias; default 1: one page per token, as in
 SGLang). A request's pages form its page table. Every *full* page a request has written is
 inserted in a radix tree whose edges are runs of content keys (one key per page) with the page ids
 holding them; a later request whose prompt starts with the same keys reuses those pages instead of
@@ -53,7 +54,7 @@ from array import array
 from collections import deque
 from typing import Literal
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 
 from kvsim.config_base import StrictModel
 from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, SlotLedger, cdiv
@@ -71,10 +72,16 @@ def unique_key(request_id: int, k: int) -> int:
 
 class RadixAllocatorConfig(StrictModel):
     kind: Literal["radix"] = "radix"
-    page_size: int = Field(1, ge=1, le=512, description="tokens per page (SGLang: 1)")
+    block_size: int = Field(1, ge=1, le=512, validation_alias=AliasChoices("block_size", "page_size"),
+                            description="tokens per page (SGLang: 1; page_size: deprecated alias)")
     watermark: float = Field(0.0, ge=0, lt=1, description="fraction of pages kept free at admission")
     eviction: LRUEvictionConfig = Field(default_factory=LRUEvictionConfig,
                                         description="cached pages: least recently used leaves first")
+
+    @property
+    def page_size(self) -> int:
+        """Deprecated name of ``block_size``."""
+        return self.block_size
 
 
 class _Node:
@@ -158,7 +165,7 @@ class RadixAllocator:
 
     @classmethod
     def from_capacity(cls, cfg: RadixAllocatorConfig, capacity_tokens: int, bytes_per_token: int = 0):
-        return cls(capacity_tokens // cfg.page_size, cfg.page_size, cfg.watermark, cfg.eviction)
+        return cls(capacity_tokens // cfg.block_size, cfg.block_size, cfg.watermark, cfg.eviction)
 
     # -- queries -------------------------------------------------------------------------------
     @staticmethod

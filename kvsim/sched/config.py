@@ -6,9 +6,12 @@ from typing import Literal
 
 from pydantic import Field
 
+import kvsim.sched.victim  # noqa: F401  (registers the victim kinds before the schema is built)
 from kvsim.config_base import StrictModel
+from kvsim.registry import VICTIMS, policy_field
+from kvsim.sched.victim import DEFAULT_VICTIM
 
-VictimPolicy = Literal["latest_admitted", "lowest_priority", "largest_kv", "fewest_tokens_left"]
+VictimConfig = policy_field(VICTIMS, DEFAULT_VICTIM)
 
 
 class SchedulerConfig(StrictModel):
@@ -21,7 +24,9 @@ class SchedulerConfig(StrictModel):
     preemption_mode: Literal["recompute", "swap"] = Field(
         "recompute", description="recompute: drop the victim's KV; swap: move it to the host tier")
     swap_space_bytes: int = Field(4 << 30, ge=0, description="host (CPU DRAM) capacity for swapped KV")
-    victim: VictimPolicy = "latest_admitted"
+    victim: VictimConfig = Field(  # type: ignore[valid-type]
+        default_factory=lambda: VICTIMS.default_config(DEFAULT_VICTIM),
+        description="which running request to preempt; a kind name or {kind: NAME, ...} (kvsim/sched/victim.py)")
     prefetch: bool = Field(
         False, description="load the next request's swapped or offloaded KV while the link is idle")
 

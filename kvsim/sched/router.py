@@ -1,45 +1,129 @@
 """Routing arriving requests across engine replicas (plain Python, no SimPy).
 
+A routing policy is a plugin of the ``ROUTERS`` registry (``replicas.router: {kind: NAME}`` or the
+bare name). Built-in kinds:
+
 * ``round_robin``: replica ``i mod count`` for the i-th routed request;
 * ``least_loaded``: the replica with the fewest queued + running sequences (ties: lowest index);
 * ``prefix_affinity``: the replica whose prefix cache (any tier) already holds the most of the
   request's prompt; ties (e.g. no hits anywhere) go to the least loaded.
+
+:class:`Router` is what the engine holds: it builds the policy from its config, answers a single
+replica without asking the policy, and tells the engine whether decisions read replica state
+(:attr:`Router.state_dependent`: then replicas may not run ahead of arrivals, so the state a policy
+reads is the state at the request's arrival).
+
+Writing a policy: a config class deriving from :class:`~kvsim.registry.PolicyConfig` with
+``kind: Literal["name"] = "name"``, an object with ``state_dependent: bool`` and
+``route(req, replicas) -> int``, and ``ROUTERS.register("name", Config, factory)`` with
+``factory(cfg)`` returning the object. A policy reads replicas only through :class:`ReplicaView`.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from kvsim.registry import ROUTERS, PolicyConfig
+
+if TYPE_CHECKING:
+    from kvsim.sched.request import Request
 
 RouterKind = Literal["round_robin", "least_loaded", "prefix_affinity"]
+DEFAULT_ROUTER = "round_robin"
 
 
-def load(sched) -> int:
+class ReplicaView(Protocol):
+    """What a routing policy may read of a replica's scheduler (current at the arrival)."""
+
+    waiting: Sequence[Request]
+    swapped: Sequence[Request]
+
+    def _num_seqs(self) -> int: ...
+
+    def _peek_cached(self, req: Request) -> int: ...
+
+
+def load(sched: ReplicaView) -> int:
+    """Queued + running sequences of one replica (a request with n samples counts n)."""
     return sched._num_seqs() + sum(r.num_samples for r in sched.waiting) + sum(r.num_samples for r in sched.swapped)
 
 
-class Router:
-    def __init__(self, kind: RouterKind, schedulers: list):
-        self.kind = kind
-        self.schedulers = schedulers
+def cached_tokens(sched: ReplicaView, req: Request) -> int:
+    """Prompt tokens of ``req`` that the replica's prefix cache (any tier) already holds."""
+    return sched._peek_cached(req)
+
+
+class RoutingPolicy(Protocol):
+    state_dependent: bool  # does ``route`` read replica state?
+
+    def route(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
+        """Index into ``replicas`` (at least two) of the replica that gets ``req``."""
+        ...
+
+
+class RoundRobinConfig(PolicyConfig):
+    kind: Literal["round_robin"] = "round_robin"
+
+
+class LeastLoadedConfig(PolicyConfig):
+    kind: Literal["least_loaded"] = "least_loaded"
+
+
+class PrefixAffinityConfig(PolicyConfig):
+    kind: Literal["prefix_affinity"] = "prefix_affinity"
+
+
+class RoundRobin:
+    state_dependent = False
+
+    def __init__(self) -> None:
         self._next = 0
+
+    def route(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
+        i = self._next
+        self._next = (i + 1) % len(replicas)
+        return i
+
+
+class LeastLoaded:
+    state_dependent = True
+
+    def route(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
+        loads = [load(s) for s in replicas]
+        return min(range(len(replicas)), key=lambda i: (loads[i], i))
+
+
+class PrefixAffinity:
+    state_dependent = True
+
+    def route(self, req: Request, replicas: Sequence[ReplicaView]) -> int:
+        loads = [load(s) for s in replicas]
+        hits = [cached_tokens(s, req) for s in replicas]
+        return min(range(len(replicas)), key=lambda i: (-hits[i], loads[i], i))
+
+
+for _kind, _cfg, _policy in (("round_robin", RoundRobinConfig, RoundRobin),
+                             ("least_loaded", LeastLoadedConfig, LeastLoaded),
+                             ("prefix_affinity", PrefixAffinityConfig, PrefixAffinity)):
+    ROUTERS.register(_kind, _cfg, lambda cfg, _p=_policy: _p())
+
+
+class Router:
+    """The engine's router: ``policy`` is a kind name or a validated ``replicas.router`` config."""
+
+    def __init__(self, policy: str | PolicyConfig, schedulers: list):
+        cfg = ROUTERS.default_config(policy) if isinstance(policy, str) else policy
+        self.kind: str = cfg.kind
+        self.policy: RoutingPolicy = ROUTERS.build(cfg)
+        self.schedulers = schedulers
 
     @property
     def state_dependent(self) -> bool:
         """Does a decision read replica state? (Then replicas may not run ahead of arrivals.)"""
-        return self.kind != "round_robin" and len(self.schedulers) > 1
+        return self.policy.state_dependent and len(self.schedulers) > 1
 
     def route(self, req) -> int:
-        n = len(self.schedulers)
-        if n == 1:
+        if len(self.schedulers) == 1:
             return 0
-        if self.kind == "round_robin":
-            i = self._next
-            self._next = (i + 1) % n
-            return i
-        loads = [load(s) for s in self.schedulers]
-        if self.kind == "least_loaded":
-            return min(range(n), key=lambda i: (loads[i], i))
-        if self.kind == "prefix_affinity":
-            hits = [s._peek_cached(req) for s in self.schedulers]
-            return min(range(n), key=lambda i: (-hits[i], loads[i], i))
-        raise ValueError(f"unknown router {self.kind!r}")
+        return self.policy.route(req, self.schedulers)

@@ -34,6 +34,7 @@ from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.group import DecodeGroup
 from kvsim.sched.plan import StepPlan
 from kvsim.sched.request import Request, RequestStatus
+from kvsim.sched.victim import build_victim_policy
 from kvsim.timing.base import BatchShape
 
 REJECT_TOO_LONG = "exceeds_max_model_len"
@@ -47,6 +48,7 @@ class Scheduler:
                  host_link_bandwidth_bytes_per_s: float = 64e9):
         self.cfg = cfg
         self.allocator = allocator
+        self._victim_policy = build_victim_policy(cfg.victim)
         self.max_model_len_tokens = max_model_len_tokens
         self.max_num_seqs = cfg.max_num_seqs
         self.token_budget = cfg.token_budget(max_model_len_tokens)
@@ -116,18 +118,8 @@ class Scheduler:
 
     # -- preemption ------------------------------------------------------------------------------
     def _pick_victim(self) -> Request:
-        """The victim among running requests. Eviction orders (ties: latest admitted loses):
-        latest_admitted (vLLM) | lowest_priority | largest_kv (most slots held) | fewest_tokens_left."""
-        policy = self.cfg.victim
-        if policy == "latest_admitted":
-            return self.running[-1]
-        if policy == "largest_kv":
-            return max(self.running, key=lambda r: (self.allocator.held_tokens(r.request_id), r.admit_seq))
-        if policy == "fewest_tokens_left":
-            return min(self.running, key=lambda r: (r.output_tokens - r.num_generated, -r.admit_seq))
-        if policy == "lowest_priority":
-            return min(self.running, key=lambda r: (r.priority, -r.admit_seq))
-        raise ValueError(f"unknown victim policy {policy!r}")
+        """The victim among running requests: the ``scheduler.victim`` plugin (kvsim/sched/victim.py)."""
+        return self._victim_policy.pick(self.running, self.allocator)
 
     def _preempt(self, victim: Request) -> int:
         """Preempt ``victim``; returns bytes swapped out (0 for recompute)."""

@@ -24,6 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvsim.errors import TraceError
 from kvsim.trace import transforms
+from kvsim.trace.fileio import resolve_path  # noqa: F401  (also public here, where it used to live)
+from kvsim.trace.formats import FORMAT_CHOICES
 from kvsim.trace.schema import Trace
 from kvsim.trace.spec import SyntheticTraceSpec
 
@@ -40,7 +42,7 @@ class TraceConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     file: str | None = None
-    format: Literal["auto", "azure", "mooncake", "generic"] = "auto"
+    format: Literal[FORMAT_CHOICES] = "auto"  # type: ignore[valid-type]
     on_unsorted: Literal["error", "sort"] = "error"
     on_zero_output: Literal["error", "drop"] = "error"
     synthetic: SyntheticTraceSpec | None = None
@@ -63,21 +65,6 @@ class TraceConfig(BaseModel):
         if self.start_s is not None and self.end_s is not None and self.end_s <= self.start_s:
             raise ValueError(f"end_s ({self.end_s}) must be greater than start_s ({self.start_s})")
         return self
-
-
-def resolve_path(name: str, base_dir: Path | None, what: str = "trace file") -> Path:
-    """``name`` as given if absolute; else under ``base_dir`` if it exists there, else under the
-    current directory if it exists there; else a TraceError naming every place tried."""
-    path = Path(name).expanduser()
-    if path.is_absolute():
-        tried = [path]
-    else:
-        tried = ([Path(base_dir) / path] if base_dir is not None else []) + [Path.cwd() / path]
-    for candidate in tried:
-        if candidate.exists():
-            return candidate
-    places = " or ".join(str(p) for p in tried)
-    raise TraceError(f"{name}: {what} does not exist (looked for {places})")
 
 
 def build_trace(

@@ -6,6 +6,7 @@
 * :class:`LineReader` iterates a decompressed binary stream line by line and counts 1-based line
   numbers, turning decompression failures (a truncated or corrupt ``.gz``) into a
   :class:`~kvsim.errors.TraceError` that names the last line that could be read.
+* :func:`resolve_path` finds a file named in a scenario (its folder first, then the current one).
 
 Nothing here holds more than one buffer of the file in memory.
 """
@@ -159,3 +160,18 @@ class LineReader:
         for line in self:
             return line
         return b""
+
+
+def resolve_path(name: str, base_dir: Path | None, what: str = "trace file") -> Path:
+    """``name`` as given if absolute; else under ``base_dir`` if it exists there, else under the
+    current directory if it exists there; else a TraceError naming every place tried."""
+    path = Path(name).expanduser()
+    if path.is_absolute():
+        tried = [path]
+    else:
+        tried = ([Path(base_dir) / path] if base_dir is not None else []) + [Path.cwd() / path]
+    for candidate in tried:
+        if candidate.exists():
+            return candidate
+    places = " or ".join(str(p) for p in tried)
+    raise TraceError(f"{name}: {what} does not exist (looked for {places})")

@@ -79,7 +79,7 @@ class _EmpiricalCache:
         self._traces: dict[tuple[str, str], Trace] = {}
 
     def column(self, dist: EmpiricalLength, field: str) -> np.ndarray:
-        from kvsim.trace.config import resolve_path
+        from kvsim.trace.fileio import resolve_path
         from kvsim.trace.load import load_trace
 
         key = (dist.file, dist.format)

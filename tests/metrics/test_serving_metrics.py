@@ -47,7 +47,7 @@ def token_times(scn, rows):
 
 def test_itl_matches_per_token_ground_truth_without_preemption():
     rows = random_rows(40, 1)
-    scn = make_scenario(engine={"mode": "step"}, kv_budget={"tokens": 100_000}, timing=TIMING)
+    scn = make_scenario(engine={"mode": "step"}, kv_budget={"tokens": 100_000, "allow_beyond_gpu": True}, timing=TIMING)
     res, times = token_times(scn, rows)
     assert res.summary["preemptions"] == 0
     gaps = np.concatenate([np.diff(t) for t in times.values() if len(t) > 1])
@@ -89,7 +89,7 @@ def test_itl_identical_in_fast_and_step_engines(budget):
     rows = random_rows(60, 2)
     out = {}
     for mode in ("step", "fast"):
-        scn = make_scenario(engine={"mode": mode}, kv_budget={"tokens": budget}, timing=TIMING)
+        scn = make_scenario(engine={"mode": mode}, kv_budget={"tokens": budget, "allow_beyond_gpu": True}, timing=TIMING)
         out[mode] = run(scn, trace=make_trace(rows))
     s, f = out["step"].summary, out["fast"].summary
     assert len(out["fast"].steps) < len(out["step"].steps)  # the fast engine did use windows
@@ -161,7 +161,7 @@ def test_serving_distributions_match_numpy_and_throughputs():
 
 def test_scenario_percentiles_and_slo_reach_summary():
     rows = random_rows(30, 4)
-    scn = make_scenario(kv_budget={"tokens": 100_000}, timing=TIMING, metrics={"percentiles": [99.9, 75]},
+    scn = make_scenario(kv_budget={"tokens": 100_000, "allow_beyond_gpu": True}, timing=TIMING, metrics={"percentiles": [99.9, 75]},
                         slo={"ttft_ms": 50, "e2e_ms": 5000})
     s = run(scn, trace=make_trace(rows)).summary
     assert s["serving"]["percentiles"] == [75.0, 99.9]
@@ -172,7 +172,7 @@ def test_scenario_percentiles_and_slo_reach_summary():
     assert 0 < s["slo"]["good_requests"] <= fin
     assert s["throughput_total_tokens_per_s"] == pytest.approx(
         s["throughput_input_tokens_per_s"] + s["throughput_output_tokens_per_s"])
-    assert make_scenario().slo is None and run(make_scenario(kv_budget={"tokens": 100_000}),
+    assert make_scenario().slo is None and run(make_scenario(kv_budget={"tokens": 100_000, "allow_beyond_gpu": True}),
                                                trace=make_trace(rows[:3])).summary["slo"] is None
 
 

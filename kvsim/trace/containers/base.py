@@ -1,0 +1,41 @@
+"""What every container reader provides: the column names and a stream of parsed chunks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Up to ``chunk_rows`` requests of a file, parsed but not yet validated."""
+
+    frame: pd.DataFrame
+    lines: np.ndarray  # int64, 1-based line (text) or row (parquet) number of each frame row
+    keys: list[np.ndarray] | None = None  # prefix key lists already decoded (arrow-backed containers)
+
+
+class Container:
+    """A container reader: ``columns`` (in file order), ``metadata`` and ``chunks()``.
+
+    ``prefix_column`` is set by the loader once the format is known: a container that can decode
+    that column's key lists natively (arrow) returns them in :attr:`Chunk.keys` and drops the
+    column from the frame; the others leave it in the frame for :func:`kvsim.trace.coerce.key_lists`.
+    """
+
+    name: ClassVar[Literal["csv", "jsonl", "parquet"]]
+    row_label: ClassVar[Literal["line", "row"]] = "line"
+    columns: list[str]
+    metadata: dict[str, str]
+    prefix_column: str | None = None
+
+    def __init__(self, where: str, chunk_rows: int):
+        self._where = where
+        self.chunk_rows = chunk_rows
+
+    def chunks(self) -> Iterator[Chunk]:  # pragma: no cover - interface
+        raise NotImplementedError

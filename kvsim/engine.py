@@ -18,6 +18,7 @@ identical request tables.
 from __future__ import annotations
 
 import gc
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ import simpy
 from simpy.core import URGENT
 
 from kvsim.errors import SimulationLimitError
+from kvsim.kv.base import MemoryParts
 from kvsim.metrics.recorder import StepRecorder
 from kvsim.sched.request import Request
 from kvsim.sched.router import Router
@@ -39,11 +41,13 @@ from kvsim.sched.window import (
     plan_group_window,
     window_means,
 )
-from kvsim.timing.base import TimingModel, decode_totals
+from kvsim.timing.base import TimingModel, VectorisedDecodeTiming, decode_pricer, decode_totals
 from kvsim.trace.schema import Trace
 
 
 MIN_WINDOW_HORIZON = 32
+
+log = logging.getLogger("kvsim.engine")
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,28 @@ class Replica:
         # MIN_WINDOW_HORIZON). Planning costs O(horizon) numpy work, and in a saturated engine a
         # window ends at the first finish, far short of the longest request's end.
         self.window_horizon = MIN_WINDOW_HORIZON
+        # Capabilities, checked once here (nothing probes the plugins while the run goes):
+        self.caps = scheduler.caps  # the allocator's optional calls
+        self.pricer: VectorisedDecodeTiming | None = None  # decode-window pricing, when windows are on
+        self.windows = False  # decode windows installed (see Engine.__init__)
+
+    def install_fast_path(self, mode: str) -> str:
+        """Turn decode windows on where the mode and the plugins' capabilities allow; returns a
+        line saying which fast paths are on (and why not)."""
+        if mode != "fast":
+            return f"replica {self.index}: step mode: every step on its own"
+        if not self.caps.windows:
+            return (f"replica {self.index}: decode windows off: allocator {type(self.scheduler.allocator).__name__} "
+                    f"lacks the WindowAllocator capability (steps run one by one)")
+        pricer, native = decode_pricer(self.timing)
+        if not native and self.scheduler.want_context_lens:
+            return (f"replica {self.index}: decode windows off: timing {type(self.timing).__name__} needs "
+                    f"per-request context lengths and has no decode_durations")
+        self.pricer, self.windows = pricer, True
+        return (f"replica {self.index}: decode windows on (pricing: "
+                f"{'decode_durations' if native else 'derived from step_time'}); decode group "
+                f"{'on' if self.scheduler.decode_group_enabled else 'off'}; bulk slot calls "
+                f"{'on' if self.caps.bulk_slots else 'off'}")
 
 
 class Engine:
@@ -103,6 +129,8 @@ class Engine:
         if mode not in ("fast", "step"):
             raise ValueError(f"engine mode must be 'fast' or 'step', got {mode!r}")
         self.mode = "step" if shared_store else mode
+        for rep in replicas:
+            log.info("fast paths: %s", rep.install_fast_path(self.mode))
         self.max_window_steps = max_window_steps
         self._next_arrival_idx = 0
         self._block_keys = None
@@ -110,7 +138,7 @@ class Engine:
         if getattr(alloc, "prefix_caching", False) and trace.prefix_keys is not None:
             from kvsim.trace.prefix import block_keys
 
-            self._block_keys = block_keys(trace, alloc.block_size_tokens)
+            self._block_keys = block_keys(trace, alloc.block_size)
         self._priority = trace.priority
         self._samples = trace.num_samples
         self._arrivals_done = False
@@ -201,30 +229,12 @@ class Engine:
                 f"wall time passed limits.max_wall_time_s = {max_wall} s at simulated t={rep.now_s:.1f} s")
 
     def _loop(self, rep: Replica):
-        env = self.env
         sched = rep.scheduler
-        rec = self.recorder
         while True:
             if not sched.has_work:
                 if self._arrivals_done:
                     break
-                idle_start = rep.now_s
-                usage = sched.usage()
-                if self._pull:
-                    while not sched.has_work and not self._arrivals_done:  # until one is accepted
-                        rep.now_s = float(self.trace.arrival_s[self._next_arrival_idx])
-                        yield self._advance_to(rep.now_s)
-                        self._pull_arrivals(rep.now_s)
-                else:
-                    rep.wakeup = env.event()
-                    yield rep.wakeup
-                    rep.wakeup = None
-                    rep.now_s = env.now  # woken by an arrival: exactly its trace time
-                if rep.now_s > idle_start:
-                    rec.row(idle=True, start_s=idle_start, duration_s=rep.now_s - idle_start, batch_size=0,
-                            prefill_tokens=0, decode_tokens=0, running=0, waiting=len(sched.waiting),
-                            admitted=0, preempted=0, finished=0, usage=usage, kv_bytes_read=0, breakdown={},
-                            replica=rep.index)
+                yield from self._idle(rep)
                 continue
             start = rep.now_s
             plan = sched.schedule(start)
@@ -237,43 +247,71 @@ class Engine:
                 self._log(rid, "preempt", start)
             for rid in plan.admitted:
                 self._log(rid, "admit", start)
-            if self.mode == "fast":
-                win = self._window(rep, plan, start)
-                if win is not None:
-                    yield from win
-                    self._limit(rep)
-                    continue
-            usage = sched.usage()
-            evictions = getattr(sched.allocator, "evictions", 0)
-            timing = rep.timing.step_time(plan.shape)
-            prefetch_target = sched.prefetch_target()  # the head while this step computes
-            rep.now_s = start + timing.duration_s
-            yield self._advance_to(rep.now_s)
-            if self._pull:
-                self._pull_arrivals(rep.now_s)
-            if prefetch_target is not None:
-                prefetch_target.prefetched_s += timing.duration_s
-            first, done = sched.on_step_done(rep.now_s)
-            for r in first:
-                self._log(r.request_id, "first_token", rep.now_s)
-            for r in done:
-                self._log(r.request_id, "finish", rep.now_s)
-            shape = plan.shape
-            rec.row(idle=False, start_s=start, duration_s=timing.duration_s, batch_size=shape.num_seqs,
-                    prefill_tokens=shape.num_prefill_tokens, decode_tokens=shape.num_decode_tokens,
-                    running=len(sched.running) + len(done), waiting=len(sched.waiting),
-                    admitted=len(plan.admitted), preempted=len(plan.preempted), finished=len(done),
-                    usage=usage, kv_bytes_read=timing.kv_bytes_read, breakdown=timing.breakdown_s,
-                    evictions=evictions - rep.last_evictions, swap_in_bytes=shape.swap_in_bytes,
-                    swap_out_bytes=shape.swap_out_bytes, replica=rep.index)
-            rep.last_evictions = evictions
-            rep.num_steps += 1
-            if self.check_invariants:
-                sched.check_invariants()
-            if done and self.progress is not None:
-                self.progress(len(done))
+            win = self._window(rep, plan, start) if rep.windows else None
+            yield from (win if win is not None else self._step(rep, plan, start))
             self._limit(rep)
         rep.end_s = rep.now_s
+
+    def _idle(self, rep: Replica):
+        """Wait for the next accepted arrival; record the gap as an idle row."""
+        sched = rep.scheduler
+        idle_start = rep.now_s
+        usage = sched.usage()
+        if self._pull:
+            while not sched.has_work and not self._arrivals_done:  # until one is accepted
+                yield from self._advance(rep, float(self.trace.arrival_s[self._next_arrival_idx]))
+        else:
+            rep.wakeup = self.env.event()
+            yield rep.wakeup
+            rep.wakeup = None
+            rep.now_s = self.env.now  # woken by an arrival: exactly its trace time
+        if rep.now_s > idle_start:
+            self.recorder.row(replica=rep.index, idle=True, start_s=idle_start, duration_s=rep.now_s - idle_start,
+                              memory=MemoryParts.of(usage), waiting=len(sched.waiting))
+
+    def _advance(self, rep: Replica, t_end: float):
+        """Move ``rep``'s clock to ``t_end`` (SimPy follows) and queue the arrivals up to it."""
+        rep.now_s = t_end
+        yield self._advance_to(t_end)
+        if self._pull:
+            self._pull_arrivals(t_end)
+
+    def _step(self, rep: Replica, plan, start: float):
+        """Run ``plan`` as one step."""
+        sched = rep.scheduler
+        usage = sched.usage()
+        timing = rep.timing.step_time(plan.shape)
+        _credit_prefetch(sched.prefetch_target(), (timing.duration_s,))  # the head while this step computes
+        yield from self._advance(rep, start + timing.duration_s)
+        first, done = sched.on_step_done(rep.now_s)
+        for r in first:
+            self._log(r.request_id, "first_token", rep.now_s)
+        for r in done:
+            self._log(r.request_id, "finish", rep.now_s)
+        shape = plan.shape
+        self._after_step(
+            rep, 1, done, start_s=start, duration_s=timing.duration_s, batch_size=shape.num_seqs,
+            prefill_tokens=shape.num_prefill_tokens, decode_tokens=shape.num_decode_tokens,
+            running=len(sched.running) + len(done), waiting=len(sched.waiting), admitted=len(plan.admitted),
+            preempted=len(plan.preempted), memory=MemoryParts.of(usage), kv_bytes_read=timing.kv_bytes_read,
+            kv_pages_read=shape.kv_pages_read, breakdown=timing.breakdown_s, swap_in_bytes=shape.swap_in_bytes,
+            swap_out_bytes=shape.swap_out_bytes)
+
+    def _after_step(self, rep: Replica, num_steps: int, done: list, **row) -> None:
+        """THE post-step bookkeeping, for a step or a window of ``num_steps``: the row, eviction
+        counts, step counters, invariant checks, progress."""
+        sched = rep.scheduler
+        evictions = sched.allocator.evictions if rep.caps.eviction_counter else 0
+        self.recorder.row(replica=rep.index, idle=False, num_steps=num_steps, finished=len(done),
+                          evictions=evictions - rep.last_evictions, **row)
+        rep.last_evictions = evictions
+        rep.num_steps += num_steps
+        if num_steps > 1:
+            rep.num_windows += 1
+        if self.check_invariants:
+            sched.check_invariants()
+        if done and self.progress is not None:
+            self.progress(len(done))
 
     def _advance_to(self, t_end: float):
         """A SimPy timeout to ``t_end``.
@@ -295,20 +333,16 @@ class Engine:
             win = plan_decode_window(sched, plan, horizon)
         if win is None:
             return None
-        timing = rep.timing
-        priced = step0 = None
+        pricer = rep.pricer
+        step0 = None
         if group:
-            if not hasattr(timing, "decode_durations"):
-                return None
             # Step 0 (which may admit requests) is priced as a step; steps 1.. as decode steps.
-            step0 = timing.step_time(plan.shape)
-            priced = timing.decode_durations(win.num_seqs[1:], win.kv_tokens_read[1:])
+            step0 = rep.timing.step_time(plan.shape)
+            priced = pricer.decode_durations(win.num_seqs[1:], win.kv_tokens_read[1:], win.kv_pages_read[1:])
             durations = np.concatenate(([step0.duration_s], priced[0]))
-        elif hasattr(timing, "decode_durations"):
-            priced = timing.decode_durations(win.num_seqs, win.kv_tokens_read)
-            durations = priced[0]
         else:
-            durations = np.array([timing.step_time(s).duration_s for s in _decode_shapes(win, win.max_steps)])
+            priced = pricer.decode_durations(win.num_seqs, win.kv_tokens_read, win.kv_pages_read)
+            durations = priced[0]
         times = np.cumsum(np.concatenate(([start], durations)))  # sequential, like SimPy's clock
         k = win.max_steps
         if self._next_arrival_idx < len(self.trace):
@@ -334,7 +368,6 @@ class Engine:
     def _run_window(self, rep: Replica, plan, win, k, durations, priced, step0, times, pop_steps, pop_idx,
                     start):
         sched = rep.scheduler
-        alloc = sched.allocator
         waiting0 = len(sched.waiting)
         done = []
 
@@ -349,21 +382,13 @@ class Engine:
         # so it runs first and may end the window early; then the clock jumps to the window's end.
         target = sched.prefetch_target()  # constant through the window: nobody is admitted
         if pop_steps is None:
-            k, segments = apply_group_window(sched, k, times, on_first, on_finish)
+            k, segments = apply_group_window(sched, plan, k, times, on_first, on_finish)
         else:
             k, segments = apply_decode_window(sched, win, k, times, pop_steps, pop_idx, on_finish)
-        if target is not None:
-            p = target.prefetched_s
-            for d in durations[:k].tolist():
-                p += d
-            target.prefetched_s = p
+        _credit_prefetch(target, durations[:k].tolist())
         rep.window_horizon = max(MIN_WINDOW_HORIZON, 4 * k)
-        rep.now_s = float(times[k])
-        yield self._advance_to(rep.now_s)
-        if self._pull:
-            self._pull_arrivals(rep.now_s)
-        means = window_means(win, k, durations, segments, alloc.capacity_tokens)
-        timing = rep.timing
+        yield from self._advance(rep, float(times[k]))
+        memory, batch_mean = window_means(win, k, durations, segments, sched.allocator.capacity_tokens)
         decode_tokens = int(win.num_seqs[:k].sum())
         if step0 is not None:  # step 0 priced on its own, then k - 1 decode steps
             breakdown, kv_bytes = decode_totals(priced[1], priced[2], k - 1)
@@ -371,35 +396,21 @@ class Engine:
                 breakdown[name] = v + breakdown.get(name, 0.0)
             kv_bytes += step0.kv_bytes_read
             decode_tokens += plan.shape.num_decode_tokens - int(win.num_seqs[0])
-        elif priced is not None:
-            breakdown, kv_bytes = decode_totals(priced[1], priced[2], k)
         else:
-            shapes = _decode_shapes(win, k)
-            steps = [timing.step_time(s) for s in shapes]
-            kv_bytes = sum(st.kv_bytes_read for st in steps)
-            breakdown = {}
-            for st in steps:
-                for name, v in st.breakdown_s.items():
-                    breakdown[name] = breakdown.get(name, 0.0) + v
-        # ITL hook: each step's duration and decode tokens (kvsim/metrics/itl.py)
+            breakdown, kv_bytes = decode_totals(priced[1], priced[2], k)
+        # ITL: each step's duration and decode tokens (kvsim/metrics/itl.py)
         step_decodes = win.num_seqs[:k]
         if step0 is not None:
             step_decodes = step_decodes.copy()
             step_decodes[0] = plan.shape.num_decode_tokens
-        self.recorder.macro_row(
-            start_s=start, duration_s=float(times[k]) - start, num_steps=k, max_batch=int(win.num_requests[0]),
-            batch_mean=means["batch_mean"], decode_tokens=decode_tokens, waiting=waiting0,
-            finished=len(done), parts_mean_tokens=means, kv_bytes_read=kv_bytes, breakdown=breakdown,
-            evictions=getattr(alloc, "evictions", 0) - rep.last_evictions, replica=rep.index,
-            admitted=len(plan.admitted), prefill_tokens=plan.shape.num_prefill_tokens,
+        max_batch = int(win.num_requests[0])
+        self._after_step(
+            rep, k, done, start_s=start, duration_s=float(times[k]) - start, batch_size=max_batch,
+            batch_mean=batch_mean, running=max_batch, running_mean=batch_mean,
+            prefill_tokens=plan.shape.num_prefill_tokens, decode_tokens=decode_tokens, waiting=waiting0,
+            admitted=len(plan.admitted), memory=memory, kv_bytes_read=kv_bytes,
+            kv_pages_read=int(win.kv_pages_read[:k].sum()), breakdown=breakdown,
             step_durations_s=durations[:k], step_decode_tokens=step_decodes)
-        rep.last_evictions = getattr(alloc, "evictions", 0)
-        rep.num_steps += k
-        rep.num_windows += 1
-        if self.check_invariants:
-            sched.check_invariants()
-        if done and self.progress is not None:
-            self.progress(len(done))
 
     def run(self) -> None:
         self._wall_start = time.monotonic()
@@ -425,22 +436,16 @@ class Engine:
             # Pad replicas that went quiet early so time-weighted means cover the same span.
             for rep in self.replicas:
                 if rep.end_s < self.end_s:
-                    self.recorder.row(
-                        idle=True, start_s=rep.end_s, duration_s=self.end_s - rep.end_s, batch_size=0,
-                        prefill_tokens=0, decode_tokens=0, running=0, waiting=0, admitted=0, preempted=0,
-                        finished=0, usage=rep.scheduler.usage(), kv_bytes_read=0, breakdown={}, replica=rep.index)
+                    self.recorder.row(replica=rep.index, idle=True, start_s=rep.end_s,
+                                      duration_s=self.end_s - rep.end_s, memory=MemoryParts.of(rep.scheduler.usage()))
 
 
-def _decode_shapes(win, k):
-    """BatchShapes of a window's steps, for timing models without ``decode_durations``."""
-    from kvsim.timing.base import BatchShape
 
-    out = []
-    for j in range(k):
-        active = [i for i in range(len(win.requests)) if win.remaining[i] > j]
-        ctx = tuple(int(win.computed0[i]) + j + 1 for i in active)
-        n = len(active)
-        out.append(BatchShape(num_seqs=n, num_prefill_seqs=0, num_decode_seqs=n, num_prefill_tokens=0,
-                              num_decode_tokens=n, kv_tokens_read=int(win.kv_tokens_read[j]),
-                              attention_pairs=int(win.kv_tokens_read[j]), context_lens=ctx))
-    return out
+def _credit_prefetch(target, durations) -> None:
+    """Credit the prefetch ``target`` (or nobody) with each step's compute time, added in step order
+    (``((p + d0) + d1) + ...``: the same floats one step at a time or as a window)."""
+    if target is not None:
+        p = target.prefetched_s
+        for d in durations:
+            p += d
+        target.prefetched_s = p

@@ -1,4 +1,5 @@
-"""The allocator boundary: what the scheduler may ask of any KV allocator.
+"""The allocator boundary: what the scheduler may ask of any KV allocator (the protocol itself, and
+the optional capabilities behind the fast paths, are declared in :mod:`kvsim.kv.protocol`).
 
 The scheduler never sees block ids or addresses. It talks to an allocator in tokens:
 
@@ -29,7 +30,8 @@ and ``internal = A - min(A, F)``. ``free`` splits into ``external`` (free but un
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+
+from kvsim.kv.protocol import KVAllocator  # noqa: F401  (re-exported: the declared boundary)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -132,23 +134,25 @@ class KVUsage:
         return self.token_states_tokens + self.reservation_tokens + self.internal_frag_tokens
 
 
-class KVAllocator(Protocol):
-    capacity_tokens: int
-    block_size_tokens: int | None
+@dataclass(frozen=True, slots=True)
+class MemoryParts:
+    """KV memory of a row in tokens: a snapshot (ints, :meth:`of`) or time-weighted means over the
+    row's steps (floats). The first five parts sum to the capacity; ``peak_used`` is the most used
+    (held) at any step of the row."""
 
-    def max_footprint_fits(self, req: KVRequest) -> bool: ...
+    token_states: float
+    reservation: float
+    internal_frag: float
+    external_frag: float
+    free: float
+    cached_free: float
+    peak_used: float
+    unshared: float
 
-    def allocate(self, req: KVRequest, hold_tokens: int) -> Allocation | None: ...
-
-    def ensure_slots(self, request_id: int, num_tokens: int) -> bool: ...
-
-    def free(self, request_id: int) -> None: ...
-
-    def held_tokens(self, request_id: int) -> int: ...
-
-    def usage(self, head: KVRequest | None = None, head_hold_tokens: int = 0) -> KVUsage: ...
-
-    def check_invariants(self) -> None: ...
+    @classmethod
+    def of(cls, u: KVUsage) -> MemoryParts:
+        return cls(u.token_states_tokens, u.reservation_tokens, u.internal_frag_tokens, u.external_frag_tokens,
+                   u.free_tokens, u.cached_free_tokens, u.used_tokens, u.unshared_tokens)
 
 
 class SlotLedger:
@@ -342,7 +346,8 @@ class ExtentAllocator:
 
     Subclasses set ``capacity_tokens`` and implement ``_external(head)`` plus the placement."""
 
-    block_size_tokens = None
+    block_size = None  # one contiguous run per sequence
+    num_free_blocks = 0  # decoding never takes blocks: the extent holds every token
 
     def _init_ledger(self) -> None:
         self.ledger = SlotLedger(track_boundaries=True)

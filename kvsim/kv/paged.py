@@ -84,7 +84,6 @@ def _init_geometry(alloc, num_blocks: int, block_size: int, watermark: float) ->
         raise ValueError(f"block_size must be in [1, 512], got {block_size}")
     alloc.num_blocks = num_blocks
     alloc.block_size = block_size
-    alloc.block_size_tokens = block_size
     alloc.capacity_tokens = num_blocks * block_size
     alloc.watermark_blocks = int(watermark * num_blocks)
 

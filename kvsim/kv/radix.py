@@ -138,8 +138,7 @@ class RadixAllocator:
             raise ValueError(f"the radix allocator supports eviction kind 'lru' only, got {eviction.kind!r}")
         self.num_pages = num_pages
         self.page_size = page_size
-        self.block_size = page_size  # paged-allocator name, for shared helpers
-        self.block_size_tokens = page_size
+        self.block_size = page_size  # THE page size (the allocator protocol's name); page_size is SGLang's
         self.capacity_tokens = num_pages * page_size
         self.watermark = watermark
         self.watermark_pages = int(watermark * num_pages)

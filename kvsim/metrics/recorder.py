@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvsim.kv.base import KVUsage
+from kvsim.kv.base import MemoryParts
 from kvsim.metrics.itl import ITLAccumulator
 
 STEP_COLUMNS: dict[str, str] = {
@@ -102,49 +102,34 @@ class StepRecorder:
         """The breakdown columns in order (0 for parts a timing model lacks)."""
         return [breakdown.get(k, 0) for k in BREAKDOWN_COLUMNS]
 
-    def row(self, *, idle: bool, start_s: float, duration_s: float, batch_size: int, prefill_tokens: int,
-            decode_tokens: int, running: int, waiting: int, admitted: int, preempted: int, finished: int,
-            usage: KVUsage, kv_bytes_read: int, breakdown: dict[str, float], num_steps: int = 1,
-            evictions: int = 0, swap_in_bytes: int = 0, swap_out_bytes: int = 0, replica: int = 0,
-            kv_pages_read: int = 0) -> None:
-        """One engine step (or, with ``idle``, a gap) in the state ``usage`` describes.
-        ``kv_pages_read``: ``BatchShape.kv_pages_read`` of the step (0 = not counted)."""
+    def row(self, *, replica: int, idle: bool, start_s: float, duration_s: float, memory: MemoryParts,
+            num_steps: int = 1, batch_size: int = 0, batch_mean: float | None = None, running: int = 0,
+            running_mean: float | None = None, prefill_tokens: int = 0, decode_tokens: int = 0, waiting: int = 0,
+            admitted: int = 0, preempted: int = 0, finished: int = 0, evictions: int = 0, swap_in_bytes: int = 0,
+            swap_out_bytes: int = 0, kv_bytes_read: int = 0, kv_pages_read: int = 0,
+            breakdown: dict[str, float] | None = None, step_durations_s: np.ndarray | None = None,
+            step_decode_tokens: np.ndarray | None = None) -> None:
+        """THE row builder: one engine step, ``num_steps`` steps advanced at once (``memory``,
+        ``batch_mean`` and ``running_mean`` then time-weighted means over them), or with ``idle`` a
+        gap. Means default to the step's own values.
+
+        ``step_durations_s`` / ``step_decode_tokens`` (each step's duration and decode tokens of a
+        multi-step row) feed the inter-token latencies exactly; without them each step counts at
+        the row's mean."""
         bpt = self.bytes_per_token
-        if decode_tokens and not idle:
-            self.itl.add(duration_s if num_steps == 1 else duration_s / num_steps, decode_tokens)
+        if not idle:
+            if step_durations_s is not None and step_decode_tokens is not None:
+                self.itl.add_many(step_durations_s, step_decode_tokens)
+            elif decode_tokens:
+                self.itl.add(duration_s if num_steps == 1 else duration_s / num_steps, decode_tokens)
+        m = memory
         self._push((
             self.num_rows, replica, idle, start_s, duration_s, 0 if idle else num_steps, batch_size,
-            prefill_tokens, decode_tokens, running, float(running), float(batch_size), waiting, admitted,
-            preempted, finished, usage.token_states_tokens * bpt, usage.reservation_tokens * bpt,
-            usage.internal_frag_tokens * bpt, usage.external_frag_tokens * bpt, usage.free_tokens * bpt,
-            usage.cached_free_tokens * bpt, usage.used_tokens * bpt, usage.unshared_tokens * bpt, evictions,
-            swap_in_bytes, swap_out_bytes, kv_bytes_read, kv_pages_read, *self._breakdown(breakdown),
-        ))
-
-    def macro_row(self, *, start_s: float, duration_s: float, num_steps: int, max_batch: int,
-                  batch_mean: float, decode_tokens: int, waiting: int, finished: int,
-                  parts_mean_tokens: dict[str, float], kv_bytes_read: int, breakdown: dict[str, float],
-                  evictions: int, replica: int = 0, admitted: int = 0, prefill_tokens: int = 0,
-                  step_durations_s: np.ndarray | None = None, step_decode_tokens: np.ndarray | None = None,
-                  kv_pages_read: int = 0) -> None:
-        """One row standing for ``num_steps`` steps: decode steps, the first of which may also
-        admit requests and compute their prompts (means are time-weighted). ``kv_pages_read`` is
-        the sum over the row's steps.
-
-        ``step_durations_s`` / ``step_decode_tokens`` (each step's duration and decode tokens) feed
-        the inter-token latencies exactly; without them each step counts at the row's mean."""
-        bpt = self.bytes_per_token
-        if step_durations_s is not None and step_decode_tokens is not None:
-            self.itl.add_many(step_durations_s, step_decode_tokens)
-        elif decode_tokens:
-            self.itl.add_many(np.array([duration_s / num_steps]), np.array([decode_tokens]))
-        p = parts_mean_tokens
-        self._push((
-            self.num_rows, replica, False, start_s, duration_s, num_steps, max_batch, prefill_tokens,
-            decode_tokens, max_batch, batch_mean, batch_mean, waiting, admitted, 0, finished, p["token_states"] * bpt,
-            p["reservation"] * bpt, p["internal_frag"] * bpt, p["external_frag"] * bpt, p["free"] * bpt,
-            p["cached_free"] * bpt, int(p["peak_used"]) * bpt, p["unshared"] * bpt, evictions, 0, 0,
-            kv_bytes_read, kv_pages_read, *self._breakdown(breakdown),
+            prefill_tokens, decode_tokens, running, float(running) if running_mean is None else running_mean,
+            float(batch_size) if batch_mean is None else batch_mean, waiting, admitted, preempted, finished,
+            m.token_states * bpt, m.reservation * bpt, m.internal_frag * bpt, m.external_frag * bpt, m.free * bpt,
+            m.cached_free * bpt, int(m.peak_used) * bpt, m.unshared * bpt, evictions, swap_in_bytes,
+            swap_out_bytes, kv_bytes_read, kv_pages_read, *self._breakdown(breakdown or {}),
         ))
 
     def _flush(self) -> None:

@@ -11,6 +11,10 @@ admission order)``: the order in which the step-by-step scheduler finishes them.
 finishes are a prefix of the member list, and a decode window's batch sizes and KV reads follow
 from the finish keys and one constant per member (``computed tokens - clock``).
 
+The group also keeps the pages (``block_size``-token blocks) its members' next decode step reads,
+``sum ceil((computed_i + 1) / block_size)``, in O(block_size) per query: each base constant is kept
+as ``q * block_size + r`` and the group counts members per remainder ``r``.
+
 Owned by the scheduler (it decides who joins and leaves); holds no KV state.
 """
 
@@ -23,14 +27,18 @@ _SEQ_MASK = (1 << _SEQ_BITS) - 1
 
 
 class DecodeGroup:
-    __slots__ = ("clock", "keys", "members", "base", "sum_base")
+    __slots__ = ("clock", "keys", "members", "base", "sum_base", "block_size", "sum_q", "res_count")
 
-    def __init__(self) -> None:
+    def __init__(self, block_size: int | None = None) -> None:
         self.clock = 0
         self.keys: list[int] = []  # sorted finish keys
         self.members: list = []  # Requests, in key order
         self.base: list[int] = []  # computed tokens - clock, per member (constant while a member)
         self.sum_base = 0
+        # pages: base = q * block_size + r (floor division); sum of q, and members per r
+        self.block_size = block_size
+        self.sum_q = 0
+        self.res_count = [0] * (block_size or 1)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -51,6 +59,10 @@ class DecodeGroup:
         b = req.num_computed_tokens - clock
         self.base.insert(i, b)
         self.sum_base += b
+        if self.block_size is not None:
+            q, r = divmod(b, self.block_size)
+            self.sum_q += q
+            self.res_count[r] += 1
 
     @staticmethod
     def _write_back(req, clock: int) -> None:
@@ -76,6 +88,20 @@ class DecodeGroup:
         self.members.clear()
         self.base.clear()
         self.sum_base = 0
+        self.sum_q = 0
+        self.res_count = [0] * (self.block_size or 1)
+
+    def pages_read(self) -> int:
+        """Pages the members read in a decode step at the current clock (each reads
+        ``computed + 1`` tokens): ``sum ceil((base_i + clock + 1) / block_size)``, or one per member
+        without pages. With ``base = q*bs + r`` and ``clock = Q*bs + R`` a member's term is
+        ``q + 1 + Q + [r + R >= bs]``."""
+        n = len(self.keys)
+        bs = self.block_size
+        if bs is None:
+            return n
+        big_q, rem = divmod(self.clock, bs)
+        return self.sum_q + n * (1 + big_q) + (sum(self.res_count[bs - rem:]) if rem else 0)
 
     def finish_clock(self) -> int:
         """Clock value at which the first member finishes (group must not be empty)."""
@@ -89,6 +115,13 @@ class DecodeGroup:
             return []
         done = self.members[:end]
         self.sum_base -= sum(self.base[:end])
+        bs = self.block_size
+        if bs is not None:
+            res = self.res_count
+            for b in self.base[:end]:
+                q, r = divmod(b, bs)
+                self.sum_q -= q
+                res[r] -= 1
         del self.keys[:end], self.members[:end], self.base[:end]
         clock = self.clock
         for r in done:
@@ -100,6 +133,13 @@ class DecodeGroup:
         assert self.keys == sorted(self.keys), "decode group out of finish order"
         assert len(self.keys) == len(self.members) == len(self.base), "decode group lists disagree"
         assert self.sum_base == sum(self.base), "decode group base sum out of sync"
+        bs = self.block_size
+        if bs is not None:
+            assert self.sum_q == sum(b // bs for b in self.base), "decode group page quotients out of sync"
+            assert self.res_count == [sum(1 for b in self.base if b % bs == r) for r in range(bs)], \
+                "decode group page remainders out of sync"
+            pages = sum(-(-(b + self.clock + 1) // bs) for b in self.base)
+            assert self.pages_read() == pages, "decode group pages out of sync"
         clock = self.clock
         for key, r, b in zip(self.keys, self.members, self.base):
             assert 0 <= r.group_d0 <= clock, f"{r}: group clock {r.group_d0} outside [0, {clock}]"

@@ -34,24 +34,22 @@ DEFAULT_ROUTER = "round_robin"
 
 
 class ReplicaView(Protocol):
-    """What a routing policy may read of a replica's scheduler (current at the arrival)."""
+    """What a routing policy may read of a replica's scheduler (public methods, current at the
+    arrival: the scheduler brings its running requests' progress up to date before answering)."""
 
-    waiting: Sequence[Request]
-    swapped: Sequence[Request]
+    def load_seqs(self) -> int: ...
 
-    def _num_seqs(self) -> int: ...
-
-    def _peek_cached(self, req: Request) -> int: ...
+    def cached_prefix_tokens(self, req: Request) -> int: ...
 
 
 def load(sched: ReplicaView) -> int:
     """Queued + running sequences of one replica (a request with n samples counts n)."""
-    return sched._num_seqs() + sum(r.num_samples for r in sched.waiting) + sum(r.num_samples for r in sched.swapped)
+    return sched.load_seqs()
 
 
 def cached_tokens(sched: ReplicaView, req: Request) -> int:
     """Prompt tokens of ``req`` that the replica's prefix cache (any tier) already holds."""
-    return sched._peek_cached(req)
+    return sched.cached_prefix_tokens(req)
 
 
 class RoutingPolicy(Protocol):

@@ -2,8 +2,11 @@
 
 There is no prefill or decode phase here: every request has ``num_tokens`` (prompt + generated) and
 ``num_computed_tokens``, and each step gives each request up to ``num_tokens - num_computed`` new
-tokens, within a per-step token budget. The order of one ``schedule()`` call:
+tokens, within a per-step token budget. The phases of one ``schedule()`` call:
 
+0. the decode group (:mod:`kvsim.sched.group`): when every running request is a member (each
+   decodes one token), they all grow by one token in one allocator call, untouched one by one;
+   otherwise the group is dissolved and phase 1 takes every running request;
 1. running requests, in admission order. Each asks the allocator for room for its new tokens; when
    that fails the scheduler preempts a victim (default: the most recently admitted running request,
    as vLLM does) and retries. If the victim is the request itself it is not scheduled this step.
@@ -28,14 +31,30 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
+from dataclasses import dataclass, field
 
-from kvsim.kv.base import KVAllocator
+from kvsim.kv.protocol import KVAllocator, allocator_capabilities
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.group import DecodeGroup
 from kvsim.sched.plan import StepPlan
 from kvsim.sched.request import Request, RequestStatus
 from kvsim.sched.victim import build_victim_policy
 from kvsim.timing.base import BatchShape
+
+@dataclass(slots=True)
+class _Step:
+    """What the phases of one ``schedule()`` call build up (private to it)."""
+
+    budget: int
+    scheduled: dict[int, tuple[int, int]] = field(default_factory=dict)  # id -> (new positions, tokens)
+    preempted: list[int] = field(default_factory=list)
+    admitted: list[int] = field(default_factory=list)
+    swap_in_bytes: int = 0
+    swap_out_bytes: int = 0
+    tier_load_s: float = 0.0
+    group_kv_tokens: int = 0  # the decode group's members (phase 0): KV tokens and pages they read
+    group_kv_pages: int = 0
+
 
 REJECT_TOO_LONG = "exceeds_max_model_len"
 REJECT_KV = "exceeds_kv_capacity"
@@ -58,7 +77,8 @@ class Scheduler:
         self.swap_mode = cfg.preemption_mode == "swap"
         self.swap_capacity_tokens = cfg.swap_space_bytes // kv_bytes_per_token if kv_bytes_per_token else 0
         self.swap_used_tokens = 0
-        self._peek = getattr(allocator, "peek_cached_tokens", None)
+        self.caps = allocator_capabilities(allocator)  # checked once: the optional allocator calls used
+        self._peek = allocator.peek_cached_tokens if self.caps.prefix_peek else None
         self.requests: dict[int, Request] = {}
         self.waiting: deque[Request] = deque()
         self.swapped: list[Request] = []  # ordered by admit_seq
@@ -79,8 +99,8 @@ class Scheduler:
         # by one token in one call, running requests that decode join the group and are not
         # touched one by one while every running request decodes. Off for timing models that
         # need each context length, and once a request with parallel samples arrives.
-        self.group = DecodeGroup()
-        self._lazy = hasattr(allocator, "grow_all_by_one") and not want_context_lens
+        self.group = DecodeGroup(allocator.block_size)
+        self._lazy = self.caps.decode_group and not want_context_lens
 
     # -- arrivals ------------------------------------------------------------------------------
     def add_request(self, req: Request) -> bool:
@@ -111,6 +131,11 @@ class Scheduler:
             return False
         self.waiting.append(req)
         return True
+
+    @property
+    def decode_group_enabled(self) -> bool:
+        """Does this scheduler keep the lazy decode group (until a request with samples arrives)?"""
+        return self._lazy
 
     @property
     def has_work(self) -> bool:
@@ -155,7 +180,7 @@ class Scheduler:
         budget = self.token_budget - num_running
         if budget <= 0:
             return False
-        if req.num_tokens - self._peek_cached(req) > budget and not self.chunked_prefill:
+        if req.num_tokens - self.cached_prefix_tokens(req) > budget and not self.chunked_prefill:
             return False
         return self.allocator.can_allocate(req.kv, req.num_tokens)
 
@@ -178,43 +203,61 @@ class Scheduler:
         self.hidden_by_prefetch_s += hidden
         return need_s - hidden
 
-    def _peek_cached(self, req: Request) -> int:
+    def cached_prefix_tokens(self, req: Request) -> int:
+        """Leading tokens of ``req`` the allocator would find in its prefix cache now (0 without one)."""
         return self._peek(req.kv, req.num_tokens) if self._peek is not None else 0
 
     # -- one step --------------------------------------------------------------------------------
     def schedule(self, now_s: float) -> StepPlan:
+        """Plan one step, in four phases (module docstring): the decode group, the running requests
+        one by one, swap-ins, admissions. Then the step's batch shape."""
         if self._plan is not None:
             raise RuntimeError("schedule() called twice without on_step_done()")
-        alloc = self.allocator
-        budget = self.token_budget
-        scheduled: dict[int, int] = {}
-        preempted: list[int] = []
-        admitted: list[int] = []
-        swap_out = swap_in = 0
-        tier_load_s = 0.0
+        step = _Step(self.token_budget)
+        group_decodes = self._group_phase(step)
+        if group_decodes < len(self.running):
+            self._running_phase(step, group_decodes)
+        if self.swapped:
+            self._swap_in_phase(step)
+        if self.waiting and not self.swapped:
+            self._admit_phase(step, now_s)
+        plan = StepPlan(
+            scheduled=tuple((rid, n) for rid, (n, _) in step.scheduled.items()),
+            shape=self._batch_shape(step, group_decodes),
+            admitted=tuple(step.admitted),
+            preempted=tuple(step.preempted),
+            group_decodes=group_decodes,
+        )
+        self._plan = plan
+        return plan
 
-        running = self.running
-        group = self.group
-        i = 0
-        group_decodes = 0
-        if (self._lazy and running and len(group) == len(running) and len(running) <= budget
-                and alloc.grow_all_by_one()):
-            # Every running request is a group member: each decodes one token and all fit (no
-            # preemption). Nobody is touched one by one; the group clock advances in on_step_done.
-            group_decodes = num_decode = len(running)
-            budget -= num_decode
-            i = num_decode
-            decode_kv = alloc.ledger.sum_written  # every running request reads its context + 1
-            fast_shape = True
-        else:
-            fast_shape = False
-            group.dissolve()
-        while i < len(self.running) and budget > 0:
+    def _group_phase(self, step: _Step) -> int:
+        """Phase 0: if every running request is a member of the decode group and the budget holds
+        one token each, grow them all by one token in one allocator call (all or nothing). Nobody is
+        touched one by one; the group clock advances in on_step_done. Returns the members that
+        decode (0: the group is dissolved and phase 1 takes every running request)."""
+        n = len(self.running)
+        eligible = self._lazy and n > 0 and len(self.group) == n and n <= step.budget
+        if eligible and self.allocator.grow_all_by_one():
+            step.budget -= n
+            step.group_kv_tokens = self.allocator.ledger.sum_written  # each member reads its context + 1
+            step.group_kv_pages = self.group.pages_read()
+            return n
+        self.group.dissolve()
+        return 0
+
+    def _running_phase(self, step: _Step, first: int) -> None:
+        """Phase 1: running requests from index ``first`` on, in admission order; each gets room for
+        its new tokens, preempting victims while that fails."""
+        alloc = self.allocator
+        scheduled = step.scheduled
+        i = first
+        while i < len(self.running) and step.budget > 0:
             req = self.running[i]
             n = req.num_uncomputed_tokens
             cost = n if req.num_samples == 1 else req.batch_tokens(n)
-            if cost > budget:
-                n = req.positions_within(budget) if self.chunked_prefill else 0
+            if cost > step.budget:
+                n = req.positions_within(step.budget) if self.chunked_prefill else 0
                 if not n:
                     i += 1
                     continue
@@ -223,9 +266,9 @@ class Scheduler:
                 victim = self._pick_victim()
                 vi = self.running.index(victim)
                 if victim.request_id in scheduled:
-                    budget += scheduled.pop(victim.request_id)[1]
-                swap_out += self._preempt(victim)
-                preempted.append(victim.request_id)
+                    step.budget += scheduled.pop(victim.request_id)[1]
+                step.swap_out_bytes += self._preempt(victim)
+                step.preempted.append(victim.request_id)
                 if victim is req:
                     n = 0
                     break
@@ -233,16 +276,18 @@ class Scheduler:
                     i -= 1
             if n:
                 scheduled[req.request_id] = (n, cost)
-                budget -= cost
+                step.budget -= cost
                 i += 1
 
-        # Swapped requests come back before any new admission.
-        while self.swapped and not preempted and self._num_seqs() + self.swapped[0].num_samples <= self.max_num_seqs \
-                and budget > 0:
+    def _swap_in_phase(self, step: _Step) -> None:
+        """Phase 2: swapped requests come back (oldest admission first) before any new admission."""
+        alloc = self.allocator
+        while (self.swapped and not step.preempted and step.budget > 0
+               and self.num_running_seqs() + self.swapped[0].num_samples <= self.max_num_seqs):
             req = self.swapped[0]
             n = req.num_uncomputed_tokens
-            if req.batch_tokens(n) > budget:
-                n = req.positions_within(budget) if self.chunked_prefill else 0
+            if req.batch_tokens(n) > step.budget:
+                n = req.positions_within(step.budget) if self.chunked_prefill else 0
                 if not n:
                     break
             got = alloc.allocate(req.kv, req.num_tokens)
@@ -259,24 +304,27 @@ class Scheduler:
             self.swapped_in_bytes += nbytes
             unhidden_s = self._hide(req, nbytes / self.host_link_bandwidth + got.load_s)
             # what prefetch did not hide is paid now: swap bytes at the link, the rest as tier loads
-            swap_in += min(nbytes, int(unhidden_s * self.host_link_bandwidth))
-            tier_load_s += max(0.0, unhidden_s - nbytes / self.host_link_bandwidth)
+            step.swap_in_bytes += min(nbytes, int(unhidden_s * self.host_link_bandwidth))
+            step.tier_load_s += max(0.0, unhidden_s - nbytes / self.host_link_bandwidth)
             if not alloc.ensure_slots(req.request_id, computed + n):
                 raise RuntimeError(f"request {req.request_id}: swapped in but its next tokens do not fit")
             req.status = RequestStatus.RUNNING
             self._insert_running(req)
             cost = req.batch_tokens(n)
-            scheduled[req.request_id] = (n, cost)
-            budget -= cost
+            step.scheduled[req.request_id] = (n, cost)
+            step.budget -= cost
 
-        while (self.waiting and not self.swapped and not preempted
-               and self._num_seqs() + self.waiting[0].num_samples <= self.max_num_seqs and budget > 0):
+    def _admit_phase(self, step: _Step, now_s: float) -> None:
+        """Phase 3: waiting requests, FCFS, only if nothing was preempted or is swapped out."""
+        alloc = self.allocator
+        while (self.waiting and not self.swapped and not step.preempted and step.budget > 0
+               and self.num_running_seqs() + self.waiting[0].num_samples <= self.max_num_seqs):
             req = self.waiting[0]
-            cached = self._peek_cached(req)
+            cached = self.cached_prefix_tokens(req)
             n = req.num_tokens - cached
             cost = req.batch_tokens(n, computed=cached)
-            if cost > budget:
-                n = req.positions_within(budget, computed=cached) if self.chunked_prefill else 0
+            if cost > step.budget:
+                n = req.positions_within(step.budget, computed=cached) if self.chunked_prefill else 0
                 if not n:
                     break
                 cost = req.batch_tokens(n, computed=cached)
@@ -287,7 +335,7 @@ class Scheduler:
                 raise RuntimeError(f"request {req.request_id}: cache hit changed between peek and allocate")
             req.num_computed_tokens = cached
             if got.load_s:
-                tier_load_s += self._hide(req, got.load_s)
+                step.tier_load_s += self._hide(req, got.load_s)
             if not alloc.ensure_slots(req.request_id, cached + n):
                 raise RuntimeError(f"request {req.request_id}: admitted but its first chunk does not fit")
             self.waiting.popleft()
@@ -301,64 +349,44 @@ class Scheduler:
                 req.ssd_hit_tokens = got.ssd_tokens
                 req.remote_hit_tokens = got.remote_tokens
             self.running.append(req)
-            admitted.append(req.request_id)
-            scheduled[req.request_id] = (n, cost)
-            budget -= cost
+            step.admitted.append(req.request_id)
+            step.scheduled[req.request_id] = (n, cost)
+            step.budget -= cost
 
-        if fast_shape:
-            # The running requests all decode one token: their KV read is what the ledger says is
-            # written; only the requests admitted or swapped in are looked at one by one.
-            shape = self._shape_after_fast_path(num_decode, decode_kv, scheduled, swap_in, tier_load_s)
-        else:
-            shape = self._batch_shape(scheduled, swap_in, swap_out, tier_load_s)
-        plan = StepPlan(
-            scheduled=tuple((rid, n) for rid, (n, _) in scheduled.items()),
-            shape=shape,
-            admitted=tuple(admitted),
-            preempted=tuple(preempted),
-            group_decodes=group_decodes,
-        )
-        self._plan = plan
-        return plan
-
-    def _num_seqs(self) -> int:
+    def num_running_seqs(self) -> int:
         """Running sequences (a request with n parallel samples counts n), for ``max_num_seqs``."""
         if not self._any_samples:
             return len(self.running)
         return sum(r.num_samples for r in self.running)
+
+    @property
+    def has_parallel_samples(self) -> bool:
+        """Has any request with parallel samples arrived? (Then sequences are counted per sample.)"""
+        return self._any_samples
+
+    def load_seqs(self) -> int:
+        """Queued + running sequences (what a load-aware router compares)."""
+        return (self.num_running_seqs() + sum(r.num_samples for r in self.waiting)
+                + sum(r.num_samples for r in self.swapped))
 
     def _insert_running(self, req: Request) -> None:
         """Keep the running list in admission order (a swapped-in request returns to its place)."""
         keys = [r.admit_seq for r in self.running]
         self.running.insert(bisect.bisect(keys, req.admit_seq), req)
 
-    def _shape_after_fast_path(self, num_decode: int, decode_kv: int, scheduled: dict, swap_in: int,
-                               tier_load_s: float) -> BatchShape:
-        n_pre = pre_tok = 0
-        n_dec = dec_tok = num_decode
-        kv = pairs = decode_kv
-        for rid, (n, cost) in scheduled.items():  # single-sample requests (the group's condition)
-            req = self.requests[rid]
-            c = req.num_computed_tokens
-            if n == 1 and req.num_generated > 0 and c == req.num_tokens - 1:  # as _batch_shape
-                n_dec += 1
-                dec_tok += 1
-                kv += c + 1
-                pairs += c + 1
-                continue
-            n_pre += 1
-            pre_tok += cost
-            kv += c + n
-            pairs += n * c + n * (n + 1) // 2
-        return BatchShape(num_seqs=num_decode + len(scheduled), num_prefill_seqs=n_pre, num_decode_seqs=n_dec,
-                          num_prefill_tokens=pre_tok, num_decode_tokens=dec_tok, kv_tokens_read=kv,
-                          attention_pairs=pairs, swap_in_bytes=swap_in, tier_load_s=tier_load_s)
-
-    def _batch_shape(self, scheduled: dict, swap_in: int, swap_out: int,
-                     tier_load_s: float = 0.0) -> BatchShape:
-        n_pre_seqs = n_dec_seqs = pre_tok = dec_tok = kv_read = pairs = 0
+    def _batch_shape(self, step: _Step, group_decodes: int) -> BatchShape:
+        """THE batch shape of a step: the decode group's members (aggregates from phase 0), then
+        each request scheduled one by one. A sequence reads ``c + n`` KV tokens in
+        ``ceil((c + n) / block_size)`` pages (one run without pages); each of a request's parallel
+        samples is a sequence once they diverged (past the prompt)."""
+        bs = self.allocator.block_size
+        want_ctx = self.want_context_lens
+        n_pre_seqs = pre_tok = 0
+        n_dec_seqs = dec_tok = group_decodes
+        kv_read = pairs = step.group_kv_tokens
+        pages = step.group_kv_pages
         ctx: list[int] = []
-        for rid, (n, cost) in scheduled.items():
+        for rid, (n, cost) in step.scheduled.items():
             req = self.requests[rid]
             c = req.num_computed_tokens
             s = req.num_samples  # each sample is a sequence reading its own context
@@ -367,28 +395,28 @@ class Scheduler:
                 dec_tok += s
                 kv_read += s * (c + 1)
                 pairs += s * (c + 1)
-                if self.want_context_lens:
+                pages += s if bs is None else s * -(-(c + 1) // bs)
+                if want_ctx:
                     ctx.extend([c + 1] * s)
                 continue
             n_pre_seqs += 1
             pre_tok += cost
             kv_read += c + n if s == 1 else cost + c
             pairs += n * c + n * (n + 1) // 2
-            if self.want_context_lens:
+            seqs = 1 if s == 1 or c + n <= req.prompt_tokens else s
+            pages += seqs if bs is None else seqs * -(-(c + n) // bs)
+            if want_ctx:
                 ctx.append(c + n)
         return BatchShape(
-            num_seqs=len(scheduled), num_prefill_seqs=n_pre_seqs, num_decode_seqs=n_dec_seqs,
+            num_seqs=group_decodes + len(step.scheduled), num_prefill_seqs=n_pre_seqs, num_decode_seqs=n_dec_seqs,
             num_prefill_tokens=pre_tok, num_decode_tokens=dec_tok, kv_tokens_read=kv_read,
-            attention_pairs=pairs, swap_in_bytes=swap_in, swap_out_bytes=swap_out, tier_load_s=tier_load_s,
-            context_lens=tuple(ctx),
+            attention_pairs=pairs, kv_pages_read=pages, swap_in_bytes=step.swap_in_bytes,
+            swap_out_bytes=step.swap_out_bytes, tier_load_s=step.tier_load_s, context_lens=tuple(ctx),
         )
 
     def on_step_done(self, now_s: float) -> tuple[list[Request], list[Request]]:
         """Advance the requests of the last plan. Returns (first-token requests, finished requests)."""
-        plan = self._plan
-        if plan is None:
-            raise RuntimeError("on_step_done() without schedule()")
-        self._plan = None
+        plan = self.take_plan()
         first: list[Request] = []
         done: list[Request] = []
         group = self.group
@@ -413,16 +441,7 @@ class Scheduler:
         if group_done and len(done) > group_done:
             done.sort(key=lambda r: r.admit_seq)  # the order a one-by-one step finishes them in
         if done:
-            for r in done:
-                r.status = RequestStatus.FINISHED
-                r.finish_s = now_s
-                self.allocator.free(r.request_id)
-            self.finished.extend(done)
-            if len(done) <= 4:
-                for r in done:
-                    self.running.remove(r)
-            else:
-                self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
+            self._finish(done, now_s)
         if self._lazy and not plan.group_decodes:
             # A step planned one request at a time: every running request that now decodes
             # (re)joins the group.
@@ -431,17 +450,60 @@ class Scheduler:
                     group.join(r)
         return first, done
 
+    def take_plan(self) -> StepPlan:
+        """Hand over the plan in flight: whoever takes it (``on_step_done``, or a decode window that
+        replays the step itself) completes it. The next ``schedule`` may follow."""
+        plan = self._plan
+        if plan is None:
+            raise RuntimeError("on_step_done() without schedule()")
+        self._plan = None
+        return plan
+
+    def _finish(self, done: list[Request], now_s: float, keep_in_running: bool = False) -> None:
+        """THE place requests finish (in ``done``'s order): status, finish time, KV freed, the
+        finished list, and out of the running list (``keep_in_running``: the caller drops them
+        later, at once, with :meth:`drop_finished`)."""
+        free = self.allocator.free
+        for r in done:
+            r.status = RequestStatus.FINISHED
+            r.finish_s = now_s
+            free(r.request_id)
+        self.finished.extend(done)
+        if keep_in_running:
+            return
+        if len(done) <= 4:
+            for r in done:
+                self.running.remove(r)
+        else:
+            self.drop_finished()
+
+    def drop_finished(self) -> None:
+        """Remove finished requests from the running list (after ``_finish(..., keep_in_running)``)."""
+        self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
+
     def finish_group_members(self, now_s: float) -> list[Request]:
         """Finish the group members that generated their last token by the group's clock (decode
         windows); returns them in finish order."""
         done = self.group.pop_finished()
-        for r in done:
-            r.status = RequestStatus.FINISHED
-            r.finish_s = now_s
-            self.allocator.free(r.request_id)
-            self.running.remove(r)
-        self.finished.extend(done)
+        if done:
+            self._finish(done, now_s)
         return done
+
+    def finish_decoded(self, req: Request, computed_tokens: int, now_s: float) -> None:
+        """A decode window's request generated its last token with ``computed_tokens`` computed:
+        catch the allocator up on the tokens written since its last block event (a block filled by
+        the final token is registered in the prefix cache before the request frees it, as step by
+        step) and finish it. It stays in the running list until :meth:`drop_finished`."""
+        self.allocator.ensure_slots(req.request_id, computed_tokens)
+        req.num_computed_tokens = computed_tokens
+        req.num_generated = req.output_tokens
+        self._finish([req], now_s, keep_in_running=True)
+
+    def advance_decoders(self, reqs: list[Request], computed_tokens: list[int], steps: int) -> None:
+        """A decode window advanced each of ``reqs`` by ``steps`` tokens, to ``computed_tokens``."""
+        for r, c in zip(reqs, computed_tokens):
+            r.num_computed_tokens = c
+            r.num_generated += steps
 
     def sync_progress(self) -> None:
         """Write the decode group's lazy progress back into its requests (before reading them)."""
@@ -456,7 +518,7 @@ class Scheduler:
         self.group.check()
         running_ids = {id(r) for r in self.running}
         assert all(id(r) in running_ids for r in self.group.members), "a decode-group member is not running"
-        assert self._num_seqs() <= self.max_num_seqs, "more running sequences than max_num_seqs"
+        assert self.num_running_seqs() <= self.max_num_seqs, "more running sequences than max_num_seqs"
         seqs = [r.admit_seq for r in self.running]
         assert seqs == sorted(seqs), "running list is not in admission order"
         for r in self.running:

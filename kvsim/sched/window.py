@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvsim.kv.base import MemoryParts
 from kvsim.sched.group import FINISH_KEY_SHIFT
 from kvsim.sched.request import RequestStatus
 
@@ -51,6 +52,7 @@ class DecodeWindow:
     samples: np.ndarray  # sequences (parallel samples) per request
     written: np.ndarray  # physical KV slots written after step j's scheduling
     num_requests: np.ndarray  # requests scheduled in step j (the rows' batch size)
+    kv_pages_read: np.ndarray  # pages (blocks) attention reads in step j (see BatchShape.kv_pages_read)
 
 
 def plan_decode_window(sched, plan, max_steps: int) -> DecodeWindow | None:
@@ -61,7 +63,7 @@ def plan_decode_window(sched, plan, max_steps: int) -> DecodeWindow | None:
         return None
     running = sched.running
     b = len(running)
-    samples = np.fromiter((r.num_samples for r in running), np.int64, b) if sched._any_samples else None
+    samples = np.fromiter((r.num_samples for r in running), np.int64, b) if sched.has_parallel_samples else None
     if b == 0 or shape.num_decode_seqs != (b if samples is None else int(samples.sum())):
         return None
     remaining = np.fromiter((r.output_tokens - r.num_generated for r in running), np.int64, b)
@@ -85,19 +87,21 @@ def plan_decode_window(sched, plan, max_steps: int) -> DecodeWindow | None:
         off = np.fromiter((alloc.written_offset_tokens(r.request_id) for r in running), np.int64, b)
         osum = np.concatenate(([0], np.cumsum(off[order])))
         written = kv_read - (osum[-1] - osum[done_by])
-    return DecodeWindow(list(running), remaining, computed0, num_seqs, kv_read, kcap, w, written, b - done_by)
+    rem_sorted = remaining[order]
+    pages = pages_per_step(rem_sorted, (computed0 + 1)[order], None if samples is None else w[order], done_by,
+                           sched.allocator.block_size)
+    return DecodeWindow(list(running), remaining, computed0, num_seqs, kv_read, kcap, w, written, b - done_by, pages)
 
 
 def block_limited_steps(sched, win: DecodeWindow, k: int):
     """Cut ``k`` so every block the window allocates is free now. Returns (k, pop events) with the
     events as (step, running index) in the order the step-by-step scheduler would allocate."""
     alloc = sched.allocator
-    bs = alloc.block_size_tokens
+    bs = alloc.block_size
     if bs is None:  # contiguous / buddy: extents already hold every token
         return k, np.zeros(0, np.int64), np.zeros(0, np.int64)
-    many = getattr(alloc, "seq_capacities", None)
-    if many is not None:
-        cap0 = np.array(many([r.request_id for r in win.requests]), dtype=np.int64)
+    if sched.caps.bulk_slots:
+        cap0 = np.array(alloc.seq_capacities([r.request_id for r in win.requests]), dtype=np.int64)
     else:
         cap0 = np.fromiter((alloc.seq_capacity_tokens(r.request_id) for r in win.requests), np.int64,
                            len(win.requests))
@@ -131,6 +135,7 @@ def apply_decode_window(sched, win: DecodeWindow, k: int, times: np.ndarray, pop
     advanced (``k`` or fewer, when the blocked head of the waiting queue might fit after a finish)
     and the usage segments: a list of (first step, (held, useful, shared, cached_free, external)).
     """
+    sched.take_plan()  # step 0 completes here, with the rest of the window
     alloc = sched.allocator
     reqs = win.requests
     head = sched.waiting[0].kv if sched.waiting and not sched.swapped else None
@@ -143,7 +148,7 @@ def apply_decode_window(sched, win: DecodeWindow, k: int, times: np.ndarray, pop
     # Walk boundaries in step order, touching only the pop events before the window stops (a
     # saturated engine stops at its first finish, long before most planned events).
     pop_list = pop_steps.tolist()
-    grow_many = getattr(alloc, "ensure_slots_many", None)
+    grow_many = alloc.ensure_slots_many if sched.caps.bulk_slots else None
     n_pops = len(pop_list)
     p = f = 0
     stop = k
@@ -179,33 +184,90 @@ def apply_decode_window(sched, win: DecodeWindow, k: int, times: np.ndarray, pop
     k = stop
     alive = [i for i, r in enumerate(reqs) if r.status == RequestStatus.RUNNING]
     targets = (win.computed0[alive] + k).tolist()
-    for i, c in zip(alive, targets):
-        r = reqs[i]
-        r.num_computed_tokens = c
-        r.num_generated += k
-    advance = getattr(alloc, "advance_written", None)
-    if advance is not None:
-        advance([reqs[i].request_id for i in alive], targets)
+    alive_reqs = [reqs[i] for i in alive]
+    sched.advance_decoders(alive_reqs, targets, k)
+    if sched.caps.bulk_slots:
+        alloc.advance_written([r.request_id for r in alive_reqs], targets)
     else:  # e.g. the block-id allocator: ensure_slots also registers filled blocks in the cache
-        for i, c in zip(alive, targets):
-            alloc.ensure_slots(reqs[i].request_id, c)
-    sched.running = [r for r in sched.running if r.status == RequestStatus.RUNNING]
-    sched._plan = None
+        for r, c in zip(alive_reqs, targets):
+            alloc.ensure_slots(r.request_id, c)
+    sched.drop_finished()
     return k, segments
 
 
 def _finish(sched, r, computed: int, t: float, on_finish) -> None:
-    # Catch the allocator up on the tokens written since the last block event (a block filled by
-    # the final token is registered in the prefix cache before the request frees it, as step by step).
-    sched.allocator.ensure_slots(r.request_id, computed)
-    r.num_computed_tokens = computed
-    r.num_generated = r.output_tokens
-    r.status = RequestStatus.FINISHED
-    r.finish_s = t
-    sched.allocator.free(r.request_id)
-    sched.finished.append(r)
+    sched.finish_decoded(r, computed, t)
     if on_finish is not None:
         on_finish(r, t)
+
+
+def pages_per_step(remaining: np.ndarray, length0: np.ndarray, weights: np.ndarray | None, done_by: np.ndarray,
+                   block_size: int | None) -> np.ndarray:
+    """Pages attention reads in each step of a window, exactly: ``sum w_i * ceil((length0_i + j) /
+    block_size)`` over the members active in step ``j`` (``w_i`` sequences of ``length0_i`` tokens
+    read in step 0), or ``sum w_i`` (one run per sequence) without pages.
+
+    Members are sorted by ``remaining`` (ascending; member i is active in steps ``j < remaining_i``)
+    and ``done_by[j]`` members have finished before step j. Small windows evaluate every (step,
+    member) pair; larger ones take O(members x block_size + steps): from step j-1 to j a member's
+    pages grow by one iff ``(length0_i + j - 1) % block_size == 0`` (counted per remainder class
+    over the still-active suffix) and finished members drop out.
+    ``weights=None`` means one sequence per member."""
+    if block_size is None:  # one run per sequence
+        if weights is None:
+            return len(remaining) - done_by
+        wsum = np.concatenate(([0], np.cumsum(weights)))
+        return wsum[-1] - wsum[done_by]
+    bs = block_size
+    b = len(remaining)
+    kcap = len(done_by)
+    ones = weights is None
+    if kcap * b <= DENSE_PAGES_MAX:
+        # small windows (most): every (step, member) pair at once, in a few numpy calls
+        steps = _steps_column(kcap)
+        per = (length0 + steps + (bs - 1)) // bs  # (kcap, b): pages member i reads in step j
+        per *= remaining > steps  # active members only
+        return per.sum(axis=1) if ones else per @ weights
+    pages = np.empty(kcap, np.int64)
+    first = -(-length0 // bs)
+    pages[0] = int(first.sum()) if ones else int(np.dot(weights, first))  # every member is active in step 0
+    if kcap == 1:
+        return pages
+    gone = np.zeros(b + 1, np.int64)  # gone[m]: pages the first m members read in their last step
+    last = -(-(length0 + remaining - 1) // bs)
+    np.cumsum(last if ones else weights * last, out=gone[1:])
+    # suffix[m, r]: sequences of the members at positions >= m whose step-0 length has remainder r
+    suffix = np.zeros((b + 1, bs), np.int64)
+    suffix[np.arange(b), length0 % bs] = 1 if ones else weights
+    np.cumsum(suffix[::-1], axis=0, out=suffix[::-1])
+    fin = done_by[1:]
+    # step j adds a page to the active members whose remainder is (1 - j) % bs
+    np.cumsum(suffix[fin, _page_phase(bs, kcap - 1)], out=pages[1:])
+    pages[1:] += pages[0] - gone[fin]
+    return pages
+
+
+DENSE_PAGES_MAX = 1 << 13  # pages_per_step: (steps x members) pairs evaluated directly up to this
+_PHASES: dict[int, np.ndarray] = {}
+_STEPS: list = [np.zeros((0, 1), np.int64)]
+
+
+def _steps_column(n: int) -> np.ndarray:
+    """``arange(n)`` as an (n, 1) int64 column (cached)."""
+    col = _STEPS[0]
+    if len(col) < n:
+        col = np.arange(max(n, 4096), dtype=np.int64)[:, None]
+        _STEPS[0] = col
+    return col[:n]
+
+
+def _page_phase(bs: int, n: int) -> np.ndarray:
+    """``(1 - j) % bs`` for ``j = 1..n`` (a cached period-``bs`` pattern)."""
+    pat = _PHASES.get(bs)
+    if pat is None or len(pat) < n:
+        pat = (1 - np.arange(1, max(n, 4096) + 1, dtype=np.int64)) % bs
+        _PHASES[bs] = pat
+    return pat[:n]
 
 
 def plan_group_window(sched, plan, max_steps: int) -> DecodeWindow | None:
@@ -247,17 +309,36 @@ def plan_group_window(sched, plan, max_steps: int) -> DecodeWindow | None:
         order = np.argsort(remaining, kind="stable")
         remaining, computed0 = remaining[order], computed0[order]
     b = len(remaining)
-    j = np.arange(kcap, dtype=np.int64)
-    done_by = np.searchsorted(remaining, j, side="right")  # members finished before step j
-    num_seqs = b - done_by
-    csum = np.concatenate(([0], np.cumsum(computed0)))
-    kv_read = (csum[-1] - csum[done_by]) + num_seqs * (j + 1)
+    bs = sched.allocator.block_size
+    if kcap * b <= DENSE_PAGES_MAX:
+        # every (step, member) pair at once: step j reads computed0 + j + 1 tokens of each active member
+        steps = _steps_column(kcap)
+        length = computed0 + 1 + steps  # (kcap, b)
+        active = remaining > steps
+        num_seqs = active.sum(axis=1)
+        length *= active
+        kv_read = length.sum(axis=1)
+        if bs is None:
+            pages = num_seqs.copy()
+        else:
+            length += bs - 1
+            length //= bs  # zero stays zero for finished members
+            pages = length.sum(axis=1)
+    else:
+        j = np.arange(kcap, dtype=np.int64)
+        done_by = np.searchsorted(remaining, j, side="right")  # members finished before step j
+        num_seqs = b - done_by
+        csum = np.concatenate(([0], np.cumsum(computed0)))
+        kv_read = (csum[-1] - csum[done_by]) + num_seqs * (j + 1)
+        pages = pages_per_step(remaining, computed0 + 1, None, done_by, bs)
+    ones = np.ones(b, np.int64)
     num_seqs[0] = shape.num_seqs  # step 0 as scheduled (prefills included)
     kv_read[0] = shape.kv_tokens_read
-    return DecodeWindow(None, remaining, computed0, num_seqs, kv_read, kcap, np.ones(b, np.int64), kv_read, num_seqs)
+    pages[0] = shape.kv_pages_read
+    return DecodeWindow(None, remaining, computed0, num_seqs, kv_read, kcap, ones, kv_read, num_seqs, pages)
 
 
-def apply_group_window(sched, k: int, times: np.ndarray, on_first=None, on_finish=None):
+def apply_group_window(sched, plan, k: int, times: np.ndarray, on_first=None, on_finish=None):
     """:func:`apply_decode_window` for a group window. Step 0 (planned by ``schedule``) completes
     through ``on_step_done``; steps 1..k-1 advance the group clock and grow every request by one
     token through the allocator (which touches only requests at a block boundary); finishes are a
@@ -273,7 +354,7 @@ def apply_group_window(sched, k: int, times: np.ndarray, on_first=None, on_finis
     head = sched.waiting[0].kv if sched.waiting and not sched.swapped else None
     segments = [(0, alloc.usage_parts(head))]
     clock0 = group.clock
-    admitted = bool(sched._plan.scheduled)
+    admitted = bool(plan.scheduled)
     t1 = float(times[1])
     first, done = sched.on_step_done(t1)  # step 0
     if on_first is not None:
@@ -319,8 +400,8 @@ def apply_group_window(sched, k: int, times: np.ndarray, on_first=None, on_finis
     return stop, segments
 
 
-def window_means(win: DecodeWindow, k: int, durations: np.ndarray, segments, capacity_tokens: int) -> dict:
-    """Time-weighted means over the window's steps of the memory parts (tokens) and batch size.
+def window_means(win: DecodeWindow, k: int, durations: np.ndarray, segments, capacity_tokens: int):
+    """Time-weighted means over the window's steps: ``(memory parts in tokens, batch size)``.
 
     ``segments`` (strictly increasing first steps, all < k) hold piecewise-constant allocator
     sums; the written / batch / KV-read series are per step."""
@@ -333,14 +414,14 @@ def window_means(win: DecodeWindow, k: int, durations: np.ndarray, segments, cap
     written = float(np.dot(win.written[:k], d)) / total
     batch = float(np.dot(win.num_requests[:k], d)) / total
     unshared = written if win.kv_tokens_read is win.written else float(np.dot(win.kv_tokens_read[:k], d)) / total
-    return {
-        "token_states": written - shared,
-        "reservation": useful - written,
-        "internal_frag": held - useful,
-        "external_frag": external,
-        "free": capacity_tokens - (held - shared) - external,
-        "cached_free": cached_free,
-        "batch_mean": batch,
-        "peak_used": float((vals[:, 0] - vals[:, 2]).max()),
-        "unshared": unshared,
-    }
+    memory = MemoryParts(
+        token_states=written - shared,
+        reservation=useful - written,
+        internal_frag=held - useful,
+        external_frag=external,
+        free=capacity_tokens - (held - shared) - external,
+        cached_free=cached_free,
+        peak_used=float((vals[:, 0] - vals[:, 2]).max()),
+        unshared=unshared,
+    )
+    return memory, batch

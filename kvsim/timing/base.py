@@ -6,8 +6,13 @@ tested directly and evaluated vectorised by a fast engine.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+log = logging.getLogger("kvsim.capabilities")
 
 
 @dataclass(frozen=True)
@@ -20,9 +25,8 @@ class BatchShape:
       their prompt (prefill, including recompute) / generating (exactly one token each);
     * ``kv_tokens_read``: sum of ``c_i + n_i`` -- every KV entry attention reads this step;
     * ``attention_pairs``: sum of ``n_i*c_i + n_i*(n_i+1)/2`` -- causal (query, key) pairs;
-    * ``kv_pages_read``: sum of ``ceil((c_i + n_i) / block_size)`` on paged allocators (one run per
-      sequence on contiguous/buddy); 0 = not known (timing models then estimate it, see
-      :func:`kvsim.timing.kernel.pages_or_estimate`);
+    * ``kv_pages_read``: sum over the sequences counted in ``kv_tokens_read`` of the pages attention
+      reads, ``ceil((c_i + n_i) / block_size)`` (1 per sequence when the allocator has no pages);
     * ``num_prefill_seqs`` / ``num_decode_seqs``: requests in each group;
     * ``swap_in_bytes`` / ``swap_out_bytes``: KV moved between GPU and a host tier this step;
     * ``tier_load_s``: time loading offloaded prefix blocks back (the allocator prices it at its
@@ -59,8 +63,68 @@ class StepTiming:
     kv_bytes_read: int
 
 
+@runtime_checkable
 class TimingModel(Protocol):
+    """Required: the duration of one step of ``shape``."""
+
     def step_time(self, shape: BatchShape) -> StepTiming: ...
+
+
+@runtime_checkable
+class VectorisedDecodeTiming(Protocol):
+    """Optional capability: ``step_time`` of many decode-only steps at once (decode windows).
+
+    Step ``j`` is a batch of ``num_seqs[j]`` sequences that each decode one token, reading
+    ``kv_tokens_read[j]`` KV tokens in ``kv_pages_read[j]`` pages (int64 arrays; no prefill, swaps
+    or tier loads). Returns ``(durations, parts, kv_bytes_read)``: element ``j`` of ``durations``
+    must equal ``step_time(shape_j).duration_s`` bit for bit (the fast engine relies on it);
+    ``parts`` maps each breakdown name to its per-step values (an array, or a float that is the
+    same every step); ``kv_bytes_read`` is per step. See :func:`decode_totals`."""
+
+    def decode_durations(self, num_seqs: np.ndarray, kv_tokens_read: np.ndarray,
+                         kv_pages_read: np.ndarray): ...
+
+
+def decode_shape(num_seqs: int, kv_tokens_read: int, kv_pages_read: int) -> BatchShape:
+    """The BatchShape of a decode-only step (what the scheduler builds for one)."""
+    return BatchShape(num_seqs=num_seqs, num_prefill_seqs=0, num_decode_seqs=num_seqs, num_prefill_tokens=0,
+                      num_decode_tokens=num_seqs, kv_tokens_read=kv_tokens_read, attention_pairs=kv_tokens_read,
+                      kv_pages_read=kv_pages_read)
+
+
+class StepTimeVectorisation:
+    """The default :class:`VectorisedDecodeTiming` of a model with only ``step_time``: one call per
+    step, so element ``j`` is ``step_time(shape_j)`` by construction. Decode windows still run (one
+    SimPy event and one row per window), pricing at step speed."""
+
+    def __init__(self, timing: TimingModel):
+        self.timing = timing
+
+    def decode_durations(self, num_seqs: np.ndarray, kv_tokens_read: np.ndarray, kv_pages_read: np.ndarray):
+        step_time = self.timing.step_time
+        steps = [step_time(decode_shape(n, kv, p))
+                 for n, kv, p in zip(num_seqs.tolist(), kv_tokens_read.tolist(), kv_pages_read.tolist())]
+        m = len(steps)
+        durations = np.fromiter((st.duration_s for st in steps), np.float64, m)
+        kv_bytes = np.fromiter((st.kv_bytes_read for st in steps), np.int64, m)
+        names: dict[str, None] = {}
+        for st in steps:
+            names.update(dict.fromkeys(st.breakdown_s))
+        parts = {name: np.fromiter((st.breakdown_s.get(name, 0.0) for st in steps), np.float64, m)
+                 for name in names}
+        return durations, parts, kv_bytes
+
+
+def decode_pricer(timing: TimingModel) -> tuple[VectorisedDecodeTiming, bool]:
+    """The vectorised pricing decode windows use for ``timing``: its own ``decode_durations`` if it
+    has one, else :class:`StepTimeVectorisation`. Returns ``(pricer, native)``; checked once per run."""
+    if not isinstance(timing, TimingModel):
+        raise TypeError(f"{type(timing).__name__} is not a timing model: it has no step_time(shape)")
+    if isinstance(timing, VectorisedDecodeTiming):
+        log.debug("timing %s: native decode_durations", type(timing).__name__)
+        return timing, True
+    log.debug("timing %s: decode windows priced through step_time", type(timing).__name__)
+    return StepTimeVectorisation(timing), False
 
 
 def decode_totals(parts: dict, kv_read_bytes, k: int) -> tuple[dict[str, float], int]:

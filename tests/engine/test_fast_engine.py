@@ -51,6 +51,10 @@ def assert_same(step, fast, fast_has_windows=True):
     for k, v in s["step_time_breakdown_s"].items():
         assert math.isclose(v, f["step_time_breakdown_s"][k], rel_tol=1e-9, abs_tol=1e-12), k
     assert fast.summary["engine_steps"] == step.summary["engine_steps"]
+    # exact per-step aggregates: the same sums whether steps ran one by one or as windows
+    for col in ("kv_pages_read", "kv_bytes_read", "decode_tokens", "prefill_tokens"):
+        assert int(fast.steps[col].sum()) == int(step.steps[col].sum()), col
+    assert (step.steps["kv_pages_read"][~step.steps["idle"]] > 0).all()
     if fast_has_windows:
         assert len(fast.steps) < len(step.steps), "the fast engine advanced no window"
 

@@ -45,7 +45,7 @@ def test_config_defaults_registration_and_validation():
     assert "radix" in ALLOCATORS.kinds
     a = ALLOCATORS.build(RadixAllocatorConfig(page_size=16, watermark=0.1), 1000, bytes_per_token=2)
     assert isinstance(a, RadixAllocator)
-    assert (a.num_pages, a.block_size_tokens, a.capacity_tokens, a.watermark_pages) == (62, 16, 992, 6)
+    assert (a.num_pages, a.block_size, a.capacity_tokens, a.watermark_pages) == (62, 16, 992, 6)
     assert a.prefix_caching and a.num_free_blocks == 62
     for bad in ({"page_size": 0}, {"page_size": 513}, {"watermark": 1.0}, {"eviction": {"kind": "fifo"}},
                 {"block_size": 0}, {"block_size": 16, "page_size": 16}):  # page_size: deprecated alias

@@ -141,10 +141,10 @@ class _Replica:
         self._running = running
         self._cached = cached
 
-    def _num_seqs(self):
-        return self._running
+    def load_seqs(self):  # running + waiting + swapped sequences, as Scheduler.load_seqs
+        return self._running + sum(r.num_samples for r in self.waiting) + sum(r.num_samples for r in self.swapped)
 
-    def _peek_cached(self, req):
+    def cached_prefix_tokens(self, req):
         return self._cached
 
 

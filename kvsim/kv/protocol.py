@@ -1,0 +1,153 @@
+"""The allocator boundary: the protocol every KV allocator implements, and the optional
+capabilities that let the engine take its fast paths.
+
+:class:`KVAllocator` is all the scheduler and engine *require* (see :mod:`kvsim.kv.base` for the
+semantics of each call). An allocator that implements only it runs in every engine mode, one step
+at a time. The capability protocols below are optional; :func:`allocator_capabilities` checks them
+once, when a run is built, and the engine installs a fast path only where they are all present
+(``docs/architecture.md`` lists which fast path needs which). Nothing probes an allocator with
+``getattr``/``hasattr`` while the simulation runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from kvsim.kv.base import Allocation, KVRequest, KVUsage, SlotLedger
+
+log = logging.getLogger("kvsim.capabilities")
+
+
+@runtime_checkable
+class KVAllocator(Protocol):
+    """Required. ``block_size`` is the page size in tokens that attention reads the KV in (None for
+    allocators that keep each sequence in one contiguous extent)."""
+
+    capacity_tokens: int
+    block_size: int | None
+
+    def max_footprint_fits(self, req: KVRequest) -> bool: ...
+
+    def allocate(self, req: KVRequest, hold_tokens: int) -> Allocation | None: ...
+
+    def ensure_slots(self, request_id: int, num_tokens: int) -> bool: ...
+
+    def free(self, request_id: int) -> None: ...
+
+    def held_tokens(self, request_id: int) -> int: ...
+
+    def usage(self, head: KVRequest | None = None, head_hold_tokens: int = 0) -> KVUsage: ...
+
+    def check_invariants(self) -> None: ...
+
+
+# -- optional capabilities ------------------------------------------------------------------------
+
+@runtime_checkable
+class WindowAllocator(Protocol):
+    """Decode windows (many decode steps advanced at once, exactly): what planning and replaying a
+    window asks of the allocator besides the required calls.
+
+    * ``can_allocate(req, hold_tokens)``: would ``allocate`` succeed now (no side effects);
+    * ``usage_parts(head)``: ``(sum held, sum min(held, final), shared, cached free, external)`` in
+      tokens, the piecewise-constant sums a window's time-weighted memory means are built from;
+    * ``num_free_blocks``: blocks ``ensure_slots`` can take now without failing (0 is fine for
+      allocators with ``block_size = None``: they never take blocks while decoding);
+    * ``seq_capacity_tokens(rid)``: tokens one of the request's sequences can hold in what it holds;
+    * ``written_offset_tokens(rid)``: ``samples x sequence length - physical slots written``."""
+
+    num_free_blocks: int
+
+    def can_allocate(self, req: KVRequest, hold_tokens: int) -> bool: ...
+
+    def usage_parts(self, head: KVRequest | None = None) -> tuple[int, int, int, int, int]: ...
+
+    def seq_capacity_tokens(self, request_id: int) -> int: ...
+
+    def written_offset_tokens(self, request_id: int) -> int: ...
+
+
+@runtime_checkable
+class BulkDecodeGrowth(Protocol):
+    """``grow_all_by_one()``: every admitted request writes one more token (a decode step for all),
+    all or nothing; False (nothing changed) if a block it needs is not free or the allocator cannot
+    do it now (e.g. parallel samples). Enables the scheduler's lazy decode group."""
+
+    def grow_all_by_one(self) -> bool: ...
+
+
+@runtime_checkable
+class LazyLedger(Protocol):
+    """The allocator keeps its slot counts in a :class:`~kvsim.kv.base.SlotLedger` whose running sums
+    (``sum_written``, ``sum_held``) the decode group reads in O(1) instead of asking every request."""
+
+    ledger: SlotLedger
+
+
+@runtime_checkable
+class BulkSlots(Protocol):
+    """Vectorised slot calls for decode windows (each equals its one-request loop):
+    ``seq_capacities(rids)``, ``ensure_slots_many(rids, num_tokens)`` (stops at the first that does
+    not fit) and ``advance_written(rids, written_tokens)`` (tokens within the held slots)."""
+
+    def seq_capacities(self, request_ids) -> list[int]: ...
+
+    def ensure_slots_many(self, request_ids, num_tokens) -> bool: ...
+
+    def advance_written(self, request_ids, written_tokens) -> None: ...
+
+
+@runtime_checkable
+class PrefixCachePeek(Protocol):
+    """``peek_cached_tokens(req, num_tokens)``: leading tokens ``allocate`` would find cached now."""
+
+    def peek_cached_tokens(self, req: KVRequest, num_tokens: int) -> int: ...
+
+
+@runtime_checkable
+class EvictionCounter(Protocol):
+    """``evictions``: cached blocks evicted so far (the step table's ``evictions`` column)."""
+
+    evictions: int
+
+
+@dataclass(frozen=True)
+class AllocatorCapabilities:
+    """What an allocator offers beyond :class:`KVAllocator`, checked once per run."""
+
+    windows: bool  # WindowAllocator: decode windows at all
+    decode_group: bool  # BulkDecodeGrowth + LazyLedger (+ windows): the lazy decode group
+    bulk_slots: bool  # BulkSlots
+    prefix_peek: bool  # PrefixCachePeek
+    eviction_counter: bool  # EvictionCounter
+
+    def describe(self) -> str:
+        on = [name for name in ("windows", "decode_group", "bulk_slots", "prefix_peek", "eviction_counter")
+              if getattr(self, name)]
+        return ", ".join(on) or "none"
+
+
+def require_allocator(alloc: object) -> None:
+    """Raise TypeError naming the missing members if ``alloc`` is not a :class:`KVAllocator`."""
+    if not isinstance(alloc, KVAllocator):
+        missing = [m for m in ("capacity_tokens", "block_size", "max_footprint_fits", "allocate", "ensure_slots",
+                               "free", "held_tokens", "usage", "check_invariants") if not hasattr(alloc, m)]
+        raise TypeError(f"{type(alloc).__name__} is not a KV allocator: missing {', '.join(missing)}")
+
+
+def allocator_capabilities(alloc: object) -> AllocatorCapabilities:
+    """Check ``alloc`` against the required protocol and every capability (once, at build time)."""
+    require_allocator(alloc)
+    windows = isinstance(alloc, WindowAllocator)
+    caps = AllocatorCapabilities(
+        windows=windows,
+        decode_group=windows and isinstance(alloc, BulkDecodeGrowth) and isinstance(alloc, LazyLedger),
+        bulk_slots=isinstance(alloc, BulkSlots),
+        prefix_peek=isinstance(alloc, PrefixCachePeek),
+        eviction_counter=isinstance(alloc, EvictionCounter),
+    )
+    log.debug("allocator %s capabilities: %s", type(alloc).__name__, caps.describe())
+    return caps

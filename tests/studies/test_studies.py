@@ -55,6 +55,9 @@ def test_block_size_ablation_is_u_shaped():
     # right arm: memory -- 512-token blocks waste more of the cache and fit fewer requests than 16
     assert runs[512]["kv"]["internal_frag_frac"] > runs[16]["kv"]["internal_frag_frac"]
     assert runs[512]["concurrency"]["max"] < runs[16]["concurrency"]["max"]
+    # a fetch of a bigger page takes longer, but less than proportionally (fixed cost per fetch)
+    lat = {b: s["kv_access"]["mean_access_latency_ns"] for b, s in runs.items()}
+    assert lat[1] < lat[16] < lat[64] < lat[512] < 512 * lat[1]
 
 
 def test_seed_table_rows_move_the_expected_way():
@@ -65,6 +68,8 @@ def test_seed_table_rows_move_the_expected_way():
     # max reservation holds max_model_len slots per request: most of the allocated KV is waste
     assert cont["kv"]["fragmentation_frac"] > 10 * paged["kv"]["fragmentation_frac"]
     assert paged["concurrency"]["max"] > 2 * cont["concurrency"]["max"]
+    # all four headline rows are there (the engine counts the pages each step reads)
+    assert all(r["kv_access"]["mean_access_latency_ns"] and r["kv_access"]["pages_fetched"] for r in (cont, paged))
     # the 2023 paged kernel pays per-page costs the contiguous kernel does not (vLLM paper 7.1)
     assert paged["kv_access"]["hbm_bandwidth_utilisation"] < cont["kv_access"]["hbm_bandwidth_utilisation"]
     r = _kernel_ratio(16, None, "vllm-2023-paged", "contiguous")

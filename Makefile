@@ -1,31 +1,44 @@
-# Two entry points for a fresh machine (see README):
-#   make quickstart   -- set up .venv and run the quickstart scenario on a shipped real trace
+# Entry points on a fresh machine (see README):
+#   make quickstart   -- set up .venv with kvsim alone (no extras) and run the quickstart scenario
+#   make notebook     -- add the notebook extra (JupyterLab) to .venv and open notebooks/
 #   make test         -- set up .venv (with the test, calibration and ray extras) and run the test suite
+#   make bench        -- time the simulator (bench/README.md); needs only kvsim itself
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TEST_EXTRAS := test,calibration,ray
 
-.PHONY: quickstart test setup bench clean
+.PHONY: quickstart notebook test setup bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-# One stamp per set of extras, named after exactly what was installed.
+# One stamp per set of extras, named after exactly what was installed; .installed-base is kvsim
+# with its required dependencies only (simpy, numpy, pandas, pyarrow, matplotlib, pyyaml, pydantic, tqdm).
+$(VENV)/.installed-base: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
 $(VENV)/.installed-%: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[$*]'
 	touch $@
 
 setup: $(VENV)/.installed-$(TEST_EXTRAS)
 
-quickstart: $(VENV)/.installed-test
+quickstart: $(VENV)/.installed-base
 	$(BIN)/kvsim run scenarios/quickstart.yaml --out results/quickstart
+
+# JupyterLab on notebooks/ (the notebooks use only kvsim's public API: kvsim.run, run_to_dir,
+# load_results, comparison_table). NOTEBOOK_ARGS e.g. --no-browser --port 8890.
+NOTEBOOK_ARGS ?=
+notebook: $(VENV)/.installed-notebook
+	$(BIN)/jupyter lab notebooks/ $(NOTEBOOK_ARGS)
 
 test: $(VENV)/.installed-$(TEST_EXTRAS)
 	$(BIN)/python -m pytest -q
 
-bench: $(VENV)/.installed-test
+bench: $(VENV)/.installed-base
 	$(BIN)/python bench/run_bench.py
 
 # Removes only what kvsim wrote in results/quickstart (files of yours there stay; docs/outputs.md).

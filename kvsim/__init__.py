@@ -5,7 +5,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name):
     # Lazy so that `import kvsim` stays cheap and the CLI starts fast.
-    if name in ("run", "run_to_dir", "load_results"):
+    if name in ("run", "run_to_dir", "load_results", "comparison_table"):
         from kvsim import api
 
         return getattr(api, name)
@@ -20,4 +20,4 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
-__all__ = ["__version__", "load_scenario", "load_results", "run", "run_to_dir", "sweep"]
+__all__ = ["__version__", "comparison_table", "load_scenario", "load_results", "run", "run_to_dir", "sweep"]

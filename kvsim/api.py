@@ -19,7 +19,7 @@ from kvsim.config import LoadedScenario, Scenario, load_scenario
 from kvsim.errors import SimulationLimitError, TraceError
 from kvsim.dropped import Dropped, warnings_for
 from kvsim.outdir import atomic_out_dir, check_out_dir
-from kvsim.results import write_json, write_parquet, write_yaml
+from kvsim.results import write_json, write_parquet, write_text_atomic, write_yaml
 from kvsim.simulate import RunResult, build_trace, resolved_dict
 from kvsim.simulate import run as run_scenario
 
@@ -66,12 +66,19 @@ class _TraceCache:
 
 
 class _Progress:
-    def __init__(self, total: int, enabled: bool):
+    """One progress bar on stderr for the whole ``kvsim run``: simulated requests, then plotting and
+    the report (each counted as a share of the requests so the bar reaches 100 % when the
+    directory is complete). Log lines are printed above the bar, each on its own line."""
+
+    FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}"
+
+    def __init__(self, total: int, enabled: bool, extra: int = 0):
         self.bar = None
         if enabled:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, unit="req", desc="simulating", file=sys.stderr, leave=False)
+            self.bar = tqdm(total=total + extra, desc="simulating", file=sys.stderr, leave=False,
+                            bar_format=self.FORMAT, dynamic_ncols=True)
 
     def __call__(self, n: int) -> None:
         if self.bar is not None:
@@ -80,6 +87,17 @@ class _Progress:
     def set_description(self, text: str) -> None:
         if self.bar is not None:
             self.bar.set_description(text)
+
+    def wrap(self, log):
+        """``log`` printing above the bar (the bar is redrawn below the line)."""
+        if log is None or self.bar is None:
+            return log
+        bar = self.bar
+
+        def say(message: str) -> None:
+            with bar.external_write_mode(file=sys.stderr):
+                log(message)
+        return say
 
     def close(self) -> None:
         if self.bar is not None:
@@ -122,7 +140,12 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
     if progress is None:
         progress = sys.stderr.isatty()
     total = sum(len(t) for t, _ in built.values())
-    bar = _Progress(total, progress)
+    # Plotting and the report as shares of the bar: each variant's plots, the comparison plots and
+    # the report count as 1/20 of the requests each (at least 1).
+    stage = max(1, total // 20)
+    stages = (len(runs) + (1 if loaded.variants else 0) + 1) * stage if plots else 0
+    bar = _Progress(total, progress, extra=stages)
+    log = bar.wrap(log)
     dropped: dict[str, Dropped] = {}
     try:
         with atomic_out_dir(out, "run", force=force, protect=[loaded.path], log=log) as tmp:
@@ -149,7 +172,9 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
                 write_json(d / "summary.json", summary)
                 summaries[name] = summary
                 if plots:
+                    bar.set_description(f"plotting {name}")
                     plotting.plot_run_dir(d)
+                    bar(stage)
                 lost = dropped[name] = Dropped.from_summary(summary, report)
                 if log:
                     log(f"{name}: {summary['requests_finished']}/{summary['requests_total']} finished"
@@ -157,16 +182,24 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
                         + f", max concurrency {summary['concurrency']['max']}, "
                           f"token states {100 * summary['kv']['token_states_frac']:.1f}% of KV")
             if loaded.variants:
-                write_parquet(tmp / "comparison.parquet", comparison_table(summaries))
-                comparison_table(summaries).to_csv(tmp / "comparison.csv", index=False)
+                from kvsim.report.comparison import collect_runs, comparison_frame
+
+                cruns, cmeta = collect_runs([tmp])
+                cruns = [r for r in cruns if r.label in summaries]  # this run's variants only
+                table = comparison_frame(cruns, cmeta, source_root=tmp)
+                write_parquet(tmp / "comparison.parquet", table)
+                write_text_atomic(tmp / "comparison.csv", table.to_csv(index=False))
                 if plots:
-                    plotting.plot_comparison_dir(tmp, list(summaries))
+                    bar.set_description("plotting the comparison")
+                    plotting.plot_comparison_dir(tmp, [r.label for r in cruns])  # scenario order, baseline first
+                    bar(stage)
             if plots:
                 # The self-contained HTML report reads the finished directory (plots embedded).
                 from kvsim.report import write_run_report
 
-                bar.set_description("report")
+                bar.set_description("writing report.html")
                 write_run_report(tmp, shown_name=out.name)
+                bar(stage)
     finally:
         bar.close()
     for w in warnings_for(dropped):
@@ -174,23 +207,13 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
     return out
 
 
-def comparison_table(summaries: dict[str, dict]) -> pd.DataFrame:
-    rows = []
-    for name, s in summaries.items():
-        rows.append({
-            "variant": name,
-            "requests_finished": s["requests_finished"],
-            "requests_rejected": s["requests_rejected"],
-            "throughput_requests_per_s": s["throughput_requests_per_s"],
-            "throughput_output_tokens_per_s": s["throughput_output_tokens_per_s"],
-            "ttft_p50_s": s["ttft_s"]["p50"], "ttft_p99_s": s["ttft_s"]["p99"],
-            "tpot_p50_s": s["tpot_s"]["p50"], "e2e_p50_s": s["e2e_s"]["p50"], "e2e_p99_s": s["e2e_s"]["p99"],
-            "concurrency_max": s["concurrency"]["max"], "concurrency_mean": s["concurrency"]["mean"],
-            **{f"kv_{k}": s["kv"][k] for k in ("token_states_frac", "reservation_frac", "internal_frag_frac",
-                                                "external_frag_frac", "free_frac")},
-            "preemptions": s["preemptions"],
-        })
-    return pd.DataFrame(rows)
+def comparison_table(results: dict) -> pd.DataFrame:
+    """The ``comparison.csv`` table (one layout for ``kvsim run`` and ``kvsim compare``:
+    kvsim.report.comparison.comparison_frame) of in-memory results: ``{name: RunResult}`` as
+    ``kvsim.run`` returns them (parameter columns and offered rate included), or ``{name: summary}``."""
+    from kvsim.report.comparison import comparison_frame, in_memory_runs
+
+    return comparison_frame(in_memory_runs(results))
 
 
 @dataclass

@@ -17,17 +17,67 @@ from kvsim import __version__
 from kvsim.errors import KvsimError
 
 
+SWEEP_KEYS = ("grid", "points", "base", "base_file")
+SCENARIO_KEYS = ("trace", "model", "gpu", "allocator", "variants", "scheduler", "kv_budget")
+
+
+def file_kind(path: str | Path) -> str | None:
+    """"sweep" for a YAML mapping with a top-level ``grid:``/``points:``/``base:``/``base_file:`` and
+    no scenario keys, "scenario" for one with scenario keys and none of those; None otherwise
+    (unreadable files are left to the loaders, which say what is wrong)."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    sweep = any(k in doc for k in SWEEP_KEYS)
+    scenario = any(k in doc for k in SCENARIO_KEYS)
+    if sweep and not scenario:
+        return "sweep"
+    if scenario and not sweep:
+        return "scenario"
+    return None
+
+
+def check_command_fits_file(command: str, path: str) -> None:
+    """``kvsim run`` on a sweep file or ``kvsim sweep`` on a scenario: one line naming the command to use."""
+    kind = file_kind(path)
+    if command == "run" and kind == "sweep":
+        raise KvsimError(f"{path} is a sweep file (top-level grid:/points:/base:), not a scenario: "
+                         f"run it with `kvsim sweep {path}`")
+    if command in ("validate", "capacity") and kind == "sweep":
+        raise KvsimError(f"{path} is a sweep file (top-level grid:/points:/base:), not a scenario: "
+                         f"check its points with `kvsim sweep {path} --dry-run`")
+    if command == "sweep" and kind == "scenario":
+        raise KvsimError(f"{path} is a scenario file (no top-level grid:/points:), not a sweep: "
+                         f"run it with `kvsim run {path}` (or make it a sweep's base_file:, docs/sweeps.md)")
+
+
 def _cmd_run(args) -> int:
     from kvsim.api import run_to_dir
     from kvsim.config import load_scenario
 
+    check_command_fits_file("run", args.file)
     loaded = load_scenario(args.file, args.set or [])
     out = run_to_dir(loaded, Path(args.out) if args.out else None, check_invariants=args.check_invariants,
                      progress=None if not args.quiet else False, plots=not args.no_plots, force=args.force,
                      log=None if args.quiet else (lambda m: print(m, file=sys.stderr)),
                      warn=lambda m: print(m, file=sys.stderr))
     print(out)
+    if not args.quiet:
+        print(where_to_look(out, plots=not args.no_plots), file=sys.stderr)
     return 0
+
+
+def where_to_look(out: Path, plots: bool = True) -> str:
+    """The last console line of ``kvsim run``: what to open."""
+    out = Path(out)
+    if plots and (out / "report.html").exists():
+        return f"done: open {out / 'report.html'}  (plots: {out}/*.png; compare: kvsim compare {out})"
+    return f"done: results in {out} (summary.json, requests.parquet; report: kvsim report {out})"
 
 
 def _cmd_validate(args) -> int:
@@ -36,6 +86,7 @@ def _cmd_validate(args) -> int:
     from kvsim.dropped import Dropped, predict_rejections, warnings_for
     from kvsim.simulate import build_allocator
 
+    check_command_fits_file("validate", args.file)
     loaded = load_scenario(args.file, args.set or [])
     traces = _TraceCache(loaded.path.parent, str(loaded.path))
     dropped = {}
@@ -152,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv
     try:
         args = build_parser().parse_args(argv)
+        if args.command in ("sweep", "capacity") and isinstance(getattr(args, "file", None), str):
+            check_command_fits_file(args.command, args.file)
         return int(args.func(args) or 0)
     except KvsimError as e:
         if debug:

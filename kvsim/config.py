@@ -579,6 +579,12 @@ def _one_error(e: dict, prefix: str) -> str:
                 f"valid kinds: {format_choices(valid)}")
     if t == "missing":
         return f"{path}: required key is missing"
+    if t in ("model_attributes_type", "dict_type") and loc and str(loc[-1]) in _KIND_REGISTRIES:
+        valid = _KIND_REGISTRIES[str(loc[-1])].kinds
+        got = e.get("input")
+        example = PLUGIN_SECTIONS.get(str(loc[-1]), (None, "lru" if "lru" in valid else "..."))[1]
+        return (f"{path}: expected a mapping with a kind, e.g. {{kind: {example}}}"
+                f"{f' (got {got!r})' if not isinstance(got, (dict, list)) else ''}; valid kinds: {format_choices(valid)}")
     msg = e["msg"]
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]

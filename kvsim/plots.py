@@ -35,6 +35,50 @@ PART_COLORS = {
 }
 METADATA = {"Software": None}  # keep PNGs free of version strings that vary between machines
 
+# Line styles for plots with many runs: 10 colours x 4 dash patterns = 40 distinguishable lines,
+# each with a marker as well. Plots with more runs than MAX_LINES draw MAX_LINES evenly chosen runs
+# and say so in a note on the figure (every run stays in comparison.csv).
+LINESTYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h")
+MAX_LINES = 40
+
+
+def line_style(i: int) -> dict:
+    """Colour, dash pattern and marker of the i-th series (distinct for i < 40)."""
+    return {"color": f"C{i % 10}", "linestyle": LINESTYLES[(i // 10) % len(LINESTYLES)],
+            "marker": MARKERS[i % len(MARKERS)]}
+
+
+def pick_evenly(items: list, n: int = MAX_LINES) -> list:
+    """At most ``n`` of ``items``, evenly spaced, first and last included."""
+    if len(items) <= n:
+        return list(items)
+    idx = np.unique(np.linspace(0, len(items) - 1, n).round().astype(int))
+    return [items[i] for i in idx]
+
+
+def note_dropped(fig, shown: int, total: int) -> None:
+    """Say on the figure that only ``shown`` of ``total`` runs are drawn."""
+    if shown < total:
+        fig.text(0.01, 0.005, f"showing {shown} of {total} runs (evenly chosen); every run is in comparison.csv",
+                 fontsize=8, color="#c92a2a", ha="left", va="bottom")
+
+
+def legend_outside(ax, n: int) -> None:
+    if n > 1 and ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7 if n > 12 else 8, loc="upper left", bbox_to_anchor=(1.01, 1),
+                  ncol=1 + (n - 1) // 20)
+
+
+def latency_axis(ax, values: np.ndarray) -> None:
+    """Log scale when the values span more than ~1.5 decades (so ticks at powers of ten are labelled),
+    else linear (a symlog axis over less than a decade has no labelled tick)."""
+    v = values[np.isfinite(values) & (values > 0)] if values.size else values
+    if v.size and v.max() / v.min() >= 30:
+        ax.set_xscale("log")
+    else:
+        ax.set_xscale("linear")
+
 
 def _time_binned(steps: pd.DataFrame, columns: list[str], bins: int = 1500) -> tuple[np.ndarray, dict]:
     """Time-weighted means of ``columns`` over ``bins`` equal time bins (long runs have millions
@@ -90,43 +134,109 @@ def plot_concurrency(steps: pd.DataFrame, title: str, path: Path) -> None:
     plt.close(fig)
 
 
-def plot_latency_cdfs(requests_by_run: dict[str, pd.DataFrame], path: Path) -> None:
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+def plot_latency_cdfs(requests_by_run: dict[str, pd.DataFrame], path: Path, total_runs: int | None = None) -> None:
+    """TTFT, TPOT and E2E CDFs, one line per run (at most MAX_LINES, evenly chosen, with a note).
+    ``total_runs``: how many runs the caller had, when it already chose the ones passed here."""
+    names = pick_evenly(list(requests_by_run))
+    total = max(total_runs or 0, len(requests_by_run))
+    fig, axes = plt.subplots(1, 3, figsize=(14 + 2 * (len(names) > 20), 4.2))
     for ax, (col, label) in zip(axes, [("ttft_s", "TTFT (s)"), ("tpot_s", "TPOT (s)"), ("e2e_s", "E2E latency (s)")]):
-        for name, req in requests_by_run.items():
+        seen = []
+        for i, name in enumerate(names):
+            req = requests_by_run[name]
             v = np.sort(req.loc[req["status"] == "finished", col].dropna().to_numpy())
             if v.size:
-                ax.plot(v, np.arange(1, v.size + 1) / v.size, label=name)
+                st = line_style(i)
+                ax.plot(v, np.arange(1, v.size + 1) / v.size, label=name, color=st["color"],
+                        linestyle=st["linestyle"], linewidth=1.3)
+                seen.append(v)
+        latency_axis(ax, np.concatenate(seen) if seen else np.zeros(0))
         ax.set_xlabel(label)
         ax.set_ylabel("CDF")
-        ax.set_xscale("symlog", linthresh=1e-3)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+        ax.grid(alpha=0.3, which="both")
+    legend_outside(axes[-1], len(names))
     fig.suptitle("Latency CDFs (finished requests)")
     fig.tight_layout()
+    note_dropped(fig, len(names), total)
     fig.savefig(path, dpi=110, metadata=METADATA)
     plt.close(fig)
+
+
+CACHED_LABEL = "cached prefix blocks (evictable)"
+CACHED_COLOR = "#a5d8ff"
+WASTE_PARTS = ("reservation", "internal_frag", "external_frag")
+
+
+def _cached_frac(summary: dict) -> float:
+    """Time-weighted share of KV capacity in free blocks that still hold reusable prefix content
+    (``prefix_cache.cached_free_frac_mean``; 0 without prefix caching). Part of ``free``."""
+    v = (summary.get("prefix_cache") or {}).get("cached_free_frac_mean")
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+
+
+def allocated_shares(summary: dict) -> dict[str, float]:
+    """The vLLM paper's view (Fig. 2): each part as a share of *allocated* KV memory (token states +
+    reservation + internal + external fragmentation; free memory excluded). Fractions."""
+    kv = summary["kv"]
+    parts = ("token_states", *WASTE_PARTS)
+    alloc = sum(kv[f"{p}_frac"] for p in parts)
+    return {p: (kv[f"{p}_frac"] / alloc if alloc > 0 else 0.0) for p in parts}
 
 
 def plot_fragmentation_bars(summaries: dict[str, dict], path: Path) -> None:
+    """Two panels per variant: left, the share of KV *capacity* (time-weighted) with the free part
+    split into cached prefix blocks (evictable, reusable) and truly free; right, the vLLM paper's
+    view: the share of *allocated* KV memory, whose waste part is ``kv.fragmentation_frac``."""
     names = list(summaries)
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(names) + 3), 4.5))
+    width = max(10, 1.1 * len(names) + 6)
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(width, 4.8), gridspec_kw={"width_ratios": [1.25, 1]})
+    x = np.arange(len(names))
     bottom = np.zeros(len(names))
+    cached = np.array([100 * _cached_frac(summaries[n]) for n in names])
     for part, label in PART_LABELS.items():
         vals = np.array([100 * summaries[n]["kv"][f"{part}_frac"] for n in names])
-        ax.bar(names, vals, bottom=bottom, label=label, color=PART_COLORS[part])
-        for i, v in enumerate(vals):
-            if v >= 4:
-                ax.text(i, bottom[i] + v / 2, f"{v:.1f}", ha="center", va="center", fontsize=8)
-        bottom += vals
+        if part == "free" and cached.any():
+            ax.bar(x, cached, bottom=bottom, label=CACHED_LABEL, color=CACHED_COLOR, hatch="//", edgecolor="white")
+            _bar_labels(ax, x, bottom, cached)
+            bottom = bottom + cached
+            vals = np.maximum(vals - cached, 0.0)
+            label = "free (empty)"
+        ax.bar(x, vals, bottom=bottom, label=label, color=PART_COLORS[part])
+        _bar_labels(ax, x, bottom, vals)
+        bottom = bottom + vals
     ax.set_ylabel("% of KV capacity (time-weighted)")
     ax.set_ylim(0, 100)
-    ax.set_title("KV memory breakdown by variant")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
-    plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
-    fig.tight_layout()
+    ax.set_title("Share of KV capacity")
+    ax.set_xticks(x, names, rotation=20 if len(names) > 2 else 0, ha="right" if len(names) > 2 else "center")
+
+    bottom = np.zeros(len(names))
+    shares = [allocated_shares(summaries[n]) for n in names]
+    for part in ("token_states", *WASTE_PARTS):
+        vals = np.array([100 * sh[part] for sh in shares])
+        ax2.bar(x, vals, bottom=bottom, color=PART_COLORS[part])
+        _bar_labels(ax2, x, bottom, vals)
+        bottom = bottom + vals
+    for i, n in enumerate(names):
+        frag = summaries[n]["kv"].get("fragmentation_frac")
+        if frag is None:
+            frag = sum(shares[i][p] for p in WASTE_PARTS)
+        ax2.text(i, 101, f"waste {100 * frag:.1f}%", ha="center", va="bottom", fontsize=8)
+    ax2.set_ylabel("% of allocated KV memory (time-weighted)")
+    ax2.set_ylim(0, 108)
+    ax2.set_title("Share of allocated KV (vLLM paper's view)")
+    ax2.set_xticks(x, names, rotation=20 if len(names) > 2 else 0, ha="right" if len(names) > 2 else "center")
+    fig.legend(*ax.get_legend_handles_labels(), loc="upper left", bbox_to_anchor=(0.0, 1.0), ncol=6, fontsize=8,
+               frameon=False)
+    fig.suptitle("KV memory breakdown by variant", y=0.93, fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
     fig.savefig(path, dpi=110, metadata=METADATA)
     plt.close(fig)
+
+
+def _bar_labels(ax, x, bottom, vals) -> None:
+    for i, v in enumerate(vals):
+        if v >= 4:
+            ax.text(x[i], bottom[i] + v / 2, f"{v:.1f}", ha="center", va="center", fontsize=8)
 
 
 def plot_concurrency_comparison(summaries: dict[str, dict], path: Path) -> None:
@@ -137,7 +247,7 @@ def plot_concurrency_comparison(summaries: dict[str, dict], path: Path) -> None:
     mean = [summaries[n]["concurrency"]["mean"] for n in names]
     ax.bar(x - 0.2, mx, 0.4, label="max", color="#1971c2")
     ax.bar(x + 0.2, mean, 0.4, label="mean (time-weighted)", color="#74c0fc")
-    ax.set_xticks(x, names, rotation=20, ha="right")
+    ax.set_xticks(x, names, rotation=20 if len(names) > 2 else 0, ha="right" if len(names) > 2 else "center")
     ax.set_ylabel("running requests")
     ax.set_title("Concurrency by variant")
     ax.legend()

@@ -64,7 +64,7 @@ def register(subparsers) -> None:
     r.add_argument("dir", metavar="DIR")
     r.add_argument("--no-plots", action="store_true")
     pc = sub.add_parser("peer-check", help="compare the analytical roofline, the fitted GEMM model (and a calibrated model) with Vidur's GPU profiles")
-    pc.add_argument("--vidur-dir", default=None, help="Vidur data folder (default /work/shared/peer-data/vidur)")
+    pc.add_argument("--vidur-dir", default=None, help="Vidur's repository or data folder (holding data/profiling/compute; default: $KVSIM_VIDUR_DIR)")
     pc.add_argument("--calibration", metavar="DIR", help="also compare this calibration directory (its model only)")
     pc.add_argument("--csv", metavar="FILE", help="write the MAPE table as CSV")
     sc = sub.add_parser("selfcheck", help="check the Triton kernel and torch paths against fp32 references")
@@ -95,9 +95,9 @@ def handle(args: argparse.Namespace) -> int:
         run_report(args.dir, plots=not args.no_plots)
         return 0
     if cmd == "peer-check":
-        from kvsim.calibration.peer import DEFAULT_VIDUR_DIR, run_peer_check
+        from kvsim.calibration.peer import run_peer_check
 
-        table = run_peer_check(args.vidur_dir or DEFAULT_VIDUR_DIR, args.calibration)
+        table = run_peer_check(args.vidur_dir, args.calibration)
         if args.csv:
             table.to_csv(args.csv, index=False)
         return 0

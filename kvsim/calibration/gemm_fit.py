@@ -263,10 +263,13 @@ def profile_yaml(prof: GemmProfile) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kvsim.calibration.peer import DEFAULT_VIDUR_DIR
+    import os
+
+    from kvsim.calibration.peer import VIDUR_DIR_ENV
 
     ap = argparse.ArgumentParser(prog="python -m kvsim.calibration.gemm_fit", description=__doc__.split("\n")[0])
-    ap.add_argument("--vidur-dir", default=str(DEFAULT_VIDUR_DIR))
+    ap.add_argument("--vidur-dir", default=os.environ.get(VIDUR_DIR_ENV), required=not os.environ.get(VIDUR_DIR_ENV),
+                    help=f"Vidur's repository (holding data/profiling/compute; default ${VIDUR_DIR_ENV})")
     ap.add_argument("--out", required=True, help="folder for <gpu>.yaml profiles")
     ap.add_argument("--gpus", default="a100,h100,a40")
     args = ap.parse_args(argv)

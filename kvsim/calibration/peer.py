@@ -45,7 +45,19 @@ from kvsim.errors import CalibrationError
 from kvsim.hw import GPUS, GiB, GPUSpec, MODELS, ModelSpec
 from kvsim.timing import gemm
 
-DEFAULT_VIDUR_DIR = Path("/work/shared/peer-data/vidur")
+VIDUR_DIR_ENV = "KVSIM_VIDUR_DIR"  # where Vidur's data folder is, when --vidur-dir is not given
+
+
+def default_vidur_dir() -> Path:
+    """``$KVSIM_VIDUR_DIR``; no built-in path (a checkout of github.com/microsoft/vidur lives
+    wherever its user put it)."""
+    import os
+
+    v = os.environ.get(VIDUR_DIR_ENV)
+    if not v:
+        raise CalibrationError(f"give --vidur-dir DIR (a checkout of github.com/microsoft/vidur, which holds "
+                               f"data/profiling/compute) or set {VIDUR_DIR_ENV}")
+    return Path(v)
 A40 = GPUSpec("A40", 48 * GiB, 696e9, 149.7e12, source="NVIDIA A40 datasheet (GDDR6 696 GB/s, 149.7 TFLOPS bf16 dense)")
 GPU_MAP = {"a100": GPUS["A100-80GB"], "h100": GPUS["H100-SXM-80GB"], "a40": A40}
 PRESET_MAP = {"Llama-2-7b-hf": "Llama-2-7B", "Meta-Llama-3-8B": "Llama-3-8B", "Meta-Llama-3-70B": "Llama-3-70B"}
@@ -216,10 +228,10 @@ def _compare_attention(csv: Path, gpu_key: str, model_name: str, cal: Calibrated
     return recs
 
 
-def run_peer_check(vidur_dir: str | Path = DEFAULT_VIDUR_DIR, calibration: str | Path | None = None, *,
+def run_peer_check(vidur_dir: str | Path | None = None, calibration: str | Path | None = None, *,
                    log: Callable[[str], None] = print) -> pd.DataFrame:
     """Compare and print MAPE per GPU, model and op; returns the table."""
-    root = Path(vidur_dir)
+    root = Path(vidur_dir) if vidur_dir is not None else default_vidur_dir()
     compute = root / "data" / "profiling" / "compute"
     if not compute.is_dir():
         raise CalibrationError(f"--vidur-dir {root}: no data/profiling/compute folder (expected Vidur's profiling data)")

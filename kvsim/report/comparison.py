@@ -45,8 +45,13 @@ from kvsim.errors import KvsimError
 
 # pyplot comes from kvsim.plots, which selects the Agg backend before importing it.
 from kvsim.plots import (
+    MAX_LINES,
     METADATA,
     _time_binned,
+    legend_outside,
+    line_style,
+    note_dropped,
+    pick_evenly,
     plot_concurrency_comparison,
     plot_fragmentation_bars,
     plot_latency_cdfs,
@@ -65,7 +70,6 @@ from kvsim.results import write_text_atomic
 
 KNEE_FACTOR = 2.0
 KEEP_UP = 0.8  # the lowest rate counts as unsaturated when throughput >= KEEP_UP x offered rate
-MAX_LINES = 8  # time series and CDFs: at most this many runs on one axis (evenly chosen)
 BLOCK_KEY = "allocator.block_size"
 RATE_KEYS = ("trace.rate_scale", "trace.synthetic.arrival.rate_per_s")
 IGNORED_PARAMS = ("name", "description")
@@ -88,7 +92,7 @@ PLOT_CAPTIONS = {
 @dataclass
 class Run:
     label: str
-    path: Path
+    path: Path | None                 # None: an in-memory result (kvsim.run)
     summary: dict
     params: dict                      # the resolved scenario, flattened to dotted keys
     point_id: str | None = None       # sweep points only
@@ -103,6 +107,8 @@ class Run:
     def offered_rate(self) -> float | None:
         """Requests per second offered by the trace: (n - 1) / (last arrival - first arrival)."""
         if self._rate is None:
+            if self.path is None:
+                return None
             p = self.path / "requests.parquet"
             if not p.exists():
                 return None
@@ -154,8 +160,8 @@ def collect_runs(paths: list[str | Path]) -> tuple[list[Run], dict]:
             s = json.loads((p / "summary.json").read_text())
             runs.append(_load_run(p, str(s.get("name", p.name))))
         elif p.is_dir() and any((c / "summary.json").exists() for c in p.iterdir()):
-            for c in sorted(c for c in p.iterdir() if (c / "summary.json").exists()):
-                runs.append(_load_run(c, c.name))
+            for name in variant_order(p):
+                runs.append(_load_run(p / name, name))
         else:
             raise KvsimError(f"{p}: not a kvsim run, variants or sweep directory (no summary.json, no index.parquet)")
     labels = [r.label for r in runs]
@@ -170,6 +176,29 @@ def collect_runs(paths: list[str | Path]) -> tuple[list[Run], dict]:
 
 def _py(v):
     return v.item() if hasattr(v, "item") else v
+
+
+def variant_order(run_dir: Path) -> list[str]:
+    """The variant subdirectories of ``run_dir`` in the scenario's order (``scenario.resolved.yaml``
+    lists the runs as the scenario file does, baseline first when ``baseline:`` names one); any
+    other subdirectory with a ``summary.json`` after them, by name. One order for every table,
+    plot and report of a run."""
+    run_dir = Path(run_dir)
+    have = sorted(c.name for c in run_dir.iterdir() if (c / "summary.json").exists())
+    runs: dict = {}
+    path = run_dir / "scenario.resolved.yaml"
+    if path.exists():
+        try:
+            runs = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("runs") or {}
+        except yaml.YAMLError:
+            runs = {}
+    order = [str(n) for n in runs if str(n) in have] + [n for n in have if n not in runs]
+    base = next((r.get("scenario", {}).get("baseline") for r in runs.values()
+                 if isinstance(r, dict) and isinstance(r.get("scenario"), dict)), None)
+    if isinstance(base, str) and base in order:
+        order.remove(base)
+        order.insert(0, base)
+    return order
 
 
 def varying_params(runs: list[Run]) -> list[str]:
@@ -202,27 +231,67 @@ def rate_key(runs: list[Run]) -> str | None:
     return cands[0] if cands else None
 
 
-def _short_key(k: str) -> str:
-    return k.split(".")[-1]
+GENERIC_KEY_NAMES = ("kind", "k", "name", "file", "preset", "tokens", "mode", "policy", "enabled")
 
 
-def series_of(runs: list[Run], exclude: tuple[str, ...]) -> dict[str, list[Run]]:
-    """Group runs into series (see the module docstring). ``exclude``: key prefixes on the x axis."""
-    def excluded(k: str) -> bool:
-        return any(k == e or k.startswith(e + ".") or k.startswith(e) for e in exclude)
+def short_keys(keys: list[str]) -> dict[str, str]:
+    """Each dotted key's shortest trailing part that no other key in ``keys`` ends with
+    (``allocator.eviction.kind`` -> ``eviction.kind`` next to ``allocator.kind``; else ``kind``)."""
+    out = {}
+    for k in keys:
+        parts = k.split(".")
+        first = 2 if parts[-1] in GENERIC_KEY_NAMES and len(parts) > 1 else 1
+        for n in range(first, len(parts) + 1):
+            cand = ".".join(parts[-n:])
+            if not any(o != k and (o == cand or o.endswith("." + cand)) for o in keys):
+                break
+        out[k] = cand
+    return out
 
-    groups: dict[str, list[Run]] = {}
+
+def _excluded(k: str, exclude: tuple[str, ...]) -> bool:
+    return any(k == e or k.startswith(e + ".") for e in exclude)
+
+
+def _group(runs: list[Run], keys: list[str]) -> dict[tuple, list[Run]]:
+    groups: dict[tuple, list[Run]] = {}
     for r in runs:
-        if r.point_id is not None:
-            parts = [r.variant] if r.variant else []
-            parts += [f"{_short_key(k)}={_fmt_val(v)}" for k, v in r.overrides.items() if not excluded(k)]
-            key = ", ".join(parts) or "all"
-        else:
-            key = r.name
-        groups.setdefault(key, []).append(r)
-    if len(groups) > 1 and all(len(g) == 1 for g in groups.values()):
-        return {"all": list(runs)}
+        sig = tuple(json.dumps(r.params.get(k), sort_keys=True, default=str) for k in keys)
+        groups.setdefault(sig, []).append(r)
     return groups
+
+
+def series_of(runs: list[Run], exclude: tuple[str, ...], x=None) -> dict[str, list[Run]]:
+    """Group runs into series: runs that agree on every resolved-scenario key that differs between
+    ``runs``, except the x-axis keys ``exclude`` (and keys under them). Labels are the differing
+    keys as ``key=value`` (shortest unambiguous key names; keys a run leaves unset are not shown);
+    a one-run series of run directories also names its run. When ``x`` (run -> x value) is given
+    and a series would hold two runs at the same x, the excluded keys group too (nothing drawn
+    over anything else). One series of all runs is labelled "all runs"."""
+    varying = varying_params(runs)
+    keys = [k for k in varying if not _excluded(k, exclude)]
+    groups = _group(runs, keys)
+    if x is not None:
+        def clash(rs):
+            xs = [x(r) for r in rs]
+            return len(set(xs)) < len(xs)
+
+        if any(clash(rs) for rs in groups.values()):
+            keys = varying
+            groups = _group(runs, keys)
+    names = short_keys(keys)
+    out: dict[str, list[Run]] = {}
+    for rs in groups.values():
+        r0 = rs[0]
+        parts = [f"{names[k]}={_fmt_val(r0.params.get(k))}" for k in keys if r0.params.get(k) is not None]
+        label = ", ".join(parts)
+        if len(rs) == 1 and r0.point_id is None and r0.label != label:
+            label = f"{r0.label}: {label}" if label else r0.label
+        label = label or "all runs"
+        while label in out:
+            label += "'"
+        out[label] = rs
+    return out
 
 
 def _fmt_val(v: Any) -> str:
@@ -232,10 +301,7 @@ def _fmt_val(v: Any) -> str:
 
 
 def _pick(runs: list[Run], n: int = MAX_LINES) -> list[Run]:
-    if len(runs) <= n:
-        return runs
-    idx = np.unique(np.linspace(0, len(runs) - 1, n).round().astype(int))
-    return [runs[i] for i in idx]
+    return pick_evenly(runs, n)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -333,11 +399,27 @@ def baseline_of(runs: list[Run], baseline: str | None = None) -> str:
     return labels[0]
 
 
-def comparison_frame(runs: list[Run], meta: dict) -> pd.DataFrame:
+def comparison_frame(runs: list[Run], meta: dict | None = None, *, source_root: Path | None = None) -> pd.DataFrame:
+    """THE ``comparison.csv`` layout, for ``kvsim run`` (variants) and ``kvsim compare`` alike: one
+    row per run in display order (scenario order, baseline first), columns ``label``, ``source``
+    (relative to ``source_root`` when given), ``point_id``/``variant`` for sweeps, the parameter
+    columns (a sweep's override keys, else the resolved-scenario keys that differ between the runs),
+    ``offered_rate_req_per_s``, then :func:`kvsim.report.tables.summary_metrics` (with the
+    ``prefix_cache_*`` hit ratios when prefix caching is on)."""
+    meta = meta or {"sweep": False, "override_keys": []}
     param_keys = meta["override_keys"] if meta["sweep"] else varying_params(runs)
     rows = []
     for r in runs:
-        row: dict[str, Any] = {"label": r.label, "source": str(r.path)}
+        if r.path is None:
+            source = ""
+        elif source_root is not None:
+            try:
+                source = Path(r.path).relative_to(source_root).as_posix() or "."
+            except ValueError:
+                source = str(r.path)
+        else:
+            source = str(r.path)
+        row: dict[str, Any] = {"label": r.label, "source": source}
         if meta["sweep"]:
             row["point_id"] = r.point_id
             if any(x.variant for x in runs):
@@ -348,7 +430,32 @@ def comparison_frame(runs: list[Run], meta: dict) -> pd.DataFrame:
         row["offered_rate_req_per_s"] = r.offered_rate()
         row.update(summary_metrics(r.summary))
         rows.append(row)
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    for k in param_keys:  # one type per column (parquet): mixed values become text
+        if k in df.columns and df[k].dtype == object:
+            types = {type(v) for v in df[k] if not is_missing(v)}
+            if len(types) > 1:
+                df[k] = [None if is_missing(v) else str(v) for v in df[k]]
+    return df
+
+
+def in_memory_runs(results: dict) -> list[Run]:
+    """Runs for :func:`comparison_frame` from ``{name: RunResult}`` (``kvsim.run``) or
+    ``{name: summary dict}``: parameters from each result's scenario, offered rate from its requests."""
+    from kvsim.simulate import resolved_dict
+
+    runs = []
+    for name, res in results.items():
+        if isinstance(res, dict):
+            runs.append(Run(label=str(name), path=None, summary=res, params={}))
+            continue
+        arr = res.requests["arrival_s"].to_numpy() if "arrival_s" in res.requests else None
+        rate = math.nan
+        if arr is not None and len(arr) > 1 and arr.max() > arr.min():
+            rate = float((len(arr) - 1) / (arr.max() - arr.min()))
+        runs.append(Run(label=str(name), path=None, summary={"name": name, **res.summary},
+                        params=flatten(resolved_dict(res.scenario)), _rate=rate))
+    return runs
 
 
 def knee_of(points: list[tuple[float, float]], factor: float = KNEE_FACTOR,
@@ -396,13 +503,33 @@ def _log2_axis(ax, values) -> None:
 
 
 def _legend(ax, n: int) -> None:
-    if n > 1:
-        ax.legend(fontsize=8, loc="best")
+    legend_outside(ax, n)
+
+
+def _draw_series(ax, groups: dict[str, list[Run]], xfn, yfn, *, suffix: str = "", style_offset: int = 0,
+                 linestyle: str | None = None, marker: str | None = None) -> list[str]:
+    """One line per series (colour, dash and marker from kvsim.plots.line_style; a one-point series
+    is a marker), points in ``xfn`` order. With a single series of a few runs, each point is
+    annotated with its run label. At most MAX_LINES series (evenly chosen); returns the labels drawn."""
+    shown = pick_evenly(list(groups))
+    for i, g in enumerate(shown):
+        rs = sorted(groups[g], key=lambda r: xfn(r) or 0)
+        st = line_style(i + style_offset)
+        xs, ys = [xfn(r) for r in rs], [yfn(r) for r in rs]
+        ax.plot(xs, ys, color=st["color"], linestyle=linestyle or st["linestyle"], marker=marker or st["marker"],
+                markersize=6, label=f"{g}{suffix}" if g != "all runs" or suffix else g)
+        if len(groups) == 1 and len(rs) <= 12 and not suffix.strip().startswith("mean"):
+            for r, xv, yv in zip(rs, xs, ys):
+                if not is_missing(xv) and not is_missing(yv):
+                    ax.annotate(r.label, (xv, yv), textcoords="offset points", xytext=(5, 5), fontsize=7,
+                                color=st["color"])
+    return shown
 
 
 def plot_memory_over_time(runs: list[Run], path: Path, bins: int = 400) -> Path:
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    for r in _pick(runs):
+    fig, ax = plt.subplots(figsize=(10 + 2 * (len(runs) > 20), 4.5))
+    shown = _pick(runs)
+    for i, r in enumerate(shown):
         steps_path = r.path / "steps.parquet"
         if not steps_path.exists():
             continue
@@ -412,37 +539,41 @@ def plot_memory_over_time(runs: list[Run], path: Path, bins: int = 400) -> Path:
         if not cap or len(t) == 0:
             continue
         used = 1.0 - (v["free_bytes"] + v["external_frag_bytes"]) / cap
-        ax.step(t, 100 * used, where="post", label=r.label, linewidth=1.2)
+        st = line_style(i)
+        ax.step(t, 100 * used, where="post", label=r.label, linewidth=1.2, color=st["color"],
+                linestyle=st["linestyle"])
     ax.set_xlabel("simulated time (s)")
     ax.set_ylabel("% of KV capacity in use")
     ax.set_ylim(0, 105)
     ax.set_title("KV memory in use over time (1 - free - external fragmentation)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    legend_outside(ax, max(2, len(shown)))
+    fig.tight_layout()
+    note_dropped(fig, len(shown), len(runs))
     return _save(fig, path)
 
 
 def plot_concurrency_vs_block_size(runs: list[Run], path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    groups = series_of([r for r in runs if r.params.get(BLOCK_KEY) is not None], (BLOCK_KEY,))
-    for i, (g, rs) in enumerate(groups.items()):
-        rs = sorted(rs, key=lambda r: r.params[BLOCK_KEY])
-        x = [r.params[BLOCK_KEY] for r in rs]
-        color = f"C{i % 10}"
-        prefix = "" if len(groups) == 1 else f"{g}: "
-        ax.plot(x, [r.summary["concurrency"]["max"] for r in rs], "o-", color=color, label=f"{prefix}max")
-        ax.plot(x, [r.summary["concurrency"]["mean"] for r in rs], "s--", color=color, label=f"{prefix}mean")
-    _log2_axis(ax, [r.params.get(BLOCK_KEY) for r in runs])
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    have = [r for r in runs if r.params.get(BLOCK_KEY) is not None]
+    groups = series_of(have, (BLOCK_KEY,), x=lambda r: r.params[BLOCK_KEY])
+    bs = lambda r: r.params[BLOCK_KEY]  # noqa: E731
+    shown = _draw_series(ax, groups, bs, lambda r: r.summary["concurrency"]["max"], suffix=" (max)", linestyle="-")
+    _draw_series(ax, {g: groups[g] for g in shown}, bs, lambda r: r.summary["concurrency"]["mean"],
+                 suffix=" (mean)", linestyle="--", marker="s")
+    _log2_axis(ax, [r.params.get(BLOCK_KEY) for r in have])
     ax.set_xlabel("block size (tokens)")
     ax.set_ylabel("running requests")
-    ax.set_title("Concurrency vs block size")
+    ax.set_title("Concurrency vs block size: max (solid), time-weighted mean (dashed)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend(ax, 2 * len(shown))
+    fig.tight_layout()
+    note_dropped(fig, len(shown), len(groups))
     return _save(fig, path)
 
 
 def rate_series(runs: list[Run], key: str) -> dict[str, list[Run]]:
-    groups = series_of(runs, (key, "trace.synthetic.arrival"))
+    groups = series_of(runs, (key, "trace.synthetic.arrival"), x=lambda r: r.params.get(key))
     return {g: sorted(rs, key=lambda r: (r.offered_rate() or 0.0)) for g, rs in groups.items()}
 
 
@@ -469,71 +600,81 @@ def knees_frame(runs: list[Run], key: str) -> pd.DataFrame:
 
 def plot_vs_rate(runs: list[Run], key: str, metric: str, ylabel: str, title: str, path: Path,
                  log_y: bool = False) -> Path:
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(10, 4.8))
     groups = rate_series(runs, key)
-    for i, (g, rs) in enumerate(groups.items()):
+    shown = pick_evenly(list(groups))
+    for i, g in enumerate(shown):
+        rs = groups[g]
         x = [r.offered_rate() for r in rs]
         y = [r.summary.get(metric) for r in rs]
         nl = [(r.offered_rate(), r.summary.get("normalized_latency_s_per_token")) for r in rs]
-        color = f"C{i % 10}"
-        ax.plot(x, y, "o-", color=color, label=g)
+        st = line_style(i)
+        ax.plot(x, y, color=st["color"], linestyle=st["linestyle"], marker=st["marker"], label=g)
         k = knee_of(nl, throughputs=[r.summary.get("throughput_requests_per_s") for r in rs])
         if k is not None and not is_missing(y[k]):
-            ax.plot([x[k]], [y[k]], marker="*", markersize=16, color=color, markeredgecolor="black", zorder=5)
-            ax.axvline(x[k], color=color, linestyle=":", alpha=0.6)
+            ax.plot([x[k]], [y[k]], marker="*", markersize=16, color=st["color"], markeredgecolor="black", zorder=5)
+            ax.axvline(x[k], color=st["color"], linestyle=":", alpha=0.6)
             ax.annotate(f"knee {x[k]:.3g} req/s", (x[k], y[k]), textcoords="offset points", xytext=(6, 6),
-                        fontsize=8, color=color)
+                        fontsize=8, color=st["color"])
     ax.set_xlabel(f"offered request rate (req/s; varied by {key})")
     ax.set_ylabel(ylabel)
     if log_y:
         ax.set_yscale("log")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    _legend(ax, len(groups))
+    _legend(ax, len(shown))
+    fig.tight_layout()
+    note_dropped(fig, len(shown), len(groups))
     return _save(fig, path)
 
 
+CAPACITY_KEYS = ("kv_budget", "gpu", "kv_dtype", "model", "parallel")
+
+
 def plot_prefix_hit_vs_capacity(runs: list[Run], path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(10, 4.8))
     have = [r for r in runs if prefix_hit_value(r.summary) is not None]
 
     def cap(r: Run):
         return (get_path(r.summary, ("prefix_cache", "capacity_tokens"))
                 or get_path(r.summary, ("kv", "capacity_tokens")))
 
-    groups = series_of(have, ("kv_budget", "gpu", "kv_dtype"))
-    for i, (g, rs) in enumerate(groups.items()):
-        rs = sorted(rs, key=lambda r: cap(r) or 0)
-        ax.plot([cap(r) for r in rs], [100 * prefix_hit_value(r.summary) for r in rs], "o-", color=f"C{i % 10}",
-                label=g)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("KV cache capacity (tokens, log scale)")
+    groups = series_of(have, CAPACITY_KEYS, x=cap)
+    shown = _draw_series(ax, groups, cap, lambda r: 100 * prefix_hit_value(r.summary))
+    caps = sorted({c for r in have if (c := cap(r))})
+    if len(caps) > 1:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("KV cache capacity (tokens, log scale)")
+    else:
+        ax.set_xticks(caps, [f"{c:,}" for c in caps])
+        ax.set_xlabel("KV cache capacity (tokens; the same for every run)")
     ax.set_ylabel("prefix-cache hit ratio (% of prompt tokens)")
     ax.set_ylim(bottom=0)
     ax.set_title("Prefix-cache hit ratio vs capacity")
     ax.grid(alpha=0.3)
-    _legend(ax, len(groups))
+    _legend(ax, len(shown))
+    fig.tight_layout()
+    note_dropped(fig, len(shown), len(groups))
     return _save(fig, path)
 
 
 def plot_bandwidth_vs_block_size(runs: list[Run], path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(10, 4.8))
     have = [r for r in runs if bandwidth_value(r.summary) is not None]
 
     def bs(r: Run):
         return get_path(r.summary, ("kv", "block_size_tokens")) or r.params.get(BLOCK_KEY) or 1
 
-    groups = series_of(have, (BLOCK_KEY,))
-    for i, (g, rs) in enumerate(groups.items()):
-        rs = sorted(rs, key=bs)
-        ax.plot([bs(r) for r in rs], [100 * bandwidth_value(r.summary) for r in rs], "o-", color=f"C{i % 10}",
-                label=g)
+    groups = series_of(have, (BLOCK_KEY,), x=bs)
+    shown = _draw_series(ax, groups, bs, lambda r: 100 * bandwidth_value(r.summary))
     _log2_axis(ax, [bs(r) for r in have])
     ax.set_xlabel("block size (tokens)")
     ax.set_ylabel("KV bandwidth utilisation (%)")
     ax.set_title("KV-read bandwidth utilisation vs block size")
     ax.grid(alpha=0.3)
-    _legend(ax, len(groups))
+    _legend(ax, len(shown))
+    fig.tight_layout()
+    note_dropped(fig, len(shown), len(groups))
     return _save(fig, path)
 
 
@@ -578,10 +719,15 @@ def _write_comparison(runs, meta, out: Path, say, *, metric_names: str, base_lab
 
     written: dict[str, Path] = {}
 
+    from kvsim.report.findings import key_findings
+
     head = headline({r.label: r.summary for r in runs}, base_label)
     write_text_atomic(out / "headline.csv", headline_frame(head).to_csv(index=False))
     written["headline.csv"] = out / "headline.csv"
     if show is not None:
+        findings = key_findings({r.label: r.summary for r in runs}, base_label)
+        if findings:
+            show("Key findings\n" + "\n".join(f"- {f}" for f in findings))
         show(f"Headline (baseline: {head.baseline})\n{headline_text(head)}")
     table = comparison_frame(runs, meta)
     write_text_atomic(out / "comparison.csv", table.to_csv(index=False))
@@ -611,7 +757,7 @@ def _write_comparison(runs, meta, out: Path, say, *, metric_names: str, base_lab
     def cdfs(p: Path) -> None:
         reqs = {r.label: pd.read_parquet(r.path / "requests.parquet", columns=["status", "ttft_s", "tpot_s", "e2e_s"])
                 for r in _pick(runs) if (r.path / "requests.parquet").exists()}
-        plot_latency_cdfs(reqs, p)
+        plot_latency_cdfs(reqs, p, total_runs=len(runs))
 
     attempt("latency_cdf.png", cdfs)
     if len(_distinct(runs, BLOCK_KEY)) > 1:

@@ -76,14 +76,37 @@ def _img(path: Path, caption: str) -> str:
             f"<figcaption>{_esc(caption)} <code>({_esc(Path(path).name)})</code></figcaption></figure>")
 
 
-def _table(df: pd.DataFrame, table_id: str | None = None, key_cols: int = 1, row_class=None) -> str:
+def is_fraction(name: str) -> bool:
+    """Metric names whose values are fractions (shown as percentages in reports)."""
+    n = str(name).lower()
+    return (n.endswith(("_frac", "frac_mean", "attainment", "utilisation", "utilization"))
+            or "hit_ratio" in n or "_frac_" in n or n.startswith("kv_bandwidth_utilisation"))
+
+
+def fmt_value(name: str, v) -> str:
+    """A table cell: fractions (by metric ``name``) as percentages, other numbers as tables.fmt."""
+    v = _py(v)
+    if is_fraction(name) and isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:
+        pct = 100 * float(v)
+        return f"{pct:.1f} %" if abs(pct) >= 1 or pct == 0 else f"{pct:.2g} %"
+    return fmt(v)
+
+
+def _table(df: pd.DataFrame, table_id: str | None = None, key_cols: int = 1, row_class=None,
+           metric_rows: bool = False) -> str:
+    """An HTML table. Fractions are shown as percentages: by column name, or (``metric_rows``: a
+    table whose first column names the metric of each row) by that name."""
     tid = f' id="{_esc(table_id)}"' if table_id else ""
-    head = "".join(f'<th class="{"k" if i < key_cols else ""}">{_esc(c)}</th>' for i, c in enumerate(df.columns))
+    cols = [str(c) for c in df.columns]
+    head = "".join(f'<th class="{"k" if i < key_cols else ""}">{_esc(c)}</th>' for i, c in enumerate(cols))
     rows = []
     for _, r in df.iterrows():
         cls = f' class="{row_class(r)}"' if row_class and row_class(r) else ""
-        cells = "".join(f'<td class="{"k" if i < key_cols else ""}">{_esc(fmt(_py(v)))}</td>'
-                        for i, v in enumerate(r.tolist()))
+        vals = r.tolist()
+        names = [str(vals[0])] * len(vals) if metric_rows else cols
+        cells = "".join(f'<td class="{"k" if i < key_cols else ""}">'
+                        f'{_esc(fmt(_py(v)) if i < key_cols else fmt_value(names[i], v))}</td>'
+                        for i, v in enumerate(vals))
         rows.append(f"<tr{cls}>{cells}</tr>")
     return f'<div class="scroll"><table{tid}><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>'
 
@@ -113,7 +136,7 @@ def _flat_summary_rows(summary: dict) -> list[tuple[str, object]]:
 
 def _summary_table(summary: dict, table_id: str | None) -> str:
     df = pd.DataFrame(_flat_summary_rows(summary), columns=["metric", "value"])
-    return _table(df, table_id)
+    return _table(df, table_id, metric_rows=True)
 
 
 def _page(title: str, body: list[str]) -> str:
@@ -191,6 +214,17 @@ def _headline_section(summaries: dict[str, dict], baseline: str | None = None) -
     return out
 
 
+def _findings_section(summaries: dict[str, dict], baseline: str | None = None) -> list[str]:
+    """"Key findings": computed sentences (kvsim/report/findings.py) that open every report."""
+    from kvsim.report.findings import key_findings
+
+    items = key_findings(summaries, baseline)
+    if not items:
+        return []
+    return ['<h2 id="findings">Key findings</h2>',
+            "<ul>" + "".join(f"<li>{_esc(t)}</li>" for t in items) + "</ul>"]
+
+
 def _scenario_order(run_dir: Path, names: list[str]) -> tuple[list[str], str | None]:
     """Variant names in the scenario file's order (scenario.resolved.yaml ``runs``), and the
     scenario's ``baseline:`` variant."""
@@ -244,6 +278,7 @@ def _single_run_body(run_dir: Path, tmp: Path, shown_name: str | None = None) ->
     summary = json.loads((run_dir / "summary.json").read_text())
     title = f"kvsim run: {summary.get('name', run_dir.name)}"
     body = _header(title, run_dir, "run", shown_name)
+    body += _findings_section({str(summary.get("name", run_dir.name)): summary})
     body += _headline_section({str(summary.get("name", run_dir.name)): summary})
     body += _dropped_section({summary.get("name", run_dir.name): summary}, _trace_reports(run_dir))
     body += ['<h2 id="summary-heading">Summary</h2>', _summary_table(summary, "summary")]
@@ -253,17 +288,21 @@ def _single_run_body(run_dir: Path, tmp: Path, shown_name: str | None = None) ->
 
 
 def _variants_body(run_dir: Path, tmp: Path, shown_name: str | None = None) -> tuple[str, list[str]]:
-    subs = sorted(p for p in run_dir.iterdir() if (p / "summary.json").exists())
+    from kvsim.report.comparison import variant_order
+
+    subs = [run_dir / n for n in variant_order(run_dir)]  # scenario order, baseline first: everywhere
     summaries = {p.name: json.loads((p / "summary.json").read_text()) for p in subs}
     scenario = next(iter(summaries.values())).get("scenario", run_dir.name)
     title = f"kvsim run: {scenario} ({len(subs)} variants)"
     body = _header(title, run_dir, "variants", shown_name)
-    order, baseline = _scenario_order(run_dir, list(summaries))
-    body += _headline_section({n: summaries[n] for n in order}, baseline)
+    _, baseline = _scenario_order(run_dir, list(summaries))
+    body += _findings_section(summaries, baseline)
+    body += _headline_section(summaries, baseline)
     body += _dropped_section(summaries, _trace_reports(run_dir))
     table = pd.DataFrame({n: summary_metrics(s) for n, s in summaries.items()})
     table.insert(0, "metric", table.index)
-    body += ['<h2 id="summary-heading">Summary by variant</h2>', _table(table.reset_index(drop=True), "summary")]
+    body += ['<h2 id="summary-heading">Summary by variant</h2>',
+             _table(table.reset_index(drop=True), "summary", metric_rows=True)]
     missing = [n for n in VARIANT_PLOTS if not (run_dir / n).exists()]
     src = {n: run_dir / n for n in VARIANT_PLOTS}
     if missing:
@@ -309,6 +348,7 @@ def _sweep_body(sweep_dir: Path, tmp: Path) -> tuple[str, list[str]]:
         f = sweep_dir / str(r["run_dir"]) / "summary.json"
         if r["status"] == "ok" and f.exists():
             heads[str(r["point_id"])] = json.loads(f.read_text())
+    body += _findings_section(heads)
     body += _headline_section(heads)
     keys = [k for k in (doc.get("override_keys") or []) if k in idx.columns]
     cols = ["point_id"] + (["variant"] if "variant" in idx.columns else []) + keys + ["status"]

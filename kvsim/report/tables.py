@@ -54,6 +54,7 @@ METRICS: dict[str, tuple[str, ...]] = {
     "kv_external_frag_frac": ("kv", "external_frag_frac"),
     "kv_free_frac": ("kv", "free_frac"),
     "kv_peak_used_frac": ("kv", "peak_used_frac"),
+    "kv_fragmentation_frac": ("kv", "fragmentation_frac"),
     "preemptions": ("preemptions",),
     "preemptions_swap": ("preemptions_by_mode", "swap"),
     "swapped_out_bytes": ("swapped_out_bytes",),

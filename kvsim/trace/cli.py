@@ -42,6 +42,18 @@ def register(subparsers) -> argparse.ArgumentParser:
                         "(full blocks only, last prompt token always computed)")
     p.add_argument("--on-unsorted", default="error", choices=("error", "sort"))
     p.add_argument("--on-zero-output", default="error", choices=("error", "drop"))
+    g = p.add_argument_group("slicing, as a scenario's trace: section applies it (the statistics describe "
+                             "what a run replays)")
+    g.add_argument("--start-s", type=float, default=None, metavar="S",
+                   help="keep requests arriving at or after S seconds (source time axis), rebased to 0 (trace.start_s)")
+    g.add_argument("--end-s", type=float, default=None, metavar="S",
+                   help="keep requests arriving before S seconds (trace.end_s)")
+    g.add_argument("--skip-requests", type=int, default=0, metavar="N",
+                   help="then skip the first N requests (trace.skip_requests)")
+    g.add_argument("--max-requests", type=int, default=None, metavar="N",
+                   help="then keep at most N requests (trace.max_requests)")
+    g.add_argument("--rate-scale", type=float, default=1.0, metavar="X",
+                   help="then divide arrival times by X: 2 = twice the request rate (trace.rate_scale)")
     p.set_defaults(func=cmd_stats)
 
     p = sub.add_parser("convert", help="convert a trace to kvsim's generic schema",
@@ -78,19 +90,69 @@ def _out(text: str) -> None:
     sys.stdout.write(text + "\n")
 
 
+def _check_slicing(args) -> dict:
+    """The slicing flags as ``{trace key: value}`` (only those given), after checking their ranges."""
+    import math
+
+    start, end = getattr(args, "start_s", None), getattr(args, "end_s", None)
+    rate = getattr(args, "rate_scale", 1.0)
+    skip, most = getattr(args, "skip_requests", 0), getattr(args, "max_requests", None)
+    for flag, v in (("--start-s", start), ("--end-s", end), ("--rate-scale", rate)):
+        if v is not None and not math.isfinite(v):
+            raise TraceError(f"{flag}: must be a finite number, got {v}")
+    if start is not None and start < 0:
+        raise TraceError(f"--start-s: must be >= 0, got {start:g}")
+    if end is not None and end <= 0:
+        raise TraceError(f"--end-s: must be > 0, got {end:g}")
+    if start is not None and end is not None and end <= start:
+        raise TraceError(f"--end-s ({end:g}) must be greater than --start-s ({start:g})")
+    if not rate > 0:
+        raise TraceError(f"--rate-scale: must be > 0, got {rate:g}")
+    if skip < 0 or (most is not None and most < 1):
+        raise TraceError("--skip-requests must be >= 0 and --max-requests >= 1")
+    out = {"start_s": start, "end_s": end, "skip_requests": skip or None, "max_requests": most,
+           "rate_scale": rate if rate != 1.0 else None}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _apply_slicing(trace, sl: dict):
+    """The scenario's order (kvsim/trace/config.py): time slice, request count slice, rate scale.
+    (A scenario's length policy applies between the two slices; stats show lengths as they are.)"""
+    from kvsim.trace import transforms
+
+    if "start_s" in sl or "end_s" in sl:
+        trace = transforms.slice_time(trace, sl.get("start_s"), sl.get("end_s"))
+    if "skip_requests" in sl or "max_requests" in sl:
+        trace = transforms.slice_count(trace, sl.get("skip_requests", 0), sl.get("max_requests"))
+    if "rate_scale" in sl:
+        trace = transforms.scale_rate(trace, sl["rate_scale"])
+    return trace
+
+
 def cmd_stats(args) -> int:
     from kvsim.trace.stats import format_stats, trace_stats
 
-    trace = _load(args)
     if getattr(args, "block_size", None) is not None and args.block_size < 1:
         raise TraceError(f"--block-size: must be >= 1, got {args.block_size}")
-    stats = trace_stats(trace, paged_block_tokens=getattr(args, "block_size", None))
+    sl = _check_slicing(args)
+    trace = _load(args)
     src = trace.source
+    n_file = len(trace)
+    trace = _apply_slicing(trace, sl)
+    if len(trace) == 0:
+        raise TraceError(f"{src['path']}: no requests left after the slicing "
+                         + ", ".join(f"{k}={v:g}" for k, v in sl.items()))
+    stats = trace_stats(trace, paged_block_tokens=getattr(args, "block_size", None))
     if args.json:
-        stats = {"file": src["path"], "format": src["format"], "sha256": src["sha256"], **stats}
-        _out(json.dumps(stats, indent=2))
+        head = {"file": src["path"], "format": src["format"], "sha256": src["sha256"]}
+        if sl:
+            head.update(slicing=sl, requests_in_file=n_file)
+        _out(json.dumps({**head, **stats}, indent=2))
     else:
         title = f"{src['path']}  ({src['format']}, {src['container']}{', gzip' if src['compressed'] else ''})"
+        if sl:
+            title += ("\nsliced as a scenario's trace: section would: " + ", ".join(f"{k}={v:g}" for k, v in sl.items())
+                      + f" ({len(trace):,} of {n_file:,} requests)")
         _out(format_stats(stats, title))
     return 0
 

@@ -98,7 +98,9 @@ def test_compare_prints_headline_first_and_writes_csv(tmp_path, capsys):
     assert kvsim_main(["compare", str(src), "--out", str(tmp_path / "cmp"), "-q",
                        "--baseline", "contiguous"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("Headline (baseline: contiguous)")
+    # key findings first, then the headline table
+    assert out.startswith("Key findings\n- Most requests at once: 30 with a-paged (baseline contiguous: 8, +275.0 %).")
+    assert out.index("Headline (baseline: contiguous)") < out.index("/cmp/")
     assert "-90.0 %" in out  # fragmentation 50 % -> 5 %
     df = pd.read_csv(tmp_path / "cmp" / "headline.csv")
     assert "baseline:contiguous" in df.columns and df["a-paged change_pct"].iloc[3] == pytest.approx(275.0)
@@ -111,10 +113,12 @@ def test_baseline_resolution(tmp_path):
     from kvsim.report.comparison import baseline_of, collect_runs
 
     runs, _ = collect_runs([_variants_dir(tmp_path / "a")])
-    assert baseline_of(runs) == "a-paged"  # no baseline: key: the first run
-    assert baseline_of(runs, "contiguous") == "contiguous"
-    runs, _ = collect_runs([_variants_dir(tmp_path / "b", baseline="contiguous")])
-    assert baseline_of(runs) == "contiguous"  # the scenario's baseline: key
+    assert [r.label for r in runs] == ["contiguous", "a-paged"]  # the scenario's order, not the names'
+    assert baseline_of(runs) == "contiguous"  # no baseline: key: the first run
+    assert baseline_of(runs, "a-paged") == "a-paged"
+    runs, _ = collect_runs([_variants_dir(tmp_path / "b", baseline="a-paged")])
+    assert baseline_of(runs) == "a-paged"  # the scenario's baseline: key...
+    assert [r.label for r in runs] == ["a-paged", "contiguous"]  # ...which every table and plot shows first
 
 
 def test_compare_metric_names_vllm(tmp_path, capsys):

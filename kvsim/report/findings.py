@@ -1,0 +1,130 @@
+"""Key findings: a few sentences computed from the runs' summaries, opening every report and
+printed by ``kvsim compare`` above the headline table.
+
+Each sentence is derived from ``summary.json`` numbers only (docs/metrics.md defines them):
+
+* requests served: finished / total per run when any run left requests unserved;
+* concurrency: the run with the highest ``concurrency.max`` (ties named together), against the baseline;
+* latency: the run with the lowest ``ttft_s.p50``, against the baseline;
+* throughput: the run with the highest ``throughput_requests_per_s``, against the baseline;
+* fragmentation: ``kv.fragmentation_frac`` (share of *allocated* KV memory) of the baseline and the
+  change of each extreme against it, in percentage points;
+* prefix caching: the highest ``prefix_cache.hit_ratio_tokens`` when a run has prefix caching.
+
+With one run the sentences describe that run. A metric every run lacks is left out; a metric on
+which every run agrees is said once ("all runs: ...").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from kvsim.report.tables import get_path
+
+
+def _num(v) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def _get(summary: dict, path: tuple[str, ...]) -> float | None:
+    return _num(get_path(summary, path))
+
+
+def _names(labels: list[str]) -> str:
+    return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
+
+
+def _seconds(v: float) -> str:
+    return f"{v * 1000:.0f} ms" if v < 1 else f"{v:.2f} s"
+
+
+def _pct(v: float) -> str:
+    return f"{100 * v:.1f} %"
+
+
+def _best(values: dict[str, float | None], higher: bool) -> tuple[list[str], float] | None:
+    have = {k: v for k, v in values.items() if v is not None}
+    if not have:
+        return None
+    best = (max if higher else min)(have.values())
+    return [k for k, v in have.items() if v == best], best
+
+
+def _extreme(name: str, values: dict[str, float | None], baseline: str, higher: bool,
+             fmt: Callable[[float], str], what: str) -> str | None:
+    """"Most requests at once: 15 with paged-16 (baseline contiguous-max: 7, +114.3 %)."""
+    got = _best(values, higher)
+    if got is None:
+        return None
+    labels, best = got
+    have = [v for v in values.values() if v is not None]
+    if len(values) == 1:
+        return f"{name}: {fmt(best)}."
+    if len(set(have)) == 1:
+        return f"{name}: {fmt(best)} in every run."
+    base = values.get(baseline)
+    tail = ""
+    if baseline not in labels and base is not None:
+        change = f", {(best - base) / abs(base) * 100:+.1f} %" if base != 0 else ""
+        tail = f" (baseline {baseline}: {fmt(base)}{change})"
+    elif baseline in labels:
+        tail = " (the baseline)"
+    return f"{what} {fmt(best)} with {_names(labels)}{tail}."
+
+
+def key_findings(summaries: dict[str, dict], baseline: str | None = None) -> list[str]:
+    """The findings for runs ``{label: summary}`` (display order); ``baseline`` defaults to the first."""
+    if not summaries:
+        return []
+    labels = list(summaries)
+    base = baseline if baseline in summaries else labels[0]
+    out: list[str] = []
+
+    lost = []
+    for lab, s in summaries.items():
+        total, fin = _get(s, ("requests_total",)), _get(s, ("requests_finished",))
+        if total and fin is not None and fin < total:
+            lost.append(f"{lab} {int(fin)}/{int(total)}")
+    if lost:
+        fracs = {ln.rsplit(" ", 1)[1] for ln in lost}
+        if len(lost) == len(summaries) > 1 and len(fracs) == 1:
+            out.append(f"Not every request was served: {fracs.pop()} finished in every run; "
+                       "see \"Requests not served\".")
+        else:
+            out.append("Not every request was served (finished/total): " + ", ".join(lost)
+                       + "; see \"Requests not served\".")
+
+    conc = {lab: _get(s, ("concurrency", "max")) for lab, s in summaries.items()}
+    out.append(_extreme("Maximum concurrent requests", conc, base, True, lambda v: f"{v:.0f}",
+                        "Most requests at once:"))
+    ttft = {lab: _get(s, ("ttft_s", "p50")) for lab, s in summaries.items()}
+    out.append(_extreme("Median time to first token", ttft, base, False, _seconds, "Lowest median TTFT:"))
+    thr = {lab: _get(s, ("throughput_requests_per_s",)) for lab, s in summaries.items()}
+    out.append(_extreme("Throughput", thr, base, True, lambda v: f"{v:.3g} req/s", "Highest throughput:"))
+
+    frag = {lab: _get(s, ("kv", "fragmentation_frac")) for lab, s in summaries.items()}
+    have = {k: v for k, v in frag.items() if v is not None}
+    if have:
+        b = frag.get(base)
+        if len(have) == 1 or b is None:
+            out.append("KV fragmentation (share of allocated KV): "
+                       + ", ".join(f"{k} {_pct(v)}" for k, v in have.items()) + ".")
+        elif len(set(have.values())) == 1:
+            out.append(f"KV fragmentation (share of allocated KV): {_pct(b)} in every run.")
+        else:
+            lo = min(have, key=have.get)
+            hi = max(have, key=have.get)
+            parts = [f"baseline {base} {_pct(b)}"]
+            for k in dict.fromkeys([lo, hi]):
+                if k != base:
+                    parts.append(f"{k} {_pct(have[k])} ({100 * (have[k] - b):+.1f} points)")
+            out.append("KV fragmentation (share of allocated KV): " + "; ".join(parts) + ".")
+
+    hit = {lab: _get(s, ("prefix_cache", "hit_ratio_tokens")) for lab, s in summaries.items()}
+    if any(v is not None for v in hit.values()):
+        out.append(_extreme("Prefix-cache hit ratio (prompt tokens)", hit, base, True, _pct,
+                            "Highest prefix-cache hit ratio (prompt tokens):"))
+    return [s for s in out if s]

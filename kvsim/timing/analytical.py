@@ -1,43 +1,56 @@
-"""Roofline step-time model with a decode-attention kernel model for the KV reads.
+"""Analytical step-time model: fitted GEMMs, a decode-attention kernel model, and a roofline fallback.
 
-Per step::
+``timing.gemm_model: fitted`` (default) -- the kernels of a step run one after another::
+
+    linear_s    = gemm.step_linear_time_s(num_tokens, num_seqs, model_shard, gpu)   (kvsim.timing.gemm;
+                  weights are read inside each GEMM's memory term, so there is no separate weights term)
+    attention_s = max(decode kernel KV time, decode FLOPs) + max(prefill kernel KV time, fitted prefill attention)
+    kv_write_s  = num_tokens * kv_bytes_per_token / (hbm_bandwidth * bandwidth_efficiency)
+    duration    = linear_s + attention_s + kv_write_s + step_overhead_s + swap_s + parallel_comm_s
+
+``timing.gemm_model: roofline`` -- the model before the GEMM fit (one roofline over the step)::
 
     weights_s  = weight_bytes / (hbm_bandwidth * bandwidth_efficiency)
     attention_s = kernel.time_s(num_seqs, kv_tokens_read, kv_pages_read)     (kvsim.timing.kernel)
     kv_read_s  = attention_s + num_tokens * kv_bytes_per_token / (hbm_bandwidth * bandwidth_efficiency)
-    compute_s  = (2 * num_params * num_tokens + 4 * layers * heads * head_dim * attention_pairs)
+    compute_s  = (2 * params_per_token * num_tokens + 4 * layers * heads * head_dim * attention_pairs)
                  / (peak_flops * compute_efficiency)
-    swap_s     = (swap_in_bytes + swap_out_bytes) / host_link_bandwidth + tier_load_s   (no host_link:)
-               = transfer_time_s(in bytes, in copies, h2d) + transfer_time_s(out..., d2h) + tier_load_s
-                 with host_link: (docs/transfer_model.md)
     duration   = max(weights_s + kv_read_s, compute_s) + step_overhead_s + swap_s + parallel_comm_s
+
+with, in both, ``swap_s = (swap_in_bytes + swap_out_bytes) / host_link_bandwidth + tier_load_s``
+without ``host_link:``, and with it ``transfer_time_s(in bytes, in copies, h2d) +
+transfer_time_s(out bytes, out copies, d2h) + tier_load_s`` (docs/transfer_model.md).
+MoE and MLA models keep the roofline for their linear layers (the fitted shapes are dense layers;
+:func:`gemm_model_unsupported`). GPUs without a fitted profile use the generic one at this config's
+``compute_efficiency`` / ``bandwidth_efficiency`` (docs/gemm_model.md).
 
 The attention kernel (backend ``timing.attention_backend``; ``auto``: the allocator's default, see
 :func:`kvsim.timing.kernel.default_backend`) prices every scheduled sequence's KV read in one launch
 per layer, decode and prefill alike: a prefill chunk reads its cached context and its new tokens
-through the same paged layout, and its FLOPs stay on the compute side of the roofline (a long prefill
-is compute-bound there). ``decode_attention_s`` / ``prefill_attention_s`` split ``attention_s`` in
-proportion to the KV tokens each group reads. The KV writes of new tokens and the weights stream at
-``bandwidth_efficiency``. ``attention_backend: roofline`` restores the pre-kernel-model behaviour
-(every KV byte at ``bandwidth_efficiency``, block size ignored).
+through the same paged layout. ``decode_attention_s`` / ``prefill_attention_s`` split the KV time
+in proportion to the KV tokens each group reads; under ``fitted`` a prefill chunk costs the larger
+of its KV-read share and the fitted prefill-attention FLOP time (BatchShape's sums, equal chunks
+assumed: :meth:`_FittedLinear.prefill_attention_s`). The KV writes of new tokens stream at
+``bandwidth_efficiency``. ``attention_backend: roofline`` prices KV reads at
+``bandwidth_efficiency`` (block size ignored).
 
-The weights are read once per step whatever the batch: that is what makes batching pay, and what
-makes KV capacity (concurrency) decide throughput. Swaps are serialised with compute (vLLM v0 swaps
-between steps on the critical path).
+Swaps are serialised with compute (vLLM v0 swaps between steps on the critical path).
 
-Under tensor/pipeline parallelism the bytes are one tensor rank's, FLOP/s are the tensor ranks'
-together, and ``parallel_comm_s`` (all-reduces + stage sends, TimingContext.comm_s) is added; 0 on
-one GPU (docs/models.md).
+Under tensor/pipeline parallelism the bytes are one tensor rank's, the fitted GEMMs are one rank's
+column/row shards (roofline: FLOP/s are the tensor ranks' together), and ``parallel_comm_s``
+(all-reduces + stage sends, TimingContext.comm_s) is added; 0 on one GPU (docs/models.md).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal
 
 import numpy as np
 from pydantic import Field, field_validator
 
 from kvsim.config_base import StrictModel
+from kvsim.hw import ModelSpec
 from kvsim.registry import TIMING_MODELS
 from kvsim.timing.base import BatchShape, StepTiming
 from kvsim.timing.context import TimingContext
@@ -63,6 +76,10 @@ class AnalyticalTimingConfig(StrictModel):
                             "contiguous/buddy: contiguous), a built-in name (contiguous, flashinfer-paged, "
                             "vllm-2023-paged), a profile .yaml path (e.g. from `kvsim calibrate fit`), or "
                             "roofline (KV reads at bandwidth_efficiency, no kernel model)")
+    gemm_model: Literal["fitted", "roofline"] = Field(
+        "fitted", description="linear layers and prefill attention: fitted (per-GPU GEMM model fitted to "
+                              "Vidur's profiles, docs/gemm_model.md; kernels in sequence) or roofline "
+                              "(max(weights + KV bytes at bandwidth_efficiency, FLOPs at compute_efficiency))")
 
     @field_validator("attention_backend")
     @classmethod
@@ -97,6 +114,14 @@ class AnalyticalTiming:
             profile = load_backend(name, ctx.base_dir)
             layout = KVLayout.from_model(m, ctx.kv_dtype, ctx.block_size)
             self.kernel = KernelModel(profile, layout, ctx.gpu.hbm_bandwidth_bytes_per_s, ctx.gpu.num_sms)
+        # -- linear layers: the fitted GEMM model (docs/gemm_model.md) or the roofline ------------
+        self.gemm_model = cfg.gemm_model
+        self.gemm_fallback_reason = gemm_model_unsupported(m) if cfg.gemm_model == "fitted" else None
+        self.gemm: _FittedLinear | None = None
+        if cfg.gemm_model == "fitted" and self.gemm_fallback_reason is None:
+            self.gemm = _FittedLinear(cfg, ctx)
+        else:
+            self.gemm_model = "roofline"
 
     def _attention_s(self, num_seqs, kv_tokens, kv_pages):
         if self.kernel is None:
@@ -106,25 +131,27 @@ class AnalyticalTiming:
     def step_time(self, shape: BatchShape) -> StepTiming:
         kv_read = shape.kv_tokens_read * self.kv_bytes_per_token
         kv_write = shape.num_tokens * self.kv_bytes_per_token
-        weights_s = self.weight_bytes / self.bandwidth_bytes_per_s
         # sequences in the launch: every sample of a parallel-sampling request reads its own context
         seqs = shape.num_prefill_seqs + shape.num_decode_seqs
         attn_kv_s = self._attention_s(seqs, shape.kv_tokens_read, shape.kv_pages_read or None)
-        kv_s = attn_kv_s + kv_write / self.bandwidth_bytes_per_s
-        linear_s = self.linear_flops_per_token * shape.num_tokens / self.flops_per_s
-        attn_s = self.attention_flops_per_pair * shape.attention_pairs / self.flops_per_s
         swap_s = self.transfers.swap_s(shape.swap_in_bytes, shape.swap_in_copies,
                                        shape.swap_out_bytes, shape.swap_out_copies) + shape.tier_load_s
-        duration = max(weights_s + kv_s, linear_s + attn_s) + self.cfg.step_overhead_s + swap_s
         comm_s = self.comm_s(shape.num_tokens)  # parallelism (same expression in decode_durations)
-        duration = duration + comm_s
         if shape.num_prefill_seqs and shape.kv_tokens_read:
             from kvsim.timing.calibrated import split_kv_tokens
 
             pre_kv, _ = split_kv_tokens(shape)
             pre_att = attn_kv_s * (pre_kv / shape.kv_tokens_read)
         else:
-            pre_att = 0.0
+            pre_kv, pre_att = 0.0, 0.0
+        if self.gemm is not None:
+            return self._fitted_step(shape, kv_read, kv_write, attn_kv_s, pre_kv, pre_att, swap_s, comm_s)
+        weights_s = self.weight_bytes / self.bandwidth_bytes_per_s
+        kv_s = attn_kv_s + kv_write / self.bandwidth_bytes_per_s
+        linear_s = self.linear_flops_per_token * shape.num_tokens / self.flops_per_s
+        attn_s = self.attention_flops_per_pair * shape.attention_pairs / self.flops_per_s
+        duration = max(weights_s + kv_s, linear_s + attn_s) + self.cfg.step_overhead_s + swap_s
+        duration = duration + comm_s
         return StepTiming(
             duration_s=duration,
             breakdown_s={
@@ -135,6 +162,46 @@ class AnalyticalTiming:
                 "attention_s": attn_kv_s,
                 "decode_attention_s": attn_kv_s - pre_att,
                 "prefill_attention_s": pre_att,
+                "overhead_s": self.cfg.step_overhead_s,
+                "swap_s": swap_s,
+                "parallel_comm_s": comm_s,
+            },
+            kv_bytes_read=kv_read,
+        )
+
+    def _fitted_step(self, shape, kv_read, kv_write, attn_kv_s, pre_kv, pre_att, swap_s, comm_s) -> StepTiming:
+        g = self.gemm
+        # LM head: one row per scheduled sequence (every sample of a parallel-sampling request)
+        layers_s, lm_s = g.linear_s(shape.num_tokens, shape.num_prefill_seqs + shape.num_decode_seqs)
+        linear_s = layers_s + lm_s
+        dec_att = attn_kv_s - pre_att
+        # decode queries: the kernel's KV-read time, or their FLOPs if that were larger
+        dec_pairs = shape.kv_tokens_read - pre_kv  # one query per decode sequence: pairs = its KV tokens
+        dec_flops_s = self.attention_flops_per_pair * dec_pairs / self.flops_per_s
+        dec_s = max(dec_att, dec_flops_s)
+        if shape.num_prefill_seqs and shape.attention_pairs:  # no (query, key) pairs: no attention FLOPs
+            pre_fit = g.prefill_attention_s(shape, dec_pairs)
+            pre_s = max(pre_att, pre_fit)
+            attn_flops_s = dec_flops_s + pre_fit
+        else:
+            pre_s = 0.0
+            attn_flops_s = dec_flops_s
+        attention_s = dec_s + pre_s
+        kv_write_s = kv_write / self.bandwidth_bytes_per_s
+        duration = linear_s + attention_s + kv_write_s + self.cfg.step_overhead_s + swap_s
+        duration = duration + comm_s
+        return StepTiming(
+            duration_s=duration,
+            breakdown_s={
+                "weights_read_s": 0.0,
+                "kv_read_s": attn_kv_s + kv_write_s,
+                "linear_compute_s": linear_s,
+                "gemm_s": layers_s,
+                "lm_head_s": lm_s,
+                "attention_compute_s": attn_flops_s,
+                "attention_s": attention_s,
+                "decode_attention_s": dec_s,
+                "prefill_attention_s": pre_s,
                 "overhead_s": self.cfg.step_overhead_s,
                 "swap_s": swap_s,
                 "parallel_comm_s": comm_s,
@@ -154,17 +221,42 @@ class AnalyticalTiming:
         """
         kv_read = kv_tokens_read * self.kv_bytes_per_token
         kv_write = num_seqs * self.kv_bytes_per_token
-        weights_s = self.weight_bytes / self.bandwidth_bytes_per_s
         if kv_pages_read is not None and self.block_size is not None:
             est = pages_or_estimate(num_seqs, kv_tokens_read, None, self.block_size)
             kv_pages_read = np.where(kv_pages_read > 0, kv_pages_read, est)
         attn_kv_s = self._attention_s(num_seqs, kv_tokens_read, kv_pages_read)
+        swap_s = 0 / self.cfg.host_link_bandwidth_bytes_per_s + 0.0
+        comm_s = self.comm_s(num_seqs)  # parallelism (same expression as in step_time)
+        if self.gemm is not None:
+            # step_time's decode-only path with its no-op terms (x - 0.0, x + 0.0: exact) left out
+            layers_s, lm_s = self.gemm.decode_linear_s(num_seqs)
+            linear_s = layers_s + lm_s
+            dec_flops_s = self.attention_flops_per_pair * kv_tokens_read / self.flops_per_s
+            dec_s = np.maximum(attn_kv_s, dec_flops_s)
+            attention_s = dec_s
+            kv_write_s = kv_write / self.bandwidth_bytes_per_s
+            duration = linear_s + attention_s + kv_write_s + self.cfg.step_overhead_s + swap_s
+            duration = duration + comm_s
+            parts = {
+                "weights_read_s": 0.0,
+                "kv_read_s": attn_kv_s + kv_write_s,
+                "linear_compute_s": linear_s,
+                "gemm_s": layers_s,
+                "lm_head_s": lm_s,
+                "attention_compute_s": dec_flops_s,
+                "attention_s": attention_s,
+                "decode_attention_s": dec_s,
+                "prefill_attention_s": 0.0,
+                "overhead_s": self.cfg.step_overhead_s,
+                "swap_s": 0.0,
+                "parallel_comm_s": comm_s,
+            }
+            return duration, parts, kv_read
+        weights_s = self.weight_bytes / self.bandwidth_bytes_per_s
         kv_s = attn_kv_s + kv_write / self.bandwidth_bytes_per_s
         linear_s = self.linear_flops_per_token * num_seqs / self.flops_per_s
         attn_s = self.attention_flops_per_pair * kv_tokens_read / self.flops_per_s
-        swap_s = 0 / self.cfg.host_link_bandwidth_bytes_per_s + 0.0
         duration = np.maximum(weights_s + kv_s, linear_s + attn_s) + self.cfg.step_overhead_s + swap_s
-        comm_s = self.comm_s(num_seqs)  # parallelism (same expression as in step_time)
         duration = duration + comm_s
         parts = {
             "weights_read_s": weights_s,
@@ -179,6 +271,106 @@ class AnalyticalTiming:
             "parallel_comm_s": comm_s,
         }
         return duration, parts, kv_read
+
+
+def gemm_model_unsupported(model: ModelSpec) -> str | None:
+    """Why the fitted GEMM model cannot price this model's linear layers (None: it can).
+
+    Vidur's profiles are dense decoder layers (QKV, output, MLP up/gate, down). An MoE layer's
+    routed experts (which experts a batch touches) and MLA's low-rank projections have other shapes;
+    those models keep the roofline (docs/gemm_model.md, "Wired into analytical timing")."""
+    if model.num_experts:
+        return "MoE experts are not dense GEMMs of the profiled shapes"
+    if model.attention == "mla":
+        return "MLA projections are not the profiled QKV shapes"
+    return None
+
+
+class _FittedLinear:
+    """The fitted GEMM model for one deployment, tabulated by token count.
+
+    ``linear_s(num_tokens, num_seqs)`` returns (all layers' four GEMMs over ``num_tokens`` rows, the
+    LM head over ``num_seqs`` rows), read from per-token-count tables that grow on demand. A table
+    lookup is exact (step_time and decode_durations read the same float) and keeps the fast engine's
+    decode windows as cheap as the roofline's.
+
+    Tensor parallelism: each rank runs the column-/row-parallel shards (query heads, kv heads, MLP
+    width and vocabulary divided by the tensor degree, hidden size whole), as Megatron-LM splits
+    them; the pipeline stages run in sequence, so all ``num_layers`` are summed. Weights are read
+    inside each GEMM's memory term (``k*n`` elements), which is why the fitted analytical model has
+    no separate ``weights_read_s``.
+    """
+
+    def __init__(self, cfg: AnalyticalTimingConfig, ctx: TimingContext):
+        from kvsim.timing import gemm
+
+        m, t = ctx.model, ctx.tensor_parallel
+        if t > 1:
+            m = replace(m, num_attention_heads=max(1, m.num_attention_heads // t),
+                        num_kv_heads=max(1, m.num_kv_heads // t),
+                        intermediate_size=-(-m.intermediate_size // t), vocab_size=-(-m.vocab_size // t))
+        self.model, self.gpu = m, ctx.gpu
+        prof = gemm.profile_for(ctx.gpu)
+        if prof is gemm.GENERIC:  # no fitted profile for this GPU: the roofline's own efficiencies
+            prof = replace(prof, compute_efficiency=cfg.compute_efficiency,
+                           bandwidth_efficiency=cfg.bandwidth_efficiency,
+                           attn_compute_efficiency=cfg.compute_efficiency)
+        self.profile = prof
+        # weight bytes per parameter (bf16: 2; fp8 weights: 1); activations are priced the same
+        per_param = ctx.weight_bytes * t / max(ctx.model.num_params, 1.0)
+        self.element_bytes = max(1, int(round(per_param)))
+        self._gemm = gemm
+        self._layers = np.zeros(0)
+        self._lm = np.zeros(0)
+        self._size = 0
+        self._layers_list: list[float] = []
+        self._lm_list: list[float] = []
+
+    def _grow(self, n: int) -> None:
+        old = len(self._layers)
+        size = max(n + 1, 2 * old, 1024)
+        toks = np.arange(old, size, dtype=float)
+        g, m = self._gemm, self.model
+        layers = m.num_layers * g.layer_linear_time_s(toks, m, self.gpu, self.profile, self.element_bytes)
+        lm_n, lm_k = g.gemm_shapes(m)["lm_head"]
+        lm = g.linear_time_s(toks, lm_n, lm_k, self.gpu, self.profile, self.element_bytes)
+        self._layers = np.concatenate([self._layers, np.atleast_1d(layers)])
+        self._lm = np.concatenate([self._lm, np.atleast_1d(lm)])
+        self._size = len(self._layers)
+        self._layers_list = self._layers.tolist()  # Python floats: the same doubles, cheaper to index
+        self._lm_list = self._lm.tolist()
+
+    def linear_s(self, num_tokens: int, num_seqs: int) -> tuple[float, float]:
+        """(all layers' GEMMs over ``num_tokens`` rows, LM head over ``num_seqs`` rows) for one step."""
+        hi = num_tokens if num_tokens > num_seqs else num_seqs
+        if hi >= self._size:
+            self._grow(hi)
+        return self._layers_list[num_tokens], self._lm_list[num_seqs]
+
+    def decode_linear_s(self, num_seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``linear_s(n, n)`` for an array of decode steps (one token per sequence): the same floats."""
+        if len(num_seqs) and num_seqs.max() >= self._size:
+            self._grow(int(num_seqs.max()))
+        return self._layers[num_seqs], self._lm[num_seqs]
+
+    def prefill_attention_s(self, shape: BatchShape, decode_pairs: float) -> float:
+        """The fitted prefill-attention time of the step's prefill chunks (all layers).
+
+        BatchShape carries sums, not per-sequence chunks: the ``P`` prefill sequences are taken as
+        equal chunks of ``c = num_prefill_tokens / P`` new tokens (exact for one chunk per step, the
+        usual chunked-prefill case), and their cached-context pairs ``sum(c_i * p_i)`` are what is
+        left of ``attention_pairs`` after the decode pairs and the chunks' causal triangles."""
+        P = shape.num_prefill_seqs
+        c = shape.num_prefill_tokens / P
+        if c <= 0:
+            return 0.0
+        pairs_pre = max(shape.attention_pairs - decode_pairs, 0.0)
+        cp = max(pairs_pre - P * c * (c + 1.0) / 2.0, 0.0)
+        prof, m = self.profile, self.model
+        pairs_eff = cp + prof.attn_causal_factor * P * c * c / 2.0
+        flops = 4.0 * m.num_attention_heads * m.head_dim * pairs_eff * (1.0 + prof.attn_half_tokens / c)
+        per_layer = P * prof.attn_launch_s + flops / (self.gpu.bf16_flops_per_s * prof.attn_compute_efficiency)
+        return m.num_layers * per_layer
 
 
 TIMING_MODELS.register("analytical", AnalyticalTimingConfig, AnalyticalTiming)

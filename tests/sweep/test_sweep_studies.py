@@ -20,7 +20,8 @@ def test_the_studies_are_there():
     names = {p.stem for p in SCENARIOS} | {p.stem for p in SWEEPS}
     assert {"vllm_sharegpt", "vllm_alpaca", "vllm_sharegpt_rate_sweep", "vllm_alpaca_rate_sweep",
             "block_size_sweep", "kv_dtype_sweep", "recompute_vs_swap", "prefix_caching_mooncake",
-            "prefix_caching_capacity_sweep"} <= names
+            "prefix_caching_capacity_sweep", "seed_table", "fp8_dequant",
+            "recompute_vs_swap_block_size_sweep"} <= names
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=[p.stem for p in SWEEPS])

@@ -122,10 +122,11 @@ def _ctx(block, dtype="fp16", model=MODELS["Llama-3-8B"]):
     return TimingContext(model, GPU, dtype, model.kv_bytes_per_token(dtype), model.weight_bytes(), block, Path("."))
 
 
+@pytest.mark.parametrize("gemm_model", ["fitted", "roofline"])
 @pytest.mark.parametrize("block", [1, 16, None])
 @pytest.mark.parametrize("backend", ["auto", "flashinfer-paged", "contiguous", "roofline"])
-def test_decode_durations_equal_step_time_bit_for_bit(block, backend):
-    t = AnalyticalTiming(AnalyticalTimingConfig(attention_backend=backend), _ctx(block))
+def test_decode_durations_equal_step_time_bit_for_bit(block, backend, gemm_model):
+    t = AnalyticalTiming(AnalyticalTimingConfig(attention_backend=backend, gemm_model=gemm_model), _ctx(block))
     rng = np.random.default_rng(1)
     n = rng.integers(0, 400, 300)
     T = n * rng.integers(1, 5000, 300)
@@ -140,6 +141,7 @@ def test_decode_durations_equal_step_time_bit_for_bit(block, backend):
             assert s.duration_s == d[j]
             assert s.breakdown_s["attention_s"] == parts["attention_s"][j]
             assert s.breakdown_s["kv_read_s"] == parts["kv_read_s"][j]
+            assert s.breakdown_s["linear_compute_s"] == parts["linear_compute_s"][j]
 
 
 def test_block_size_now_matters_in_the_analytical_model():

@@ -1,0 +1,103 @@
+"""The fitted GEMM model inside analytical timing (timing.gemm_model: fitted | roofline)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvsim.hw import GPUS, MODELS
+from kvsim.timing import gemm
+from kvsim.timing.analytical import AnalyticalTiming, AnalyticalTimingConfig
+from kvsim.timing.base import BatchShape
+from kvsim.timing.context import TimingContext
+
+GPU = GPUS["A100-80GB"]
+MODEL = MODELS["Llama-2-7B"]
+
+
+def _ctx(model=MODEL, gpu=GPU, tensor=1, block=16):
+    return TimingContext(model, gpu, "fp16", model.kv_bytes_per_token("fp16") // tensor,
+                         model.weight_bytes() // tensor, block, Path("."), tensor_parallel=tensor)
+
+
+def _decode(n, ctx_tokens):
+    return BatchShape(num_seqs=n, num_prefill_seqs=0, num_decode_seqs=n, num_prefill_tokens=0, num_decode_tokens=n,
+                      kv_tokens_read=n * ctx_tokens, attention_pairs=n * ctx_tokens)
+
+
+def test_fitted_is_the_default_and_roofline_keeps_the_old_formula():
+    assert AnalyticalTimingConfig().gemm_model == "fitted"
+    cfg = AnalyticalTimingConfig(gemm_model="roofline", attention_backend="roofline")
+    t = AnalyticalTiming(cfg, _ctx())
+    s = _decode(8, 1000)
+    bw = GPU.hbm_bandwidth_bytes_per_s * cfg.bandwidth_efficiency
+    kv = MODEL.kv_bytes_per_token("fp16")
+    mem = MODEL.weight_bytes() / bw + (s.kv_tokens_read * kv / bw + s.num_tokens * kv / bw)
+    flops = (2 * MODEL.num_params * 8 + 4 * MODEL.num_layers * MODEL.num_attention_heads * MODEL.head_dim * 8000) \
+        / (GPU.bf16_flops_per_s * cfg.compute_efficiency)
+    assert t.step_time(s).duration_s == pytest.approx(max(mem, flops) + cfg.step_overhead_s, rel=1e-12)
+
+
+def test_fitted_linear_time_is_the_gemm_model_and_weights_are_counted_once():
+    t = AnalyticalTiming(AnalyticalTimingConfig(), _ctx())
+    b = t.step_time(_decode(1, 100)).breakdown_s
+    want = gemm.step_linear_time_s(1, 1, MODEL, GPU)
+    assert b["linear_compute_s"] == pytest.approx(want, rel=1e-12)
+    assert b["weights_read_s"] == 0.0  # inside the GEMMs' memory terms
+    # one token: the GEMMs are weight-read bound -- at least the weight bytes at peak bandwidth, and
+    # not twice that (a double count would add a second full weight read)
+    floor = MODEL.weight_bytes() / GPU.hbm_bandwidth_bytes_per_s
+    assert floor < b["linear_compute_s"] < 1.6 * floor
+    d = t.step_time(_decode(1, 100)).duration_s
+    assert d < b["linear_compute_s"] + b["attention_s"] + b["kv_read_s"] + b["overhead_s"] + 1e-12
+
+
+def test_fitted_efficiency_rises_with_token_count():
+    t = AnalyticalTiming(AnalyticalTimingConfig(), _ctx())
+    per_token = [t.step_time(BatchShape(num_seqs=1, num_prefill_seqs=1, num_decode_seqs=0, num_prefill_tokens=n,
+                                        num_decode_tokens=0, kv_tokens_read=n, attention_pairs=n * (n + 1) // 2)
+                             ).breakdown_s["linear_compute_s"] / n for n in (1, 64, 512, 4096)]
+    assert per_token == sorted(per_token, reverse=True)
+    # long prefill: compute bound at the fitted efficiency, between it and the peak
+    n = 4096
+    peak = 2 * MODEL.num_params * n / GPU.bf16_flops_per_s
+    assert peak < per_token[-1] * n < peak / 0.5
+
+
+def test_tensor_parallel_shards_are_priced_per_rank():
+    one = AnalyticalTiming(AnalyticalTimingConfig(), _ctx(MODELS["Llama-2-13B"]))
+    two = AnalyticalTiming(AnalyticalTimingConfig(), _ctx(MODELS["Llama-2-13B"], tensor=2))
+    a = one.step_time(_decode(32, 500)).breakdown_s["linear_compute_s"]
+    b = two.step_time(_decode(32, 500)).breakdown_s["linear_compute_s"]
+    assert 0.5 * a < b < 0.75 * a  # half the weights each, plus a launch floor per GEMM
+
+
+@pytest.mark.parametrize("name", ["Mixtral-8x7B", "DeepSeek-V3"])
+def test_moe_and_mla_keep_the_roofline(name):
+    t = AnalyticalTiming(AnalyticalTimingConfig(), _ctx(MODELS[name], GPUS["H200-141GB"]))
+    assert t.gemm is None and t.gemm_model == "roofline" and t.gemm_fallback_reason
+
+
+def test_one_prefill_chunk_uses_the_fitted_prefill_attention():
+    t = AnalyticalTiming(AnalyticalTimingConfig(), _ctx())
+    c, p = 1024, 3000
+    shape = BatchShape(num_seqs=1, num_prefill_seqs=1, num_decode_seqs=0, num_prefill_tokens=c, num_decode_tokens=0,
+                       kv_tokens_read=c + p, attention_pairs=c * p + c * (c + 1) // 2)
+    b = t.step_time(shape).breakdown_s
+    fitted = MODEL.num_layers * gemm.prefill_attention_time_s(c, p, MODEL, GPU)
+    kv_share = t._attention_s(1, c + p, None)  # the kernel model's KV-read time for this chunk
+    assert fitted > kv_share  # a 1k-token chunk is compute bound: the fitted FLOP time decides
+    assert b["prefill_attention_s"] == pytest.approx(fitted, rel=1e-9)
+    assert b["attention_s"] == pytest.approx(b["decode_attention_s"] + b["prefill_attention_s"])
+
+
+def test_gpu_without_a_fitted_profile_uses_the_config_efficiencies():
+    cfg = AnalyticalTimingConfig(compute_efficiency=0.5, bandwidth_efficiency=0.5)
+    t = AnalyticalTiming(cfg, _ctx(gpu=GPUS["L40S"]))
+    assert t.gemm.profile.compute_efficiency == 0.5 and t.gemm.profile.bandwidth_efficiency == 0.5
+    sh = gemm.gemm_shapes(MODEL)
+    gemm_weights = 2 * (MODEL.num_layers * sum(n * k for op, (n, k) in sh.items() if op != "lm_head")
+                        + sh["lm_head"][0] * sh["lm_head"][1])  # the embedding table is gathered, not read
+    floor = gemm_weights / (GPUS["L40S"].hbm_bandwidth_bytes_per_s * 0.5)
+    assert t.step_time(_decode(1, 10)).breakdown_s["linear_compute_s"] >= floor

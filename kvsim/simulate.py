@@ -19,6 +19,7 @@ from kvsim.errors import ConfigError, KvsimError
 from kvsim.metrics.recorder import StepRecorder
 from kvsim.metrics.requests import requests_table
 from kvsim.metrics.summarize import summarize
+from kvsim.kv.beam import BeamModel
 from kvsim.registry import ALLOCATORS, TIMING_MODELS
 from kvsim.sched.scheduler import Scheduler
 from kvsim.timing.context import TimingContext
@@ -170,7 +171,8 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
                     limits=EngineLimits(scn.limits.max_sim_time_s, scn.limits.max_wall_time_s),
                     progress=progress, event_log=event_log, mode=scn.engine.mode,
                     max_window_steps=scn.engine.max_window_steps, replicas=replicas,
-                    router=Router(rcfg.router, [r.scheduler for r in replicas]), shared_store=store is not None)
+                    router=Router(rcfg.router, [r.scheduler for r in replicas]), shared_store=store is not None,
+                    beam_model=BeamModel(scn.beam_search.fork_prob, scn.seed))
     wall0 = time.perf_counter()
     try:
         engine.run()

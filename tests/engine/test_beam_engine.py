@@ -71,3 +71,27 @@ def test_old_traces_without_beam_column_are_parallel_samples():
     scn = make_scenario(kv_budget={"tokens": 12000}, allocator=PAGED, timing=TIMING)
     out = run(scn, trace=beam_trace(rows, beam=False), check_invariants=True)
     assert "beam_forks" not in out.summary["kv"]
+
+
+@pytest.mark.parametrize("name", ["t.csv", "t.jsonl", "t.parquet"])
+def test_beam_column_round_trips_and_is_validated(tmp_path, name):
+    from kvsim.errors import TraceError
+    from kvsim.trace.load import load_trace
+    from kvsim.trace.spec import SyntheticTraceSpec
+    from kvsim.trace.synthetic import generate_trace
+    from kvsim.trace.write import write_trace
+
+    spec = SyntheticTraceSpec.model_validate({"preset": "alpaca", "num_requests": 50,
+                                              "arrival": {"rate_per_s": 5},
+                                              "sampling": {"beam_width": 3, "fraction": 0.5}})
+    t = generate_trace(spec, seed=1)
+    assert set(np.unique(t.beam)) == {0, 1} and ((t.beam == 1) == (t.num_samples == 3)).all()
+    assert generate_trace(spec.model_copy(update={"sampling": spec.sampling.model_copy(
+        update={"n": 3, "beam_width": 1})}), seed=1).beam is None
+    path = write_trace(t, tmp_path / name)
+    back = load_trace(path)
+    assert np.array_equal(back.beam, t.beam) and np.array_equal(back.num_samples, t.num_samples)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("arrival_s,prompt_tokens,output_tokens,num_samples,beam\n0,5,5,2,1\n1,5,5,2,2\n")
+    with pytest.raises(TraceError, match="beam.*0 .*1"):
+        load_trace(bad)

@@ -32,7 +32,8 @@ NAMED = {"kind": "paged", "block_size": 16, "watermark": 0.01, "track_block_ids"
 CONTIG = {"kind": "contiguous", "reservation": "max"}
 
 
-@pytest.mark.parametrize("alloc", [PAGED, NAMED, CONTIG, {"kind": "buddy", "min_block_tokens": 16}])
+@pytest.mark.parametrize("alloc", [PAGED, NAMED, CONTIG, {"kind": "buddy", "min_block_tokens": 16},
+                                   {"kind": "paged", "block_size": 16, "prefix_caching": True}])
 def test_fast_equals_step_with_beams(alloc):
     step, fast = go(alloc, "step"), go(alloc, "fast")
     assert_same(step, fast, fast_has_windows=False)
@@ -95,3 +96,12 @@ def test_beam_column_round_trips_and_is_validated(tmp_path, name):
     bad.write_text("arrival_s,prompt_tokens,output_tokens,num_samples,beam\n0,5,5,2,1\n1,5,5,2,2\n")
     with pytest.raises(TraceError, match="beam.*0 .*1"):
         load_trace(bad)
+
+
+@pytest.mark.parametrize("alloc", [PAGED, NAMED])
+def test_beams_under_memory_pressure_preempt_and_readmit(alloc):
+    step, fast = go(alloc, "step", tokens=2500), go(alloc, "fast", tokens=2500)
+    assert_same(step, fast, fast_has_windows=False)
+    req = fast.requests
+    assert req.loc[req["num_samples"] == 4, "preemptions"].sum() > 0  # beams were recomputed
+    assert (req["status"] == "finished").all()

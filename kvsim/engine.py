@@ -83,12 +83,9 @@ class Replica:
     def install_fast_path(self, mode: str, beam_search: bool = False) -> str:
         """Turn decode windows on where the mode and the plugins' capabilities allow; returns a
         line saying which fast paths are on (and why not). ``beam_search``: the trace has beam
-        requests, whose forks and prunes are decided step by step (windows cannot replay them)."""
+        requests, whose forks and prunes windows cannot plan: steps with one running go one by one."""
         if mode != "fast":
             return f"replica {self.index}: step mode: every step on its own"
-        if beam_search:
-            return (f"replica {self.index}: decode windows off: the trace has beam-search requests "
-                    f"(forks and prunes are applied step by step)")
         if not self.caps.windows:
             return (f"replica {self.index}: decode windows off: allocator {type(self.scheduler.allocator).__name__} "
                     f"lacks the WindowAllocator capability (steps run one by one)")
@@ -98,7 +95,8 @@ class Replica:
                     f"per-request context lengths and has no decode_durations")
         self.pricer, self.windows = pricer, True
         return (f"replica {self.index}: decode windows on (pricing: "
-                f"{'decode_durations' if native else 'derived from step_time'}); decode group "
+                f"{'decode_durations' if native else 'derived from step_time'}"
+                f"{'; off while a beam-search request runs' if beam_search else ''}); decode group "
                 f"{'on' if self.scheduler.decode_group_enabled else 'off'}; bulk slot calls "
                 f"{'on' if self.caps.bulk_slots else 'off'}")
 
@@ -266,7 +264,10 @@ class Engine:
                 self._log(rid, "preempt", start)
             for rid in plan.admitted:
                 self._log(rid, "admit", start)
-            win = self._window(rep, plan, start) if rep.windows else None
+            # A beam request's forks and prunes happen at positions a window cannot plan: steps
+            # with one running go one by one (an admission ends any window, so none enters one).
+            win = (self._window(rep, plan, start)
+                   if rep.windows and (self._beam is None or not sched.has_running_beams()) else None)
             yield from (win if win is not None else self._step(rep, plan, start))
             self._limit(rep)
         rep.end_s = rep.now_s

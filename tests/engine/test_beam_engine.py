@@ -11,6 +11,7 @@ from kvsim.simulate import run
 
 
 def beam_trace(rows, width=4, every=3, beam=True):
+    """Every ``every``-th request has ``width`` beams (or parallel samples with ``beam=False``)."""
     trace = make_trace(rows)
     samples = np.ones(len(rows), dtype=np.int64)
     samples[::every] = width
@@ -20,11 +21,11 @@ def beam_trace(rows, width=4, every=3, beam=True):
     return trace
 
 
-def go(alloc, mode="fast", seed=0, fork_prob=0.1, beam=True, tokens=12000, rows=None):
+def go(alloc, mode="fast", seed=0, fork_prob=0.1, beam=True, tokens=12000, rows=None, every=3):
     rows = rows or random_rows(120, seed=4, rate=20.0, prompt=(1, 200), output=(2, 150))
     scn = make_scenario(engine={"mode": mode}, kv_budget={"tokens": tokens}, allocator=alloc, timing=TIMING,
                         seed=seed, beam_search={"fork_prob": fork_prob})
-    return run(scn, trace=beam_trace(rows, beam=beam), check_invariants=True)
+    return run(scn, trace=beam_trace(rows, beam=beam, every=every), check_invariants=True)
 
 
 PAGED = {"kind": "paged", "block_size": 16, "watermark": 0.01}
@@ -105,3 +106,13 @@ def test_beams_under_memory_pressure_preempt_and_readmit(alloc):
     req = fast.requests
     assert req.loc[req["num_samples"] == 4, "preemptions"].sum() > 0  # beams were recomputed
     assert (req["status"] == "finished").all()
+
+
+@pytest.mark.parametrize("alloc", [PAGED, NAMED, CONTIG])
+def test_windows_run_between_beam_requests(alloc):
+    # Sparse beam requests at a light load: steps while one runs go one by one, the others in
+    # windows; the tables equal step mode's.
+    rows = random_rows(150, seed=9, rate=4.0, prompt=(1, 200), output=(2, 150))
+    step, fast = (go(alloc, m, rows=rows, every=25) for m in ("step", "fast"))
+    assert_same(step, fast, fast_has_windows=True)
+    assert fast.summary["kv"]["beam_forks"] > 0

@@ -21,6 +21,7 @@ request_id))``, so a request's events depend only on the scenario seed, its id a
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -51,9 +52,7 @@ class BeamEvents:
     def between(self, lo_tokens: int, hi_tokens: int) -> range:
         """Indices of the events at positions in ``(lo_tokens, hi_tokens]``."""
         pos = self.positions
-        a = int(np.searchsorted(pos, lo_tokens, side="right")) if pos else 0
-        b = int(np.searchsorted(pos, hi_tokens, side="right")) if pos else 0
-        return range(a, b)
+        return range(bisect_right(pos, lo_tokens), bisect_right(pos, hi_tokens))
 
 
 @dataclass(frozen=True)

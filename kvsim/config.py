@@ -28,6 +28,7 @@ from kvsim.models import hf
 from kvsim.models.names import did_you_mean_preset, lookup
 from kvsim.models.parallel import ParallelPlan, plan
 from kvsim.kv.eviction import EVICTION_POLICIES
+from kvsim.kv.beam import DEFAULT_FORK_PROB
 from kvsim.registry import ALLOCATORS, RESERVATIONS, ROUTERS, TIMING_MODELS, VICTIMS, plugin_union, policy_field
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.router import DEFAULT_ROUTER
@@ -265,6 +266,14 @@ DEPRECATED_KEYS = {"min_block_tokens": "block_size", "page_size": "block_size"}
 _KIND_REGISTRIES = {k: reg for k, (reg, _) in (PLUGIN_SECTIONS | POLICY_KEYS).items()}
 
 
+class BeamSearchConfig(StrictModel):
+    """The divergence model of beam-search requests (trace column ``beam``; docs/beam_search.md)."""
+
+    fork_prob: float = Field(DEFAULT_FORK_PROB, ge=0.0, le=1.0,
+                             description="per decode position and beam request: probability that one beam "
+                                         "is pruned and another forks (no public number; see docs/beam_search.md)")
+
+
 class Scenario(StrictModel):
     name: str | None = Field(None, description="defaults to the file name without extension")
     description: str = ""
@@ -282,6 +291,7 @@ class Scenario(StrictModel):
     timing: TimingConfig = Field(default_factory=lambda: TIMING_MODELS.default_config("analytical"))  # type: ignore[valid-type]
     limits: LimitsConfig = LimitsConfig()
     engine: EngineConfig = EngineConfig()
+    beam_search: BeamSearchConfig = BeamSearchConfig()
     replicas: ReplicasConfig = ReplicasConfig()
     slo: SLOConfig | None = Field(None, description="service-level objectives for goodput / SLO attainment")
     metrics: MetricsConfig = MetricsConfig()

@@ -29,6 +29,7 @@ from simpy.core import URGENT
 
 from kvsim.errors import SimulationLimitError
 from kvsim.kv.base import MemoryParts
+from kvsim.kv.beam import DEFAULT_FORK_PROB, BeamModel
 from kvsim.metrics.recorder import StepRecorder
 from kvsim.sched.request import Request
 from kvsim.sched.router import Router
@@ -79,9 +80,10 @@ class Replica:
         self.pricer: VectorisedDecodeTiming | None = None  # decode-window pricing, when windows are on
         self.windows = False  # decode windows installed (see Engine.__init__)
 
-    def install_fast_path(self, mode: str) -> str:
+    def install_fast_path(self, mode: str, beam_search: bool = False) -> str:
         """Turn decode windows on where the mode and the plugins' capabilities allow; returns a
-        line saying which fast paths are on (and why not)."""
+        line saying which fast paths are on (and why not). ``beam_search``: the trace has beam
+        requests, whose forks and prunes windows cannot plan: steps with one running go one by one."""
         if mode != "fast":
             return f"replica {self.index}: step mode: every step on its own"
         if not self.caps.windows:
@@ -93,7 +95,8 @@ class Replica:
                     f"per-request context lengths and has no decode_durations")
         self.pricer, self.windows = pricer, True
         return (f"replica {self.index}: decode windows on (pricing: "
-                f"{'decode_durations' if native else 'derived from step_time'}); decode group "
+                f"{'decode_durations' if native else 'derived from step_time'}"
+                f"{'; off while a beam-search request runs' if beam_search else ''}); decode group "
                 f"{'on' if self.scheduler.decode_group_enabled else 'off'}; bulk slot calls "
                 f"{'on' if self.caps.bulk_slots else 'off'}")
 
@@ -113,7 +116,7 @@ class Engine:
                  progress: Callable[[int], None] | None = None,
                  event_log: list | None = None, mode: str = "fast", max_window_steps: int = 4096,
                  replicas: list[Replica] | None = None, router: Router | None = None,
-                 shared_store: bool = False):
+                 shared_store: bool = False, beam_model: BeamModel | None = None):
         self.env = simpy.Environment()
         self.trace = trace
         if replicas is None:
@@ -129,8 +132,14 @@ class Engine:
         if mode not in ("fast", "step"):
             raise ValueError(f"engine mode must be 'fast' or 'step', got {mode!r}")
         self.mode = "step" if shared_store else mode
+        # Beam search: requests flagged in the trace's `beam` column (with num_samples > 1) get
+        # their seeded prune/fork events (kvsim.kv.beam); without the column samples are parallel.
+        beam = trace.beam
+        self._beam = beam if beam is not None and trace.num_samples is not None and bool(
+            np.any((beam != 0) & (trace.num_samples > 1))) else None
+        self.beam_model = beam_model or BeamModel(fork_prob=DEFAULT_FORK_PROB, seed=0)
         for rep in replicas:
-            log.info("fast paths: %s", rep.install_fast_path(self.mode))
+            log.info("fast paths: %s", rep.install_fast_path(self.mode, beam_search=self._beam is not None))
         self.max_window_steps = max_window_steps
         self._next_arrival_idx = 0
         self._block_keys = None
@@ -174,12 +183,20 @@ class Engine:
                       self.max_model_len_tokens,
                       priority=0 if self._priority is None else int(self._priority[i]),
                       block_keys=None if self._block_keys is None else self._block_keys[i],
-                      num_samples=1 if self._samples is None else int(self._samples[i]))
+                      num_samples=1 if self._samples is None else int(self._samples[i]),
+                      beam_events=self._beam_events(i))
         rep = self.replicas[self.router.route(req)]
         req.replica = rep.index
         accepted = rep.scheduler.add_request(req)
         self._log(i, "arrive" if accepted else "reject", t)
         return rep, accepted
+
+    def _beam_events(self, i: int):
+        """Trace request ``i``'s prune/fork events if it is a beam-search request, else None."""
+        if self._beam is None or not self._beam[i] or self._samples[i] < 2:
+            return None
+        return self.beam_model.events(i, int(self.trace.prompt_tokens[i]), int(self.trace.output_tokens[i]),
+                                      int(self._samples[i]))
 
     def _pull_arrivals(self, now_s: float) -> None:
         """Single replica: queue every arrival at or before ``now_s`` (an arrival at a step boundary
@@ -247,7 +264,10 @@ class Engine:
                 self._log(rid, "preempt", start)
             for rid in plan.admitted:
                 self._log(rid, "admit", start)
-            win = self._window(rep, plan, start) if rep.windows else None
+            # A beam request's forks and prunes happen at positions a window cannot plan: steps
+            # with one running go one by one (an admission ends any window, so none enters one).
+            win = (self._window(rep, plan, start)
+                   if rep.windows and (self._beam is None or not sched.has_running_beams()) else None)
             yield from (win if win is not None else self._step(rep, plan, start))
             self._limit(rep)
         rep.end_s = rep.now_s

@@ -19,6 +19,8 @@ from kvsim.errors import ConfigError, KvsimError
 from kvsim.metrics.recorder import StepRecorder
 from kvsim.metrics.requests import requests_table
 from kvsim.metrics.summarize import summarize
+from kvsim.kv.beam import BeamModel
+from kvsim.kv.protocol import BeamCounters
 from kvsim.registry import ALLOCATORS, TIMING_MODELS
 from kvsim.sched.scheduler import Scheduler
 from kvsim.timing.context import TimingContext
@@ -76,6 +78,15 @@ def host_transfers(scn: Scenario, where: str = "scenario") -> HostTransfers:
                           "(host_link prices CPU-tier loads per block, with its per-copy latency)")
     return HostTransfers(scn.link_profile(), granularity=hl.granularity, layout=hl.layout,
                          num_layers=scn.model.spec().num_layers, legacy=False)
+
+
+def _beam_counts(trace, allocators) -> tuple[int, int] | None:
+    """(forks, copied tokens) summed over the replicas' allocators when the trace has beam-search
+    requests (the summary's kv.beam_* keys), else None."""
+    if trace.beam is None or not trace.beam.any():
+        return None
+    counters = [a for a in allocators if isinstance(a, BeamCounters)]
+    return sum(a.beam_forks for a in counters), sum(a.beam_copied_tokens for a in counters)
 
 
 def build_allocator(scn: Scenario, where: str = "scenario"):
@@ -170,7 +181,8 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
                     limits=EngineLimits(scn.limits.max_sim_time_s, scn.limits.max_wall_time_s),
                     progress=progress, event_log=event_log, mode=scn.engine.mode,
                     max_window_steps=scn.engine.max_window_steps, replicas=replicas,
-                    router=Router(rcfg.router, [r.scheduler for r in replicas]), shared_store=store is not None)
+                    router=Router(rcfg.router, [r.scheduler for r in replicas]), shared_store=store is not None,
+                    beam_model=BeamModel(scn.beam_search.fork_prob, scn.seed))
     wall0 = time.perf_counter()
     try:
         engine.run()
@@ -190,7 +202,8 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
         itl=recorder.itl, slo=scn.slo.as_dict() if scn.slo is not None else None,
         percentiles=tuple(scn.metrics.percentiles),
         hbm_bandwidth_bytes_per_s=scn.gpu.hbm_bandwidth_bytes_per_s,
-        page_fetches_per_page=scn.model.num_layers * scn.model.num_kv_heads)
+        page_fetches_per_page=scn.model.num_layers * scn.model.num_kv_heads,
+        beam=_beam_counts(trace, [r.scheduler.allocator for r in replicas]))
     engine_rows = recorder.num_rows
     all_requests = [r for rep in replicas for r in rep.scheduler.requests.values()]
     del engine, replicas, scheduler, sched, allocator, timing, recorder, store

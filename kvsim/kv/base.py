@@ -51,6 +51,9 @@ class KVRequest:
     block_keys: object = field(default=None, compare=False, repr=False)
     priority: int = 0
     num_samples: int = 1  # parallel samples (or beams) decoding from the same prompt
+    # Beam search: the request's prune/fork events (kvsim.kv.beam.BeamEvents); None = its
+    # num_samples are independent parallel samples.
+    beam_events: object = field(default=None, compare=False, repr=False)
 
     @property
     def final_kv_tokens(self) -> int:
@@ -352,15 +355,21 @@ class ExtentAllocator:
     def _init_ledger(self) -> None:
         self.ledger = SlotLedger(track_boundaries=True)
         self._samples: dict[int, int] = {}  # requests with parallel samples -> n
+        self._beam_events: dict[int, object] = {}  # beam-search requests -> their BeamEvents
+        self.beam_forks = 0  # forks so far: each copies the source beam's extent into the pruned one's
+        self.beam_copied_tokens = 0
 
     def _add_extent(self, req: KVRequest, size_tokens: int) -> None:
         self.ledger.add(req.request_id, req.final_kv_tokens * req.num_samples, size_tokens)
         if req.num_samples > 1:
             self._samples[req.request_id] = req.num_samples
+            if req.beam_events is not None:
+                self._beam_events[req.request_id] = req.beam_events
 
     def _remove_extent(self, request_id: int) -> None:
         self.ledger.remove(request_id)
         self._samples.pop(request_id, None)
+        self._beam_events.pop(request_id, None)
 
     def held_tokens(self, request_id: int) -> int:
         return self.ledger.held[request_id]
@@ -379,8 +388,15 @@ class ExtentAllocator:
             raise ValueError(
                 f"request {request_id}: {num_tokens} tokens exceed its extent of {self.ledger.held[request_id]}"
             )
-        if written < self.ledger.written_of(request_id):
+        old = self.ledger.written_of(request_id)
+        if written < old:
             raise ValueError(f"request {request_id}: written tokens cannot shrink")
+        if self._beam_events:
+            ev = self._beam_events.get(request_id)
+            if ev is not None:  # a fork copies the source beam (its whole length) over the pruned one
+                for k in ev.between(old // ev.width, num_tokens):
+                    self.beam_forks += 1
+                    self.beam_copied_tokens += ev.positions[k] - 1
         self.ledger.set_written(request_id, written)
         return True
 

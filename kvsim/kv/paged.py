@@ -37,6 +37,7 @@ from collections import OrderedDict
 from pydantic import Field, model_validator
 
 from kvsim.config_base import StrictModel
+from kvsim.kv.beam import BeamTables
 from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, SampleGeometry, SlotLedger, cdiv
 from kvsim.kv.eviction import (EVICTION_POLICIES, BlockStats, FIFOEvictionConfig, LFUEvictionConfig,
                                LRUEvictionConfig, LRUKEvictionConfig, PriorityEvictionConfig)
@@ -140,6 +141,9 @@ class PagedAllocator:
         # parallel sampling: request -> (geometry, number of leading table blocks shared by its samples)
         self._samples: dict[int, list] = {}
         self._seq_len: dict[int, int] = {}  # sampled requests: a sequence's written length
+        self._beams: dict[int, BeamTables] = {}  # beam-search requests: their beams' block tables
+        self.beam_forks = 0  # forks so far (each after a prune)
+        self.beam_copied_tokens = 0  # KV slots copied at forks (copy-on-write of partial blocks)
         self._shared_extra = 0  # sum over owned blocks of (ref count - 1)
         self._cached_free = 0  # free blocks that still hold cached content
         self._tick = 0
@@ -194,11 +198,17 @@ class PagedAllocator:
     def written_offset_tokens(self, request_id: int) -> int:
         """``samples x sequence length - physical slots written`` once samples diverged: the
         prompt's full blocks are stored once for all samples."""
+        bt = self._beams.get(request_id)
+        if bt is not None:
+            return bt.width * bt.seq_len - bt.written_slots()
         s = self._samples.get(request_id)
         return 0 if s is None else (s[0].n - 1) * s[0].base
 
     def seq_capacity_tokens(self, request_id: int) -> int:
         """Tokens one of the request's sequences can hold in its current blocks (diverged samples)."""
+        bt = self._beams.get(request_id)
+        if bt is not None:
+            return bt.seq_capacity_tokens()
         held = self.ledger.held[request_id]
         s = self._samples.get(request_id)
         return held if s is None else s[0].seq_capacity(held // self.block_size)
@@ -358,7 +368,14 @@ class PagedAllocator:
             self.block_stats[b] = stats
         self.block_tables[rid] = table
         self.ledger.add(rid, self._final_written(req), total * self.block_size)
-        if req.num_samples > 1:  # the prompt's blocks are shared by reference count
+        if req.num_samples > 1 and req.beam_events is not None:  # beams over the blocks just taken
+            blocks = iter(table)
+            bt = self._beams[rid] = BeamTables(req.beam_events, self.block_size, req.prompt_tokens, hold_tokens,
+                                               lambda: next(blocks))
+            for b, n in bt.refs.items():
+                self.ref_counts[b] = n
+            self._seq_len[rid] = 0
+        elif req.num_samples > 1:  # the prompt's blocks are shared by reference count
             geo = SampleGeometry(req.num_samples, self.block_size, req.prompt_tokens)
             # a recompute readmits diverged samples: then only the full prompt blocks are shared
             shared = cdiv(req.prompt_tokens, self.block_size) if hold_tokens <= req.prompt_tokens else geo.full
@@ -387,6 +404,10 @@ class PagedAllocator:
         sampled = self._samples.get(request_id)
         if sampled is not None:
             return self._ensure_sampled(request_id, num_tokens, sampled)
+        if self._beams:
+            bt = self._beams.get(request_id)
+            if bt is not None:
+                return self._ensure_beams(request_id, num_tokens, bt)
         table = self.block_tables[request_id]
         need = cdiv(num_tokens, self.block_size) - len(table)
         if need > 0:
@@ -426,6 +447,30 @@ class PagedAllocator:
         self._seq_len[rid] = num_tokens
         return True
 
+    def _ensure_beams(self, rid: int, num_tokens: int, bt: BeamTables) -> bool:
+        """Beam search: grow every beam to ``num_tokens``, forking and pruning on the way
+        (kvsim.kv.beam). All or nothing: the net blocks it takes must be free."""
+        if num_tokens < bt.seq_len:
+            raise ValueError(f"request {rid}: written tokens cannot shrink")
+        if bt.blocks_needed(num_tokens) > self.pool.num_free:
+            return False
+        forks, copied = bt.forks, bt.copied_tokens
+        bt.advance(num_tokens, self._new_block, self._give_block)
+        self.beam_forks += bt.forks - forks
+        self.beam_copied_tokens += bt.copied_tokens - copied
+        for b, n in bt.refs.items():
+            self.ref_counts[b] = n
+        table = self.block_tables[rid] = list(bt.refs)
+        self.ledger.set_held(rid, len(table) * self.block_size)
+        self.ledger.set_written(rid, bt.written_slots())
+        self._seq_len[rid] = num_tokens
+        return True
+
+    def _give_block(self, b: int) -> None:
+        """A block no beam holds any more goes back to the pool (beam blocks are never cached)."""
+        self.ref_counts[b] = 0
+        self.pool.add(b, self.block_stats.get(b))
+
     def _register_full_blocks(self, rid: int, num_tokens: int) -> None:
         full = num_tokens // self.block_size
         start = self._registered[rid]
@@ -457,6 +502,10 @@ class PagedAllocator:
         self._registered.pop(request_id, None)
         sampled = self._samples.pop(request_id, None)
         self._seq_len.pop(request_id, None)
+        bt = self._beams.pop(request_id, None)
+        if bt is not None:
+            for b in table:  # drop the beams' extra references first
+                self.ref_counts[b] -= bt.refs[b] - 1
         if sampled is not None:
             n, shared = sampled[0].n, sampled[1]
             for b in table[:shared]:  # drop the extra references of the samples first
@@ -474,7 +523,11 @@ class PagedAllocator:
         if not self._seq_len:
             return 0
         w = self.ledger.written_of
-        return sum(self._samples[r][0].n * n - w(r) for r, n in self._seq_len.items())
+        return sum(self._width(r) * n - w(r) for r, n in self._seq_len.items())
+
+    def _width(self, rid: int) -> int:
+        bt = self._beams.get(rid)
+        return bt.width if bt is not None else self._samples[rid][0].n
 
     def usage(self, head: KVRequest | None = None, head_hold_tokens: int = 0) -> KVUsage:
         # Any free block can serve any request: paging has no external fragmentation.
@@ -498,6 +551,14 @@ class PagedAllocator:
             )
             assert len(set(table)) == len(table), f"request {r} holds a block twice"
             sampled = self._samples.get(r)
+            bt = self._beams.get(r)
+            if bt is not None:
+                bt.check(f"paged request {r}")
+                assert set(table) == set(bt.refs), f"request {r}: block table and beams disagree"
+                for b in table:
+                    owners[b] += bt.refs[b]
+                    intra += bt.refs[b] - 1
+                continue
             shared, n = (sampled[1], sampled[0].n) if sampled else (len(table), 1)
             for i, b in enumerate(table):
                 owners[b] += n if i < shared else 1
@@ -549,6 +610,14 @@ class CountingPagedAllocator:
         self.ledger = SlotLedger(track_boundaries=True)
         self._geo: dict[int, SampleGeometry] = {}  # requests with parallel samples
         self._seq_len: dict[int, int] = {}
+        self._beams: dict[int, BeamTables] = {}  # beam-search requests (block ids are plain counters)
+        self._next_id = 0
+        self.beam_forks = 0
+        self.beam_copied_tokens = 0
+
+    def _take_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
 
     _blocks_for = PagedAllocator._blocks_for
     _final_blocks = PagedAllocator._final_blocks
@@ -561,6 +630,9 @@ class CountingPagedAllocator:
         return self.ledger.held[request_id]
 
     def written_offset_tokens(self, request_id: int) -> int:
+        bt = self._beams.get(request_id)
+        if bt is not None:
+            return bt.width * bt.seq_len - bt.written_slots()
         geo = self._geo.get(request_id)
         return 0 if geo is None else (geo.n - 1) * geo.base
 
@@ -570,12 +642,15 @@ class CountingPagedAllocator:
 
     def seq_capacities(self, request_ids) -> list[int]:
         """``seq_capacity_tokens`` of many requests at once (decode windows)."""
-        if self._geo:
+        if self._geo or self._beams:
             return [self.seq_capacity_tokens(r) for r in request_ids]
         held = self.ledger.held
         return [held[r] for r in request_ids]
 
     def seq_capacity_tokens(self, request_id: int) -> int:
+        bt = self._beams.get(request_id)
+        if bt is not None:
+            return bt.seq_capacity_tokens()
         held = self.ledger.held[request_id]
         geo = self._geo.get(request_id)
         return held if geo is None else geo.seq_capacity(held // self.block_size)
@@ -590,12 +665,20 @@ class CountingPagedAllocator:
             return None
         self.num_free_blocks -= need
         self.ledger.add(req.request_id, self._final_written(req), need * self.block_size)
-        if req.num_samples > 1:
+        if req.num_samples > 1 and req.beam_events is not None:
+            self._beams[req.request_id] = BeamTables(req.beam_events, self.block_size, req.prompt_tokens,
+                                                     hold_tokens, self._take_id)
+            self._seq_len[req.request_id] = 0
+        elif req.num_samples > 1:
             self._geo[req.request_id] = SampleGeometry(req.num_samples, self.block_size, req.prompt_tokens)
         return NO_HIT
 
     def ensure_slots(self, request_id: int, num_tokens: int) -> bool:
         ledger = self.ledger
+        if self._beams:
+            bt = self._beams.get(request_id)
+            if bt is not None:
+                return self._ensure_beams(request_id, num_tokens, bt)
         held = ledger.held[request_id]
         geo = self._geo.get(request_id) if self._geo else None
         if geo is not None:
@@ -616,6 +699,23 @@ class CountingPagedAllocator:
             self._seq_len[request_id] = num_tokens
         return True
 
+    def _ensure_beams(self, rid: int, num_tokens: int, bt: BeamTables) -> bool:
+        """Beam search (see PagedAllocator._ensure_beams): all or nothing."""
+        if num_tokens < bt.seq_len:
+            raise ValueError(f"request {rid}: written tokens cannot shrink")
+        need = bt.blocks_needed(num_tokens)
+        if need > self.num_free_blocks:
+            return False
+        forks, copied = bt.forks, bt.copied_tokens
+        bt.advance(num_tokens, self._take_id, lambda b: None)
+        self.beam_forks += bt.forks - forks
+        self.beam_copied_tokens += bt.copied_tokens - copied
+        self.num_free_blocks -= need
+        self.ledger.set_held(rid, bt.num_blocks() * self.block_size)
+        self.ledger.set_written(rid, bt.written_slots())
+        self._seq_len[rid] = num_tokens
+        return True
+
     def advance_written(self, request_ids, written_tokens) -> None:
         """Bulk ``ensure_slots`` for tokens that fit the held blocks (decode windows)."""
         if self._geo:
@@ -627,7 +727,7 @@ class CountingPagedAllocator:
     def grow_all_by_one(self) -> bool:
         """A decode step for every admitted request at once (all or nothing): see
         :meth:`SlotLedger.grow_all_by_one`. Block ids are not tracked, so the order is irrelevant."""
-        if self._geo:
+        if self._geo or self._beams:
             return False
         need = self.ledger.grow_all_by_one(self.block_size, self.num_free_blocks)
         if need < 0:
@@ -638,6 +738,7 @@ class CountingPagedAllocator:
     def free(self, request_id: int) -> None:
         held = self.ledger.held.get(request_id)
         self._geo.pop(request_id, None)
+        self._beams.pop(request_id, None)
         self._seq_len.pop(request_id, None)
         self.ledger.remove(request_id)
         self.num_free_blocks += held // self.block_size
@@ -646,7 +747,8 @@ class CountingPagedAllocator:
         extra = 0
         if self._seq_len:
             w = self.ledger.written_of
-            extra = sum(self._geo[r].n * n - w(r) for r, n in self._seq_len.items())
+            extra = sum((self._beams[r].width if r in self._beams else self._geo[r].n) * n - w(r)
+                        for r, n in self._seq_len.items())
         return self.ledger.usage(self.capacity_tokens, 0, unshared_extra_tokens=extra)
 
     def usage_parts(self, head: KVRequest | None = None) -> tuple[int, int, int, int, int]:
@@ -656,6 +758,9 @@ class CountingPagedAllocator:
         self.ledger.check("paged")
         for r, held in self.ledger.held.items():
             assert held % self.block_size == 0, f"request {r}: held {held} is not whole blocks"
+        for r, bt in self._beams.items():
+            bt.check(f"paged request {r}")
+            assert bt.num_blocks() * self.block_size == self.ledger.held[r], f"request {r}: beams' blocks != held"
         used = self.ledger.sum_held // self.block_size
         assert 0 <= self.num_free_blocks and used + self.num_free_blocks == self.num_blocks, (
             f"free blocks ({self.num_free_blocks}) + owned ({used}) != {self.num_blocks}"

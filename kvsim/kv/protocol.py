@@ -132,6 +132,15 @@ class EvictionCounter(Protocol):
     evictions: int
 
 
+@runtime_checkable
+class BeamCounters(Protocol):
+    """``beam_forks`` / ``beam_copied_tokens``: beam-search forks so far and the KV slots they copied
+    (kvsim.kv.beam; the summary's ``kv.beam_forks`` / ``kv.beam_copied_bytes``)."""
+
+    beam_forks: int
+    beam_copied_tokens: int
+
+
 @dataclass(frozen=True)
 class AllocatorCapabilities:
     """What an allocator offers beyond :class:`KVAllocator`, checked once per run."""

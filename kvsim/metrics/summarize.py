@@ -39,7 +39,8 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: i
               block_size_tokens: int | None, budget_bytes: int, end_s: float, start_s: float,
               itl: ITLAccumulator | None = None, slo: dict[str, float] | None = None,
               percentiles: tuple[float, ...] = DEFAULT_PERCENTILES,
-              hbm_bandwidth_bytes_per_s: float | None = None, page_fetches_per_page: int = 1) -> dict:
+              hbm_bandwidth_bytes_per_s: float | None = None, page_fetches_per_page: int = 1,
+              beam: tuple[int, int] | None = None) -> dict:
     """``hbm_bandwidth_bytes_per_s``: the GPU's peak (datasheet) HBM bandwidth, for
     ``kv_access.hbm_bandwidth_utilisation``; ``page_fetches_per_page``: layers x KV heads -- one
     page of a sequence is fetched once per layer and KV head (``kv_access.pages_fetched``)."""
@@ -72,6 +73,9 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: i
                    * dur).sum())
     allocated = waste + ts
     kv["fragmentation_frac"] = waste / allocated if allocated > 0 else 0.0
+    if beam is not None:  # beam search: forks and the KV they copied (paged: partial blocks; extents: whole beams)
+        kv["beam_forks"] = int(beam[0])
+        kv["beam_copied_bytes"] = int(beam[1]) * int(bytes_per_token)
     kv["peak_used_frac"] = float(steps["peak_used_bytes"].max() / capacity_bytes) if len(steps) and capacity_bytes else 0.0
 
     out_tokens = float(fin["output_tokens"].sum())

@@ -33,13 +33,15 @@ class Request:
     )
 
     def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
-                 max_model_len_tokens: int, priority: int = 0, block_keys=None, num_samples: int = 1):
+                 max_model_len_tokens: int, priority: int = 0, block_keys=None, num_samples: int = 1,
+                 beam_events=None):
         self.request_id = request_id
         self.arrival_s = arrival_s
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
         self.kv = KVRequest(request_id, prompt_tokens, output_tokens, max_model_len_tokens,
-                            block_keys=block_keys, priority=priority, num_samples=num_samples)
+                            block_keys=block_keys, priority=priority, num_samples=num_samples,
+                            beam_events=beam_events)
         self.num_samples = num_samples  # parallel samples decoding in lockstep from one prompt
         self.replica = 0  # the engine replica the router sent it to
         self.priority = priority

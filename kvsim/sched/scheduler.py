@@ -411,6 +411,10 @@ class Scheduler:
             return len(self.running)
         return sum(r.num_samples for r in self.running)
 
+    def has_running_beams(self) -> bool:
+        """Is a beam-search request (kvsim.kv.beam) running? (The engine steps one by one then.)"""
+        return any(r.kv.beam_events is not None for r in self.running)
+
     @property
     def has_parallel_samples(self) -> bool:
         """Has any request with parallel samples arrived? (Then sequences are counted per sample.)"""

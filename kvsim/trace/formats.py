@@ -62,7 +62,7 @@ SCHEMAS: dict[str, TraceSchema] = {
     "generic": TraceSchema(
         "generic", "arrival_s", "prompt_tokens", "output_tokens", "s",
         prefix="prefix_keys", block_tokens_column="prefix_block_tokens",
-        optional_ints=("session_id", "priority", "num_samples"),
+        optional_ints=("session_id", "priority", "num_samples", "beam"),
     ),
 }
 

@@ -138,6 +138,7 @@ def _with_source(trace: Trace, source: dict) -> Trace:
         session_id=trace.session_id,
         priority=trace.priority,
         num_samples=trace.num_samples,
+        beam=trace.beam,
         source=source,
     )
 
@@ -244,6 +245,10 @@ def _read_all(source: Container, schema: TraceSchema, ctx: RowContext, on_unsort
         if "num_samples" in opt and (opt["num_samples"] < 1).any():
             i = int(np.argmax(opt["num_samples"] < 1))
             raise ctx.fail(lines[i], f"column 'num_samples' must be >= 1, got {int(opt['num_samples'][i])}")
+        if "beam" in opt and not np.isin(opt["beam"], (0, 1)).all():
+            i = int(np.argmax(~np.isin(opt["beam"], (0, 1))))
+            raise ctx.fail(lines[i], f"column 'beam' must be 0 (parallel samples) or 1 (beam search), "
+                                     f"got {int(opt['beam'][i])}")
 
         zero = output == 0
         if zero.any():
@@ -317,6 +322,7 @@ def _read_all(source: Container, schema: TraceSchema, ctx: RowContext, on_unsort
         session_id=optional_arrays.get("session_id"),
         priority=optional_arrays.get("priority"),
         num_samples=optional_arrays.get("num_samples"),
+        beam=optional_arrays.get("beam"),
     )
     return _ReadResult(trace, tuple(repairs), n_in_file)
 

@@ -31,6 +31,9 @@ class Trace:
     session_id: np.ndarray | None = None  # int64
     priority: np.ndarray | None = None  # int64, larger = more important
     num_samples: np.ndarray | None = None  # int64, parallel samples n (>= 1)
+    # int64 0/1: 1 = the request's num_samples are beams of a beam search (kvsim.kv.beam); absent
+    # or 0 = independent parallel samples.
+    beam: np.ndarray | None = None
     # Provenance: where the requests came from (file path + sha256, or generator spec).
     source: dict = field(default_factory=dict)
 
@@ -64,13 +67,16 @@ class Trace:
             if n and col.min() < 1:
                 row = int(np.argmin(col))
                 raise TraceError(f"{where}: request {row}: {name} must be >= 1, got {int(col[row])}")
-        for name in ("session_id", "priority", "num_samples"):
+        for name in ("session_id", "priority", "num_samples", "beam"):
             col = getattr(self, name)
             if col is not None and col.shape != (n,):
                 raise TraceError(f"{where}: column {name} has {col.shape[0]} rows, expected {n}")
         if self.num_samples is not None and n and self.num_samples.min() < 1:
             row = int(np.argmin(self.num_samples))
             raise TraceError(f"{where}: request {row}: num_samples must be >= 1")
+        if self.beam is not None and n and not np.isin(self.beam, (0, 1)).all():
+            row = int(np.argmax(~np.isin(self.beam, (0, 1))))
+            raise TraceError(f"{where}: request {row}: beam must be 0 or 1, got {int(self.beam[row])}")
         if self.prefix_keys is not None:
             if len(self.prefix_keys) != n:
                 raise TraceError(f"{where}: prefix_keys has {len(self.prefix_keys)} rows, expected {n}")
@@ -95,5 +101,6 @@ class Trace:
             session_id=pick(self.session_id),
             priority=pick(self.priority),
             num_samples=pick(self.num_samples),
+            beam=pick(self.beam),
             source=dict(self.source),
         )

@@ -20,7 +20,8 @@ Structure:
   every other block gets a fresh key, except that turn k+1 reuses turn k's full-block keys (its
   prompt extends turn k's prompt). A block straddling two segments is fresh (its content is new).
 * ``num_samples`` exists when ``sampling`` is given: ``n`` or ``beam_width`` for a ``fraction``
-  of the requests, 1 for the rest; ``source["num_samples_kind"]`` says which.
+  of the requests, 1 for the rest; ``source["num_samples_kind"]`` says which. With ``beam_width``
+  the ``beam`` column is 1 for the chosen requests: they run a beam search (``kvsim.kv.beam``).
 
 Presets approximate the two workloads of the vLLM paper (Kwon et al., SOSP 2023, Table 1 / Fig. 11)
 with log-normal lengths of the published means: ShareGPT (prompt 161.31, output 337.99 tokens) and
@@ -179,9 +180,12 @@ def generate_trace(spec: SyntheticTraceSpec, seed: int | None = None, base_dir: 
         raise TraceError(f"synthetic trace: no requests fall within duration_s={spec.duration_s}")
 
     num_samples = None
+    beam = None
     if spec.sampling is not None:
         chosen = rngs["sampling"].random(n) < spec.sampling.fraction
         num_samples = np.where(chosen, spec.sampling.samples, 1).astype(np.int64)
+        if spec.sampling.kind == "beam_search":  # the chosen requests run a beam search
+            beam = (chosen & (num_samples > 1)).astype(np.int64)
     priority = None
     if spec.priority is not None:
         values = np.asarray(spec.priority.values, dtype=np.int64)
@@ -200,6 +204,7 @@ def generate_trace(spec: SyntheticTraceSpec, seed: int | None = None, base_dir: 
         session_id=session,
         priority=priority,
         num_samples=num_samples,
+        beam=beam,
         source={
             "kind": "synthetic",
             "seed": seed,

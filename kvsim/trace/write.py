@@ -3,7 +3,7 @@
 Columns, in this order (optional ones only when the trace has them):
 
 ``arrival_s, prompt_tokens, output_tokens[, prefix_block_tokens, prefix_keys][, session_id]
-[, priority][, num_samples]``
+[, priority][, num_samples][, beam]``
 
 * floats are written with Python's shortest round-trip repr, so loading the file back gives
   bit-identical arrays;
@@ -52,7 +52,7 @@ def _columns(trace: Trace) -> list[str]:
     cols = ["arrival_s", "prompt_tokens", "output_tokens"]
     if trace.prefix_keys is not None:
         cols += ["prefix_block_tokens", "prefix_keys"]
-    cols += [c for c in ("session_id", "priority", "num_samples") if getattr(trace, c) is not None]
+    cols += [c for c in ("session_id", "priority", "num_samples", "beam") if getattr(trace, c) is not None]
     return cols
 
 
@@ -125,7 +125,7 @@ def _text_rows(trace: Trace, lo: int, hi: int, container: str) -> bytes:
         sep = " " if container == "csv" else ", "
         joined = pc.binary_join(keys, sep)
         fields.append(joined if container == "csv" else pc.binary_join_element_wise("[", joined, "]", ""))
-    for c in ("session_id", "priority", "num_samples"):
+    for c in ("session_id", "priority", "num_samples", "beam"):
         col = getattr(trace, c)
         if col is not None:
             fields.append(text(col[lo:hi]))
@@ -159,7 +159,7 @@ def _write_parquet(trace: Trace, path: Path) -> None:
         arrays["prefix_block_tokens"] = pa.array(np.full(len(trace), trace.prefix_block_tokens, np.int64))
         arrays["prefix_keys"] = _key_list_array(trace.prefix_keys)
         metadata["kvsim.prefix_block_tokens"] = str(int(trace.prefix_block_tokens))
-    for c in ("session_id", "priority", "num_samples"):
+    for c in ("session_id", "priority", "num_samples", "beam"):
         col = getattr(trace, c)
         if col is not None:
             arrays[c] = pa.array(col, pa.int64())

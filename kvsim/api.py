@@ -101,6 +101,8 @@ class _Progress:
 
     def close(self) -> None:
         if self.bar is not None:
+            # tqdm may skip drawing the last update (min interval / iterations); draw the final state
+            self.bar.refresh()
             self.bar.close()
 
 

@@ -20,7 +20,8 @@ import yaml
 
 from ._cli import CORPUS, REPO, finish, run_kvsim, start_kvsim
 
-SCENARIOS = sorted((REPO / "scenarios").glob("**/*.yaml"))
+# every scenario and sweep file; scenarios/studies/profiles/ holds attention-backend profiles, not scenarios
+SCENARIOS = sorted(p for p in (REPO / "scenarios").glob("**/*.yaml") if "profiles" not in p.relative_to(REPO).parts)
 MAX_REQUESTS = 100
 COMPARED = ("requests.parquet", "steps.parquet", "summary.json")
 

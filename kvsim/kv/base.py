@@ -320,6 +320,48 @@ class SlotLedger:
         self.sum_written += len(self.held)
         return need
 
+    def grow_steps(self, block_size: int, free_blocks: int, steps: int, first_step: int,
+                   changes: list) -> tuple[int, int]:
+        """:meth:`grow_all_by_one` up to ``steps`` times in a row, stopping before the first step that
+        needs more blocks than are left of ``free_blocks``. After every step that took blocks,
+        appends ``(first_step + i, sum_held, sum_useful)`` to ``changes``. Returns ``(steps done,
+        blocks taken)``; the same state as that many single calls (decode windows)."""
+        if not self._track:
+            raise ValueError("grow_steps needs a ledger that tracks block boundaries")
+        bounds, held, final = self._bounds, self.held, self.final
+        clock = self.clock
+        left = free_blocks
+        end = clock + steps
+        sum_held, sum_useful = self.sum_held, self.sum_useful
+        while clock < end:
+            full = bounds.get(clock)  # requests whose held slots are all written
+            if full:
+                need = len(full)
+                if need > left:
+                    break
+                left -= need
+                del bounds[clock]
+                useful = 0
+                for r in full:
+                    h = held[r]  # == written < final: the request still decodes
+                    h2 = held[r] = h + block_size
+                    f = final[r]
+                    useful += (h2 if h2 < f else f) - h
+                nxt = bounds.get(clock + block_size)  # each is full again block_size steps on
+                if nxt is None:
+                    bounds[clock + block_size] = full
+                else:
+                    nxt |= full
+                sum_held += need * block_size
+                sum_useful += useful
+                changes.append((first_step + clock - self.clock, sum_held, sum_useful))
+            clock += 1
+        done = clock - self.clock
+        self.sum_held, self.sum_useful = sum_held, sum_useful
+        self.sum_written += done * len(held)
+        self.clock = clock
+        return done, free_blocks - left
+
     def set_written_many(self, request_ids, written_tokens) -> None:
         """Bulk ``set_written`` (each value within the request's held slots)."""
         for r, w in zip(request_ids, written_tokens):
@@ -410,6 +452,13 @@ class ExtentAllocator:
         if self._samples:
             return False
         return self.ledger.grow_all_by_one(1, 0) == 0
+
+    def grow_steps(self, steps: int, first_step: int, changes: list) -> int:
+        """``grow_all_by_one`` up to ``steps`` times (BulkDecodeSteps): extents hold every token, so
+        nothing is taken and ``changes`` stays empty."""
+        if self._samples:
+            return 0
+        return self.ledger.grow_steps(1, 0, steps, first_step, changes)[0]
 
     def usage(self, head: KVRequest | None = None, head_hold_tokens: int = 0) -> KVUsage:
         return self.ledger.usage(self.capacity_tokens, self._external(head))

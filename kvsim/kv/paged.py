@@ -735,6 +735,15 @@ class CountingPagedAllocator:
         self.num_free_blocks -= need
         return True
 
+    def grow_steps(self, steps: int, first_step: int, changes: list) -> int:
+        """``grow_all_by_one`` up to ``steps`` times, stopping before a step whose blocks are not
+        free (BulkDecodeSteps; see :meth:`SlotLedger.grow_steps`). Returns the steps done."""
+        if self._geo or self._beams:
+            return 0
+        done, taken = self.ledger.grow_steps(self.block_size, self.num_free_blocks, steps, first_step, changes)
+        self.num_free_blocks -= taken
+        return done
+
     def free(self, request_id: int) -> None:
         held = self.ledger.held.get(request_id)
         self._geo.pop(request_id, None)

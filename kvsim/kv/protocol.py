@@ -80,6 +80,18 @@ class BulkDecodeGrowth(Protocol):
 
 
 @runtime_checkable
+class BulkDecodeSteps(Protocol):
+    """``grow_steps(steps, first_step, changes)``: ``grow_all_by_one()`` up to ``steps`` times in a
+    row, stopping before the first step it cannot do (nothing changed by that one); returns the
+    steps done. After each step that changed the held slots it appends ``(first_step + i,
+    sum_held, sum_useful)`` (``usage_parts``' first two members) to ``changes``; the other
+    ``usage_parts`` members do not change while requests only grow. Lets a decode window advance
+    the runs of steps between finishes in one call instead of one call per step."""
+
+    def grow_steps(self, steps: int, first_step: int, changes: list) -> int: ...
+
+
+@runtime_checkable
 class LazyLedger(Protocol):
     """The allocator keeps its slot counts in a :class:`~kvsim.kv.base.SlotLedger` whose running sums
     (``sum_written``, ``sum_held``) the decode group reads in O(1) instead of asking every request."""
@@ -151,10 +163,11 @@ class AllocatorCapabilities:
     prefix_peek: bool  # PrefixCachePeek
     eviction_counter: bool  # EvictionCounter
     block_runs: bool = False  # BlockRuns
+    decode_steps: bool = False  # BulkDecodeSteps (with decode_group): window runs in one call
 
     def describe(self) -> str:
         on = [name for name in ("windows", "decode_group", "bulk_slots", "prefix_peek", "eviction_counter",
-                                                "block_runs")
+                                                "block_runs", "decode_steps")
               if getattr(self, name)]
         return ", ".join(on) or "none"
 
@@ -171,13 +184,15 @@ def allocator_capabilities(alloc: object) -> AllocatorCapabilities:
     """Check ``alloc`` against the required protocol and every capability (once, at build time)."""
     require_allocator(alloc)
     windows = isinstance(alloc, WindowAllocator)
+    decode_group = windows and isinstance(alloc, BulkDecodeGrowth) and isinstance(alloc, LazyLedger)
     caps = AllocatorCapabilities(
         windows=windows,
-        decode_group=windows and isinstance(alloc, BulkDecodeGrowth) and isinstance(alloc, LazyLedger),
+        decode_group=decode_group,
         bulk_slots=isinstance(alloc, BulkSlots),
         prefix_peek=isinstance(alloc, PrefixCachePeek),
         eviction_counter=isinstance(alloc, EvictionCounter),
         block_runs=isinstance(alloc, BlockRuns),
+        decode_steps=decode_group and isinstance(alloc, BulkDecodeSteps),
     )
     log.debug("allocator %s capabilities: %s", type(alloc).__name__, caps.describe())
     return caps

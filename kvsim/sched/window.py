@@ -350,7 +350,6 @@ def apply_group_window(sched, plan, k: int, times: np.ndarray, on_first=None, on
     Returns ``(steps advanced, usage segments)`` as :func:`apply_decode_window` does."""
     alloc = sched.allocator
     group = sched.group
-    ledger = alloc.ledger
     head = sched.waiting[0].kv if sched.waiting and not sched.swapped else None
     segments = [(0, alloc.usage_parts(head))]
     clock0 = group.clock
@@ -367,29 +366,12 @@ def apply_group_window(sched, plan, k: int, times: np.ndarray, on_first=None, on
         return 1, segments  # step 1 will be planned the ordinary way (it may admit the head)
     head = sched.waiting[0].kv if sched.waiting and not sched.swapped else None
     next_finish = group.finish_clock() if len(group) else -1
-    grow = alloc.grow_all_by_one
     changed = bool(admitted or done)
-    stop = k
-    for s in range(1, k):
-        if next_finish == clock0 + s:  # members whose last token was step s - 1
-            group.clock = clock0 + s
-            t = float(times[s])
-            done = sched.finish_group_members(t)
-            if on_finish is not None:
-                for r in done:
-                    on_finish(r, t)
-            if sched.waiting and sched.head_might_fit(num_running=len(sched.running)):
-                stop = s  # step s will be planned the ordinary way (it may admit the head)
-                break
-            next_finish = group.finish_clock() if len(group) else -1
-            changed = True
-        held = ledger.sum_held
-        if not grow():
-            stop = s  # a block step s needs is not free: plan it one request at a time (preemption)
-            break
-        if changed or ledger.sum_held != held:
-            segments.append((s, alloc.usage_parts(head)))
-            changed = False
+    if sched.caps.decode_steps:
+        stop = _grow_runs(sched, k, times, clock0, next_finish, changed, head, segments, on_finish)
+    else:
+        stop = _grow_one_by_one(sched, k, times, clock0, next_finish, changed, head, segments, on_finish)
+    next_finish = group.finish_clock() if len(group) else -1
     group.clock = clock0 + stop
     if stop == k and next_finish == clock0 + k:
         t = float(times[k])
@@ -398,6 +380,70 @@ def apply_group_window(sched, plan, k: int, times: np.ndarray, on_first=None, on
             for r in done:
                 on_finish(r, t)
     return stop, segments
+
+
+def _finish_at(sched, group, clock: int, t: float, on_finish) -> bool:
+    """Finish the group members done at group clock ``clock`` (time ``t``); True if the waiting
+    head might fit afterwards (the window stops: that step is planned the ordinary way)."""
+    group.clock = clock
+    done = sched.finish_group_members(t)
+    if on_finish is not None:
+        for r in done:
+            on_finish(r, t)
+    return bool(sched.waiting) and sched.head_might_fit(num_running=len(sched.running))
+
+
+def _grow_runs(sched, k: int, times, clock0: int, next_finish: int, changed: bool, head, segments,
+               on_finish) -> int:
+    """Steps 1..k-1 of a group window through ``grow_steps`` (BulkDecodeSteps): one allocator call
+    per run of steps between finishes. Returns the step the window stops at (k: it ran whole)."""
+    alloc = sched.allocator
+    group = sched.group
+    grow_steps = alloc.grow_steps
+    s = 1
+    while s < k:
+        if next_finish == clock0 + s:  # members whose last token was step s - 1
+            if _finish_at(sched, group, next_finish, float(times[s]), on_finish):
+                return s
+            next_finish = group.finish_clock() if len(group) else -1
+            changed = True
+        end = next_finish - clock0 if clock0 + s < next_finish < clock0 + k else k
+        parts = alloc.usage_parts(head) if changed else None
+        changes: list = []
+        done = grow_steps(end - s, s, changes)
+        if changed and done and (not changes or changes[0][0] != s):
+            segments.append((s, parts))
+        if changes:
+            rest = (parts or alloc.usage_parts(head))[2:]
+            segments.extend([(step, (held, useful) + rest) for step, held, useful in changes])
+        changed = False
+        if done < end - s:
+            return s + done  # a block that step needs is not free: plan it one request at a time
+        s = end
+    return k
+
+
+def _grow_one_by_one(sched, k: int, times, clock0: int, next_finish: int, changed: bool, head, segments,
+                     on_finish) -> int:
+    """Steps 1..k-1 of a group window, one ``grow_all_by_one`` call each (allocators without
+    BulkDecodeSteps). Returns the step the window stops at (k: it ran whole)."""
+    alloc = sched.allocator
+    group = sched.group
+    ledger = alloc.ledger
+    grow = alloc.grow_all_by_one
+    for s in range(1, k):
+        if next_finish == clock0 + s:  # members whose last token was step s - 1
+            if _finish_at(sched, group, next_finish, float(times[s]), on_finish):
+                return s
+            next_finish = group.finish_clock() if len(group) else -1
+            changed = True
+        held = ledger.sum_held
+        if not grow():
+            return s  # a block step s needs is not free: plan it one request at a time (preemption)
+        if changed or ledger.sum_held != held:
+            segments.append((s, alloc.usage_parts(head)))
+            changed = False
+    return k
 
 
 def window_means(win: DecodeWindow, k: int, durations: np.ndarray, segments, capacity_tokens: int):

@@ -129,3 +129,82 @@ def test_lazy_decode_touches_only_requests_at_a_block_boundary():
 def test_ledger_refuses_lazy_growth_without_boundaries():
     with pytest.raises(ValueError, match="tracks block boundaries"):
         SlotLedger().grow_all_by_one(16, 10)
+
+
+runs_strategy = st.lists(
+    st.tuples(st.sampled_from(["alloc", "free", "run", "run"]), st.integers(0, 5), st.integers(1, 40),
+              st.integers(1, 30)),
+    min_size=1, max_size=40,
+)
+
+
+def drive_runs(single, bulk, ops):
+    """``run n`` is up to ``n`` ``grow_all_by_one`` calls on ``single`` (stopping at the first that
+    fails) and one ``grow_steps(n, ...)`` on ``bulk``: steps done, recorded (step, held, useful)
+    changes, usage and free blocks must agree after every op."""
+    written: dict[int, int] = {}
+    final: dict[int, int] = {}
+    slot_to_id: dict[int, int] = {}
+    next_id = 0
+    for verb, slot, a, n in ops:
+        rid = slot_to_id.get(slot)
+        if verb == "alloc" and rid is None:
+            r = KVRequest(next_id, a, MAX_LEN - a, MAX_LEN)
+            next_id += 1
+            got = single.allocate(r, a)
+            assert (got is None) == (bulk.allocate(r, a) is None)
+            if got is not None:
+                assert single.ensure_slots(r.request_id, a) and bulk.ensure_slots(r.request_id, a)
+                slot_to_id[slot], written[r.request_id], final[r.request_id] = r.request_id, a, r.final_kv_tokens
+        elif verb == "free" and rid is not None:
+            single.free(rid)
+            bulk.free(rid)
+            del slot_to_id[slot], written[rid]
+        elif verb == "run" and written:
+            n = min(n, min(final[r] - w for r, w in written.items()))  # nobody writes past its end
+            expected, done = [], 0
+            while done < n:
+                held = single.ledger.sum_held
+                if not single.grow_all_by_one():
+                    break
+                if single.ledger.sum_held != held:
+                    expected.append((7 + done, single.ledger.sum_held, single.ledger.sum_useful))
+                done += 1
+            changes: list = []
+            assert bulk.grow_steps(n, 7, changes) == done
+            assert changes == expected
+            for r in written:
+                written[r] += done
+        single.check_invariants()
+        bulk.check_invariants()
+        assert usage_tuple(single) == usage_tuple(bulk)
+        assert single.num_free_blocks == bulk.num_free_blocks
+        for r, w in written.items():
+            assert bulk.ledger.written_of(r) == w and bulk.held_tokens(r) == single.held_tokens(r)
+
+
+@settings(max_examples=min(EXAMPLES, 400), deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(ops=runs_strategy, block_size=st.sampled_from([1, 4, 16]), blocks=st.integers(1, 40))
+def test_counting_paged_grow_steps_matches_single_steps(ops, block_size, blocks):
+    drive_runs(CountingPagedAllocator(blocks, block_size), CountingPagedAllocator(blocks, block_size), ops)
+
+
+@settings(max_examples=min(EXAMPLES, 200), deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(ops=runs_strategy, capacity=st.integers(1, 400))
+def test_contiguous_grow_steps_matches_single_steps(ops, capacity):
+    drive_runs(ContiguousAllocator(capacity, "max"), ContiguousAllocator(capacity, "max"), ops)
+
+
+def test_grow_steps_stops_before_a_step_without_free_blocks():
+    alloc = CountingPagedAllocator(num_blocks=3, block_size=4)
+    for rid in (0, 1):  # 4 and 2 tokens: block boundaries after 0 and 2 steps
+        assert alloc.allocate(KVRequest(rid, 4 - 2 * rid, 50, MAX_LEN), 4 - 2 * rid) is not None
+        assert alloc.ensure_slots(rid, 4 - 2 * rid)
+    changes: list = []
+    # step 0 takes the last free block (request 0); step 2 would need one for request 1: stop there
+    assert alloc.grow_steps(10, 0, changes) == 2
+    assert changes == [(0, 12, 12)] and alloc.num_free_blocks == 0
+    assert [alloc.ledger.written_of(r) for r in (0, 1)] == [6, 4]
+    alloc.check_invariants()

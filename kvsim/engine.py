@@ -10,7 +10,7 @@ reaches (after every wait); with several, an arrival process routes each request
 arrival and records the gap as an idle row.
 
 ``mode="fast"`` (default) advances runs of decode steps as one exact *decode window* (see
-:mod:`kvsim.sched.window`): one SimPy timeout and one row for many steps, landing on exactly the
+:mod:`kvsim.fast.window`): one SimPy timeout and one row for many steps, landing on exactly the
 float time the step-by-step loop (``mode="step"``, kept as the reference) reaches, so both produce
 identical request tables.
 """
@@ -34,7 +34,8 @@ from kvsim.metrics.recorder import StepRecorder
 from kvsim.sched.request import Request
 from kvsim.sched.router import Router
 from kvsim.sched.scheduler import Scheduler
-from kvsim.sched.window import (
+from kvsim.fast.group import DecodeGroup
+from kvsim.fast.window import (
     apply_decode_window,
     apply_group_window,
     block_limited_steps,
@@ -79,13 +80,21 @@ class Replica:
         self.caps = scheduler.caps  # the allocator's optional calls
         self.pricer: VectorisedDecodeTiming | None = None  # decode-window pricing, when windows are on
         self.windows = False  # decode windows installed (see Engine.__init__)
+        self.group: DecodeGroup | None = None  # the lazy decode group, when installed
 
     def install_fast_path(self, mode: str, beam_search: bool = False) -> str:
-        """Turn decode windows on where the mode and the plugins' capabilities allow; returns a
-        line saying which fast paths are on (and why not). ``beam_search``: the trace has beam
-        requests, whose forks and prunes windows cannot plan: steps with one running go one by one."""
+        """Install the fast path (kvsim.fast) where the mode and the plugins' capabilities allow:
+        decode windows, and the scheduler's lazy decode group. Returns a line saying which fast
+        paths are on (and why not). ``beam_search``: the trace has beam requests, whose forks and
+        prunes windows cannot plan: steps with one running go one by one. ``step`` mode installs
+        nothing: the scheduler plans every request one by one (the reference)."""
         if mode != "fast":
             return f"replica {self.index}: step mode: every step on its own"
+        sched = self.scheduler
+        if self.caps.decode_group:  # BulkDecodeGrowth + LazyLedger (and WindowAllocator)
+            group = DecodeGroup(sched.allocator.block_size, sched.allocator)
+            if sched.install_decode_path(group):  # not for timing that needs each context length
+                self.group = group
         if not self.caps.windows:
             return (f"replica {self.index}: decode windows off: allocator {type(self.scheduler.allocator).__name__} "
                     f"lacks the WindowAllocator capability (steps run one by one)")
@@ -301,7 +310,7 @@ class Engine:
         sched = rep.scheduler
         usage = sched.usage()
         timing = rep.timing.step_time(plan.shape)
-        _credit_prefetch(sched.prefetch_target(), (timing.duration_s,))  # the head while this step computes
+        sched.credit_prefetch(sched.prefetch_target(), (timing.duration_s,))  # the head while this step computes
         yield from self._advance(rep, start + timing.duration_s)
         first, done = sched.on_step_done(rep.now_s)
         for r in first:
@@ -348,7 +357,7 @@ class Engine:
         group = plan.group_decodes > 0  # every running request is a lazy decode-group member
         horizon = min(self.max_window_steps, rep.window_horizon)
         if group:
-            win = plan_group_window(sched, plan, horizon)
+            win = plan_group_window(sched, rep.group, plan, horizon)
         else:
             win = plan_decode_window(sched, plan, horizon)
         if win is None:
@@ -402,10 +411,10 @@ class Engine:
         # so it runs first and may end the window early; then the clock jumps to the window's end.
         target = sched.prefetch_target()  # constant through the window: nobody is admitted
         if pop_steps is None:
-            k, segments = apply_group_window(sched, plan, k, times, on_first, on_finish)
+            k, segments = apply_group_window(sched, rep.group, plan, k, times, on_first, on_finish)
         else:
             k, segments = apply_decode_window(sched, win, k, times, pop_steps, pop_idx, on_finish)
-        _credit_prefetch(target, durations[:k].tolist())
+        sched.credit_prefetch(target, durations[:k].tolist())
         rep.window_horizon = max(MIN_WINDOW_HORIZON, 4 * k)
         yield from self._advance(rep, float(times[k]))
         memory, batch_mean = window_means(win, k, durations, segments, sched.allocator.capacity_tokens)
@@ -458,14 +467,3 @@ class Engine:
                 if rep.end_s < self.end_s:
                     self.recorder.row(replica=rep.index, idle=True, start_s=rep.end_s,
                                       duration_s=self.end_s - rep.end_s, memory=MemoryParts.of(rep.scheduler.usage()))
-
-
-
-def _credit_prefetch(target, durations) -> None:
-    """Credit the prefetch ``target`` (or nobody) with each step's compute time, added in step order
-    (``((p + d0) + d1) + ...``: the same floats one step at a time or as a window)."""
-    if target is not None:
-        p = target.prefetched_s
-        for d in durations:
-            p += d
-        target.prefetched_s = p

@@ -4,9 +4,10 @@ There is no prefill or decode phase here: every request has ``num_tokens`` (prom
 ``num_computed_tokens``, and each step gives each request up to ``num_tokens - num_computed`` new
 tokens, within a per-step token budget. The phases of one ``schedule()`` call:
 
-0. the decode group (:mod:`kvsim.sched.group`): when every running request is a member (each
-   decodes one token), they all grow by one token in one allocator call, untouched one by one;
-   otherwise the group is dissolved and phase 1 takes every running request;
+0. the decode fast path, if the engine installed one (:mod:`kvsim.sched.fastpath`; the decode group
+   of :mod:`kvsim.fast.group`): when every running request is a member (each decodes one token),
+   they all grow by one token in one allocator call, untouched one by one; otherwise the group is
+   dissolved and phase 1 takes every running request;
 1. running requests, in admission order. Each asks the allocator for room for its new tokens; when
    that fails the scheduler preempts a victim (default: the most recently admitted running request,
    as vLLM does) and retries. If the victim is the request itself it is not scheduled this step.
@@ -41,7 +42,7 @@ from dataclasses import dataclass, field
 
 from kvsim.kv.protocol import KVAllocator, allocator_capabilities
 from kvsim.sched.config import SchedulerConfig
-from kvsim.sched.group import DecodeGroup
+from kvsim.sched.fastpath import DecodeFastPath
 from kvsim.sched.plan import StepPlan
 from kvsim.sched.request import Request, RequestStatus
 from kvsim.sched.victim import build_victim_policy
@@ -106,12 +107,26 @@ class Scheduler:
         self.transfers = host_transfers if host_transfers is not None else legacy_transfers(host_link_bandwidth_bytes_per_s)
         self.hidden_by_prefetch_s = 0.0
         self._any_samples = False  # any request with parallel samples (then count sequences)
-        # Lazy decode steps (see kvsim.sched.group): with an allocator that grows every request
-        # by one token in one call, running requests that decode join the group and are not
-        # touched one by one while every running request decodes. Off for timing models that
-        # need each context length, and once a request with parallel samples arrives.
-        self.group = DecodeGroup(allocator.block_size)
-        self._lazy = self.caps.decode_group and not want_context_lens
+        # Lazy decode steps: the engine may install a decode fast path (kvsim.fast.group) through
+        # install_decode_path; running requests that decode then join it and are not touched one by
+        # one while every running request decodes. Off for timing models that need each context
+        # length, and once a request with parallel samples arrives.
+        self._decode: DecodeFastPath | None = None
+        self._lazy = False
+
+    def install_decode_path(self, path: DecodeFastPath) -> bool:
+        """Use ``path`` for lazy decode steps (the engine calls this once, before the run, when the
+        allocator has ``BulkDecodeGrowth`` + ``LazyLedger``). Returns whether it is on: not for a
+        timing model that needs each request's context length."""
+        if not isinstance(path, DecodeFastPath):
+            raise TypeError(f"{type(path).__name__} is not a DecodeFastPath")
+        if self.running or self.swapped or self.finished:
+            raise RuntimeError("install_decode_path after the run started")
+        if not self.caps.decode_group or self.want_context_lens:
+            return False
+        self._decode = path
+        self._lazy = not self._any_samples
+        return True
 
     # -- arrivals ------------------------------------------------------------------------------
     def add_request(self, req: Request) -> bool:
@@ -145,7 +160,7 @@ class Scheduler:
 
     @property
     def decode_group_enabled(self) -> bool:
-        """Does this scheduler keep the lazy decode group (until a request with samples arrives)?"""
+        """Does this scheduler use a lazy decode fast path (until a request with samples arrives)?"""
         return self._lazy
 
     @property
@@ -224,6 +239,17 @@ class Scheduler:
             return self.swapped[0]
         return self.waiting[0] if self.waiting else None
 
+    @staticmethod
+    def credit_prefetch(target: Request | None, durations) -> None:
+        """Credit the prefetch ``target`` (from :meth:`prefetch_target`; None: nobody) with each
+        step's compute time, added in step order (``((p + d0) + d1) + ...``: the same floats one
+        step at a time or as a window)."""
+        if target is not None:
+            p = target.prefetched_s
+            for d in durations:
+                p += d
+            target.prefetched_s = p
+
     def _hide(self, req: Request, need_s: float) -> float:
         """Transfer time still to pay for ``need_s`` of loads, after prefetch (records both)."""
         hidden = min(need_s, req.prefetched_s) if self.prefetch else 0.0
@@ -266,15 +292,15 @@ class Scheduler:
         one token each, grow them all by one token in one allocator call (all or nothing). Nobody is
         touched one by one; the group clock advances in on_step_done. Returns the members that
         decode (0: the group is dissolved and phase 1 takes every running request)."""
-        n = len(self.running)
-        eligible = self._lazy and n > 0 and len(self.group) == n and n <= step.budget
-        if eligible and self.allocator.grow_all_by_one():
+        path = self._decode
+        if path is None:
+            return 0
+        n, kv_tokens, kv_pages = path.decode_step(len(self.running) if self._lazy else 0, step.budget)
+        if n:
             step.budget -= n
-            step.group_kv_tokens = self.allocator.ledger.sum_written  # each member reads its context + 1
-            step.group_kv_pages = self.group.pages_read()
-            return n
-        self.group.dissolve()
-        return 0
+            step.group_kv_tokens = kv_tokens
+            step.group_kv_pages = kv_pages
+        return n
 
     def _running_phase(self, step: _Step, first: int) -> None:
         """Phase 1: running requests from index ``first`` on, in admission order; each gets room for
@@ -476,12 +502,10 @@ class Scheduler:
         plan = self.take_plan()
         first: list[Request] = []
         done: list[Request] = []
-        group = self.group
+        path = self._decode
         joins = self._lazy and plan.group_decodes
         if plan.group_decodes:
-            group.clock += 1
-            if group.finish_clock() == group.clock:
-                done = group.pop_finished()
+            done = path.advance()
         group_done = len(done)
         for rid, n in plan.scheduled:
             req = self.requests[rid]
@@ -494,7 +518,7 @@ class Scheduler:
                 if req.num_generated >= req.output_tokens:
                     done.append(req)
                 elif joins:
-                    group.join(req)
+                    path.join(req)
         if group_done and len(done) > group_done:
             done.sort(key=lambda r: r.admit_seq)  # the order a one-by-one step finishes them in
         if done:
@@ -502,9 +526,7 @@ class Scheduler:
         if self._lazy and not plan.group_decodes:
             # A step planned one request at a time: every running request that now decodes
             # (re)joins the group.
-            for r in self.running:
-                if r.group_d0 < 0 and r.num_generated and r.num_computed_tokens == r.num_tokens - 1:
-                    group.join(r)
+            path.join_decoders(self.running)
         return first, done
 
     def take_plan(self) -> StepPlan:
@@ -538,13 +560,11 @@ class Scheduler:
         """Remove finished requests from the running list (after ``_finish(..., keep_in_running)``)."""
         self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
 
-    def finish_group_members(self, now_s: float) -> list[Request]:
-        """Finish the group members that generated their last token by the group's clock (decode
-        windows); returns them in finish order."""
-        done = self.group.pop_finished()
+    def finish_requests(self, done: list[Request], now_s: float) -> None:
+        """Finish ``done`` (running requests that generated their last token, progress synced) at
+        ``now_s``, in that order (decode windows: the decode group's finished members)."""
         if done:
             self._finish(done, now_s)
-        return done
 
     def finish_decoded(self, req: Request, computed_tokens: int, now_s: float) -> None:
         """A decode window's request generated its last token with ``computed_tokens`` computed:
@@ -563,18 +583,18 @@ class Scheduler:
             r.num_generated += steps
 
     def sync_progress(self) -> None:
-        """Write the decode group's lazy progress back into its requests (before reading them)."""
-        self.group.sync()
+        """Write the decode fast path's lazy progress back into its requests (before reading them)."""
+        if self._decode is not None:
+            self._decode.sync()
 
     def usage(self):
         head = self.waiting[0].kv if self.waiting and not self.swapped else None
         return self.allocator.usage(head)
 
     def check_invariants(self) -> None:
-        self.group.sync()
-        self.group.check()
-        running_ids = {id(r) for r in self.running}
-        assert all(id(r) in running_ids for r in self.group.members), "a decode-group member is not running"
+        if self._decode is not None:
+            self._decode.sync()
+            self._decode.check(self.running)
         assert self.num_running_seqs() <= self.max_num_seqs, "more running sequences than max_num_seqs"
         seqs = [r.admit_seq for r in self.running]
         assert seqs == sorted(seqs), "running list is not in admission order"

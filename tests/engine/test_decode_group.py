@@ -3,7 +3,7 @@ one-by-one scheduler finishes them (finish step, then admission order)."""
 
 import pytest
 
-from kvsim.sched.group import DecodeGroup
+from kvsim.fast.group import DecodeGroup
 from kvsim.sched.request import Request
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from helpers import make_scenario, make_trace
-from kvsim.sched.window import pages_per_step
+from kvsim.fast.window import pages_per_step
 from kvsim.simulate import run
 
 
@@ -21,7 +21,7 @@ def brute_pages(remaining, length0, weights, kcap, bs):
 @pytest.mark.parametrize("dense", [True, False])
 @pytest.mark.parametrize("seed", range(40))
 def test_pages_per_step_matches_brute_force(seed, dense, monkeypatch):
-    import kvsim.sched.window as window
+    import kvsim.fast.window as window
 
     monkeypatch.setattr(window, "DENSE_PAGES_MAX", 1 << 30 if dense else 0)  # both evaluations
     rng = np.random.default_rng(seed)
@@ -84,7 +84,7 @@ def test_parallel_samples_read_pages_per_sequence(allocator):
 def test_window_arrays_both_evaluations_equal_step_mode(allocator, dense, monkeypatch):
     import pandas as pd
 
-    import kvsim.sched.window as window
+    import kvsim.fast.window as window
 
     monkeypatch.setattr(window, "DENSE_PAGES_MAX", 1 << 30 if dense else 0)
     rng = np.random.default_rng(11)

@@ -15,7 +15,11 @@ The group also keeps the pages (``block_size``-token blocks) its members' next d
 ``sum ceil((computed_i + 1) / block_size)``, in O(block_size) per query: each base constant is kept
 as ``q * block_size + r`` and the group counts members per remainder ``r``.
 
-Owned by the scheduler (it decides who joins and leaves); holds no KV state.
+The engine creates one per replica (``Replica.install_fast_path``) and hands it to the scheduler,
+which calls it only through :class:`kvsim.sched.fastpath.DecodeFastPath` (the scheduler decides
+who joins and leaves). Its ``clock`` counts group decode steps, not time: simulated time has one
+owner, the engine's ``Replica.now_s``. It holds no KV state: growth goes through the allocator's
+``grow_all_by_one`` and its ledger's running sums.
 """
 
 from __future__ import annotations
@@ -27,9 +31,12 @@ _SEQ_MASK = (1 << _SEQ_BITS) - 1
 
 
 class DecodeGroup:
-    __slots__ = ("clock", "keys", "members", "base", "sum_base", "block_size", "sum_q", "res_count")
+    __slots__ = ("clock", "keys", "members", "base", "sum_base", "block_size", "sum_q", "res_count", "allocator")
 
-    def __init__(self, block_size: int | None = None) -> None:
+    def __init__(self, block_size: int | None = None, allocator=None) -> None:
+        """``allocator``: the replica's allocator with ``grow_all_by_one`` and a ``ledger``
+        (``BulkDecodeGrowth`` + ``LazyLedger``); needed only by :meth:`decode_step`."""
+        self.allocator = allocator
         self.clock = 0
         self.keys: list[int] = []  # sorted finish keys
         self.members: list = []  # Requests, in key order
@@ -42,6 +49,33 @@ class DecodeGroup:
 
     def __len__(self) -> int:
         return len(self.keys)
+
+    # -- the scheduler's hooks (kvsim.sched.fastpath.DecodeFastPath) ----------------------------
+    def decode_step(self, num_running: int, budget_tokens: int) -> tuple[int, int, int]:
+        """Phase 0: every running request is a member and the budget holds one token each: grow
+        them all by one token in one allocator call (all or nothing). Returns (members decoding,
+        KV tokens they read, KV pages they read); (0, 0, 0) after dissolving otherwise."""
+        n = num_running
+        if n > 0 and len(self.keys) == n and n <= budget_tokens and self.allocator.grow_all_by_one():
+            # each member reads its context + 1: the ledger's written sum after the growth
+            return n, self.allocator.ledger.sum_written, self.pages_read()
+        self.dissolve()
+        return 0, 0, 0
+
+    def advance(self) -> list:
+        """A step planned with :meth:`decode_step` completed: the clock moves on; returns the
+        members that generated their last token (synced, removed, in finish order)."""
+        self.clock += 1
+        if self.keys and (self.keys[0] >> _SEQ_BITS) == self.clock:
+            return self.pop_finished()
+        return []
+
+    def join_decoders(self, running: list) -> None:
+        """Join every request of ``running`` that is not a member and decodes one token next step
+        (after a step planned one request at a time)."""
+        for r in running:
+            if r.group_d0 < 0 and r.num_generated and r.num_computed_tokens == r.num_tokens - 1:
+                self.join(r)
 
     def join(self, req) -> None:
         """Add a running request that is one token behind (it decodes next step)."""
@@ -129,7 +163,10 @@ class DecodeGroup:
             r.group_d0 = -1
         return done
 
-    def check(self) -> None:
+    def check(self, running: list | None = None) -> None:
+        if running is not None:
+            ids = {id(r) for r in running}
+            assert all(id(r) in ids for r in self.members), "a decode-group member is not running"
         assert self.keys == sorted(self.keys), "decode group out of finish order"
         assert len(self.keys) == len(self.members) == len(self.base), "decode group lists disagree"
         assert self.sum_base == sum(self.base), "decode group base sum out of sync"

@@ -21,7 +21,7 @@ A window of K steps starting with the scheduled step 0 is exact when, for steps 
 
 Two implementations share these rules. With an allocator that grows every request by one token
 in one call (the block-counting paged allocator, contiguous, buddy) all running requests are
-members of the scheduler's lazy decode group (:mod:`kvsim.sched.group`): :func:`plan_group_window`
+members of the replica's lazy decode group (:mod:`kvsim.fast.group`): :func:`plan_group_window`
 builds the arrays from the group's finish keys and :func:`apply_group_window` advances step by
 step through the allocator, which touches only requests at a block boundary, so a window costs
 O(steps + events) instead of O(running requests); it counts frees inside the window exactly and
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvsim.kv.base import MemoryParts
-from kvsim.sched.group import FINISH_KEY_SHIFT
+from kvsim.fast.group import FINISH_KEY_SHIFT, DecodeGroup
 from kvsim.sched.request import RequestStatus
 
 
@@ -270,7 +270,7 @@ def _page_phase(bs: int, n: int) -> np.ndarray:
     return pat[:n]
 
 
-def plan_group_window(sched, plan, max_steps: int) -> DecodeWindow | None:
+def plan_group_window(sched, group: DecodeGroup, plan, max_steps: int) -> DecodeWindow | None:
     """:func:`plan_decode_window` for a scheduler whose running requests are all members of its
     decode group (``plan.group_decodes``). Step 0 may also complete the prefill of requests it
     admits: they sample their first token in step 0 and decode with the group from step 1 on. The
@@ -282,7 +282,6 @@ def plan_group_window(sched, plan, max_steps: int) -> DecodeWindow | None:
         return None
     if plan.scheduled and sched.waiting and sched.head_might_fit(len(sched.running)):
         return None  # step 0's admissions may let the waiting head in at step 1 (see below)
-    group = sched.group
     clock = group.clock
     rem_new: list[int] = []
     computed_new: list[int] = []
@@ -338,7 +337,8 @@ def plan_group_window(sched, plan, max_steps: int) -> DecodeWindow | None:
     return DecodeWindow(None, remaining, computed0, num_seqs, kv_read, kcap, ones, kv_read, num_seqs, pages)
 
 
-def apply_group_window(sched, plan, k: int, times: np.ndarray, on_first=None, on_finish=None):
+def apply_group_window(sched, group: DecodeGroup, plan, k: int, times: np.ndarray, on_first=None,
+                       on_finish=None):
     """:func:`apply_decode_window` for a group window. Step 0 (planned by ``schedule``) completes
     through ``on_step_done``; steps 1..k-1 advance the group clock and grow every request by one
     token through the allocator (which touches only requests at a block boundary); finishes are a
@@ -349,7 +349,6 @@ def apply_group_window(sched, plan, k: int, times: np.ndarray, on_first=None, on
 
     Returns ``(steps advanced, usage segments)`` as :func:`apply_decode_window` does."""
     alloc = sched.allocator
-    group = sched.group
     head = sched.waiting[0].kv if sched.waiting and not sched.swapped else None
     segments = [(0, alloc.usage_parts(head))]
     clock0 = group.clock
@@ -368,14 +367,15 @@ def apply_group_window(sched, plan, k: int, times: np.ndarray, on_first=None, on
     next_finish = group.finish_clock() if len(group) else -1
     changed = bool(admitted or done)
     if sched.caps.decode_steps:
-        stop = _grow_runs(sched, k, times, clock0, next_finish, changed, head, segments, on_finish)
+        stop = _grow_runs(sched, group, k, times, clock0, next_finish, changed, head, segments, on_finish)
     else:
-        stop = _grow_one_by_one(sched, k, times, clock0, next_finish, changed, head, segments, on_finish)
+        stop = _grow_one_by_one(sched, group, k, times, clock0, next_finish, changed, head, segments, on_finish)
     next_finish = group.finish_clock() if len(group) else -1
     group.clock = clock0 + stop
     if stop == k and next_finish == clock0 + k:
         t = float(times[k])
-        done = sched.finish_group_members(t)
+        done = group.pop_finished()
+        sched.finish_requests(done, t)
         if on_finish is not None:
             for r in done:
                 on_finish(r, t)
@@ -386,19 +386,19 @@ def _finish_at(sched, group, clock: int, t: float, on_finish) -> bool:
     """Finish the group members done at group clock ``clock`` (time ``t``); True if the waiting
     head might fit afterwards (the window stops: that step is planned the ordinary way)."""
     group.clock = clock
-    done = sched.finish_group_members(t)
+    done = group.pop_finished()
+    sched.finish_requests(done, t)
     if on_finish is not None:
         for r in done:
             on_finish(r, t)
     return bool(sched.waiting) and sched.head_might_fit(num_running=len(sched.running))
 
 
-def _grow_runs(sched, k: int, times, clock0: int, next_finish: int, changed: bool, head, segments,
+def _grow_runs(sched, group: DecodeGroup, k: int, times, clock0: int, next_finish: int, changed: bool, head, segments,
                on_finish) -> int:
     """Steps 1..k-1 of a group window through ``grow_steps`` (BulkDecodeSteps): one allocator call
     per run of steps between finishes. Returns the step the window stops at (k: it ran whole)."""
     alloc = sched.allocator
-    group = sched.group
     grow_steps = alloc.grow_steps
     s = 1
     while s < k:
@@ -423,12 +423,11 @@ def _grow_runs(sched, k: int, times, clock0: int, next_finish: int, changed: boo
     return k
 
 
-def _grow_one_by_one(sched, k: int, times, clock0: int, next_finish: int, changed: bool, head, segments,
+def _grow_one_by_one(sched, group: DecodeGroup, k: int, times, clock0: int, next_finish: int, changed: bool, head, segments,
                      on_finish) -> int:
     """Steps 1..k-1 of a group window, one ``grow_all_by_one`` call each (allocators without
     BulkDecodeSteps). Returns the step the window stops at (k: it ran whole)."""
     alloc = sched.allocator
-    group = sched.group
     ledger = alloc.ledger
     grow = alloc.grow_all_by_one
     for s in range(1, k):

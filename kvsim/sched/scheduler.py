@@ -169,7 +169,10 @@ class Scheduler:
 
     # -- preemption ------------------------------------------------------------------------------
     def _pick_victim(self) -> Request:
-        """The victim among running requests: the ``scheduler.victim`` plugin (kvsim/sched/victim.py)."""
+        """The victim among running requests: the ``scheduler.victim`` plugin (kvsim/sched/victim.py).
+        Policies read requests' progress, so it must be current: no lazy decode-group members."""
+        if self._decode is not None and len(self._decode):
+            raise RuntimeError("victim chosen while decode-group progress is lazy (scheduler bug)")
         return self._victim_policy.pick(self.running, self.allocator)
 
     def _copies(self, request_id: int, first_token: int, end_token: int) -> int:

@@ -9,7 +9,14 @@ Configurations (issue: speed and scale):
    4,096 tokens per step (prompts over the model's 4,096-token length capped so every request runs);
 2. the same with contiguous-max and with buddy;
 3. synthetic ShareGPT-like traces of 10k, 100k and 1M requests at a rate that keeps the engine
-   busy, with the cost ratio per 10x of requests.
+   busy, with the cost ratio per 10x of requests;
+4. the whole `kvsim run` command line process on the Azure paged-16 case (`--out` a temporary
+   directory): with its default outputs (plots and report.html) and with `--no-plots`.
+Beside the cases, a fixed reference workload (pure Python heapq/dict/float loop shaped like an event
+simulator, plus a numpy sort/reduction; no kvsim code) runs in fresh processes, interleaved with
+the cases; its median is the `reference` row, and every case's `normalised` column is its process
+wall time divided by that median (`event_loop_normalised` likewise for the event loop), so runs on
+different days and machines compare.
 Prints a table and writes bench/results/bench-<date>.csv with the machine, Python and package
 versions. Not a test: numbers vary with the machine and its load.
 """
@@ -22,6 +29,7 @@ import datetime as dt
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,6 +60,62 @@ print(json.dumps({
     "sim_duration_s": s["duration_s"],
 }))
 """
+
+# The CLI case: the whole `kvsim run` process (`python -m kvsim` runs the same main). Peak RSS and
+# the in-process time are printed on stderr's last line after the command's own output.
+CLI_CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+from kvsim.cli import main
+rc = main(sys.argv[1:])
+print(json.dumps({"rc": rc, "in_process_s": time.perf_counter() - t0,
+                  "peak_rss_mb": next(int(l.split()[1]) for l in open("/proc/self/status")
+                                      if l.startswith("VmHWM:")) / 1024}), file=sys.stderr)
+raise SystemExit(rc)
+"""
+
+# The fixed reference workload (never change it: its time is the yardstick across days; if it must
+# change, bump REFERENCE_VERSION). Deterministic: the same `check` string on every machine.
+REFERENCE_VERSION = 1
+REFERENCE_CHECK = "150000:-2322203.222:954460305"
+REFERENCE = r"""
+import heapq, json, random, time
+import numpy as np
+t0 = time.perf_counter()
+EVENTS, KEYS, ARRAY = 150_000, 4096, 2_000_000
+rng = random.Random(20261130)
+heap = [(rng.random(), k) for k in range(KEYS)]
+heapq.heapify(heap)
+count, level, acc = {}, {}, 0.0
+for _ in range(EVENTS):  # an event loop: pop the earliest event, update per-key state, push the next
+    t, k = heapq.heappop(heap)
+    n = count.get(k, 0) + 1
+    count[k] = n
+    lv = level.get(k, 0.0) * 0.5 + t
+    level[k] = lv
+    acc += lv - n
+    heapq.heappush(heap, (t + rng.expovariate(1.0 + (k & 7)), k))
+t1 = time.perf_counter()
+x = (np.arange(ARRAY, dtype=np.int64) * 2654435761) % 1000003  # a fixed numpy sort and reductions
+a = np.sort(x)
+c = int(np.cumsum(a % 97).sum() % 1000000007) ^ int(np.bincount(x % 4096, minlength=4096).argmax())
+t2 = time.perf_counter()
+print(json.dumps({"python_s": t1 - t0, "numpy_s": t2 - t1, "reference_s": t2 - t0,
+                  "check": f"{sum(count.values())}:{round(acc, 3)}:{c}"}))
+"""
+
+
+def run_reference() -> dict:
+    """One run of the reference workload in a fresh process (its own timing, interpreter start excluded)."""
+    out = subprocess.run([sys.executable, "-c", REFERENCE], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"reference workload failed:\n{out.stderr}")
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    if row["check"] != REFERENCE_CHECK:
+        raise SystemExit(f"reference workload: check {row['check']!r} != {REFERENCE_CHECK!r}: the workload "
+                         "changed (bump REFERENCE_VERSION and REFERENCE_CHECK, and say so in bench/README.md)")
+    return row
+
 
 BASE = """
 name: bench-{name}
@@ -95,6 +159,25 @@ def run_case(name: str, trace: str, allocator: str, mode: str, workdir: Path) ->
     return row
 
 
+def run_cli_case(name: str, trace: str, allocator: str, mode: str, workdir: Path, plots: bool) -> dict:
+    """The whole `kvsim run SCENARIO --out DIR -q` process, DIR a fresh temporary directory."""
+    path = workdir / f"{name}.yaml"
+    path.write_text(BASE.format(name=name, trace=trace, allocator=allocator))
+    out_dir = Path(tempfile.mkdtemp(dir=workdir)) / "out"
+    args = ["run", str(path), "--out", str(out_dir), "-q", "--set", f"engine.mode={mode}"] + ([] if plots else ["--no-plots"])
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", CLI_CHILD, *args], capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if out.returncode != 0:
+        raise SystemExit(f"{name}: kvsim run failed:\n{out.stderr}")
+    child = json.loads(out.stderr.strip().splitlines()[-1])
+    summary = json.loads((out_dir / "summary.json").read_text())
+    return {"case": name, "mode": mode, "requests": summary["requests_total"], "finished": summary["requests_finished"],
+            "rejected": summary["requests_rejected"], "engine_steps": summary["engine_steps"],
+            "process_wall_s": wall, "peak_rss_mb": child["peak_rss_mb"], "in_process_s": child["in_process_s"],
+            "sim_duration_s": summary["duration_s"]}
+
+
 def versions() -> dict:
     import importlib.metadata as md
 
@@ -113,19 +196,47 @@ def main() -> int:
     ap.add_argument("--sizes", default="10000,100000,1000000", help="synthetic trace sizes")
     ap.add_argument("--skip-synthetic", action="store_true")
     ap.add_argument("--modes", default="fast", help="engine modes to time: fast,step")
+    ap.add_argument("--skip-cli", action="store_true", help="skip the whole `kvsim run` process cases")
+    ap.add_argument("--reference-repeats", type=int, default=5,
+                    help="at least this many runs of the reference workload (one before each case, the rest at the end)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args()
     rows = []
+    refs: list[float] = []
+
+    def reference() -> None:
+        refs.append(run_reference()["reference_s"])
+
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for mode in args.modes.split(","):
             for name, alloc in ALLOCATORS.items():
+                reference()
                 rows.append(run_case(f"azure-{name}", AZURE, alloc, mode, work))
                 print(_fmt(rows[-1]), flush=True)
+            if not args.skip_cli:
+                for plots in (True, False):
+                    reference()
+                    rows.append(run_cli_case("azure-paged-16-cli" + ("" if plots else "-noplots"), AZURE, PAGED,
+                                             mode, work, plots))
+                    print(_fmt(rows[-1]), flush=True)
             if not args.skip_synthetic:
                 for n in [int(x) for x in args.sizes.split(",") if x]:
+                    reference()
                     rows.append(run_case(f"sharegpt-{n}", synthetic(n), PAGED, mode, work))
                     print(_fmt(rows[-1]), flush=True)
+        while len(refs) < args.reference_repeats:
+            reference()
+    ref = statistics.median(refs)
+    for r in rows:
+        r["reference_s"] = ref
+        r["normalised"] = r["process_wall_s"] / ref
+        if r.get("event_loop_s") is not None:
+            r["event_loop_normalised"] = r["event_loop_s"] / ref
+    rows.insert(0, {"case": "reference", "mode": f"v{REFERENCE_VERSION}", "process_wall_s": ref, "reference_s": ref,
+                    "normalised": 1.0, "reference_runs_s": ";".join(f"{x:.4f}" for x in refs)})
+    print(f"reference workload v{REFERENCE_VERSION}: median {ref:.3f} s of {len(refs)} fresh-process runs "
+          f"({', '.join(f'{x:.3f}' for x in refs)})")
     syn = [r for r in rows if r["case"].startswith("sharegpt-")]
     for a, b in zip(syn, syn[1:]):
         if a["mode"] == b["mode"]:
@@ -139,7 +250,8 @@ def main() -> int:
     info = versions()
     fields = ["case", "mode", "requests", "finished", "rejected", "engine_steps", "rows", "process_wall_s",
               "event_loop_s", "sim_requests_per_s", "steps_per_s", "peak_rss_mb", "trace_load_s", "setup_s",
-              "sim_duration_s"] + sorted(info)
+              "sim_duration_s", "in_process_s", "reference_s", "normalised", "event_loop_normalised",
+              "reference_runs_s"] + sorted(info)
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
@@ -150,7 +262,10 @@ def main() -> int:
 
 
 def _fmt(r: dict) -> str:
-    return (f"{r['case']:<22}{r['mode']:<5} {r['requests']:>8} req {r['engine_steps']:>9} steps  "
+    if "event_loop_s" not in r:  # a whole-CLI case: no event-loop figures
+        return (f"{r['case']:<26}{r['mode']:<5} {r['requests']:>8} req {r['engine_steps']:>9} steps  "
+                f"process {r['process_wall_s']:7.2f} s  {'(whole `kvsim run` process)':>46}  {r['peak_rss_mb']:6.0f} MB")
+    return (f"{r['case']:<26}{r['mode']:<5} {r['requests']:>8} req {r['engine_steps']:>9} steps  "
             f"process {r['process_wall_s']:7.2f} s  loop {r['event_loop_s']:7.2f} s  "
             f"{r['sim_requests_per_s']:9.0f} req/s  {r['steps_per_s']:9.0f} steps/s  {r['peak_rss_mb']:6.0f} MB")
 

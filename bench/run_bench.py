@@ -37,7 +37,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# Child processes import kvsim from this checkout (ahead of any installed or editable kvsim).
+# Child processes import kvsim from this checkout (ahead of any installed or editable kvsim; they run
+# in ROOT, as `python -c` puts the working directory first on sys.path).
 CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
 
 CHILD = r"""
@@ -61,19 +62,6 @@ print(json.dumps({
     "peak_rss_mb": next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) / 1024,
     "sim_duration_s": s["duration_s"],
 }))
-"""
-
-# The CLI case: the whole `kvsim run` process (`python -m kvsim` runs the same main). Peak RSS and
-# the in-process time are printed on stderr's last line after the command's own output.
-CLI_CHILD = r"""
-import json, sys, time
-t0 = time.perf_counter()
-from kvsim.cli import main
-rc = main(sys.argv[1:])
-print(json.dumps({"rc": rc, "in_process_s": time.perf_counter() - t0,
-                  "peak_rss_mb": next(int(l.split()[1]) for l in open("/proc/self/status")
-                                      if l.startswith("VmHWM:")) / 1024}), file=sys.stderr)
-raise SystemExit(rc)
 """
 
 # The fixed reference workload (never change it: its time is the yardstick across days; if it must
@@ -109,7 +97,8 @@ print(json.dumps({"python_s": t1 - t0, "numpy_s": t2 - t1, "reference_s": t2 - t
 
 def run_reference() -> dict:
     """One run of the reference workload in a fresh process (its own timing, interpreter start excluded)."""
-    out = subprocess.run([sys.executable, "-c", REFERENCE], capture_output=True, text=True, env=CHILD_ENV)
+    out = subprocess.run([sys.executable, "-c", REFERENCE], capture_output=True, text=True, env=CHILD_ENV,
+                         cwd=ROOT)
     if out.returncode != 0:
         raise SystemExit(f"reference workload failed:\n{out.stderr}")
     row = json.loads(out.stdout.strip().splitlines()[-1])
@@ -150,7 +139,7 @@ def run_case(name: str, trace: str, allocator: str, mode: str, workdir: Path) ->
     path.write_text(BASE.format(name=name, trace=trace, allocator=allocator))
     start = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", CHILD, str(path), f"engine.mode={mode}"],
-                         capture_output=True, text=True, env=CHILD_ENV)
+                         capture_output=True, text=True, env=CHILD_ENV, cwd=ROOT)
     wall = time.perf_counter() - start
     if out.returncode != 0:
         raise SystemExit(f"{name}: child failed:\n{out.stderr}")
@@ -167,27 +156,32 @@ def compile_bytecode() -> bool:
     PYTHONDONTWRITEBYTECODE set (this project's build sandbox) recompiles kvsim's ~110 modules in
     every process: ~0.2 s of "import time" no user pays. Returns whether it succeeded."""
     out = subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "kvsim")], capture_output=True,
-                         text=True, env=CHILD_ENV)
+                         text=True, env=CHILD_ENV, cwd=ROOT)
     return out.returncode == 0
 
 
 def run_cli_case(name: str, trace: str, allocator: str, mode: str, workdir: Path, plots: bool) -> dict:
-    """The whole `kvsim run SCENARIO --out DIR -q` process, DIR a fresh temporary directory."""
+    """The whole `python -m kvsim run SCENARIO --out DIR -q` process (what the `kvsim` script runs), DIR a
+    fresh temporary directory; its wall time from the parent, its peak RSS from ``wait4``."""
     path = workdir / f"{name}.yaml"
     path.write_text(BASE.format(name=name, trace=trace, allocator=allocator))
     out_dir = Path(tempfile.mkdtemp(dir=workdir)) / "out"
-    args = ["run", str(path), "--out", str(out_dir), "-q", "--set", f"engine.mode={mode}"] + ([] if plots else ["--no-plots"])
-    start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", CLI_CHILD, *args], capture_output=True, text=True, env=CHILD_ENV)
-    wall = time.perf_counter() - start
-    if out.returncode != 0:
-        raise SystemExit(f"{name}: kvsim run failed:\n{out.stderr}")
-    child = json.loads(out.stderr.strip().splitlines()[-1])
+    args = ["run", str(path), "--out", str(out_dir), "-q", "--set", f"engine.mode={mode}"]
+    args += [] if plots else ["--no-plots"]
+    with tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "kvsim", *args], stdout=subprocess.DEVNULL, stderr=err,
+                                env=CHILD_ENV, cwd=ROOT)
+        _, status, usage = os.wait4(proc.pid, 0)  # this child's own resource usage (peak RSS)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            err.seek(0)
+            raise SystemExit(f"{name}: kvsim run failed:\n{err.read().decode(errors='replace')}")
     summary = json.loads((out_dir / "summary.json").read_text())
     return {"case": name, "mode": mode, "requests": summary["requests_total"], "finished": summary["requests_finished"],
             "rejected": summary["requests_rejected"], "engine_steps": summary["engine_steps"],
-            "process_wall_s": wall, "peak_rss_mb": child["peak_rss_mb"], "in_process_s": child["in_process_s"],
-            "sim_duration_s": summary["duration_s"]}
+            "process_wall_s": wall, "peak_rss_mb": usage.ru_maxrss / 1024, "sim_duration_s": summary["duration_s"]}
 
 
 def versions() -> dict:
@@ -210,7 +204,8 @@ def main() -> int:
     ap.add_argument("--modes", default="fast", help="engine modes to time: fast,step")
     ap.add_argument("--skip-cli", action="store_true", help="skip the whole `kvsim run` process cases")
     ap.add_argument("--reference-repeats", type=int, default=5,
-                    help="at least this many runs of the reference workload (one before each case, the rest at the end)")
+                    help="at least this many runs of the reference workload (one before each case, the rest "
+                         "at the end)")
     ap.add_argument("--no-compile", action="store_true",
                     help="do not byte-compile kvsim first (processes then read whatever __pycache__ holds, or "
                          "compile from source where PYTHONDONTWRITEBYTECODE is set)")
@@ -268,7 +263,7 @@ def main() -> int:
     info["dont_write_bytecode_env"] = os.environ.get("PYTHONDONTWRITEBYTECODE", "")
     fields = ["case", "mode", "requests", "finished", "rejected", "engine_steps", "rows", "process_wall_s",
               "event_loop_s", "sim_requests_per_s", "steps_per_s", "peak_rss_mb", "trace_load_s", "setup_s",
-              "sim_duration_s", "in_process_s", "reference_s", "normalised", "event_loop_normalised",
+              "sim_duration_s", "reference_s", "normalised", "event_loop_normalised",
               "reference_runs_s"] + sorted(info)
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
@@ -282,7 +277,8 @@ def main() -> int:
 def _fmt(r: dict) -> str:
     if "event_loop_s" not in r:  # a whole-CLI case: no event-loop figures
         return (f"{r['case']:<26}{r['mode']:<5} {r['requests']:>8} req {r['engine_steps']:>9} steps  "
-                f"process {r['process_wall_s']:7.2f} s  {'(whole `kvsim run` process)':>46}  {r['peak_rss_mb']:6.0f} MB")
+                f"process {r['process_wall_s']:7.2f} s  {'(whole `kvsim run` process)':>46}  "
+                f"{r['peak_rss_mb']:6.0f} MB")
     return (f"{r['case']:<26}{r['mode']:<5} {r['requests']:>8} req {r['engine_steps']:>9} steps  "
             f"process {r['process_wall_s']:7.2f} s  loop {r['event_loop_s']:7.2f} s  "
             f"{r['sim_requests_per_s']:9.0f} req/s  {r['steps_per_s']:9.0f} steps/s  {r['peak_rss_mb']:6.0f} MB")

@@ -1,8 +1,9 @@
-"""Import cost of the run path (issue 15 item 6): the scenario loader, the engine, the wiring and the
+"""Process cost (issue 15 item 6). Imports: the scenario loader, the engine, the wiring and the
 CLI's parser import no pandas, pyarrow, matplotlib, scipy or torch. Those are imported inside the
 functions that need them (trace loading, the request/step tables, summaries, writers, plots,
-calibrated timing's table loading), so `kvsim --help`, `kvsim validate` and `import kvsim.config`
+calibrated timing's table loading), so `kvsim --help`, `kvsim models` and `import kvsim.config`
 stay light. Each check runs in a fresh interpreter (this process has imported everything already).
+Exit: the `kvsim` process freezes the collector before it exits (kvsim.cli.freeze_for_exit).
 """
 
 from __future__ import annotations
@@ -50,3 +51,23 @@ def test_cli_parser_imports_no_heavy_packages():
 def test_probe_detects_a_heavy_import():
     """The probe itself can fail: importing the trace loader does pull pandas in."""
     assert "pandas" in _heavy_after(["kvsim.trace.load"])
+
+
+def test_main_freezes_only_as_the_process_command(capsys):
+    """``main()`` (the ``kvsim`` script, ``python -m kvsim``) freezes the collector before the process
+    exits so shutdown skips tearing down pandas/pyarrow object by object; ``main(argv)`` (tests,
+    embedding callers) never does."""
+    import gc
+
+    from kvsim.cli import main
+
+    before = gc.get_freeze_count()
+    assert main(["models", "--json"]) == 0
+    assert gc.get_freeze_count() == before
+    code = ("import gc, sys; sys.argv = ['kvsim', 'models', '--json']; from kvsim.cli import main; rc = main(); "
+            "sys.stderr.write(f'rc={rc} frozen={gc.get_freeze_count() > 0}')")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.strip().endswith("rc=0 frozen=True")
+    assert '"models"' in out.stdout  # the command's output is complete

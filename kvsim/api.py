@@ -11,8 +11,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from kvsim import __version__
 from kvsim.config import LoadedScenario, Scenario, load_scenario
@@ -22,6 +21,9 @@ from kvsim.outdir import atomic_out_dir, check_out_dir
 from kvsim.results import write_json, write_parquet, write_text_atomic, write_yaml
 from kvsim.simulate import RunResult, build_trace, resolved_dict
 from kvsim.simulate import run as run_scenario
+
+if TYPE_CHECKING:  # pandas is imported where used (import cost: tests/test_import_cost.py)
+    import pandas as pd
 
 
 def run(scenario: Scenario | LoadedScenario | str | Path, *, base_dir: Path | str | None = None,
@@ -228,6 +230,8 @@ class LoadedRun:
 
 def load_results(path: str | Path) -> LoadedRun | dict[str, LoadedRun]:
     """Read a run directory (or a variants directory: returns {variant: LoadedRun})."""
+    import pandas as pd
+
     from kvsim.errors import KvsimError
 
     path = Path(path)

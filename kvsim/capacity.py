@@ -26,10 +26,12 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from kvsim.errors import ConfigError, did_you_mean, format_choices
+
+if TYPE_CHECKING:  # pandas is imported where used (import cost: tests/test_import_cost.py)
+    import pandas as pd
 
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
 MARKER = "kvsim capacity"
@@ -187,6 +189,8 @@ def capacity(loaded, slo: dict[str, float] | None = None, *, attainment: float =
 
 
 def results_frame(results: list[VariantCapacity]) -> pd.DataFrame:
+    import pandas as pd
+
     rows = []
     for r in results:
         row = {k: v for k, v in asdict(r).items() if k not in ("evaluations", "slo_ms")}

@@ -8,6 +8,7 @@ Where output may go (never over files kvsim did not write): kvsim.outdir, docs/o
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import sys
@@ -199,7 +200,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """Run one command; returns the exit status. ``argv`` None: this process's own command line (the
+    ``kvsim`` script, ``python -m kvsim``), which exits right after: see :func:`freeze_for_exit`."""
+    if argv is not None:
+        return _main(argv)
+    try:
+        return _main(sys.argv[1:])
+    finally:
+        freeze_for_exit()
+
+
+def freeze_for_exit() -> None:
+    """The process exits next: move every object alive now into the collector's permanent
+    generation (``gc.freeze``), so the interpreter's shutdown does not traverse and tear down the
+    object graphs of pandas, pyarrow and matplotlib object by object (the larger part of a
+    ``kvsim run`` process's exit: measured in bench/README.md). Every output is written and closed
+    by now; atexit handlers and the flushing of stdout/stderr still run. Only finalizers of objects
+    in reference cycles are skipped, which Python does not promise to run at exit anyway. Not for
+    callers that go on running (``main(argv)`` with a list never freezes)."""
+    gc.freeze()
+
+
+def _main(argv: list[str]) -> int:
     debug = "--debug" in argv
     try:
         args = build_parser().parse_args(argv)

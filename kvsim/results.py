@@ -16,12 +16,15 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import yaml
 
 from kvsim.errors import ConfigError
 from kvsim.outdir import INCOMPLETE_FILE, atomic_out_dir, read_marker
+
+if TYPE_CHECKING:  # pandas is imported where used (import cost: tests/test_import_cost.py)
+    import pandas as pd
 
 INCOMPLETE_MARKER = INCOMPLETE_FILE
 

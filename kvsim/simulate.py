@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from kvsim.config import Scenario
 from kvsim.engine import Engine, EngineLimits, Replica
@@ -27,6 +27,9 @@ from kvsim.timing.context import TimingContext
 from kvsim.timing.transfer import HostTransfers
 from kvsim.kv.protocol import HostLinkTiers
 from kvsim.trace.schema import Trace
+
+if TYPE_CHECKING:  # pandas is imported where used (import cost: tests/test_import_cost.py)
+    import pandas as pd
 
 
 @dataclass
@@ -264,6 +267,8 @@ def steps_frame(columns) -> pd.DataFrame:
     ``table.to_pandas()``, one block per column (no consolidation copy). Memory that the columns'
     sources free on the way is handed back to the OS every few columns, so the step table is not
     held twice at its full size."""
+    import pandas as pd
+
     cols = {}
     for i, (name, arr) in enumerate(columns):
         cols[name] = arr

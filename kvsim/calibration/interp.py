@@ -24,9 +24,12 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:  # pandas is imported where used (import cost: tests/test_import_cost.py)
+    import pandas as pd
 
 from kvsim.calibration import schema as S
 
@@ -202,6 +205,8 @@ def leave_one_out(df: pd.DataFrame) -> pd.DataFrame:
     predicted_s, ape) where ``ape = |predicted - measured| / measured``. Points whose table has a
     single point are skipped (nothing to predict from).
     """
+    import pandas as pd
+
     recs = []
     for op, g in _loo_groups(df):
         if len(g) < 2:

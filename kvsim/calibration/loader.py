@@ -10,8 +10,10 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas is imported where used (import cost: tests/test_import_cost.py)
+    import pandas as pd
 
 from kvsim.calibration import schema as S
 from kvsim.errors import CalibrationError
@@ -80,6 +82,8 @@ def load_calibration_dir(path: str | Path) -> CalibrationData:
     csv_path = path / S.CSV_FILE
     if not csv_path.is_file():
         raise CalibrationError(f"{csv_path}: missing")
+    import pandas as pd
+
     try:
         df = pd.read_csv(csv_path)
     except (OSError, ValueError, pd.errors.ParserError) as e:

@@ -11,13 +11,16 @@ are maxima.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from kvsim.kv.base import MemoryParts
 from kvsim.metrics.itl import ITLAccumulator
+
+if TYPE_CHECKING:  # pyarrow is imported where used (import cost: tests/test_import_cost.py)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
 STEP_COLUMNS: dict[str, str] = {
     # name -> numpy dtype; order is the file's column order
@@ -81,6 +84,8 @@ class StepRecorder:
     columns: one tuple per row is the cheapest thing to build while the engine runs."""
 
     def __init__(self, bytes_per_token: int, path: Path | None = None, flush_every: int = 32768):
+        import pyarrow as pa
+
         self.bytes_per_token = bytes_per_token
         self.path = path
         self.flush_every = flush_every
@@ -135,6 +140,9 @@ class StepRecorder:
     def _flush(self) -> None:
         if not self._rows:
             return
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
         columns = zip(*self._rows)
         table = pa.table(
             {n: pa.array(np.asarray(v, dtype=t)) for (n, t), v in zip(STEP_COLUMNS.items(), columns)},
@@ -150,6 +158,9 @@ class StepRecorder:
 
     def close(self) -> pa.Table | None:
         """Flush and close; returns the whole table for in-memory runs, else None."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
         self._flush()
         if self.path is None:
             chunks, self._chunks = self._chunks, []  # the caller owns the rows now (no second copy here)

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from operator import attrgetter
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from kvsim.sched.request import Request, RequestStatus
+
+if TYPE_CHECKING:  # pandas is imported where used (import cost: tests/test_import_cost.py)
+    import pandas as pd
 
 STATUS_NAMES = {RequestStatus.FINISHED: "finished", RequestStatus.REJECTED: "rejected",
                 RequestStatus.WAITING: "unfinished", RequestStatus.RUNNING: "unfinished"}
@@ -50,6 +54,8 @@ def requests_table(requests: list[Request], *, consume: bool = False) -> pd.Data
     ``consume=True`` empties ``requests`` and drops each block of requests once its rows are read,
     so that, when the list held the last references to them, the Request objects are freed while
     the table fills instead of both being alive at full size."""
+    import pandas as pd
+
     if consume:
         reqs = requests
         reqs.sort(key=attrgetter("request_id"))

@@ -7,11 +7,14 @@ Every formula here is documented in docs/metrics.md. Time-weighted means weight 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from kvsim.metrics.itl import ITLAccumulator, pkey
+
+if TYPE_CHECKING:  # pandas is imported where used (import cost: tests/test_import_cost.py)
+    import pandas as pd
 
 DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
 MEMORY_PARTS = ["token_states", "reservation", "internal_frag", "external_frag", "free"]

@@ -36,9 +36,8 @@ This module imports numpy/pandas only: never torch or triton.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import pandas as pd
 from pydantic import Field
 
 from kvsim.calibration import interp
@@ -51,6 +50,9 @@ from kvsim.registry import TIMING_MODELS
 from kvsim.timing.base import BatchShape, StepTiming
 from kvsim.timing.context import TimingContext
 from kvsim.timing.transfer import step_transfers
+
+if TYPE_CHECKING:  # pandas is imported where used (import cost: tests/test_import_cost.py)
+    import pandas as pd
 
 
 class CalibratedTimingConfig(StrictModel):

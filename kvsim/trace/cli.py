@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 
 from kvsim.errors import ConfigError, KvsimError
-from kvsim.trace.load import FORMAT_CHOICES, TraceWarning
+from kvsim.trace.formats import FORMAT_CHOICES  # light: `kvsim --help` must not import pandas (trace.load does)
 
 _FORMAT_HELP = "source format: auto (detect from the columns), azure, mooncake or generic"
 
@@ -232,6 +232,8 @@ def cmd_generate(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Stand-alone entry point: ``python -m kvsim.trace.cli {stats,convert,generate} ...``."""
+    from kvsim.trace.load import TraceWarning
+
     parser = argparse.ArgumentParser(prog="kvsim")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["trace", *(sys.argv[1:] if argv is None else argv)])

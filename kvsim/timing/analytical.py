@@ -101,6 +101,9 @@ class AnalyticalTiming:
         self.flops_per_s = ctx.gpu.bf16_flops_per_s * cfg.compute_efficiency * ctx.tensor_parallel
         self.linear_flops_per_token = 2.0 * m.params_per_token  # MoE: the active experts only
         self.comm_s = ctx.comm_s  # tensor/pipeline parallel communication (0.0 on one GPU)
+        self._comm_s_per_step = ctx.comm_s_per_step  # comm_s(n) = per_step + per_token * n, inlined
+        self._comm_s_per_token = ctx.comm_s_per_token
+        self._split_kv_tokens = None  # kvsim.timing.calibrated.split_kv_tokens, imported on first use
         self.transfers = step_transfers(ctx.host_transfers, cfg.host_link_bandwidth_bytes_per_s)
         self.attention_flops_per_pair = 4.0 * m.num_layers * m.num_attention_heads * m.head_dim
         self.block_size = ctx.block_size
@@ -128,27 +131,42 @@ class AnalyticalTiming:
             return kv_tokens * self.kv_bytes_per_token / self.bandwidth_bytes_per_s
         return self.kernel.time_s(num_seqs, kv_tokens, kv_pages)
 
+    # step_time runs once per engine step and decode_durations once per decode window: both are hot.
+    # They read per-run constants bound in __init__ and skip no-op terms only where IEEE arithmetic
+    # makes the skip exact (x + 0.0 == x for every x >= +0.0, and every duration term is >= 0).
     def step_time(self, shape: BatchShape) -> StepTiming:
-        kv_read = shape.kv_tokens_read * self.kv_bytes_per_token
-        kv_write = shape.num_tokens * self.kv_bytes_per_token
+        kvb = self.kv_bytes_per_token
+        T = shape.kv_tokens_read
+        num_pre = shape.num_prefill_seqs
+        num_tokens = shape.num_prefill_tokens + shape.num_decode_tokens
+        kv_read = T * kvb
+        kv_write = num_tokens * kvb
         # sequences in the launch: every sample of a parallel-sampling request reads its own context
-        seqs = shape.num_prefill_seqs + shape.num_decode_seqs
-        attn_kv_s = self._attention_s(seqs, shape.kv_tokens_read, shape.kv_pages_read or None)
+        seqs = num_pre + shape.num_decode_seqs
+        if self.kernel is None:
+            attn_kv_s = T * kvb / self.bandwidth_bytes_per_s
+        else:
+            attn_kv_s = self.kernel.time_scalar(seqs, T, shape.kv_pages_read or None)
         swap_s = self.transfers.swap_s(shape.swap_in_bytes, shape.swap_in_copies,
                                        shape.swap_out_bytes, shape.swap_out_copies) + shape.tier_load_s
-        comm_s = self.comm_s(shape.num_tokens)  # parallelism (same expression in decode_durations)
-        if shape.num_prefill_seqs and shape.kv_tokens_read:
-            from kvsim.timing.calibrated import split_kv_tokens
+        # parallelism: TimingContext.comm_s (the same expression in decode_durations)
+        comm_s = self._comm_s_per_step + self._comm_s_per_token * num_tokens
+        if num_pre and T:
+            split = self._split_kv_tokens
+            if split is None:
+                from kvsim.timing.calibrated import split_kv_tokens as split
 
-            pre_kv, _ = split_kv_tokens(shape)
-            pre_att = attn_kv_s * (pre_kv / shape.kv_tokens_read)
+                self._split_kv_tokens = split
+            pre_kv, _ = split(shape)
+            pre_att = attn_kv_s * (pre_kv / T)
         else:
             pre_kv, pre_att = 0.0, 0.0
         if self.gemm is not None:
-            return self._fitted_step(shape, kv_read, kv_write, attn_kv_s, pre_kv, pre_att, swap_s, comm_s)
+            return self._fitted_step(shape, num_tokens, seqs, kv_read, kv_write, attn_kv_s, pre_kv, pre_att,
+                                     swap_s, comm_s)
         weights_s = self.weight_bytes / self.bandwidth_bytes_per_s
         kv_s = attn_kv_s + kv_write / self.bandwidth_bytes_per_s
-        linear_s = self.linear_flops_per_token * shape.num_tokens / self.flops_per_s
+        linear_s = self.linear_flops_per_token * num_tokens / self.flops_per_s
         attn_s = self.attention_flops_per_pair * shape.attention_pairs / self.flops_per_s
         duration = max(weights_s + kv_s, linear_s + attn_s) + self.cfg.step_overhead_s + swap_s
         duration = duration + comm_s
@@ -169,10 +187,11 @@ class AnalyticalTiming:
             kv_bytes_read=kv_read,
         )
 
-    def _fitted_step(self, shape, kv_read, kv_write, attn_kv_s, pre_kv, pre_att, swap_s, comm_s) -> StepTiming:
+    def _fitted_step(self, shape, num_tokens, seqs, kv_read, kv_write, attn_kv_s, pre_kv, pre_att, swap_s,
+                     comm_s) -> StepTiming:
         g = self.gemm
         # LM head: one row per scheduled sequence (every sample of a parallel-sampling request)
-        layers_s, lm_s = g.linear_s(shape.num_tokens, shape.num_prefill_seqs + shape.num_decode_seqs)
+        layers_s, lm_s = g.linear_s(num_tokens, seqs)
         linear_s = layers_s + lm_s
         dec_att = attn_kv_s - pre_att
         # decode queries: the kernel's KV-read time, or their FLOPs if that were larger
@@ -188,7 +207,8 @@ class AnalyticalTiming:
             attn_flops_s = dec_flops_s
         attention_s = dec_s + pre_s
         kv_write_s = kv_write / self.bandwidth_bytes_per_s
-        duration = linear_s + attention_s + kv_write_s + self.cfg.step_overhead_s + swap_s
+        overhead_s = self.cfg.step_overhead_s
+        duration = linear_s + attention_s + kv_write_s + overhead_s + swap_s
         duration = duration + comm_s
         return StepTiming(
             duration_s=duration,
@@ -202,7 +222,7 @@ class AnalyticalTiming:
                 "attention_s": attention_s,
                 "decode_attention_s": dec_s,
                 "prefill_attention_s": pre_s,
-                "overhead_s": self.cfg.step_overhead_s,
+                "overhead_s": overhead_s,
                 "swap_s": swap_s,
                 "parallel_comm_s": comm_s,
             },
@@ -218,25 +238,35 @@ class AnalyticalTiming:
         not count pages) or a 0 element means "not known", as ``BatchShape.kv_pages_read == 0``
         does. Returns (durations, breakdown parts per step -- an array, or a float that is the same
         every step --, KV bytes read per step); see :func:`kvsim.timing.base.decode_totals`.
+
+        step_time's no-op terms are left out, each exact because the term it adds to is >= +0.0:
+        ``+ swap_s`` (0.0: no swaps in a decode window), ``- pre_att`` / ``+ pre_s`` (0.0: no
+        prefill) and, on one GPU, ``+ parallel_comm_s`` (0.0; its breakdown part is the float 0.0).
         """
-        kv_read = kv_tokens_read * self.kv_bytes_per_token
-        kv_write = num_seqs * self.kv_bytes_per_token
-        if kv_pages_read is not None and self.block_size is not None:
-            est = pages_or_estimate(num_seqs, kv_tokens_read, None, self.block_size)
+        kvb = self.kv_bytes_per_token
+        kv_read = kv_tokens_read * kvb
+        bs = self.block_size
+        if kv_pages_read is not None and bs is not None and len(kv_pages_read) and kv_pages_read.min() <= 0:
+            est = pages_or_estimate(num_seqs, kv_tokens_read, None, bs)
             kv_pages_read = np.where(kv_pages_read > 0, kv_pages_read, est)
         attn_kv_s = self._attention_s(num_seqs, kv_tokens_read, kv_pages_read)
-        swap_s = 0 / self.cfg.host_link_bandwidth_bytes_per_s + 0.0
-        comm_s = self.comm_s(num_seqs)  # parallelism (same expression as in step_time)
+        kv_write_s = num_seqs * kvb / self.bandwidth_bytes_per_s
+        no_comm = self._comm_s_per_step == 0.0 and self._comm_s_per_token == 0.0
+        if no_comm:
+            comm_s = 0.0
+        else:
+            comm_s = self._comm_s_per_step + self._comm_s_per_token * num_seqs
+        overhead_s = self.cfg.step_overhead_s
         if self.gemm is not None:
-            # step_time's decode-only path with its no-op terms (x - 0.0, x + 0.0: exact) left out
             layers_s, lm_s = self.gemm.decode_linear_s(num_seqs)
             linear_s = layers_s + lm_s
             dec_flops_s = self.attention_flops_per_pair * kv_tokens_read / self.flops_per_s
             dec_s = np.maximum(attn_kv_s, dec_flops_s)
-            attention_s = dec_s
-            kv_write_s = kv_write / self.bandwidth_bytes_per_s
-            duration = linear_s + attention_s + kv_write_s + self.cfg.step_overhead_s + swap_s
-            duration = duration + comm_s
+            duration = linear_s + dec_s
+            duration += kv_write_s
+            duration += overhead_s
+            if not no_comm:
+                duration += comm_s
             parts = {
                 "weights_read_s": 0.0,
                 "kv_read_s": attn_kv_s + kv_write_s,
@@ -244,20 +274,22 @@ class AnalyticalTiming:
                 "gemm_s": layers_s,
                 "lm_head_s": lm_s,
                 "attention_compute_s": dec_flops_s,
-                "attention_s": attention_s,
+                "attention_s": dec_s,
                 "decode_attention_s": dec_s,
                 "prefill_attention_s": 0.0,
-                "overhead_s": self.cfg.step_overhead_s,
+                "overhead_s": overhead_s,
                 "swap_s": 0.0,
                 "parallel_comm_s": comm_s,
             }
             return duration, parts, kv_read
         weights_s = self.weight_bytes / self.bandwidth_bytes_per_s
-        kv_s = attn_kv_s + kv_write / self.bandwidth_bytes_per_s
+        kv_s = attn_kv_s + kv_write_s
         linear_s = self.linear_flops_per_token * num_seqs / self.flops_per_s
         attn_s = self.attention_flops_per_pair * kv_tokens_read / self.flops_per_s
-        duration = np.maximum(weights_s + kv_s, linear_s + attn_s) + self.cfg.step_overhead_s + swap_s
-        duration = duration + comm_s
+        duration = np.maximum(weights_s + kv_s, linear_s + attn_s)
+        duration += overhead_s
+        if not no_comm:
+            duration += comm_s
         parts = {
             "weights_read_s": weights_s,
             "kv_read_s": kv_s,
@@ -266,7 +298,7 @@ class AnalyticalTiming:
             "attention_s": attn_kv_s,
             "decode_attention_s": attn_kv_s,
             "prefill_attention_s": 0.0,
-            "overhead_s": self.cfg.step_overhead_s,
+            "overhead_s": overhead_s,
             "swap_s": 0.0,
             "parallel_comm_s": comm_s,
         }

@@ -237,60 +237,139 @@ class KernelModel:
             self.dram_eff = chunk / (chunk + p.dram_chunk_half_bytes)
         else:
             self.dram_eff = None  # per launch: the mean context is the run length
+        self._bind()
 
     # -- the model ---------------------------------------------------------------------------------
-    def _parts(self, n, T, P, mn, mx, where):
-        """(time per layer, stream bytes per layer, fetches per layer); n, T, P scalars or arrays.
-        ``mn``/``mx`` are min/max for the operand kind, ``where`` a select(cond, a, b)."""
+    # ``time_s`` is called once per engine step (scalars) and once per decode window (arrays), so
+    # the two paths below are written out separately with the per-run constants bound at
+    # construction. They perform the module docstring's IEEE operations in the same order; integer
+    # operands enter as exact doubles (counts far below 2**53), which is how numpy and Python
+    # convert them in mixed arithmetic anyway. tests/timing/test_kernel_fast_paths.py checks both
+    # against the term-by-term formula bit for bit over many shapes, backends and layouts.
+    def _bind(self) -> None:
         p, lay = self.profile, self.layout
-        n1 = mx(n, 1)
-        tokens = P * lay.block_size if self.whole_pages else T
-        sb = tokens * self.stream_bytes_per_token
-        base = n1 * self.heads_par
-        if p.split_kv and self.units_sat is not None:
-            if isinstance(base, np.ndarray):
-                want = np.ceil(self.units_sat / base)
-                cap = np.ceil((T / n1) / p.min_split_tokens)
-            else:
-                want = float(math.ceil(self.units_sat / base))
-                cap = float(math.ceil((T / n1) / p.min_split_tokens))
-            cap = mx(cap, 1.0)
-            splits = mn(mx(want, 1.0), cap)
-        else:
-            splits = 1.0
-        units = base * splits
-        par = 1.0 if self.units_sat is None else mn(units / self.units_sat, 1.0)
-        if self.dram_eff is None:
-            chunk = mx(T / n1, 1.0) * self.head_token_bytes
-            eff = chunk / (chunk + p.dram_chunk_half_bytes)
-        else:
-            eff = self.dram_eff
-        fetches = P * lay.num_kv_heads
-        t = p.launch_overhead_s + p.unit_overhead_s * units + p.page_overhead_s * fetches + sb / (self.bw * par * eff)
-        if not self.fused:
-            t = t + (p.launch_overhead_s + T * self.dequant_bytes_per_token / self.bw)
-        # nothing to read costs nothing (no KV tokens: no kernel)
-        t = where(T, t, 0.0)
-        return t, sb + (0.0 if self.fused else T * self.dequant_bytes_per_token), fetches
+        self._L = lay.num_layers
+        self._block = lay.block_size
+        self._tail_pages = None if lay.block_size is None else (lay.block_size - 1) / (2 * lay.block_size)
+        self._kvh = lay.num_kv_heads
+        self._split = p.split_kv and self.units_sat is not None
+        self._min_split = p.min_split_tokens
+        self._launch = p.launch_overhead_s
+        self._unit_oh = p.unit_overhead_s
+        self._page_oh = p.page_overhead_s
+        self._half = p.dram_chunk_half_bytes
+        self._dequant_bytes = None if self.fused else self.dequant_bytes_per_token
 
     def time_s(self, num_seqs, kv_tokens, kv_pages):
-        """All layers' attention-kernel time. Scalars (python ints/floats) or numpy arrays."""
-        return self.evaluate(num_seqs, kv_tokens, kv_pages)[0]
+        """All layers' attention-kernel time. Scalars (python ints/floats) or numpy arrays;
+        ``kv_pages`` None = unknown (see :func:`pages_or_estimate`)."""
+        if isinstance(num_seqs, np.ndarray):
+            return self._time_array(num_seqs, kv_tokens, kv_pages)
+        return self.time_scalar(num_seqs, kv_tokens, kv_pages)
+
+    def time_scalar(self, num_seqs, kv_tokens, kv_pages) -> float:
+        """``time_s`` of one launch (Python numbers): the engine's per-step hot path."""
+        bs = self._block
+        if bs is None:
+            P = num_seqs
+        elif kv_pages is None:
+            P = kv_tokens / bs + num_seqs * self._tail_pages
+        else:
+            P = kv_pages
+        T = int(kv_tokens)
+        if T <= 0:  # nothing to read costs nothing (no KV tokens: no kernel)
+            return 0.0
+        n1 = int(num_seqs)
+        if n1 < 1:
+            n1 = 1
+        sb = (P * bs if self.whole_pages else T) * self.stream_bytes_per_token
+        base = n1 * self.heads_par
+        if self._split:
+            want = float(math.ceil(self.units_sat / base))
+            cap = float(math.ceil((T / n1) / self._min_split))
+            if cap < 1.0:
+                cap = 1.0
+            if want < 1.0:
+                want = 1.0
+            units = base * (cap if cap < want else want)
+        else:
+            units = base * 1.0
+        if self.units_sat is None:
+            par = 1.0
+        else:
+            par = units / self.units_sat
+            if par > 1.0:
+                par = 1.0
+        eff = self.dram_eff
+        if eff is None:
+            r = T / n1
+            chunk = (r if r > 1.0 else 1.0) * self.head_token_bytes
+            eff = chunk / (chunk + self._half)
+        t = self._launch + self._unit_oh * units + self._page_oh * (P * self._kvh) + sb / (self.bw * par * eff)
+        if self._dequant_bytes is not None:
+            t = t + (self._launch + T * self._dequant_bytes / self.bw)
+        return self._L * t
+
+    def _time_array(self, num_seqs: np.ndarray, kv_tokens, kv_pages) -> np.ndarray:
+        """``time_s`` of many launches: counts are turned into doubles once, then float ops only."""
+        bs = self._block
+        if bs is None:
+            P = num_seqs
+        elif kv_pages is None:
+            P = kv_tokens / bs + num_seqs * self._tail_pages
+        else:
+            P = kv_pages
+        n = num_seqs if num_seqs.dtype.kind in "iu" else num_seqs.astype(np.int64)
+        T = np.asarray(kv_tokens, dtype=np.int64)
+        nf = n.astype(np.float64)
+        Tf = T.astype(np.float64)
+        n1 = np.maximum(nf, 1.0)
+        if self.whole_pages:
+            sb = np.asarray(P, dtype=np.float64) * bs * self.stream_bytes_per_token
+        else:
+            sb = Tf * self.stream_bytes_per_token
+        base = n1 * self.heads_par
+        if self._split:
+            want = np.maximum(np.ceil(self.units_sat / base), 1.0)
+            cap = np.maximum(np.ceil((Tf / n1) / self._min_split), 1.0)
+            units = base * np.minimum(want, cap)
+        else:
+            units = base
+        eff = self.dram_eff
+        if eff is None:
+            chunk = np.maximum(Tf / n1, 1.0) * self.head_token_bytes
+            eff = chunk / (chunk + self._half)
+        if self.units_sat is None:
+            den = self.bw * 1.0 * eff
+        else:
+            den = self.bw * np.minimum(units / self.units_sat, 1.0)
+            den *= eff
+        t = self._launch + self._unit_oh * units
+        if self._page_oh != 0.0:  # else the term is +0.0, which leaves t (>= +0.0) unchanged
+            t += self._page_oh * (np.asarray(P, dtype=np.float64) * self._kvh)
+        t += sb / den
+        if self._dequant_bytes is not None:
+            t += self._launch + Tf * self._dequant_bytes / self.bw
+        if len(T) and T.min() <= 0:
+            t = np.where(T > 0, t, 0.0)
+        return self._L * t
 
     def evaluate(self, num_seqs, kv_tokens, kv_pages):
         """(time_s, bytes_read, pages_fetched) over all layers; ``kv_pages`` None = unknown
         (see :func:`pages_or_estimate`)."""
-        L = self.layout.num_layers
-        P = pages_or_estimate(num_seqs, kv_tokens, kv_pages, self.layout.block_size)
+        lay = self.layout
+        P = pages_or_estimate(num_seqs, kv_tokens, kv_pages, lay.block_size)
         if isinstance(num_seqs, np.ndarray):
-            n = num_seqs.astype(np.int64)
             T = np.asarray(kv_tokens, dtype=np.int64)
-            P = np.asarray(P) if not isinstance(P, np.ndarray) else P
-            t, b, f = self._parts(n, T, P, np.minimum, np.maximum, lambda c, a, z: np.where(c > 0, a, z))
+            P = np.asarray(P)
         else:
-            n, T = int(num_seqs), int(kv_tokens)
-            t, b, f = self._parts(n, T, P, min, max, lambda c, a, z: a if c > 0 else z)
-        return L * t, L * b, L * f
+            T = int(kv_tokens)
+        tokens = P * lay.block_size if self.whole_pages else T
+        sb = tokens * self.stream_bytes_per_token
+        b = sb + (0.0 if self.fused else T * self.dequant_bytes_per_token)
+        f = P * lay.num_kv_heads
+        L = lay.num_layers
+        return self.time_s(num_seqs, kv_tokens, kv_pages), L * b, L * f
 
     def result(self, num_seqs, kv_tokens, kv_pages) -> KernelResult:
         t, b, f = self.evaluate(num_seqs, kv_tokens, kv_pages)

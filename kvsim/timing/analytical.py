@@ -52,7 +52,7 @@ from pydantic import Field, field_validator
 from kvsim.config_base import StrictModel
 from kvsim.hw import ModelSpec
 from kvsim.registry import TIMING_MODELS
-from kvsim.timing.base import BatchShape, StepTiming
+from kvsim.timing.base import BatchShape, DecodeParts, StepTiming, split_kv_tokens
 from kvsim.timing.context import TimingContext
 from kvsim.timing.transfer import step_transfers
 from kvsim.errors import did_you_mean, format_choices
@@ -60,6 +60,10 @@ from kvsim.timing.kernel import (KernelModel, KVLayout, builtin_backends, defaul
                                  pages_or_estimate)
 
 ROOFLINE = "roofline"
+# decode_durations' matrix rows (fitted GEMM model); without parallelism the comm part is the float 0.0
+_FITTED_ROWS = {"kv_read_s": 0, "linear_compute_s": 1, "gemm_s": 2, "lm_head_s": 3, "attention_compute_s": 4,
+                "attention_s": 5, "decode_attention_s": 5, "parallel_comm_s": 7}
+_FITTED_ROWS_NO_COMM = {k: v for k, v in _FITTED_ROWS.items() if k != "parallel_comm_s"}
 
 
 class AnalyticalTimingConfig(StrictModel):
@@ -103,7 +107,7 @@ class AnalyticalTiming:
         self.comm_s = ctx.comm_s  # tensor/pipeline parallel communication (0.0 on one GPU)
         self._comm_s_per_step = ctx.comm_s_per_step  # comm_s(n) = per_step + per_token * n, inlined
         self._comm_s_per_token = ctx.comm_s_per_token
-        self._split_kv_tokens = None  # kvsim.timing.calibrated.split_kv_tokens, imported on first use
+        self._no_comm = ctx.comm_s_per_step == 0.0 and ctx.comm_s_per_token == 0.0
         self.transfers = step_transfers(ctx.host_transfers, cfg.host_link_bandwidth_bytes_per_s)
         self.attention_flops_per_pair = 4.0 * m.num_layers * m.num_attention_heads * m.head_dim
         self.block_size = ctx.block_size
@@ -125,6 +129,24 @@ class AnalyticalTiming:
             self.gemm = _FittedLinear(cfg, ctx)
         else:
             self.gemm_model = "roofline"
+        self._decode_table = np.zeros((8, 0))  # grown by _grow_decode_table on first use
+
+    def _grow_decode_table(self, top: int) -> None:
+        """Per-batch-size rows for decode_durations (fitted GEMM model), n = 0 .. at least ``top``:
+        the rows of :data:`_FITTED_ROWS` (placeholders where a part depends on the KV read), then
+        the KV-write time ``n * kv_bytes_per_token / bandwidth`` and, under parallelism, the
+        communication ``comm_s(n)``; each the double step_time computes for a batch of n."""
+        g = self.gemm
+        size = max(top + 1, 2 * self._decode_table.shape[1], 1024)
+        if size > g._size:
+            g._grow(size - 1)
+        n = np.arange(size, dtype=np.int64)
+        layers, lm = g._layers[:size], g._lm[:size]
+        rows = [np.zeros(size), layers + lm, layers, lm, np.zeros(size), np.zeros(size),
+                n * self.kv_bytes_per_token / self.bandwidth_bytes_per_s]
+        if not self._no_comm:
+            rows.append(self._comm_s_per_step + self._comm_s_per_token * n)
+        self._decode_table = np.array(rows)
 
     def _attention_s(self, num_seqs, kv_tokens, kv_pages):
         if self.kernel is None:
@@ -152,12 +174,7 @@ class AnalyticalTiming:
         # parallelism: TimingContext.comm_s (the same expression in decode_durations)
         comm_s = self._comm_s_per_step + self._comm_s_per_token * num_tokens
         if num_pre and T:
-            split = self._split_kv_tokens
-            if split is None:
-                from kvsim.timing.calibrated import split_kv_tokens as split
-
-                self._split_kv_tokens = split
-            pre_kv, _ = split(shape)
+            pre_kv, _ = split_kv_tokens(shape)
             pre_att = attn_kv_s * (pre_kv / T)
         else:
             pre_kv, pre_att = 0.0, 0.0
@@ -197,10 +214,10 @@ class AnalyticalTiming:
         # decode queries: the kernel's KV-read time, or their FLOPs if that were larger
         dec_pairs = shape.kv_tokens_read - pre_kv  # one query per decode sequence: pairs = its KV tokens
         dec_flops_s = self.attention_flops_per_pair * dec_pairs / self.flops_per_s
-        dec_s = max(dec_att, dec_flops_s)
+        dec_s = dec_flops_s if dec_flops_s > dec_att else dec_att  # max(): the first argument on ties
         if shape.num_prefill_seqs and shape.attention_pairs:  # no (query, key) pairs: no attention FLOPs
             pre_fit = g.prefill_attention_s(shape, dec_pairs)
-            pre_s = max(pre_att, pre_fit)
+            pre_s = pre_fit if pre_fit > pre_att else pre_att
             attn_flops_s = dec_flops_s + pre_fit
         else:
             pre_s = 0.0
@@ -246,30 +263,38 @@ class AnalyticalTiming:
         kvb = self.kv_bytes_per_token
         kv_read = kv_tokens_read * kvb
         bs = self.block_size
-        if kv_pages_read is not None and bs is not None and len(kv_pages_read) and kv_pages_read.min() <= 0:
+        if (kv_pages_read is not None and bs is not None and len(kv_pages_read)
+                and np.minimum.reduce(kv_pages_read) <= 0):
             est = pages_or_estimate(num_seqs, kv_tokens_read, None, bs)
             kv_pages_read = np.where(kv_pages_read > 0, kv_pages_read, est)
         attn_kv_s = self._attention_s(num_seqs, kv_tokens_read, kv_pages_read)
-        kv_write_s = num_seqs * kvb / self.bandwidth_bytes_per_s
-        no_comm = self._comm_s_per_step == 0.0 and self._comm_s_per_token == 0.0
-        if no_comm:
-            comm_s = 0.0
-        else:
-            comm_s = self._comm_s_per_step + self._comm_s_per_token * num_seqs
+        no_comm = self._no_comm
+        comm_s = 0.0
         overhead_s = self.cfg.step_overhead_s
         if self.gemm is not None:
-            layers_s, lm_s = self.gemm.decode_linear_s(num_seqs)
-            linear_s = layers_s + lm_s
-            dec_flops_s = self.attention_flops_per_pair * kv_tokens_read / self.flops_per_s
-            dec_s = np.maximum(attn_kv_s, dec_flops_s)
+            # One lookup in the per-batch-size table gives a matrix whose rows are the per-step
+            # parts (decode_totals sums them in one reduction): the linear layers, the KV writes and
+            # the communication are read from it, the other rows are filled in place.
+            try:
+                matrix = self._decode_table.take(num_seqs, axis=1)
+            except IndexError:
+                self._grow_decode_table(int(num_seqs.max()))
+                matrix = self._decode_table.take(num_seqs, axis=1)
+            kv_read_s, linear_s, layers_s, lm_s, dec_flops_s, dec_s, kv_write_s = matrix[:7]
+            np.multiply(self.attention_flops_per_pair, kv_tokens_read, out=dec_flops_s)
+            dec_flops_s /= self.flops_per_s
+            np.maximum(attn_kv_s, dec_flops_s, out=dec_s)
+            np.add(attn_kv_s, kv_write_s, out=kv_read_s)
+            if not no_comm:
+                comm_s = matrix[7]
             duration = linear_s + dec_s
             duration += kv_write_s
             duration += overhead_s
             if not no_comm:
                 duration += comm_s
-            parts = {
+            parts = DecodeParts({
                 "weights_read_s": 0.0,
-                "kv_read_s": attn_kv_s + kv_write_s,
+                "kv_read_s": kv_read_s,
                 "linear_compute_s": linear_s,
                 "gemm_s": layers_s,
                 "lm_head_s": lm_s,
@@ -280,10 +305,12 @@ class AnalyticalTiming:
                 "overhead_s": overhead_s,
                 "swap_s": 0.0,
                 "parallel_comm_s": comm_s,
-            }
+            }, matrix, _FITTED_ROWS if not no_comm else _FITTED_ROWS_NO_COMM)
             return duration, parts, kv_read
+        if not no_comm:
+            comm_s = self._comm_s_per_step + self._comm_s_per_token * num_seqs
         weights_s = self.weight_bytes / self.bandwidth_bytes_per_s
-        kv_s = attn_kv_s + kv_write_s
+        kv_s = attn_kv_s + num_seqs * kvb / self.bandwidth_bytes_per_s
         linear_s = self.linear_flops_per_token * num_seqs / self.flops_per_s
         attn_s = self.attention_flops_per_pair * kv_tokens_read / self.flops_per_s
         duration = np.maximum(weights_s + kv_s, linear_s + attn_s)
@@ -352,6 +379,9 @@ class _FittedLinear:
         per_param = ctx.weight_bytes * t / max(ctx.model.num_params, 1.0)
         self.element_bytes = max(1, int(round(per_param)))
         self._gemm = gemm
+        self._attn_flops_per_pair = 4.0 * m.num_attention_heads * m.head_dim
+        self._attn_flops_per_s = ctx.gpu.bf16_flops_per_s * prof.attn_compute_efficiency
+        self._num_layers = m.num_layers
         self._layers = np.zeros(0)
         self._lm = np.zeros(0)
         self._size = 0
@@ -396,13 +426,19 @@ class _FittedLinear:
         c = shape.num_prefill_tokens / P
         if c <= 0:
             return 0.0
-        pairs_pre = max(shape.attention_pairs - decode_pairs, 0.0)
-        cp = max(pairs_pre - P * c * (c + 1.0) / 2.0, 0.0)
-        prof, m = self.profile, self.model
+        # max(x, 0.0) written out (the builtin returns its first argument on ties)
+        pairs_pre = shape.attention_pairs - decode_pairs
+        if 0.0 > pairs_pre:
+            pairs_pre = 0.0
+        cp = pairs_pre - P * c * (c + 1.0) / 2.0
+        if 0.0 > cp:
+            cp = 0.0
+        prof = self.profile
         pairs_eff = cp + prof.attn_causal_factor * P * c * c / 2.0
-        flops = 4.0 * m.num_attention_heads * m.head_dim * pairs_eff * (1.0 + prof.attn_half_tokens / c)
-        per_layer = P * prof.attn_launch_s + flops / (self.gpu.bf16_flops_per_s * prof.attn_compute_efficiency)
-        return m.num_layers * per_layer
+        # (4.0 * heads * head_dim) and (peak * efficiency) are evaluated first in the formula: bound once
+        flops = self._attn_flops_per_pair * pairs_eff * (1.0 + prof.attn_half_tokens / c)
+        per_layer = P * prof.attn_launch_s + flops / self._attn_flops_per_s
+        return self._num_layers * per_layer
 
 
 TIMING_MODELS.register("analytical", AnalyticalTimingConfig, AnalyticalTiming)

@@ -259,6 +259,11 @@ class KernelModel:
         self._page_oh = p.page_overhead_s
         self._half = p.dram_chunk_half_bytes
         self._dequant_bytes = None if self.fused else self.dequant_bytes_per_token
+        self._n_size = 0
+        self._needs_float_tokens = (not self.whole_pages or self._split or self.dram_eff is None
+                                    or self._dequant_bytes is not None)
+        self._n_table = np.zeros((3, 0))
+        self._n_lists: list[list[float]] = []
 
     def time_s(self, num_seqs, kv_tokens, kv_pages):
         """All layers' attention-kernel time. Scalars (python ints/floats) or numpy arrays;
@@ -266,6 +271,24 @@ class KernelModel:
         if isinstance(num_seqs, np.ndarray):
             return self._time_array(num_seqs, kv_tokens, kv_pages)
         return self.time_scalar(num_seqs, kv_tokens, kv_pages)
+
+    # Without split-KV the terms that depend on the batch size alone are tabulated by n (grown on
+    # demand, like the GEMM tables): head[n] = launch + unit_overhead * units(n), bwpar[n] =
+    # peak * utilisation * parallelism(n) and, with a fixed DRAM efficiency (paged), den[n] =
+    # bwpar[n] * dram_eff. A lookup returns the very double the formula gives.
+    def _grow_n_table(self, top: int) -> None:
+        size = max(top + 1, 2 * self._n_size, 256)
+        n1 = np.maximum(np.arange(size, dtype=np.float64), 1.0)
+        units = n1 * self.heads_par
+        head = self._launch + self._unit_oh * units
+        if self.units_sat is None:
+            bwpar = np.full(size, self.bw * 1.0)
+        else:
+            bwpar = self.bw * np.minimum(units / self.units_sat, 1.0)
+        rows = [head, bwpar] if self.dram_eff is None else [head, bwpar, bwpar * self.dram_eff]
+        self._n_table = np.array(rows)
+        self._n_lists = [row.tolist() for row in rows]  # Python floats: the same doubles, cheaper to index
+        self._n_size = size
 
     def time_scalar(self, num_seqs, kv_tokens, kv_pages) -> float:
         """``time_s`` of one launch (Python numbers): the engine's per-step hot path."""
@@ -283,8 +306,8 @@ class KernelModel:
         if n1 < 1:
             n1 = 1
         sb = (P * bs if self.whole_pages else T) * self.stream_bytes_per_token
-        base = n1 * self.heads_par
         if self._split:
+            base = n1 * self.heads_par
             want = float(math.ceil(self.units_sat / base))
             cap = float(math.ceil((T / n1) / self._min_split))
             if cap < 1.0:
@@ -292,20 +315,26 @@ class KernelModel:
             if want < 1.0:
                 want = 1.0
             units = base * (cap if cap < want else want)
-        else:
-            units = base * 1.0
-        if self.units_sat is None:
-            par = 1.0
-        else:
             par = units / self.units_sat
             if par > 1.0:
                 par = 1.0
+            head = self._launch + self._unit_oh * units
+            bwpar = self.bw * par
+        else:
+            if n1 >= self._n_size:
+                self._grow_n_table(n1)
+            lists = self._n_lists
+            head, bwpar = lists[0][n1], lists[1][n1]
         eff = self.dram_eff
         if eff is None:
             r = T / n1
             chunk = (r if r > 1.0 else 1.0) * self.head_token_bytes
-            eff = chunk / (chunk + self._half)
-        t = self._launch + self._unit_oh * units + self._page_oh * (P * self._kvh) + sb / (self.bw * par * eff)
+            den = bwpar * (chunk / (chunk + self._half))
+        elif self._split:
+            den = bwpar * eff
+        else:
+            den = self._n_lists[2][n1]
+        t = head + self._page_oh * (P * self._kvh) + sb / den
         if self._dequant_bytes is not None:
             t = t + (self._launch + T * self._dequant_bytes / self.bw)
         return self._L * t
@@ -321,36 +350,42 @@ class KernelModel:
             P = kv_pages
         n = num_seqs if num_seqs.dtype.kind in "iu" else num_seqs.astype(np.int64)
         T = np.asarray(kv_tokens, dtype=np.int64)
-        nf = n.astype(np.float64)
-        Tf = T.astype(np.float64)
-        n1 = np.maximum(nf, 1.0)
-        if self.whole_pages:
-            sb = np.asarray(P, dtype=np.float64) * bs * self.stream_bytes_per_token
-        else:
-            sb = Tf * self.stream_bytes_per_token
-        base = n1 * self.heads_par
+        if self._needs_float_tokens:
+            Tf = T.astype(np.float64)
+        if self.whole_pages or self._page_oh != 0.0:
+            Pf = np.asarray(P, dtype=np.float64)
+        sb = Pf * bs * self.stream_bytes_per_token if self.whole_pages else Tf * self.stream_bytes_per_token
+        eff = self.dram_eff
         if self._split:
+            n1 = np.maximum(n.astype(np.float64), 1.0)
+            base = n1 * self.heads_par
             want = np.maximum(np.ceil(self.units_sat / base), 1.0)
             cap = np.maximum(np.ceil((Tf / n1) / self._min_split), 1.0)
             units = base * np.minimum(want, cap)
+            head = self._launch + self._unit_oh * units
+            bwpar = self.bw * np.minimum(units / self.units_sat, 1.0)
         else:
-            units = base
-        eff = self.dram_eff
+            n1 = np.maximum(n, 1)
+            try:
+                rows = self._n_table.take(n1, axis=1)
+            except IndexError:
+                self._grow_n_table(int(n1.max()))
+                rows = self._n_table.take(n1, axis=1)
+            head, bwpar = rows[0], rows[1]
         if eff is None:
             chunk = np.maximum(Tf / n1, 1.0) * self.head_token_bytes
-            eff = chunk / (chunk + self._half)
-        if self.units_sat is None:
-            den = self.bw * 1.0 * eff
+            den = bwpar * (chunk / (chunk + self._half))
+        elif self._split:
+            den = bwpar * eff
         else:
-            den = self.bw * np.minimum(units / self.units_sat, 1.0)
-            den *= eff
-        t = self._launch + self._unit_oh * units
+            den = rows[2]
+        t = head  # a fresh array (lookup or arithmetic): updated in place
         if self._page_oh != 0.0:  # else the term is +0.0, which leaves t (>= +0.0) unchanged
-            t += self._page_oh * (np.asarray(P, dtype=np.float64) * self._kvh)
+            t += self._page_oh * (Pf * self._kvh)
         t += sb / den
         if self._dequant_bytes is not None:
             t += self._launch + Tf * self._dequant_bytes / self.bw
-        if len(T) and T.min() <= 0:
+        if len(T) and np.minimum.reduce(T) <= 0:
             t = np.where(T > 0, t, 0.0)
         return self._L * t
 

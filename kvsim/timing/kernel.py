@@ -244,7 +244,7 @@ class KernelModel:
     # the two paths below are written out separately with the per-run constants bound at
     # construction. They perform the module docstring's IEEE operations in the same order; integer
     # operands enter as exact doubles (counts far below 2**53), which is how numpy and Python
-    # convert them in mixed arithmetic anyway. tests/timing/test_kernel_fast_paths.py checks both
+    # convert them in mixed arithmetic anyway. tests/timing/test_timing_fast_paths.py checks both
     # against the term-by-term formula bit for bit over many shapes, backends and layouts.
     def _bind(self) -> None:
         p, lay = self.profile, self.layout

@@ -41,6 +41,7 @@ step engines fill ``kv_pages_read`` exactly, so the estimate is a fallback only.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
@@ -202,6 +203,12 @@ def pages_or_estimate(num_seqs, kv_tokens, kv_pages, block_size: int | None):
     return kv_pages
 
 
+def _exact_product(a: float, b: float) -> float | None:
+    """``a * b`` when that double is the exact product, else None."""
+    prod = float(a) * float(b)
+    return prod if math.isfinite(prod) and Fraction(a) * Fraction(b) == Fraction(prod) else None
+
+
 @dataclass(frozen=True)
 class KernelResult:
     time_s: object  # float or array: all layers
@@ -260,6 +267,10 @@ class KernelModel:
         self._half = p.dram_chunk_half_bytes
         self._dequant_bytes = None if self.fused else self.dequant_bytes_per_token
         self._n_size = 0
+        # products of two per-run constants, bound only when the double product is exact (see _time_array)
+        self._stream_bytes_per_page = (_exact_product(lay.block_size, self.stream_bytes_per_token)
+                                       if self.whole_pages else None)
+        self._page_oh_per_page = _exact_product(p.page_overhead_s, lay.num_kv_heads)
         self._needs_float_tokens = (not self.whole_pages or self._split or self.dram_eff is None
                                     or self._dequant_bytes is not None)
         self._n_table = np.zeros((3, 0))
@@ -352,9 +363,17 @@ class KernelModel:
         T = np.asarray(kv_tokens, dtype=np.int64)
         if self._needs_float_tokens:
             Tf = T.astype(np.float64)
-        if self.whole_pages or self._page_oh != 0.0:
-            Pf = np.asarray(P, dtype=np.float64)
-        sb = Pf * bs * self.stream_bytes_per_token if self.whole_pages else Tf * self.stream_bytes_per_token
+        P = np.asarray(P)
+        # Whole page counts (integers): P * block and P * kv_heads are exact, so when block x
+        # stream bytes (and page cost x kv heads) are exact doubles too, one multiplication by the
+        # bound product rounds the same real number once, exactly as the formula's two do.
+        counted = P.dtype.kind in "iu"
+        if counted and self._stream_bytes_per_page is not None:
+            sb = P * self._stream_bytes_per_page
+        elif self.whole_pages:
+            sb = np.asarray(P, dtype=np.float64) * bs * self.stream_bytes_per_token
+        else:
+            sb = Tf * self.stream_bytes_per_token
         eff = self.dram_eff
         if self._split:
             n1 = np.maximum(n.astype(np.float64), 1.0)
@@ -381,7 +400,10 @@ class KernelModel:
             den = rows[2]
         t = head  # a fresh array (lookup or arithmetic): updated in place
         if self._page_oh != 0.0:  # else the term is +0.0, which leaves t (>= +0.0) unchanged
-            t += self._page_oh * (Pf * self._kvh)
+            if counted and self._page_oh_per_page is not None:
+                t += P * self._page_oh_per_page
+            else:
+                t += self._page_oh * (np.asarray(P, dtype=np.float64) * self._kvh)
         t += sb / den
         if self._dequant_bytes is not None:
             t += self._launch + Tf * self._dequant_bytes / self.bw

@@ -97,8 +97,9 @@ def _launches(rng, size, block):
     else:
         pages = n * -(-ctx // block)
         pages[2] = -(-5 // block)
+    counted = pages.astype(np.int64)
     pages[rng.random(size) < 0.2] = 0  # unknown: the estimate
-    return n.astype(np.int64), T.astype(np.int64), pages.astype(np.int64)
+    return n.astype(np.int64), T.astype(np.int64), pages.astype(np.int64), counted
 
 
 def _bits(x):
@@ -108,7 +109,9 @@ def _bits(x):
 def test_kernel_time_equals_the_term_by_term_formula_bit_for_bit():
     rng = np.random.default_rng(7)
     for km in _kernels():
-        n, T, pages = _launches(rng, 40, km.layout.block_size)
+        n, T, pages, counted = _launches(rng, 40, km.layout.block_size)
+        # integer page counts (the engines' case) and float ones (after the estimate fills gaps)
+        assert _bits(km.time_s(n, T, counted)) == _bits(reference_time_s(km, n, T, counted))
         known = np.where(pages > 0, pages, pages_or_estimate(n, T, None, km.layout.block_size) if km.layout.block_size
                          else pages)
         want = reference_time_s(km, n, T, known)
@@ -120,6 +123,19 @@ def test_kernel_time_equals_the_term_by_term_formula_bit_for_bit():
             got = km.time_s(int(n[j]), int(T[j]), p)
             assert isinstance(got, float)
             assert got.hex() == float(reference_time_s(km, int(n[j]), int(T[j]), p)).hex()
+
+
+def test_products_are_bound_only_when_exact():
+    from kvsim.timing.kernel import _exact_product
+
+    assert _exact_product(1.8e-9, 32) == 1.8e-9 * 32  # a power of two: exact
+    assert _exact_product(0.1, 3) is None  # 0.1 * 3 rounds
+    assert _exact_product(16, 8192.0) == 131072.0
+    # the kernels above cover both: a bound product and the formula's own two multiplications
+    kms = _kernels()
+    assert any(km._page_oh_per_page is None and km._page_oh for km in kms)
+    assert any(km._page_oh_per_page is not None and km._page_oh for km in kms)
+    assert any(km._stream_bytes_per_page is not None for km in kms)
 
 
 def test_kernel_tables_grow_and_stay_exact():
@@ -161,12 +177,12 @@ def test_decode_durations_equal_step_time_part_by_part(name):
     timing = _timing(**TIMINGS[name])
     rng = np.random.default_rng(len(name))
     block = timing.block_size
-    for size in (1, 2, 31, 200):
+    for size, unknown in ((1, 0.0), (2, 0.25), (31, 0.0), (31, 0.25), (200, 0.0), (200, 0.25)):
         n = rng.integers(1, 300, size).astype(np.int64)
         ctx = rng.integers(1, 8000, size)
         T = (n * ctx).astype(np.int64)
         pages = (n * -(-ctx // block) if block else n).astype(np.int64)
-        pages[rng.random(size) < 0.25] = 0  # not counted: step_time estimates, so must decode_durations
+        pages[rng.random(size) < unknown] = 0  # not counted: step_time estimates, so must decode_durations
         durations, parts, kv_bytes = timing.decode_durations(n, T, pages)
         for j in range(size):
             st = timing.step_time(decode_shape(int(n[j]), int(T[j]), int(pages[j])))

@@ -208,7 +208,9 @@ class AnalyticalTiming:
                      comm_s) -> StepTiming:
         g = self.gemm
         # LM head: one row per scheduled sequence (every sample of a parallel-sampling request)
-        layers_s, lm_s = g.linear_s(num_tokens, seqs)
+        if (num_tokens if num_tokens > seqs else seqs) >= g._size:
+            g._grow(num_tokens if num_tokens > seqs else seqs)
+        layers_s, lm_s = g._layers_list[num_tokens], g._lm_list[seqs]  # = g.linear_s(num_tokens, seqs)
         linear_s = layers_s + lm_s
         dec_att = attn_kv_s - pre_att
         # decode queries: the kernel's KV-read time, or their FLOPs if that were larger
@@ -280,7 +282,7 @@ class AnalyticalTiming:
             except IndexError:
                 self._grow_decode_table(int(num_seqs.max()))
                 matrix = self._decode_table.take(num_seqs, axis=1)
-            kv_read_s, linear_s, layers_s, lm_s, dec_flops_s, dec_s, kv_write_s = matrix[:7]
+            kv_read_s, linear_s, dec_flops_s, dec_s, kv_write_s = matrix[0], matrix[1], matrix[4], matrix[5], matrix[6]
             np.multiply(self.attention_flops_per_pair, kv_tokens_read, out=dec_flops_s)
             dec_flops_s /= self.flops_per_s
             np.maximum(attn_kv_s, dec_flops_s, out=dec_s)
@@ -296,8 +298,8 @@ class AnalyticalTiming:
                 "weights_read_s": 0.0,
                 "kv_read_s": kv_read_s,
                 "linear_compute_s": linear_s,
-                "gemm_s": layers_s,
-                "lm_head_s": lm_s,
+                "gemm_s": matrix[2],
+                "lm_head_s": matrix[3],
                 "attention_compute_s": dec_flops_s,
                 "attention_s": dec_s,
                 "decode_attention_s": dec_s,

@@ -411,12 +411,6 @@ class _FittedLinear:
             self._grow(hi)
         return self._layers_list[num_tokens], self._lm_list[num_seqs]
 
-    def decode_linear_s(self, num_seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``linear_s(n, n)`` for an array of decode steps (one token per sequence): the same floats."""
-        if len(num_seqs) and num_seqs.max() >= self._size:
-            self._grow(int(num_seqs.max()))
-        return self._layers[num_seqs], self._lm[num_seqs]
-
     def prefill_attention_s(self, shape: BatchShape, decode_pairs: float) -> float:
         """The fitted prefill-attention time of the step's prefill chunks (all layers).
 

@@ -52,7 +52,7 @@ from pydantic import Field, field_validator
 from kvsim.config_base import StrictModel
 from kvsim.hw import ModelSpec
 from kvsim.registry import TIMING_MODELS
-from kvsim.timing.base import BatchShape, StepTiming
+from kvsim.timing.base import BatchShape, DecodeParts, StepTiming, split_kv_tokens
 from kvsim.timing.context import TimingContext
 from kvsim.timing.transfer import step_transfers
 from kvsim.errors import did_you_mean, format_choices
@@ -60,6 +60,10 @@ from kvsim.timing.kernel import (KernelModel, KVLayout, builtin_backends, defaul
                                  pages_or_estimate)
 
 ROOFLINE = "roofline"
+# decode_durations' matrix rows (fitted GEMM model); without parallelism the comm part is the float 0.0
+_FITTED_ROWS = {"kv_read_s": 0, "linear_compute_s": 1, "gemm_s": 2, "lm_head_s": 3, "attention_compute_s": 4,
+                "attention_s": 5, "decode_attention_s": 5, "parallel_comm_s": 7}
+_FITTED_ROWS_NO_COMM = {k: v for k, v in _FITTED_ROWS.items() if k != "parallel_comm_s"}
 
 
 class AnalyticalTimingConfig(StrictModel):
@@ -101,6 +105,9 @@ class AnalyticalTiming:
         self.flops_per_s = ctx.gpu.bf16_flops_per_s * cfg.compute_efficiency * ctx.tensor_parallel
         self.linear_flops_per_token = 2.0 * m.params_per_token  # MoE: the active experts only
         self.comm_s = ctx.comm_s  # tensor/pipeline parallel communication (0.0 on one GPU)
+        self._comm_s_per_step = ctx.comm_s_per_step  # comm_s(n) = per_step + per_token * n, inlined
+        self._comm_s_per_token = ctx.comm_s_per_token
+        self._no_comm = ctx.comm_s_per_step == 0.0 and ctx.comm_s_per_token == 0.0
         self.transfers = step_transfers(ctx.host_transfers, cfg.host_link_bandwidth_bytes_per_s)
         self.attention_flops_per_pair = 4.0 * m.num_layers * m.num_attention_heads * m.head_dim
         self.block_size = ctx.block_size
@@ -122,33 +129,61 @@ class AnalyticalTiming:
             self.gemm = _FittedLinear(cfg, ctx)
         else:
             self.gemm_model = "roofline"
+        self._decode_table = np.zeros((8, 0))  # grown by _grow_decode_table on first use
+
+    def _grow_decode_table(self, top: int) -> None:
+        """Per-batch-size rows for decode_durations (fitted GEMM model), n = 0 .. at least ``top``:
+        the rows of :data:`_FITTED_ROWS` (placeholders where a part depends on the KV read), then
+        the KV-write time ``n * kv_bytes_per_token / bandwidth`` and, under parallelism, the
+        communication ``comm_s(n)``; each the double step_time computes for a batch of n."""
+        g = self.gemm
+        size = max(top + 1, 2 * self._decode_table.shape[1], 1024)
+        if size > g._size:
+            g._grow(size - 1)
+        n = np.arange(size, dtype=np.int64)
+        layers, lm = g._layers[:size], g._lm[:size]
+        rows = [np.zeros(size), layers + lm, layers, lm, np.zeros(size), np.zeros(size),
+                n * self.kv_bytes_per_token / self.bandwidth_bytes_per_s]
+        if not self._no_comm:
+            rows.append(self._comm_s_per_step + self._comm_s_per_token * n)
+        self._decode_table = np.array(rows)
 
     def _attention_s(self, num_seqs, kv_tokens, kv_pages):
         if self.kernel is None:
             return kv_tokens * self.kv_bytes_per_token / self.bandwidth_bytes_per_s
         return self.kernel.time_s(num_seqs, kv_tokens, kv_pages)
 
+    # step_time runs once per engine step and decode_durations once per decode window: both are hot.
+    # They read per-run constants bound in __init__ and skip no-op terms only where IEEE arithmetic
+    # makes the skip exact (x + 0.0 == x for every x >= +0.0, and every duration term is >= 0).
     def step_time(self, shape: BatchShape) -> StepTiming:
-        kv_read = shape.kv_tokens_read * self.kv_bytes_per_token
-        kv_write = shape.num_tokens * self.kv_bytes_per_token
+        kvb = self.kv_bytes_per_token
+        T = shape.kv_tokens_read
+        num_pre = shape.num_prefill_seqs
+        num_tokens = shape.num_prefill_tokens + shape.num_decode_tokens
+        kv_read = T * kvb
+        kv_write = num_tokens * kvb
         # sequences in the launch: every sample of a parallel-sampling request reads its own context
-        seqs = shape.num_prefill_seqs + shape.num_decode_seqs
-        attn_kv_s = self._attention_s(seqs, shape.kv_tokens_read, shape.kv_pages_read or None)
+        seqs = num_pre + shape.num_decode_seqs
+        if self.kernel is None:
+            attn_kv_s = T * kvb / self.bandwidth_bytes_per_s
+        else:
+            attn_kv_s = self.kernel.time_scalar(seqs, T, shape.kv_pages_read or None)
         swap_s = self.transfers.swap_s(shape.swap_in_bytes, shape.swap_in_copies,
                                        shape.swap_out_bytes, shape.swap_out_copies) + shape.tier_load_s
-        comm_s = self.comm_s(shape.num_tokens)  # parallelism (same expression in decode_durations)
-        if shape.num_prefill_seqs and shape.kv_tokens_read:
-            from kvsim.timing.calibrated import split_kv_tokens
-
+        # parallelism: TimingContext.comm_s (the same expression in decode_durations)
+        comm_s = self._comm_s_per_step + self._comm_s_per_token * num_tokens
+        if num_pre and T:
             pre_kv, _ = split_kv_tokens(shape)
-            pre_att = attn_kv_s * (pre_kv / shape.kv_tokens_read)
+            pre_att = attn_kv_s * (pre_kv / T)
         else:
             pre_kv, pre_att = 0.0, 0.0
         if self.gemm is not None:
-            return self._fitted_step(shape, kv_read, kv_write, attn_kv_s, pre_kv, pre_att, swap_s, comm_s)
+            return self._fitted_step(shape, num_tokens, seqs, kv_read, kv_write, attn_kv_s, pre_kv, pre_att,
+                                     swap_s, comm_s)
         weights_s = self.weight_bytes / self.bandwidth_bytes_per_s
         kv_s = attn_kv_s + kv_write / self.bandwidth_bytes_per_s
-        linear_s = self.linear_flops_per_token * shape.num_tokens / self.flops_per_s
+        linear_s = self.linear_flops_per_token * num_tokens / self.flops_per_s
         attn_s = self.attention_flops_per_pair * shape.attention_pairs / self.flops_per_s
         duration = max(weights_s + kv_s, linear_s + attn_s) + self.cfg.step_overhead_s + swap_s
         duration = duration + comm_s
@@ -169,26 +204,30 @@ class AnalyticalTiming:
             kv_bytes_read=kv_read,
         )
 
-    def _fitted_step(self, shape, kv_read, kv_write, attn_kv_s, pre_kv, pre_att, swap_s, comm_s) -> StepTiming:
+    def _fitted_step(self, shape, num_tokens, seqs, kv_read, kv_write, attn_kv_s, pre_kv, pre_att, swap_s,
+                     comm_s) -> StepTiming:
         g = self.gemm
         # LM head: one row per scheduled sequence (every sample of a parallel-sampling request)
-        layers_s, lm_s = g.linear_s(shape.num_tokens, shape.num_prefill_seqs + shape.num_decode_seqs)
+        if (num_tokens if num_tokens > seqs else seqs) >= g._size:
+            g._grow(num_tokens if num_tokens > seqs else seqs)
+        layers_s, lm_s = g._layers_list[num_tokens], g._lm_list[seqs]  # = g.linear_s(num_tokens, seqs)
         linear_s = layers_s + lm_s
         dec_att = attn_kv_s - pre_att
         # decode queries: the kernel's KV-read time, or their FLOPs if that were larger
         dec_pairs = shape.kv_tokens_read - pre_kv  # one query per decode sequence: pairs = its KV tokens
         dec_flops_s = self.attention_flops_per_pair * dec_pairs / self.flops_per_s
-        dec_s = max(dec_att, dec_flops_s)
+        dec_s = dec_flops_s if dec_flops_s > dec_att else dec_att  # max(): the first argument on ties
         if shape.num_prefill_seqs and shape.attention_pairs:  # no (query, key) pairs: no attention FLOPs
             pre_fit = g.prefill_attention_s(shape, dec_pairs)
-            pre_s = max(pre_att, pre_fit)
+            pre_s = pre_fit if pre_fit > pre_att else pre_att
             attn_flops_s = dec_flops_s + pre_fit
         else:
             pre_s = 0.0
             attn_flops_s = dec_flops_s
         attention_s = dec_s + pre_s
         kv_write_s = kv_write / self.bandwidth_bytes_per_s
-        duration = linear_s + attention_s + kv_write_s + self.cfg.step_overhead_s + swap_s
+        overhead_s = self.cfg.step_overhead_s
+        duration = linear_s + attention_s + kv_write_s + overhead_s + swap_s
         duration = duration + comm_s
         return StepTiming(
             duration_s=duration,
@@ -202,7 +241,7 @@ class AnalyticalTiming:
                 "attention_s": attention_s,
                 "decode_attention_s": dec_s,
                 "prefill_attention_s": pre_s,
-                "overhead_s": self.cfg.step_overhead_s,
+                "overhead_s": overhead_s,
                 "swap_s": swap_s,
                 "parallel_comm_s": comm_s,
             },
@@ -218,46 +257,68 @@ class AnalyticalTiming:
         not count pages) or a 0 element means "not known", as ``BatchShape.kv_pages_read == 0``
         does. Returns (durations, breakdown parts per step -- an array, or a float that is the same
         every step --, KV bytes read per step); see :func:`kvsim.timing.base.decode_totals`.
+
+        step_time's no-op terms are left out, each exact because the term it adds to is >= +0.0:
+        ``+ swap_s`` (0.0: no swaps in a decode window), ``- pre_att`` / ``+ pre_s`` (0.0: no
+        prefill) and, on one GPU, ``+ parallel_comm_s`` (0.0; its breakdown part is the float 0.0).
         """
-        kv_read = kv_tokens_read * self.kv_bytes_per_token
-        kv_write = num_seqs * self.kv_bytes_per_token
-        if kv_pages_read is not None and self.block_size is not None:
-            est = pages_or_estimate(num_seqs, kv_tokens_read, None, self.block_size)
+        kvb = self.kv_bytes_per_token
+        kv_read = kv_tokens_read * kvb
+        bs = self.block_size
+        if (kv_pages_read is not None and bs is not None and len(kv_pages_read)
+                and np.minimum.reduce(kv_pages_read) <= 0):
+            est = pages_or_estimate(num_seqs, kv_tokens_read, None, bs)
             kv_pages_read = np.where(kv_pages_read > 0, kv_pages_read, est)
         attn_kv_s = self._attention_s(num_seqs, kv_tokens_read, kv_pages_read)
-        swap_s = 0 / self.cfg.host_link_bandwidth_bytes_per_s + 0.0
-        comm_s = self.comm_s(num_seqs)  # parallelism (same expression as in step_time)
+        no_comm = self._no_comm
+        comm_s = 0.0
+        overhead_s = self.cfg.step_overhead_s
         if self.gemm is not None:
-            # step_time's decode-only path with its no-op terms (x - 0.0, x + 0.0: exact) left out
-            layers_s, lm_s = self.gemm.decode_linear_s(num_seqs)
-            linear_s = layers_s + lm_s
-            dec_flops_s = self.attention_flops_per_pair * kv_tokens_read / self.flops_per_s
-            dec_s = np.maximum(attn_kv_s, dec_flops_s)
-            attention_s = dec_s
-            kv_write_s = kv_write / self.bandwidth_bytes_per_s
-            duration = linear_s + attention_s + kv_write_s + self.cfg.step_overhead_s + swap_s
-            duration = duration + comm_s
-            parts = {
+            # One lookup in the per-batch-size table gives a matrix whose rows are the per-step
+            # parts (decode_totals sums them in one reduction): the linear layers, the KV writes and
+            # the communication are read from it, the other rows are filled in place.
+            try:
+                matrix = self._decode_table.take(num_seqs, axis=1)
+            except IndexError:
+                self._grow_decode_table(int(num_seqs.max()))
+                matrix = self._decode_table.take(num_seqs, axis=1)
+            kv_read_s, linear_s, dec_flops_s, dec_s, kv_write_s = matrix[0], matrix[1], matrix[4], matrix[5], matrix[6]
+            np.multiply(self.attention_flops_per_pair, kv_tokens_read, out=dec_flops_s)
+            dec_flops_s /= self.flops_per_s
+            np.maximum(attn_kv_s, dec_flops_s, out=dec_s)
+            np.add(attn_kv_s, kv_write_s, out=kv_read_s)
+            if not no_comm:
+                comm_s = matrix[7]
+            duration = linear_s + dec_s
+            duration += kv_write_s
+            duration += overhead_s
+            if not no_comm:
+                duration += comm_s
+            parts = DecodeParts({
                 "weights_read_s": 0.0,
-                "kv_read_s": attn_kv_s + kv_write_s,
+                "kv_read_s": kv_read_s,
                 "linear_compute_s": linear_s,
-                "gemm_s": layers_s,
-                "lm_head_s": lm_s,
+                "gemm_s": matrix[2],
+                "lm_head_s": matrix[3],
                 "attention_compute_s": dec_flops_s,
-                "attention_s": attention_s,
+                "attention_s": dec_s,
                 "decode_attention_s": dec_s,
                 "prefill_attention_s": 0.0,
-                "overhead_s": self.cfg.step_overhead_s,
+                "overhead_s": overhead_s,
                 "swap_s": 0.0,
                 "parallel_comm_s": comm_s,
-            }
+            }, matrix, _FITTED_ROWS if not no_comm else _FITTED_ROWS_NO_COMM)
             return duration, parts, kv_read
+        if not no_comm:
+            comm_s = self._comm_s_per_step + self._comm_s_per_token * num_seqs
         weights_s = self.weight_bytes / self.bandwidth_bytes_per_s
-        kv_s = attn_kv_s + kv_write / self.bandwidth_bytes_per_s
+        kv_s = attn_kv_s + num_seqs * kvb / self.bandwidth_bytes_per_s
         linear_s = self.linear_flops_per_token * num_seqs / self.flops_per_s
         attn_s = self.attention_flops_per_pair * kv_tokens_read / self.flops_per_s
-        duration = np.maximum(weights_s + kv_s, linear_s + attn_s) + self.cfg.step_overhead_s + swap_s
-        duration = duration + comm_s
+        duration = np.maximum(weights_s + kv_s, linear_s + attn_s)
+        duration += overhead_s
+        if not no_comm:
+            duration += comm_s
         parts = {
             "weights_read_s": weights_s,
             "kv_read_s": kv_s,
@@ -266,7 +327,7 @@ class AnalyticalTiming:
             "attention_s": attn_kv_s,
             "decode_attention_s": attn_kv_s,
             "prefill_attention_s": 0.0,
-            "overhead_s": self.cfg.step_overhead_s,
+            "overhead_s": overhead_s,
             "swap_s": 0.0,
             "parallel_comm_s": comm_s,
         }
@@ -320,6 +381,9 @@ class _FittedLinear:
         per_param = ctx.weight_bytes * t / max(ctx.model.num_params, 1.0)
         self.element_bytes = max(1, int(round(per_param)))
         self._gemm = gemm
+        self._attn_flops_per_pair = 4.0 * m.num_attention_heads * m.head_dim
+        self._attn_flops_per_s = ctx.gpu.bf16_flops_per_s * prof.attn_compute_efficiency
+        self._num_layers = m.num_layers
         self._layers = np.zeros(0)
         self._lm = np.zeros(0)
         self._size = 0
@@ -347,12 +411,6 @@ class _FittedLinear:
             self._grow(hi)
         return self._layers_list[num_tokens], self._lm_list[num_seqs]
 
-    def decode_linear_s(self, num_seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``linear_s(n, n)`` for an array of decode steps (one token per sequence): the same floats."""
-        if len(num_seqs) and num_seqs.max() >= self._size:
-            self._grow(int(num_seqs.max()))
-        return self._layers[num_seqs], self._lm[num_seqs]
-
     def prefill_attention_s(self, shape: BatchShape, decode_pairs: float) -> float:
         """The fitted prefill-attention time of the step's prefill chunks (all layers).
 
@@ -364,13 +422,19 @@ class _FittedLinear:
         c = shape.num_prefill_tokens / P
         if c <= 0:
             return 0.0
-        pairs_pre = max(shape.attention_pairs - decode_pairs, 0.0)
-        cp = max(pairs_pre - P * c * (c + 1.0) / 2.0, 0.0)
-        prof, m = self.profile, self.model
+        # max(x, 0.0) written out (the builtin returns its first argument on ties)
+        pairs_pre = shape.attention_pairs - decode_pairs
+        if 0.0 > pairs_pre:
+            pairs_pre = 0.0
+        cp = pairs_pre - P * c * (c + 1.0) / 2.0
+        if 0.0 > cp:
+            cp = 0.0
+        prof = self.profile
         pairs_eff = cp + prof.attn_causal_factor * P * c * c / 2.0
-        flops = 4.0 * m.num_attention_heads * m.head_dim * pairs_eff * (1.0 + prof.attn_half_tokens / c)
-        per_layer = P * prof.attn_launch_s + flops / (self.gpu.bf16_flops_per_s * prof.attn_compute_efficiency)
-        return m.num_layers * per_layer
+        # (4.0 * heads * head_dim) and (peak * efficiency) are evaluated first in the formula: bound once
+        flops = self._attn_flops_per_pair * pairs_eff * (1.0 + prof.attn_half_tokens / c)
+        per_layer = P * prof.attn_launch_s + flops / self._attn_flops_per_s
+        return self._num_layers * per_layer
 
 
 TIMING_MODELS.register("analytical", AnalyticalTimingConfig, AnalyticalTiming)

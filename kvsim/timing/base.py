@@ -57,7 +57,33 @@ class BatchShape:
         return self.num_prefill_tokens + self.num_decode_tokens
 
 
-@dataclass(frozen=True)
+def split_kv_tokens(shape: BatchShape) -> tuple[float, float]:
+    """(prefill, decode) KV tokens read, from the shape's sums: with ``p`` prefill sequences of
+    (assumed) equal chunk ``n = num_prefill_tokens / p``, prefill reads
+    ``(attention_pairs - kv_tokens_read) / (n - 1) + p * n / 2`` (exact for one chunk per step, for
+    pure-decode and for pure-prefill steps; docs in :mod:`kvsim.timing.calibrated`). Decode reads
+    >= 1 token per sequence. Shared by the analytical and calibrated models (a per-step hot path)."""
+    p, d, kv = shape.num_prefill_seqs, shape.num_decode_seqs, shape.kv_tokens_read
+    if p == 0:
+        return 0.0, float(kv)
+    if d == 0:
+        return float(kv), 0.0
+    n = shape.num_prefill_tokens / p
+    if n > 1:
+        pre = (shape.attention_pairs - kv) / (n - 1) + p * n / 2
+    else:  # 1-token chunks look like decode: share the KV in proportion to sequences
+        pre = kv * p / (p + d)
+    # min(max(pre, lo), hi), written out (the builtins return their first argument on ties)
+    lo = float(shape.num_prefill_tokens)
+    if lo > pre:
+        pre = lo
+    hi = float(kv - d)
+    if hi < pre:
+        pre = hi
+    return pre, kv - pre
+
+
+@dataclass(frozen=True, slots=True)
 class StepTiming:
     """One step's duration and where it went. ``breakdown_s`` values sum to at least ``duration_s``
     when components overlap (roofline ``max``); ``duration_s`` is authoritative."""
@@ -131,10 +157,41 @@ def decode_pricer(timing: TimingModel) -> tuple[VectorisedDecodeTiming, bool]:
     return StepTimeVectorisation(timing), False
 
 
+class DecodeParts(dict):
+    """A ``decode_durations`` breakdown whose per-step arrays are the rows of one 2-D ``matrix``
+    (``rows``: breakdown name -> row index; the other names hold floats, the same every step), so
+    :func:`decode_totals` sums them all in one reduction. numpy sums each row along its contiguous
+    axis with the same pairwise summation as the row on its own, so the sums are those of
+    ``row[:k].sum()`` bit for bit (tests/timing/test_timing_fast_paths.py checks it)."""
+
+    __slots__ = ("matrix", "rows")
+
+    def __init__(self, parts: dict, matrix: np.ndarray, rows: dict[str, int]):
+        super().__init__(parts)
+        # the single reduction needs contiguous rows (a strided row would be summed in another order)
+        self.matrix = matrix if matrix.flags.c_contiguous else np.ascontiguousarray(matrix)
+        self.rows = rows
+
+
 def decode_totals(parts: dict, kv_read_bytes, k: int) -> tuple[dict[str, float], int]:
     """Breakdown sums and KV bytes read over the first ``k`` steps of a ``decode_durations`` result.
 
     ``parts`` maps a breakdown name to its per-step values: an array, or a float that is the same
-    every step (summed as ``value * k``)."""
-    breakdown = {name: (float(v[:k].sum()) if hasattr(v, "shape") else v * k) for name, v in parts.items()}
-    return breakdown, int(kv_read_bytes[:k].sum())
+    every step (summed as ``value * k``). A :class:`DecodeParts` is summed in one reduction; an
+    array that appears under several names is summed once."""
+    kv_bytes = int(kv_read_bytes[:k].sum())
+    if isinstance(parts, DecodeParts):
+        sums = np.add.reduce(parts.matrix[:, :k], axis=1).tolist()
+        rows = parts.rows
+        return {name: (sums[rows[name]] if name in rows else v * k) for name, v in parts.items()}, kv_bytes
+    breakdown: dict[str, float] = {}
+    summed: dict[int, float] = {}
+    for name, v in parts.items():
+        if hasattr(v, "shape"):
+            total = summed.get(id(v))
+            if total is None:
+                total = summed[id(v)] = float(v[:k].sum())
+            breakdown[name] = total
+        else:
+            breakdown[name] = v * k
+    return breakdown, kv_bytes

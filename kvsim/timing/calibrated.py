@@ -47,7 +47,7 @@ from kvsim.config_base import StrictModel
 from kvsim.errors import CalibrationError
 from kvsim.hw import GPUS, ModelSpec
 from kvsim.registry import TIMING_MODELS
-from kvsim.timing.base import BatchShape, StepTiming
+from kvsim.timing.base import BatchShape, StepTiming, split_kv_tokens  # noqa: F401  (re-exported)
 from kvsim.timing.context import TimingContext
 from kvsim.timing.transfer import step_transfers
 
@@ -93,22 +93,6 @@ def check_model(data: CalibrationData, model: ModelSpec) -> None:
         if meta_model[key] != getattr(model, key):
             raise CalibrationError(f"{data.meta_path}: field 'model.{key}' is {meta_model[key]!r} but model "
                                    f"{model.name} has {getattr(model, key)!r}")
-
-
-def split_kv_tokens(shape: BatchShape) -> tuple[float, float]:
-    """(prefill, decode) KV tokens read: see the module docstring. Decode >= 1 token per sequence."""
-    p, d, kv = shape.num_prefill_seqs, shape.num_decode_seqs, shape.kv_tokens_read
-    if p == 0:
-        return 0.0, float(kv)
-    if d == 0:
-        return float(kv), 0.0
-    n = shape.num_prefill_tokens / p
-    if n > 1:
-        pre = (shape.attention_pairs - kv) / (n - 1) + p * n / 2
-    else:  # 1-token chunks look like decode: share the KV in proportion to sequences
-        pre = kv * p / (p + d)
-    pre = min(max(pre, float(shape.num_prefill_tokens)), float(kv - d))
-    return pre, kv - pre
 
 
 class CalibratedTiming:

@@ -41,6 +41,7 @@ step engines fill ``kv_pages_read`` exactly, so the estimate is a fallback only.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
@@ -202,6 +203,12 @@ def pages_or_estimate(num_seqs, kv_tokens, kv_pages, block_size: int | None):
     return kv_pages
 
 
+def _exact_product(a: float, b: float) -> float | None:
+    """``a * b`` when that double is the exact product, else None."""
+    prod = float(a) * float(b)
+    return prod if math.isfinite(prod) and Fraction(a) * Fraction(b) == Fraction(prod) else None
+
+
 @dataclass(frozen=True)
 class KernelResult:
     time_s: object  # float or array: all layers
@@ -237,60 +244,189 @@ class KernelModel:
             self.dram_eff = chunk / (chunk + p.dram_chunk_half_bytes)
         else:
             self.dram_eff = None  # per launch: the mean context is the run length
+        self._bind()
 
     # -- the model ---------------------------------------------------------------------------------
-    def _parts(self, n, T, P, mn, mx, where):
-        """(time per layer, stream bytes per layer, fetches per layer); n, T, P scalars or arrays.
-        ``mn``/``mx`` are min/max for the operand kind, ``where`` a select(cond, a, b)."""
+    # ``time_s`` is called once per engine step (scalars) and once per decode window (arrays), so
+    # the two paths below are written out separately with the per-run constants bound at
+    # construction. They perform the module docstring's IEEE operations in the same order; integer
+    # operands enter as exact doubles (counts far below 2**53), which is how numpy and Python
+    # convert them in mixed arithmetic anyway. tests/timing/test_timing_fast_paths.py checks both
+    # against the term-by-term formula bit for bit over many shapes, backends and layouts.
+    def _bind(self) -> None:
         p, lay = self.profile, self.layout
-        n1 = mx(n, 1)
-        tokens = P * lay.block_size if self.whole_pages else T
-        sb = tokens * self.stream_bytes_per_token
-        base = n1 * self.heads_par
-        if p.split_kv and self.units_sat is not None:
-            if isinstance(base, np.ndarray):
-                want = np.ceil(self.units_sat / base)
-                cap = np.ceil((T / n1) / p.min_split_tokens)
-            else:
-                want = float(math.ceil(self.units_sat / base))
-                cap = float(math.ceil((T / n1) / p.min_split_tokens))
-            cap = mx(cap, 1.0)
-            splits = mn(mx(want, 1.0), cap)
-        else:
-            splits = 1.0
-        units = base * splits
-        par = 1.0 if self.units_sat is None else mn(units / self.units_sat, 1.0)
-        if self.dram_eff is None:
-            chunk = mx(T / n1, 1.0) * self.head_token_bytes
-            eff = chunk / (chunk + p.dram_chunk_half_bytes)
-        else:
-            eff = self.dram_eff
-        fetches = P * lay.num_kv_heads
-        t = p.launch_overhead_s + p.unit_overhead_s * units + p.page_overhead_s * fetches + sb / (self.bw * par * eff)
-        if not self.fused:
-            t = t + (p.launch_overhead_s + T * self.dequant_bytes_per_token / self.bw)
-        # nothing to read costs nothing (no KV tokens: no kernel)
-        t = where(T, t, 0.0)
-        return t, sb + (0.0 if self.fused else T * self.dequant_bytes_per_token), fetches
+        self._L = lay.num_layers
+        self._block = lay.block_size
+        self._tail_pages = None if lay.block_size is None else (lay.block_size - 1) / (2 * lay.block_size)
+        self._kvh = lay.num_kv_heads
+        self._split = p.split_kv and self.units_sat is not None
+        self._min_split = p.min_split_tokens
+        self._launch = p.launch_overhead_s
+        self._unit_oh = p.unit_overhead_s
+        self._page_oh = p.page_overhead_s
+        self._half = p.dram_chunk_half_bytes
+        self._dequant_bytes = None if self.fused else self.dequant_bytes_per_token
+        self._n_size = 0
+        # products of two per-run constants, bound only when the double product is exact (see _time_array)
+        self._stream_bytes_per_page = (_exact_product(lay.block_size, self.stream_bytes_per_token)
+                                       if self.whole_pages else None)
+        self._page_oh_per_page = _exact_product(p.page_overhead_s, lay.num_kv_heads)
+        self._needs_float_tokens = (not self.whole_pages or self._split or self.dram_eff is None
+                                    or self._dequant_bytes is not None)
+        self._n_table = np.zeros((3, 0))
+        self._n_lists: list[list[float]] = []
 
     def time_s(self, num_seqs, kv_tokens, kv_pages):
-        """All layers' attention-kernel time. Scalars (python ints/floats) or numpy arrays."""
-        return self.evaluate(num_seqs, kv_tokens, kv_pages)[0]
+        """All layers' attention-kernel time. Scalars (python ints/floats) or numpy arrays;
+        ``kv_pages`` None = unknown (see :func:`pages_or_estimate`)."""
+        if isinstance(num_seqs, np.ndarray):
+            return self._time_array(num_seqs, kv_tokens, kv_pages)
+        return self.time_scalar(num_seqs, kv_tokens, kv_pages)
+
+    # Without split-KV the terms that depend on the batch size alone are tabulated by n (grown on
+    # demand, like the GEMM tables): head[n] = launch + unit_overhead * units(n), bwpar[n] =
+    # peak * utilisation * parallelism(n) and, with a fixed DRAM efficiency (paged), den[n] =
+    # bwpar[n] * dram_eff. A lookup returns the very double the formula gives.
+    def _grow_n_table(self, top: int) -> None:
+        size = max(top + 1, 2 * self._n_size, 256)
+        n1 = np.maximum(np.arange(size, dtype=np.float64), 1.0)
+        units = n1 * self.heads_par
+        head = self._launch + self._unit_oh * units
+        if self.units_sat is None:
+            bwpar = np.full(size, self.bw * 1.0)
+        else:
+            bwpar = self.bw * np.minimum(units / self.units_sat, 1.0)
+        rows = [head, bwpar] if self.dram_eff is None else [head, bwpar, bwpar * self.dram_eff]
+        self._n_table = np.array(rows)
+        self._n_lists = [row.tolist() for row in rows]  # Python floats: the same doubles, cheaper to index
+        self._n_size = size
+
+    def time_scalar(self, num_seqs, kv_tokens, kv_pages) -> float:
+        """``time_s`` of one launch (Python numbers): the engine's per-step hot path."""
+        bs = self._block
+        if bs is None:
+            P = num_seqs
+        elif kv_pages is None:
+            P = kv_tokens / bs + num_seqs * self._tail_pages
+        else:
+            P = kv_pages
+        T = int(kv_tokens)
+        if T <= 0:  # nothing to read costs nothing (no KV tokens: no kernel)
+            return 0.0
+        n1 = int(num_seqs)
+        if n1 < 1:
+            n1 = 1
+        sb = (P * bs if self.whole_pages else T) * self.stream_bytes_per_token
+        if self._split:
+            base = n1 * self.heads_par
+            want = float(math.ceil(self.units_sat / base))
+            cap = float(math.ceil((T / n1) / self._min_split))
+            if cap < 1.0:
+                cap = 1.0
+            if want < 1.0:
+                want = 1.0
+            units = base * (cap if cap < want else want)
+            par = units / self.units_sat
+            if par > 1.0:
+                par = 1.0
+            head = self._launch + self._unit_oh * units
+            bwpar = self.bw * par
+        else:
+            if n1 >= self._n_size:
+                self._grow_n_table(n1)
+            lists = self._n_lists
+            head, bwpar = lists[0][n1], lists[1][n1]
+        eff = self.dram_eff
+        if eff is None:
+            r = T / n1
+            chunk = (r if r > 1.0 else 1.0) * self.head_token_bytes
+            den = bwpar * (chunk / (chunk + self._half))
+        elif self._split:
+            den = bwpar * eff
+        else:
+            den = self._n_lists[2][n1]
+        t = head + self._page_oh * (P * self._kvh) + sb / den
+        if self._dequant_bytes is not None:
+            t = t + (self._launch + T * self._dequant_bytes / self.bw)
+        return self._L * t
+
+    def _time_array(self, num_seqs: np.ndarray, kv_tokens, kv_pages) -> np.ndarray:
+        """``time_s`` of many launches: counts are turned into doubles once, then float ops only."""
+        bs = self._block
+        if bs is None:
+            P = num_seqs
+        elif kv_pages is None:
+            P = kv_tokens / bs + num_seqs * self._tail_pages
+        else:
+            P = kv_pages
+        n = num_seqs if num_seqs.dtype.kind in "iu" else num_seqs.astype(np.int64)
+        T = np.asarray(kv_tokens, dtype=np.int64)
+        if self._needs_float_tokens:
+            Tf = T.astype(np.float64)
+        P = np.asarray(P)
+        # Whole page counts (integers): P * block and P * kv_heads are exact, so when block x
+        # stream bytes (and page cost x kv heads) are exact doubles too, one multiplication by the
+        # bound product rounds the same real number once, exactly as the formula's two do.
+        counted = P.dtype.kind in "iu"
+        if counted and self._stream_bytes_per_page is not None:
+            sb = P * self._stream_bytes_per_page
+        elif self.whole_pages:
+            sb = np.asarray(P, dtype=np.float64) * bs * self.stream_bytes_per_token
+        else:
+            sb = Tf * self.stream_bytes_per_token
+        eff = self.dram_eff
+        if self._split:
+            n1 = np.maximum(n.astype(np.float64), 1.0)
+            base = n1 * self.heads_par
+            want = np.maximum(np.ceil(self.units_sat / base), 1.0)
+            cap = np.maximum(np.ceil((Tf / n1) / self._min_split), 1.0)
+            units = base * np.minimum(want, cap)
+            head = self._launch + self._unit_oh * units
+            bwpar = self.bw * np.minimum(units / self.units_sat, 1.0)
+        else:
+            n1 = np.maximum(n, 1)
+            try:
+                rows = self._n_table.take(n1, axis=1)
+            except IndexError:
+                self._grow_n_table(int(n1.max()))
+                rows = self._n_table.take(n1, axis=1)
+            head, bwpar = rows[0], rows[1]
+        if eff is None:
+            chunk = np.maximum(Tf / n1, 1.0) * self.head_token_bytes
+            den = bwpar * (chunk / (chunk + self._half))
+        elif self._split:
+            den = bwpar * eff
+        else:
+            den = rows[2]
+        t = head  # a fresh array (lookup or arithmetic): updated in place
+        if self._page_oh != 0.0:  # else the term is +0.0, which leaves t (>= +0.0) unchanged
+            if counted and self._page_oh_per_page is not None:
+                t += P * self._page_oh_per_page
+            else:
+                t += self._page_oh * (np.asarray(P, dtype=np.float64) * self._kvh)
+        t += sb / den
+        if self._dequant_bytes is not None:
+            t += self._launch + Tf * self._dequant_bytes / self.bw
+        if len(T) and np.minimum.reduce(T) <= 0:
+            t = np.where(T > 0, t, 0.0)
+        return self._L * t
 
     def evaluate(self, num_seqs, kv_tokens, kv_pages):
         """(time_s, bytes_read, pages_fetched) over all layers; ``kv_pages`` None = unknown
         (see :func:`pages_or_estimate`)."""
-        L = self.layout.num_layers
-        P = pages_or_estimate(num_seqs, kv_tokens, kv_pages, self.layout.block_size)
+        lay = self.layout
+        P = pages_or_estimate(num_seqs, kv_tokens, kv_pages, lay.block_size)
         if isinstance(num_seqs, np.ndarray):
-            n = num_seqs.astype(np.int64)
             T = np.asarray(kv_tokens, dtype=np.int64)
-            P = np.asarray(P) if not isinstance(P, np.ndarray) else P
-            t, b, f = self._parts(n, T, P, np.minimum, np.maximum, lambda c, a, z: np.where(c > 0, a, z))
+            P = np.asarray(P)
         else:
-            n, T = int(num_seqs), int(kv_tokens)
-            t, b, f = self._parts(n, T, P, min, max, lambda c, a, z: a if c > 0 else z)
-        return L * t, L * b, L * f
+            T = int(kv_tokens)
+        tokens = P * lay.block_size if self.whole_pages else T
+        sb = tokens * self.stream_bytes_per_token
+        b = sb + (0.0 if self.fused else T * self.dequant_bytes_per_token)
+        f = P * lay.num_kv_heads
+        L = lay.num_layers
+        return self.time_s(num_seqs, kv_tokens, kv_pages), L * b, L * f
 
     def result(self, num_seqs, kv_tokens, kv_pages) -> KernelResult:
         t, b, f = self.evaluate(num_seqs, kv_tokens, kv_pages)

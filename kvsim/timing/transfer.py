@@ -128,6 +128,12 @@ def achieved_bandwidth_bytes_per_s(transfer_bytes, link: LinkProfile, direction:
 def transfer_time_s(total_bytes, num_transfers, link: LinkProfile, direction: Direction = "h2d"):
     """Time to move ``total_bytes`` in ``num_transfers`` copies, issued back to back (vectorised over
     both arguments). Nothing to move costs 0."""
+    if isinstance(total_bytes, (int, float)) and isinstance(num_transfers, (int, float)):
+        # one step's swap (the per-step path): the same double arithmetic without numpy scalars
+        b, n = float(total_bytes), float(num_transfers)
+        if b < 0 or n < 0:
+            raise ValueError("total_bytes and num_transfers must be non-negative")
+        return n * link.per_transfer_latency_s + b / link.bandwidth(direction) if b > 0 else 0.0
     b = np.asarray(total_bytes, dtype=float)
     n = np.asarray(num_transfers, dtype=float)
     if np.any(b < 0) or np.any(n < 0):

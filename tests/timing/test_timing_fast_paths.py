@@ -1,0 +1,233 @@
+"""The timing model's per-step fast paths equal the formulas they replace, bit for bit.
+
+* KernelModel.time_s (scalar and array paths, per-batch-size tables) against the term-by-term
+  formula of kvsim/timing/kernel.py's docstring, written out here the way the model used to
+  evaluate it (one generic function for scalars and arrays);
+* AnalyticalTiming.decode_durations element j == step_time(decode shape j).duration_s, and every
+  breakdown part == step_time's, across GEMM models, parallelism, layouts and tables that grow;
+* decode_totals over a DecodeParts matrix == the per-array sums it replaces, for every prefix.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvsim.hw import GPUS, MODELS
+from kvsim.timing.analytical import AnalyticalTiming, AnalyticalTimingConfig
+from kvsim.timing.base import DecodeParts, decode_shape, decode_totals
+from kvsim.timing.context import TimingContext
+from kvsim.timing.kernel import KernelModel, KVLayout, load_backend, pages_or_estimate
+
+GPU = GPUS["A100-80GB"]
+
+
+# -- the reference: the kernel formula as one generic function (scalars or arrays) ------------------
+def reference_time_s(km: KernelModel, num_seqs, kv_tokens, kv_pages):
+    p, lay = km.profile, km.layout
+    P = pages_or_estimate(num_seqs, kv_tokens, kv_pages, lay.block_size)
+    if isinstance(num_seqs, np.ndarray):
+        n, T, P = num_seqs.astype(np.int64), np.asarray(kv_tokens, dtype=np.int64), np.asarray(P)
+        mn, mx = np.minimum, np.maximum
+
+        def where(c, a, z):
+            return np.where(c > 0, a, z)
+    else:
+        n, T = int(num_seqs), int(kv_tokens)
+        mn, mx = min, max
+
+        def where(c, a, z):
+            return a if c > 0 else z
+    n1 = mx(n, 1)
+    tokens = P * lay.block_size if km.whole_pages else T
+    sb = tokens * km.stream_bytes_per_token
+    base = n1 * km.heads_par
+    if p.split_kv and km.units_sat is not None:
+        if isinstance(base, np.ndarray):
+            want, cap = np.ceil(km.units_sat / base), np.ceil((T / n1) / p.min_split_tokens)
+        else:
+            want = float(math.ceil(km.units_sat / base))
+            cap = float(math.ceil((T / n1) / p.min_split_tokens))
+        splits = mn(mx(want, 1.0), mx(cap, 1.0))
+    else:
+        splits = 1.0
+    units = base * splits
+    par = 1.0 if km.units_sat is None else mn(units / km.units_sat, 1.0)
+    if km.dram_eff is None:
+        chunk = mx(T / n1, 1.0) * km.head_token_bytes
+        eff = chunk / (chunk + p.dram_chunk_half_bytes)
+    else:
+        eff = km.dram_eff
+    fetches = P * lay.num_kv_heads
+    t = p.launch_overhead_s + p.unit_overhead_s * units + p.page_overhead_s * fetches + sb / (km.bw * par * eff)
+    if not km.fused:
+        t = t + (p.launch_overhead_s + T * km.dequant_bytes_per_token / km.bw)
+    return lay.num_layers * where(T, t, 0.0)
+
+
+def _kernels():
+    """Every built-in backend and its flag variants, over layouts, KV dtypes, GQA/MHA and SM counts."""
+    out = []
+    for backend in ("vllm-2023-paged", "flashinfer-paged", "contiguous"):
+        base = load_backend(backend)
+        variants = [base, replace(base, split_kv=not base.split_kv), replace(base, gqa_grouped=not base.gqa_grouped),
+                    replace(base, whole_page_reads=not base.whole_page_reads, page_overhead_s=2.5e-9)]
+        for prof in variants:
+            for model in (MODELS["Llama-2-13B"], MODELS["Llama-3-8B"]):
+                for dtype in ("fp16", "fp8"):
+                    for block in (None, 1, 16, 256):
+                        for sms in (GPU.num_sms, None):
+                            out.append(KernelModel(prof, KVLayout.from_model(model, dtype, block),
+                                                   GPU.hbm_bandwidth_bytes_per_s, sms))
+    return out
+
+
+def _launches(rng, size, block):
+    n = rng.integers(0, 600, size)
+    n[:3] = (0, 1, 1)
+    ctx = rng.integers(1, 20_000, size)
+    T = n * ctx
+    T[:3] = (0, 0, 5)  # no KV at all; one sequence of 5 tokens
+    if block is None:
+        pages = n.copy()
+    else:
+        pages = n * -(-ctx // block)
+        pages[2] = -(-5 // block)
+    counted = pages.astype(np.int64)
+    pages[rng.random(size) < 0.2] = 0  # unknown: the estimate
+    return n.astype(np.int64), T.astype(np.int64), pages.astype(np.int64), counted
+
+
+def _bits(x):
+    return np.asarray(x, dtype=np.float64).tobytes()
+
+
+def test_kernel_time_equals_the_term_by_term_formula_bit_for_bit():
+    rng = np.random.default_rng(7)
+    for km in _kernels():
+        n, T, pages, counted = _launches(rng, 40, km.layout.block_size)
+        # integer page counts (the engines' case) and float ones (after the estimate fills gaps)
+        assert _bits(km.time_s(n, T, counted)) == _bits(reference_time_s(km, n, T, counted))
+        known = np.where(pages > 0, pages, pages_or_estimate(n, T, None, km.layout.block_size) if km.layout.block_size
+                         else pages)
+        want = reference_time_s(km, n, T, known)
+        assert _bits(km.time_s(n, T, known)) == _bits(want)
+        assert _bits(km.evaluate(n, T, known)[0]) == _bits(want)
+        assert _bits(km.time_s(n, T, None)) == _bits(reference_time_s(km, n, T, None))
+        for j in range(len(n)):
+            p = int(pages[j]) or None
+            got = km.time_s(int(n[j]), int(T[j]), p)
+            assert isinstance(got, float)
+            assert got.hex() == float(reference_time_s(km, int(n[j]), int(T[j]), p)).hex()
+
+
+def test_products_are_bound_only_when_exact():
+    from kvsim.timing.kernel import _exact_product
+
+    assert _exact_product(1.8e-9, 32) == 1.8e-9 * 32  # a power of two: exact
+    assert _exact_product(0.1, 3) is None  # 0.1 * 3 rounds
+    assert _exact_product(16, 8192.0) == 131072.0
+    # the kernels above cover both: a bound product and the formula's own two multiplications
+    kms = _kernels()
+    assert any(km._page_oh_per_page is None and km._page_oh for km in kms)
+    assert any(km._page_oh_per_page is not None and km._page_oh for km in kms)
+    assert any(km._stream_bytes_per_page is not None for km in kms)
+
+
+def test_kernel_tables_grow_and_stay_exact():
+    km = KernelModel(load_backend("vllm-2023-paged"), KVLayout.from_model(MODELS["Llama-2-7B"], "fp16", 16),
+                     GPU.hbm_bandwidth_bytes_per_s, GPU.num_sms)
+    for top in (3, 300, 5000, 70_000):  # past the first table (256 rows) and its doublings
+        n = np.array([1, top // 2 + 1, top], np.int64)
+        T = n * 777
+        P = n * 49
+        assert _bits(km.time_s(n, T, P)) == _bits(reference_time_s(km, n, T, P))
+        assert km.time_s(top, top * 777, top * 49) == reference_time_s(km, top, top * 777, top * 49)
+
+
+# -- AnalyticalTiming: decode_durations == step_time, part by part ---------------------------------
+def _timing(model="Llama-2-7B", block=16, gemm_model="fitted", backend="auto", comm=(0.0, 0.0), tp=1, dtype="fp16",
+            gpu="A100-80GB"):
+    m = MODELS[model]
+    ctx = TimingContext(m, GPUS[gpu], dtype, m.kv_bytes_per_token(dtype) // tp, m.weight_bytes() // tp, block,
+                        Path("."), tensor_parallel=tp, comm_s_per_step=comm[0], comm_s_per_token=comm[1])
+    return AnalyticalTiming(AnalyticalTimingConfig(gemm_model=gemm_model, attention_backend=backend), ctx)
+
+
+TIMINGS = {
+    "fitted-paged": dict(),
+    "fitted-contiguous": dict(block=None),
+    "fitted-flashinfer-gqa": dict(model="Llama-3-8B", backend="flashinfer-paged"),
+    "fitted-fp8-unfused": dict(dtype="fp8"),
+    "fitted-roofline-attention": dict(backend="roofline"),
+    "fitted-tp4-comm": dict(model="Llama-3-70B", gpu="H100-SXM-80GB", tp=4, comm=(2.1e-5, 3.3e-9)),
+    "fitted-generic-gpu": dict(gpu="L40S", model="Mistral-7B"),
+    "roofline-paged": dict(gemm_model="roofline"),
+    "roofline-comm": dict(gemm_model="roofline", comm=(1e-5, 0.0)),
+    "moe-roofline": dict(model="Mixtral-8x7B", gpu="H200-141GB", tp=2, comm=(1e-5, 1e-9)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TIMINGS))
+def test_decode_durations_equal_step_time_part_by_part(name):
+    timing = _timing(**TIMINGS[name])
+    rng = np.random.default_rng(len(name))
+    block = timing.block_size
+    for size, unknown in ((1, 0.0), (2, 0.25), (31, 0.0), (31, 0.25), (200, 0.0), (200, 0.25)):
+        n = rng.integers(1, 300, size).astype(np.int64)
+        ctx = rng.integers(1, 8000, size)
+        T = (n * ctx).astype(np.int64)
+        pages = (n * -(-ctx // block) if block else n).astype(np.int64)
+        pages[rng.random(size) < unknown] = 0  # not counted: step_time estimates, so must decode_durations
+        durations, parts, kv_bytes = timing.decode_durations(n, T, pages)
+        for j in range(size):
+            st = timing.step_time(decode_shape(int(n[j]), int(T[j]), int(pages[j])))
+            assert durations[j].hex() == st.duration_s.hex()
+            assert int(kv_bytes[j]) == st.kv_bytes_read
+            assert list(parts) == list(st.breakdown_s)
+            for key, v in st.breakdown_s.items():
+                got = parts[key][j] if isinstance(parts[key], np.ndarray) else parts[key]
+                assert float(got).hex() == float(v).hex(), key
+        for k in sorted({0, 1, size // 2, size}):
+            totals, kv_sum = decode_totals(parts, kv_bytes, k)
+            plain = {key: (v.copy() if isinstance(v, np.ndarray) else v) for key, v in parts.items()}
+            want = {key: (float(np.asarray(v)[:k].sum()) if isinstance(v, np.ndarray) else v * k)
+                    for key, v in plain.items()}
+            assert totals == want and kv_sum == int(kv_bytes[:k].sum())
+
+
+def test_decode_tables_grow_past_their_first_size():
+    timing = _timing()
+    for top in (5, 1500, 9000):  # first tables hold 1024 batch sizes
+        n = np.array([1, top], np.int64)
+        T = n * 100
+        durations, _, _ = timing.decode_durations(n, T, n * 7)
+        assert [d.hex() for d in durations] == [timing.step_time(decode_shape(int(a), int(b), int(a) * 7))
+                                                .duration_s.hex() for a, b in zip(n, T)]
+
+
+def test_empty_decode_window():
+    durations, parts, kv_bytes = _timing().decode_durations(*(np.zeros(0, np.int64),) * 3)
+    assert len(durations) == 0 and len(kv_bytes) == 0
+    totals, kv_sum = decode_totals(parts, kv_bytes, 0)
+    assert kv_sum == 0 and totals["kv_read_s"] == 0.0
+
+
+def test_matrix_reduction_equals_row_sums_for_every_prefix():
+    rng = np.random.default_rng(3)
+    for m in (1, 2, 7, 8, 9, 15, 16, 17, 31, 127, 128, 129, 513, 4096):
+        matrix = rng.random((8, m)) * rng.choice([1e-9, 1e-3, 1.0, 1e4], size=(8, m))
+        rows = {f"r{i}": i for i in range(8)}
+        parts = DecodeParts({**{name: matrix[i] for name, i in rows.items()}, "const": 0.25}, matrix, rows)
+        for k in sorted({0, 1, m // 3, m - 1, m}):
+            totals, _ = decode_totals(parts, np.zeros(m, np.int64), k)
+            assert totals == {**{name: float(matrix[i][:k].sum()) for name, i in rows.items()}, "const": 0.25 * k}
+    # a strided matrix (not C-contiguous) is copied first, so its sums are still the rows' own
+    wide = rng.random((16, 300))
+    strided = wide[::2, ::2]
+    parts = DecodeParts({"a": strided[0]}, strided, {"a": 0})
+    assert decode_totals(parts, np.zeros(150, np.int64), 150)[0]["a"] == float(np.ascontiguousarray(strided[0]).sum())

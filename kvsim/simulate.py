@@ -150,7 +150,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
         ctx = TimingContext(
             model=scn.model.spec(), gpu=scn.gpu.spec(), kv_dtype=scn.kv_dtype,
             kv_bytes_per_token=par.kv_bytes_per_token_per_rank, weight_bytes=par.weight_bytes_per_rank,
-            block_size_tokens=allocator.block_size, base_dir=base_dir,
+            block_size=allocator.block_size, base_dir=base_dir,
             tensor_parallel=par.tensor, pipeline_parallel=par.pipeline,
             comm_s_per_step=par.comm_s_per_step, comm_s_per_token=par.comm_s_per_token,
             host_transfers=transfers,
@@ -197,7 +197,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
         prefix_caching=bool(getattr(allocator, "prefix_caching", False)),
         offloaded_blocks=sum(getattr(r.scheduler.allocator, "offloaded_blocks", 0) for r in replicas),
         copy_bandwidth_bytes_per_s=getattr(timing, "copy_bandwidth_bytes_per_s", None),
-        bytes_per_token=scn.kv_bytes_per_token, block_size_tokens=allocator.block_size,
+        bytes_per_token=scn.kv_bytes_per_token, block_size=allocator.block_size,
         budget_bytes=budget, end_s=engine.end_s, start_s=float(trace.arrival_s[0]) if len(trace) else 0.0,
         itl=recorder.itl, slo=scn.slo.as_dict() if scn.slo is not None else None,
         percentiles=tuple(scn.metrics.percentiles),

@@ -111,8 +111,7 @@ def build_allocator(scn: Scenario, where: str = "scenario"):
             f"{block} tokens, more than the {MAX_TRACKED_BLOCKS:,} a prefix-caching allocator can track; "
             f"lower kv_budget or raise allocator.block_size"
         )
-    unit = (getattr(scn.allocator, "block_size", None) or getattr(scn.allocator, "page_size", None)
-            or getattr(scn.allocator, "min_block_tokens", 1))
+    unit = getattr(scn.allocator, "block_size", None) or 1  # the smallest allocation, in tokens
     if capacity_tokens < unit:
         raise ConfigError(
             f"{where}: kv_budget: {budget} bytes hold {capacity_tokens} tokens of {bpt} bytes, "

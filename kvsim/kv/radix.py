@@ -56,7 +56,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 
 from kvsim.config_base import StrictModel
-from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, SlotLedger, cdiv
+from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, SlotLedger, UsageSums, cdiv
 from kvsim.kv.eviction import LRUEvictionConfig
 from kvsim.registry import ALLOCATORS
 
@@ -484,10 +484,9 @@ class RadixAllocator:
         return self.ledger.usage(self.capacity_tokens, 0, self._shared_extra * self.block_size,
                                  self._cached_free * self.block_size)
 
-    def usage_parts(self, head: KVRequest | None = None) -> tuple[int, int, int, int, int]:
-        """(sum held, sum min(held, final), shared, cached free, external) in tokens."""
-        return (self.ledger.sum_held, self.ledger.sum_useful, self._shared_extra * self.block_size,
-                self._cached_free * self.block_size, 0)
+    def usage_parts(self, head: KVRequest | None = None) -> UsageSums:
+        return UsageSums(self.ledger.sum_held, self.ledger.sum_useful, self._shared_extra * self.block_size,
+                         self._cached_free * self.block_size, 0)
 
     # -- invariants ------------------------------------------------------------------------------
     def _iter_nodes(self):

@@ -133,7 +133,7 @@ def apply_decode_window(sched, win: DecodeWindow, k: int, times: np.ndarray, pop
 
     ``times[j]`` is the start of step j (``times[k]`` the end). Returns the number of steps actually
     advanced (``k`` or fewer, when the blocked head of the waiting queue might fit after a finish)
-    and the usage segments: a list of (first step, (held, useful, shared, cached_free, external)).
+    and the usage segments: a list of (first step, :class:`~kvsim.kv.base.UsageSums`).
     """
     sched.take_plan()  # step 0 completes here, with the rest of the window
     alloc = sched.allocator
@@ -404,11 +404,12 @@ def window_means(win: DecodeWindow, k: int, durations: np.ndarray, segments, cap
     """Time-weighted means over the window's steps: ``(memory parts in tokens, batch size)``.
 
     ``segments`` (strictly increasing first steps, all < k) hold piecewise-constant allocator
-    sums; the written / batch / KV-read series are per step."""
+    sums (:class:`~kvsim.kv.base.UsageSums`); the written / batch / KV-read series are per step."""
     d = durations[:k]
     total = float(d.sum())
     starts = [s for s, _ in segments]
-    vals = np.array([p for _, p in segments], dtype=np.float64)  # (segments, 5)
+    vals = np.array([(p.held_tokens, p.useful_tokens, p.shared_tokens, p.cached_free_tokens, p.external_tokens)
+                     for _, p in segments], dtype=np.float64)  # (segments, 5)
     seg_time = np.add.reduceat(d, starts)  # time spent in each segment
     held, useful, shared, cached_free, external = (seg_time @ vals / total).tolist()
     written = float(np.dot(win.written[:k], d)) / total

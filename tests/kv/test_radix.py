@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 import kvsim.kv.radix  # noqa: F401  (registers the kind; kvsim.kv imports it too)
-from kvsim.kv.base import KVRequest, cdiv
+from kvsim.kv.base import KVRequest, UsageSums, cdiv
 from kvsim.kv.radix import RadixAllocator, RadixAllocatorConfig, unique_key
 from kvsim.registry import ALLOCATORS
 from kvsim.trace.prefix import block_keys
@@ -248,8 +248,9 @@ def _check_usage(a, written):
     assert u.token_states_tokens == sum(written.values()) - a._shared_extra * a.block_size
     assert u.num_requests == len(written)
     assert u.cached_free_tokens == a.num_evictable_pages * a.block_size <= u.free_tokens
-    assert a.usage_parts() == (a.ledger.sum_held, a.ledger.sum_useful, a._shared_extra * a.block_size,
-                               u.cached_free_tokens, 0)
+    assert a.usage_parts() == UsageSums(held_tokens=a.ledger.sum_held, useful_tokens=a.ledger.sum_useful,
+                                         shared_tokens=a._shared_extra * a.block_size,
+                                         cached_free_tokens=u.cached_free_tokens, external_tokens=0)
 
 
 @SETTINGS

@@ -79,6 +79,8 @@ class Registry:
         locations (the kind is the first element, as in any discriminated union)."""
         if self._adapter is None:
             classes = self.config_classes()
+            if not classes:
+                raise ValueError(f"no {self.family} kinds are registered")
             union = classes[0] if len(classes) == 1 else Union[classes]  # type: ignore[valid-type]
             self._adapter = TypeAdapter(Annotated[union, Field(discriminator="kind")])
         return self._adapter.validate_python(value)

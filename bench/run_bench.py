@@ -124,7 +124,7 @@ PAGED = "{kind: paged, block_size: 16, watermark: 0.01}"
 ALLOCATORS = {
     "paged-16": PAGED,
     "contiguous-max": "{kind: contiguous, reservation: max}",
-    "buddy": "{kind: buddy, min_block_tokens: 16, reservation: max}",
+    "buddy": "{kind: buddy, block_size: 16, reservation: max}",
 }
 
 

@@ -29,7 +29,8 @@ from kvsim.models.names import did_you_mean_preset, lookup
 from kvsim.models.parallel import ParallelPlan, plan
 from kvsim.kv.eviction import EVICTION_POLICIES
 from kvsim.kv.beam import DEFAULT_FORK_PROB
-from kvsim.registry import ALLOCATORS, RESERVATIONS, ROUTERS, TIMING_MODELS, VICTIMS, plugin_union, policy_field
+from kvsim.registry import (ALLOCATORS, RESERVATIONS, ROUTERS, TIMING_MODELS, VICTIMS, plugin_registry, plugin_union,
+                             policy_field)
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.router import DEFAULT_ROUTER
 from kvsim.trace.config import TraceConfig
@@ -525,7 +526,10 @@ def _model_fields_at(loc: tuple) -> list[str] | None:
         if cls is None:
             return None
         if isinstance(cls, type) and issubclass(cls, BaseModel) and part in cls.model_fields:
-            cls = _model_from_annotation(cls.model_fields[part].annotation)
+            field = cls.model_fields[part]
+            registry = plugin_registry(Annotated[(field.annotation, *field.metadata)]) if field.metadata else None
+            # a plugin family: its classes as registered now (the union tag picks one)
+            cls = registry.config_classes() if registry is not None else _model_from_annotation(field.annotation)
         elif isinstance(cls, tuple):  # a union: the tag picks the member
             cls = next((c for c in cls if c.model_fields["kind"].default == part), None)
         else:

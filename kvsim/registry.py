@@ -9,9 +9,12 @@ Each plugin family has one :class:`Registry`:
 * ``ROUTERS`` -- ``replicas.router:`` (kvsim/sched/router.py);
 * ``RESERVATIONS`` -- ``allocator.reservation:`` of contiguous and buddy (kvsim/kv/reservation.py).
 
-A plugin's config class is a pydantic model with a ``kind: Literal["name"]`` field; the scenario
-schema is built from the registered classes as a discriminated union, so an unknown kind fails
-validation with the list of valid kinds. ``build`` turns a validated config into the plugin object.
+A plugin's config class is a pydantic model with a ``kind: Literal["name"]`` field. A scenario
+field of a family (:func:`plugin_union`, :func:`policy_field`) is validated against the family's
+config classes *as registered when the scenario is validated* (a discriminated union, rebuilt after
+each ``register``), so a plugin registered at any time before ``load_scenario`` -- also after
+``kvsim.config`` was imported -- can be chosen by ``kind:``, and an unknown kind fails validation
+with the list of valid kinds. ``build`` turns a validated config into the plugin object.
 
 Policy families (victim, router, reservation) accept a bare kind as shorthand: ``victim:
 largest_kv`` means ``victim: {kind: largest_kv}``; see :func:`policy_field`. A config class with no
@@ -23,9 +26,10 @@ are unchanged.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Union, get_args, get_origin
 
-from pydantic import BeforeValidator, Field, model_serializer
+from pydantic import BeforeValidator, Field, TypeAdapter, model_serializer
+from pydantic_core import core_schema
 
 from kvsim.config_base import StrictModel
 from kvsim.errors import ConfigError, did_you_mean, format_choices
@@ -35,11 +39,25 @@ class Registry:
     def __init__(self, family: str):
         self.family = family
         self._entries: dict[str, tuple[type, Callable[..., Any]]] = {}
+        self._adapter: TypeAdapter | None = None  # the union of the registered classes, built on use
 
     def register(self, kind: str, config_cls: type, factory: Callable[..., Any]) -> None:
+        """Make ``kind`` selectable (``kind: NAME`` in a scenario) from the next validation on.
+        ``config_cls`` is a pydantic model whose ``kind`` field is ``Literal[kind]``;
+        ``factory(config, *args)`` builds the plugin (the family's docstring says which args)."""
         if kind in self._entries:
             raise ValueError(f"{self.family} kind {kind!r} registered twice")
+        field = getattr(config_cls, "model_fields", {}).get("kind")
+        if field is None or get_args(field.annotation) != (kind,):
+            raise ValueError(f"{self.family} kind {kind!r}: {config_cls.__name__} needs a field "
+                             f"kind: Literal[{kind!r}]")
         self._entries[kind] = (config_cls, factory)
+        self._adapter = None
+
+    def unregister(self, kind: str) -> None:
+        """Remove a kind (tests, reloading a plugin); scenarios validated later no longer accept it."""
+        del self._entries[kind]
+        self._adapter = None
 
     @property
     def kinds(self) -> list[str]:
@@ -54,6 +72,18 @@ class Registry:
 
     def config_classes(self) -> tuple[type, ...]:
         return tuple(cls for _, (cls, _) in sorted(self._entries.items()))
+
+    def validate(self, value: Any) -> Any:
+        """``value`` (a mapping with ``kind``, or a config instance) as the config class of its kind.
+        Raises pydantic's ValidationError; inside a model's validation its errors keep their
+        locations (the kind is the first element, as in any discriminated union)."""
+        if self._adapter is None:
+            classes = self.config_classes()
+            if not classes:
+                raise ValueError(f"no {self.family} kinds are registered")
+            union = classes[0] if len(classes) == 1 else Union[classes]  # type: ignore[valid-type]
+            self._adapter = TypeAdapter(Annotated[union, Field(discriminator="kind")])
+        return self._adapter.validate_python(value)
 
     def _check(self, kind: str) -> None:
         if kind not in self._entries:
@@ -78,10 +108,33 @@ class PolicyConfig(StrictModel):
         return handler(self)
 
 
+class PluginField:
+    """Pydantic field metadata: validate with ``registry`` at validation time (see the module
+    docstring). Serialisation uses the validated config instance's own serialiser."""
+
+    def __init__(self, registry: Registry):
+        self.registry = registry
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> core_schema.CoreSchema:
+        return core_schema.no_info_plain_validator_function(self.registry.validate)
+
+    def __repr__(self) -> str:
+        return f"PluginField({self.registry.family!r})"
+
+
 def plugin_union(registry: Registry) -> Any:
-    """The discriminated union of ``registry``'s config classes (a pydantic field type)."""
-    classes = registry.config_classes()
-    return Annotated[Union[classes], Field(discriminator="kind")]  # type: ignore[valid-type]
+    """A pydantic field type accepting any of ``registry``'s config classes, chosen by ``kind``
+    among the kinds registered when the scenario is validated."""
+    return Annotated[Any, PluginField(registry)]
+
+
+def plugin_registry(annotation: Any) -> Registry | None:
+    """The registry of a field type made by :func:`plugin_union` / :func:`policy_field`, else None."""
+    if get_origin(annotation) is Annotated:
+        for meta in get_args(annotation)[1:]:
+            if isinstance(meta, PluginField):
+                return meta.registry
+    return None
 
 
 def policy_field(registry: Registry, default_kind: str) -> Any:

@@ -114,8 +114,7 @@ def build_allocator(scn: Scenario, where: str = "scenario"):
             f"{block} tokens, more than the {MAX_TRACKED_BLOCKS:,} a prefix-caching allocator can track; "
             f"lower kv_budget or raise allocator.block_size"
         )
-    unit = (getattr(scn.allocator, "block_size", None) or getattr(scn.allocator, "page_size", None)
-            or getattr(scn.allocator, "min_block_tokens", 1))
+    unit = getattr(scn.allocator, "block_size", None) or 1  # the smallest allocation, in tokens
     if capacity_tokens < unit:
         raise ConfigError(
             f"{where}: kv_budget: {budget} bytes hold {capacity_tokens} tokens of {bpt} bytes, "
@@ -153,7 +152,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
         ctx = TimingContext(
             model=scn.model.spec(), gpu=scn.gpu.spec(), kv_dtype=scn.kv_dtype,
             kv_bytes_per_token=par.kv_bytes_per_token_per_rank, weight_bytes=par.weight_bytes_per_rank,
-            block_size_tokens=allocator.block_size, base_dir=base_dir,
+            block_size=allocator.block_size, base_dir=base_dir,
             tensor_parallel=par.tensor, pipeline_parallel=par.pipeline,
             comm_s_per_step=par.comm_s_per_step, comm_s_per_token=par.comm_s_per_token,
             host_transfers=transfers,
@@ -200,7 +199,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
         prefix_caching=bool(getattr(allocator, "prefix_caching", False)),
         offloaded_blocks=sum(getattr(r.scheduler.allocator, "offloaded_blocks", 0) for r in replicas),
         copy_bandwidth_bytes_per_s=getattr(timing, "copy_bandwidth_bytes_per_s", None),
-        bytes_per_token=scn.kv_bytes_per_token, block_size_tokens=allocator.block_size,
+        bytes_per_token=scn.kv_bytes_per_token, block_size=allocator.block_size,
         budget_bytes=budget, end_s=engine.end_s, start_s=float(trace.arrival_s[0]) if len(trace) else 0.0,
         itl=recorder.itl, slo=scn.slo.as_dict() if scn.slo is not None else None,
         percentiles=tuple(scn.metrics.percentiles),

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvsim.kv.base import MemoryParts
+from kvsim.kv.base import MemoryParts, UsageSums
 from kvsim.fast.group import FINISH_KEY_SHIFT, DecodeGroup
 from kvsim.sched.request import RequestStatus
 
@@ -133,7 +133,7 @@ def apply_decode_window(sched, win: DecodeWindow, k: int, times: np.ndarray, pop
 
     ``times[j]`` is the start of step j (``times[k]`` the end). Returns the number of steps actually
     advanced (``k`` or fewer, when the blocked head of the waiting queue might fit after a finish)
-    and the usage segments: a list of (first step, (held, useful, shared, cached_free, external)).
+    and the usage segments: a list of (first step, :class:`~kvsim.kv.base.UsageSums`).
     """
     sched.take_plan()  # step 0 completes here, with the rest of the window
     alloc = sched.allocator
@@ -414,8 +414,10 @@ def _grow_runs(sched, group: DecodeGroup, k: int, times, clock0: int, next_finis
         if changed and done and (not changes or changes[0][0] != s):
             segments.append((s, parts))
         if changes:
-            rest = (parts or alloc.usage_parts(head))[2:]
-            segments.extend([(step, (held, useful) + rest) for step, held, useful in changes])
+            base = parts or alloc.usage_parts(head)  # only held and useful change while requests grow
+            shared, cached, external = base.shared_tokens, base.cached_free_tokens, base.external_tokens
+            segments.extend([(step, UsageSums(held, useful, shared, cached, external))
+                             for step, held, useful in changes])
         changed = False
         if done < end - s:
             return s + done  # a block that step needs is not free: plan it one request at a time
@@ -449,11 +451,12 @@ def window_means(win: DecodeWindow, k: int, durations: np.ndarray, segments, cap
     """Time-weighted means over the window's steps: ``(memory parts in tokens, batch size)``.
 
     ``segments`` (strictly increasing first steps, all < k) hold piecewise-constant allocator
-    sums; the written / batch / KV-read series are per step."""
+    sums (:class:`~kvsim.kv.base.UsageSums`); the written / batch / KV-read series are per step."""
     d = durations[:k]
     total = float(d.sum())
     starts = [s for s, _ in segments]
-    vals = np.array([p for _, p in segments], dtype=np.float64)  # (segments, 5)
+    vals = np.array([(p.held_tokens, p.useful_tokens, p.shared_tokens, p.cached_free_tokens, p.external_tokens)
+                     for _, p in segments], dtype=np.float64)  # (segments, 5)
     seg_time = np.add.reduceat(d, starts)  # time spent in each segment
     held, useful, shared, cached_free, external = (seg_time @ vals / total).tolist()
     written = float(np.dot(win.written[:k], d)) / total

@@ -158,6 +158,18 @@ class MemoryParts:
                    u.free_tokens, u.cached_free_tokens, u.used_tokens, u.unshared_tokens)
 
 
+@dataclass(frozen=True, slots=True)
+class UsageSums:
+    """The allocator sums, in tokens, that a decode window's time-weighted memory means are built
+    from (``WindowAllocator.usage_parts``): piecewise constant between the window's boundaries."""
+
+    held_tokens: int  # sum over requests of the slots held
+    useful_tokens: int  # sum of min(held, final): held slots the request will still write
+    shared_tokens: int  # written slots shared with another owner (counted once in memory)
+    cached_free_tokens: int  # free slots holding reusable prefix-cache content
+    external_tokens: int  # free slots no request can use (external fragmentation)
+
+
 class SlotLedger:
     """Per-request (held, written, final) slot counts with running sums, shared by all allocators.
 
@@ -463,6 +475,5 @@ class ExtentAllocator:
     def usage(self, head: KVRequest | None = None, head_hold_tokens: int = 0) -> KVUsage:
         return self.ledger.usage(self.capacity_tokens, self._external(head))
 
-    def usage_parts(self, head: KVRequest | None = None) -> tuple[int, int, int, int, int]:
-        """(sum held, sum min(held, final), shared, cached free, external) in tokens."""
-        return self.ledger.sum_held, self.ledger.sum_useful, 0, 0, self._external(head)
+    def usage_parts(self, head: KVRequest | None = None) -> UsageSums:
+        return UsageSums(self.ledger.sum_held, self.ledger.sum_useful, 0, 0, self._external(head))

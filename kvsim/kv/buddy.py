@@ -1,7 +1,9 @@
 """Buddy KV allocator: power-of-two extents, split on allocation, coalesced with buddies on free.
 
-The slot space is measured in units of ``block_size`` tokens (scenario key; ``min_block_tokens`` is its
-deprecated alias). When the capacity is not a power of
+The slot space is measured in units of ``block_size`` tokens, the smallest extent (scenario key;
+``min_block_tokens`` is its deprecated alias). The allocator object keeps it as ``extent_block_size``:
+its protocol attribute ``block_size`` is None, because attention reads each extent as one contiguous
+run, not through a page table (kvsim/kv/protocol.py). When the capacity is not a power of
 two it is decomposed into power-of-two top-level blocks, largest first (``0, 2^K1, 2^K1+2^K2, ...``),
 so every block is aligned to its own size and a block's buddy is ``address XOR size``; two buddies
 merge only inside the same top-level block.
@@ -35,21 +37,16 @@ class BuddyAllocatorConfig(StrictModel):
     reservation: reservation_field("oracle") = Field(  # type: ignore[valid-type]
         "oracle", description="max | pow2 | oracle, or {kind: NAME}; then rounded to 2^k units")
 
-    @property
-    def min_block_tokens(self) -> int:
-        """Deprecated name of ``block_size``."""
-        return self.block_size
-
 
 class BuddyAllocator(ExtentAllocator):
 
-    def __init__(self, capacity_tokens: int, min_block_tokens: int = 16,
+    def __init__(self, capacity_tokens: int, block_size: int = 16,
                  reservation: ReservationChoice = "oracle"):
-        self.unit = min_block_tokens
-        self.num_units = capacity_tokens // min_block_tokens
+        self.extent_block_size = block_size  # smallest extent in tokens (block_size stays None: no pages)
+        self.num_units = capacity_tokens // block_size
         if self.num_units < 1:
             raise ValueError("capacity is smaller than one minimum block")
-        self.capacity_tokens = self.num_units * self.unit
+        self.capacity_tokens = self.num_units * self.extent_block_size
         self.reservation = reservation_policy(reservation)
         self.max_order = self.num_units.bit_length() - 1
         self.free_lists: list[list[int]] = [[] for _ in range(self.max_order + 1)]  # sorted unit addrs
@@ -70,7 +67,7 @@ class BuddyAllocator(ExtentAllocator):
         return cls(capacity_tokens, cfg.block_size, cfg.reservation)
 
     def order_for(self, req: KVRequest) -> int:
-        units = cdiv(reservation_tokens(self.reservation, req), self.unit)
+        units = cdiv(reservation_tokens(self.reservation, req), self.extent_block_size)
         return (units - 1).bit_length()
 
     def max_footprint_fits(self, req: KVRequest) -> bool:
@@ -87,7 +84,7 @@ class BuddyAllocator(ExtentAllocator):
     def allocate(self, req: KVRequest, hold_tokens: int) -> Allocation | None:
         self.ledger.require_new(req.request_id, hold_tokens)
         order = self.order_for(req)
-        if hold_tokens > (1 << order) * self.unit:
+        if hold_tokens > (1 << order) * self.extent_block_size:
             raise ValueError(f"request {req.request_id}: hold {hold_tokens} exceeds its extent")
         j = order
         while j <= self.max_order and not self.free_lists[j]:
@@ -99,7 +96,7 @@ class BuddyAllocator(ExtentAllocator):
             j -= 1
             bisect.insort(self.free_lists[j], addr + (1 << j))
         self.extents[req.request_id] = (addr, order)
-        self._add_extent(req, (1 << order) * self.unit)
+        self._add_extent(req, (1 << order) * self.extent_block_size)
         return NO_HIT
 
     def free(self, request_id: int) -> None:
@@ -126,9 +123,9 @@ class BuddyAllocator(ExtentAllocator):
 
     def _external(self, head: KVRequest | None) -> int:
         free_total = self.capacity_tokens - self.ledger.sum_held
-        largest = self.largest_free_units() * self.unit
+        largest = self.largest_free_units() * self.extent_block_size
         if head is not None:
-            need = (1 << self.order_for(head)) * self.unit
+            need = (1 << self.order_for(head)) * self.extent_block_size
             if largest < need <= free_total:
                 return free_total
         return free_total - largest
@@ -142,7 +139,7 @@ class BuddyAllocator(ExtentAllocator):
                 pieces.append((a, 1 << order, "free", order))
         for r, (a, order) in self.extents.items():
             pieces.append((a, 1 << order, f"request {r}", order))
-            assert self.ledger.held[r] == (1 << order) * self.unit, f"request {r}: held != extent"
+            assert self.ledger.held[r] == (1 << order) * self.extent_block_size, f"request {r}: held != extent"
         pieces.sort()
         pos = 0
         for a, size, who, order in pieces:

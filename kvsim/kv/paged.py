@@ -38,7 +38,7 @@ from pydantic import Field, model_validator
 
 from kvsim.config_base import StrictModel
 from kvsim.kv.beam import BeamTables
-from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, SampleGeometry, SlotLedger, cdiv
+from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, SampleGeometry, SlotLedger, UsageSums, cdiv
 from kvsim.kv.eviction import (EVICTION_POLICIES, BlockStats, FIFOEvictionConfig, LFUEvictionConfig,
                                LRUEvictionConfig, LRUKEvictionConfig, PriorityEvictionConfig)
 from kvsim.registry import ALLOCATORS
@@ -534,10 +534,9 @@ class PagedAllocator:
         return self.ledger.usage(self.capacity_tokens, 0, self._shared_extra * self.block_size,
                                  self._cached_free * self.block_size, self._unshared_extra())
 
-    def usage_parts(self, head: KVRequest | None = None) -> tuple[int, int, int, int, int]:
-        """(sum held, sum min(held, final), shared, cached free, external) in tokens."""
-        return (self.ledger.sum_held, self.ledger.sum_useful, self._shared_extra * self.block_size,
-                self._cached_free * self.block_size, 0)
+    def usage_parts(self, head: KVRequest | None = None) -> UsageSums:
+        return UsageSums(self.ledger.sum_held, self.ledger.sum_useful, self._shared_extra * self.block_size,
+                         self._cached_free * self.block_size, 0)
 
     def check_invariants(self) -> None:
         self.pool.check_invariants()
@@ -760,8 +759,8 @@ class CountingPagedAllocator:
                         for r, n in self._seq_len.items())
         return self.ledger.usage(self.capacity_tokens, 0, unshared_extra_tokens=extra)
 
-    def usage_parts(self, head: KVRequest | None = None) -> tuple[int, int, int, int, int]:
-        return self.ledger.sum_held, self.ledger.sum_useful, 0, 0, 0
+    def usage_parts(self, head: KVRequest | None = None) -> UsageSums:
+        return UsageSums(self.ledger.sum_held, self.ledger.sum_useful, 0, 0, 0)
 
     def check_invariants(self) -> None:
         self.ledger.check("paged")

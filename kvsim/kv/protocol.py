@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from kvsim.kv.base import Allocation, KVRequest, KVUsage, SlotLedger
+    from kvsim.kv.base import Allocation, KVRequest, KVUsage, SlotLedger, UsageSums
 
 log = logging.getLogger("kvsim.capabilities")
 
@@ -52,8 +52,8 @@ class WindowAllocator(Protocol):
     window asks of the allocator besides the required calls.
 
     * ``can_allocate(req, hold_tokens)``: would ``allocate`` succeed now (no side effects);
-    * ``usage_parts(head)``: ``(sum held, sum min(held, final), shared, cached free, external)`` in
-      tokens, the piecewise-constant sums a window's time-weighted memory means are built from;
+    * ``usage_parts(head)``: the :class:`~kvsim.kv.base.UsageSums` (held, useful, shared, cached
+      free, external tokens) a window's time-weighted memory means are built from;
     * ``num_free_blocks``: blocks ``ensure_slots`` can take now without failing (0 is fine for
       allocators with ``block_size = None``: they never take blocks while decoding);
     * ``seq_capacity_tokens(rid)``: tokens one of the request's sequences can hold in what it holds;
@@ -63,7 +63,7 @@ class WindowAllocator(Protocol):
 
     def can_allocate(self, req: KVRequest, hold_tokens: int) -> bool: ...
 
-    def usage_parts(self, head: KVRequest | None = None) -> tuple[int, int, int, int, int]: ...
+    def usage_parts(self, head: KVRequest | None = None) -> UsageSums: ...
 
     def seq_capacity_tokens(self, request_id: int) -> int: ...
 

@@ -1,15 +1,14 @@
 """Radix-tree prefix cache (SGLang RadixAttention style): token-granular KV sharing.
 
-KV memory is ``num_pages`` pages of ``page_size`` tokens (scenario key ``block_size``; ``page_size`` there is a
-deprecated alias; default 1: one page per token, as in
-SGLang). A request's pages form its page table. Every *full* page a request has written is
+KV memory is ``num_pages`` pages of ``block_size`` tokens (SGLang calls it ``page_size``, a deprecated
+alias of the scenario key; default 1: one page per token, as in SGLang). A request's pages form its page table. Every *full* page a request has written is
 inserted in a radix tree whose edges are runs of content keys (one key per page) with the page ids
 holding them; a later request whose prompt starts with the same keys reuses those pages instead of
 computing them again. The tree and the free pages are the only other places a page can be.
 
 Content keys (see :mod:`kvsim.trace.prefix`): page *k* of a request is keyed by
-``req.block_keys[k]`` (the engine computes them with ``block_keys(trace, page_size)``: equal key
-at position k <=> equal prompt prefix up to ``(k+1)·page_size`` tokens) when ``k <
+``req.block_keys[k]`` (the engine computes them with ``block_keys(trace, block_size)``: equal key
+at position k <=> equal prompt prefix up to ``(k+1)·block_size`` tokens) when ``k <
 len(block_keys)``; any other page -- generated tokens, or every page of a request without prefix
 information -- gets a key unique to ``(request_id, k)`` (an int above the int64 range, so it never
 equals a trace key), which only the same request readmitted after a preemption can hit, as in
@@ -18,7 +17,7 @@ equals a trace key), which only the same request readmitted after a preemption c
 Semantics:
 
 * **Match.** On admission the longest prefix of the request's keys present in the tree is hit, but
-  at least the last token is always computed: at most ``(num_tokens - 1) // page_size`` pages can
+  at least the last token is always computed: at most ``(num_tokens - 1) // block_size`` pages can
   hit. If the match ends inside an edge the edge is split there (SGLang ``_split_node``), so a
   request's tree pages always end at a node boundary. Each hit node's lock count goes up by one.
 * **Locks.** A node's lock count is the number of requests whose page table contains its pages;
@@ -57,7 +56,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 
 from kvsim.config_base import StrictModel
-from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, SlotLedger, cdiv
+from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, SlotLedger, UsageSums, cdiv
 from kvsim.kv.eviction import LRUEvictionConfig
 from kvsim.registry import ALLOCATORS
 
@@ -77,11 +76,6 @@ class RadixAllocatorConfig(StrictModel):
     watermark: float = Field(0.0, ge=0, lt=1, description="fraction of pages kept free at admission")
     eviction: LRUEvictionConfig = Field(default_factory=LRUEvictionConfig,
                                         description="cached pages: least recently used leaves first")
-
-    @property
-    def page_size(self) -> int:
-        """Deprecated name of ``block_size``."""
-        return self.block_size
 
 
 class _Node:
@@ -128,18 +122,17 @@ def _common_prefix(edge: list, q: list, start: int, lim: int) -> int:
 class RadixAllocator:
     prefix_caching = True
 
-    def __init__(self, num_pages: int, page_size: int = 1, watermark: float = 0.0, eviction=None):
+    def __init__(self, num_pages: int, block_size: int = 1, watermark: float = 0.0, eviction=None):
         if num_pages < 1:
             raise ValueError("a radix allocator needs at least one page")
-        if not 1 <= page_size <= 512:
-            raise ValueError(f"page_size must be in [1, 512], got {page_size}")
+        if not 1 <= block_size <= 512:
+            raise ValueError(f"block_size must be in [1, 512], got {block_size}")
         eviction = eviction or LRUEvictionConfig()
         if eviction.kind != "lru":
             raise ValueError(f"the radix allocator supports eviction kind 'lru' only, got {eviction.kind!r}")
         self.num_pages = num_pages
-        self.page_size = page_size
-        self.block_size = page_size  # THE page size (the allocator protocol's name); page_size is SGLang's
-        self.capacity_tokens = num_pages * page_size
+        self.block_size = block_size  # tokens per page (SGLang's page_size)
+        self.capacity_tokens = num_pages * block_size
         self.watermark = watermark
         self.watermark_pages = int(watermark * num_pages)
         self.eviction_kind = "lru"
@@ -175,7 +168,7 @@ class RadixAllocator:
 
     def max_footprint_fits(self, req: KVRequest) -> bool:
         self._one_sequence(req)
-        return cdiv(req.final_kv_tokens, self.page_size) <= self.num_pages - self.watermark_pages
+        return cdiv(req.final_kv_tokens, self.block_size) <= self.num_pages - self.watermark_pages
 
     def held_tokens(self, request_id: int) -> int:
         return self.ledger.held[request_id]
@@ -286,16 +279,16 @@ class RadixAllocator:
         return result
 
     def _max_hit(self, num_tokens: int) -> int:
-        return (num_tokens - 1) // self.page_size  # the last token is always computed
+        return (num_tokens - 1) // self.block_size  # the last token is always computed
 
     def peek_cached_tokens(self, req: KVRequest, num_tokens: int) -> int:
         """Tokens ``allocate(req, num_tokens)`` would find cached (no side effects)."""
-        return self._match(req, self._max_hit(num_tokens))[0] * self.page_size
+        return self._match(req, self._max_hit(num_tokens))[0] * self.block_size
 
     def can_allocate(self, req: KVRequest, hold_tokens: int) -> bool:
         """Would ``allocate(req, hold_tokens)`` succeed now? (no side effects)"""
         m, _, unlocked = self._match(req, self._max_hit(hold_tokens))
-        need = cdiv(hold_tokens, self.page_size) - m
+        need = cdiv(hold_tokens, self.block_size) - m
         return self.num_free_blocks - unlocked - need >= self.watermark_pages
 
     # -- tree mutations --------------------------------------------------------------------------
@@ -392,7 +385,7 @@ class RadixAllocator:
         rid = req.request_id
         self.ledger.require_new(rid, hold_tokens)
         self._one_sequence(req)
-        total = cdiv(hold_tokens, self.page_size)
+        total = cdiv(hold_tokens, self.block_size)
         m, path, unlocked = self._match(req, self._max_hit(hold_tokens))
         if self.num_free_blocks - unlocked - (total - m) < self.watermark_pages:
             return None
@@ -410,12 +403,12 @@ class RadixAllocator:
                 table.extend(node.pages)
         table.extend(self._take(total - m))  # hits are locked first: eviction cannot take them
         self._state[rid] = _ReqState(req, table, node, m)
-        self.ledger.add(rid, req.final_kv_tokens, total * self.page_size)
-        self.query_blocks += cdiv(req.prompt_tokens, self.page_size)
+        self.ledger.add(rid, req.final_kv_tokens, total * self.block_size)
+        self.query_blocks += cdiv(req.prompt_tokens, self.block_size)
         self.hit_blocks += m
         if m:
-            self.ledger.set_written(rid, m * self.page_size)
-            return Allocation(m * self.page_size)
+            self.ledger.set_written(rid, m * self.block_size)
+            return Allocation(m * self.block_size)
         return NO_HIT
 
     def ensure_slots(self, request_id: int, num_tokens: int) -> bool:
@@ -424,15 +417,15 @@ class RadixAllocator:
         if num_tokens < self.ledger.written_of(request_id):
             raise ValueError(f"request {request_id}: written tokens cannot shrink")
         table = st.table
-        need = cdiv(num_tokens, self.page_size) - len(table)
+        need = cdiv(num_tokens, self.block_size) - len(table)
         if need > 0:
             if need > self.num_free_blocks:
                 return False
             self._version += 1
             table.extend(self._take(need))
-            self.ledger.set_held(request_id, len(table) * self.page_size)
+            self.ledger.set_held(request_id, len(table) * self.block_size)
         self.ledger.set_written(request_id, num_tokens)
-        full = num_tokens // self.page_size
+        full = num_tokens // self.block_size
         if full > st.plen:
             self._insert(st, full)
         return True
@@ -488,13 +481,12 @@ class RadixAllocator:
 
     def usage(self, head: KVRequest | None = None, head_hold_tokens: int = 0) -> KVUsage:
         # Any free page can serve any request: no external fragmentation.
-        return self.ledger.usage(self.capacity_tokens, 0, self._shared_extra * self.page_size,
-                                 self._cached_free * self.page_size)
+        return self.ledger.usage(self.capacity_tokens, 0, self._shared_extra * self.block_size,
+                                 self._cached_free * self.block_size)
 
-    def usage_parts(self, head: KVRequest | None = None) -> tuple[int, int, int, int, int]:
-        """(sum held, sum min(held, final), shared, cached free, external) in tokens."""
-        return (self.ledger.sum_held, self.ledger.sum_useful, self._shared_extra * self.page_size,
-                self._cached_free * self.page_size, 0)
+    def usage_parts(self, head: KVRequest | None = None) -> UsageSums:
+        return UsageSums(self.ledger.sum_held, self.ledger.sum_useful, self._shared_extra * self.block_size,
+                         self._cached_free * self.block_size, 0)
 
     # -- invariants ------------------------------------------------------------------------------
     def _iter_nodes(self):
@@ -506,7 +498,7 @@ class RadixAllocator:
 
     def check_invariants(self) -> None:
         self.ledger.check("radix")
-        ps = self.page_size
+        ps = self.block_size
         assert len(self._state) == len(self.ledger), "request states and ledger disagree"
         root = self.root
         assert root.parent is None and not root.keys and not root.pages and root.lock == 0, "bad root"

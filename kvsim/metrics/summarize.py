@@ -39,7 +39,7 @@ def time_weighted_mean(values: pd.Series, weights: pd.Series) -> float:
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: int, bytes_per_token: int,
               prefix_caching: bool = False, offloaded_blocks: int = 0,
               copy_bandwidth_bytes_per_s: float | None = None, num_replicas: int = 1,
-              block_size_tokens: int | None, budget_bytes: int, end_s: float, start_s: float,
+              block_size: int | None, budget_bytes: int, end_s: float, start_s: float,
               itl: ITLAccumulator | None = None, slo: dict[str, float] | None = None,
               percentiles: tuple[float, ...] = DEFAULT_PERCENTILES,
               hbm_bandwidth_bytes_per_s: float | None = None, page_fetches_per_page: int = 1,
@@ -62,7 +62,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: i
         "capacity_bytes": int(capacity_bytes),
         "capacity_tokens": int(capacity_tokens),
         "bytes_per_token": int(bytes_per_token),
-        "block_size_tokens": block_size_tokens,
+        "block_size": block_size,
     }
     for part in MEMORY_PARTS:
         frac = steps[f"{part}_bytes"] / capacity_bytes if capacity_bytes else steps[f"{part}_bytes"] * 0.0
@@ -114,7 +114,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: i
                                 "swap": int(requests["swaps"].sum())},
         "swapped_out_bytes": int(steps["swap_out_bytes"].sum()),
         "swapped_in_bytes": int(steps["swap_in_bytes"].sum()),
-        "prefix_cache": _prefix_cache(requests, steps, block_size_tokens, bytes_per_token, offloaded_blocks)
+        "prefix_cache": _prefix_cache(requests, steps, block_size, bytes_per_token, offloaded_blocks)
         if prefix_caching else None,
         "transfer": {
             "swap_in_bytes": int(steps["swap_in_bytes"].sum()),
@@ -137,7 +137,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: i
             # times the count is the cluster's mean concurrency
             "concurrency_mean_total": time_weighted_mean(steps["running_mean"], dur) * num_replicas,
         },
-        "time_per_kv_block_read_s": _per_block(steps, bytes_per_token * (block_size_tokens or 1)),
+        "time_per_kv_block_read_s": _per_block(steps, bytes_per_token * (block_size or 1)),
         "serving": serving,
         "slo": slo_metrics(requests, duration, slo) if slo else None,
     }

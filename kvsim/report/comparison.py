@@ -663,7 +663,7 @@ def plot_bandwidth_vs_block_size(runs: list[Run], path: Path) -> Path:
     have = [r for r in runs if bandwidth_value(r.summary) is not None]
 
     def bs(r: Run):
-        return get_path(r.summary, ("kv", "block_size_tokens")) or r.params.get(BLOCK_KEY) or 1
+        return get_path(r.summary, ("kv", "block_size")) or r.params.get(BLOCK_KEY) or 1
 
     groups = series_of(have, (BLOCK_KEY,), x=bs)
     shown = _draw_series(ax, groups, bs, lambda r: 100 * bandwidth_value(r.summary))

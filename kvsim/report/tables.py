@@ -46,7 +46,7 @@ METRICS: dict[str, tuple[str, ...]] = {
     "concurrency_mean": ("concurrency", "mean"),
     "concurrency_mean_batch_size": ("concurrency", "mean_batch_size"),
     "kv_capacity_tokens": ("kv", "capacity_tokens"),
-    "kv_block_size_tokens": ("kv", "block_size_tokens"),
+    "kv_block_size": ("kv", "block_size"),
     "kv_bytes_per_token": ("kv", "bytes_per_token"),
     "kv_token_states_frac": ("kv", "token_states_frac"),
     "kv_reservation_frac": ("kv", "reservation_frac"),
@@ -63,18 +63,26 @@ METRICS: dict[str, tuple[str, ...]] = {
     "busy_frac": ("busy_frac",),
 }
 INT_METRICS = ("requests_total", "requests_finished", "requests_rejected", "requests_unfinished",
-               "concurrency_max", "kv_capacity_tokens", "kv_block_size_tokens", "kv_bytes_per_token",
+               "concurrency_max", "kv_capacity_tokens", "kv_block_size", "kv_bytes_per_token",
                "preemptions", "preemptions_swap", "swapped_out_bytes", "recomputed_tokens", "engine_steps")
 PREFIX_HIT_KEY = ("prefix_cache", "hit_ratio_tokens")
 BANDWIDTH_KEY = "kv_bandwidth_utilisation"
 
 
+# Summary keys renamed since: a summary.json written before the rename is read under its old key.
+RENAMED_KEYS: dict[tuple[str, ...], tuple[str, ...]] = {("kv", "block_size"): ("kv", "block_size_tokens")}
+
+
 def get_path(d: dict, path: tuple[str, ...] | list[str], default: Any = None) -> Any:
+    """``d[path[0]][path[1]]...``, or ``default``; a key in :data:`RENAMED_KEYS` missing from ``d``
+    is looked up under its old name (summaries written by older kvsim versions)."""
+    node = d
     for p in path:
-        if not isinstance(d, dict) or p not in d:
-            return default
-        d = d[p]
-    return d
+        if not isinstance(node, dict) or p not in node:
+            old = RENAMED_KEYS.get(tuple(path))
+            return default if old is None else get_path(d, old, default)
+        node = node[p]
+    return node
 
 
 def _num(v: Any) -> Any:

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-import kvsim.sched.victim  # noqa: F401  (registers the victim kinds before the schema is built)
+import kvsim.sched.victim  # noqa: F401  (registers the built-in victim kinds)
 from kvsim.config_base import StrictModel
 from kvsim.registry import VICTIMS, policy_field
 from kvsim.sched.victim import DEFAULT_VICTIM

@@ -16,8 +16,8 @@ order (oldest first) and never empty. A policy must not mutate the requests or t
 Writing one: a pydantic config class deriving from :class:`~kvsim.registry.PolicyConfig` with
 ``kind: Literal["my_policy"] = "my_policy"`` (plus any parameters), a class with
 ``pick(running, allocator) -> Request``, and ``VICTIMS.register("my_policy", Config, factory)``
-where ``factory(cfg)`` returns the policy. Register before :mod:`kvsim.config` is imported (the
-scenario schema is built from the registry at import time).
+where ``factory(cfg)`` returns the policy. Register any time before the scenario is loaded
+(kinds are looked up when a scenario is validated, see :mod:`kvsim.registry`).
 """
 
 from __future__ import annotations

@@ -152,7 +152,7 @@ class CalibratedTiming:
         self._elementwise = interp.token_curve(el) if cfg.include_elementwise and len(el) else None
 
         measured = self._decode.block_sizes
-        bs = ctx.block_size_tokens
+        bs = ctx.block_size
         self._contiguous = None
         if bs is None:
             cont = rows(S.DECODE_CONTIGUOUS, dt, required=False)

@@ -19,7 +19,9 @@ class TimingContext:
     # one GPU of each stage reads, in sequence. Without parallelism: the whole model's.
     kv_bytes_per_token: int
     weight_bytes: int
-    block_size_tokens: int | None  # None for allocators without fixed blocks
+    # The allocator's page size in tokens (one owner: the allocator); None = contiguous KV (the
+    # attention kernel has no page table)
+    block_size: int | None
     base_dir: Path  # the scenario file's folder, for resolving relative paths
     # -- parallelism (docs/models.md#parallelism) --------------------------------------------------
     tensor_parallel: int = 1  # GPUs sharing each layer: FLOPs split this many ways
@@ -33,9 +35,3 @@ class TimingContext:
     def comm_s(self, num_tokens):
         """Communication time of a step of ``num_tokens`` (an int, or an array of them)."""
         return self.comm_s_per_step + self.comm_s_per_token * num_tokens
-
-    @property
-    def block_size(self) -> int | None:
-        """The allocator's page size in tokens; None = contiguous KV (the attention kernel has no
-        page table). The same value as ``block_size_tokens`` (one owner: the allocator)."""
-        return self.block_size_tokens

@@ -142,7 +142,7 @@ def cmd_stats(args) -> int:
     if len(trace) == 0:
         raise TraceError(f"{src['path']}: no requests left after the slicing "
                          + ", ".join(f"{k}={v:g}" for k, v in sl.items()))
-    stats = trace_stats(trace, paged_block_tokens=getattr(args, "block_size", None))
+    stats = trace_stats(trace, block_size=getattr(args, "block_size", None))
     if args.json:
         head = {"file": src["path"], "format": src["format"], "sha256": src["sha256"]}
         if sl:

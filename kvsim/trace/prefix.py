@@ -52,19 +52,19 @@ _PARTIAL_TAG = np.int64(0x5A17_C0DE_0000_0001)
 _UNKNOWN_TAG = np.int64(0x0BAD_C0DE_0000_0003)
 
 
-def block_keys(trace: Trace, block_size_tokens: int) -> list[np.ndarray] | None:
-    """int64 content keys per request, one per full ``block_size_tokens`` block of its prompt.
+def block_keys(trace: Trace, block_size: int) -> list[np.ndarray] | None:
+    """int64 content keys per request, one per full ``block_size`` block of its prompt.
 
-    Invariants: ``len(result[i]) == trace.prompt_tokens[i] // block_size_tokens``; equal keys at
-    position k in two requests imply equal prompts on ``[0, (k+1)·block_size_tokens)`` (per the
+    Invariants: ``len(result[i]) == trace.prompt_tokens[i] // block_size``; equal keys at
+    position k in two requests imply equal prompts on ``[0, (k+1)·block_size)`` (per the
     source keys); the result is a pure function of the trace's columns (same keys in every
     process). Returns ``None`` when the trace has no prefix keys.
     """
     if trace.prefix_keys is None:
         return None
-    b = int(block_size_tokens)
+    b = int(block_size)
     if b < 1:
-        raise ValueError(f"block_size_tokens must be >= 1, got {block_size_tokens}")
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
     source_block = int(trace.prefix_block_tokens)
     n = len(trace)
     if n == 0:

@@ -50,7 +50,7 @@ def leading_hits(trace: Trace) -> np.ndarray | None:
     return hits
 
 
-def paged_ideal_hit_ratio(trace: Trace, block_size_tokens: int) -> dict | None:
+def paged_ideal_hit_ratio(trace: Trace, block_size: int) -> dict | None:
     """The hit ratio a paged prefix cache of unbounded size reaches on ``trace`` (what
     ``allocator: {kind: paged, prefix_caching: true, block_size: B}`` measures when nothing is
     evicted and requests are admitted in arrival order): per request, in arrival order, the
@@ -60,10 +60,10 @@ def paged_ideal_hit_ratio(trace: Trace, block_size_tokens: int) -> dict | None:
     ``ideal_hit_ratio_*`` above, which also counts a request's partial last source block."""
     from kvsim.trace.prefix import block_keys
 
-    keys = block_keys(trace, block_size_tokens)
+    keys = block_keys(trace, block_size)
     if keys is None:
         return None
-    b = int(block_size_tokens)
+    b = int(block_size)
     seen: set[int] = set()
     hit_blocks = 0
     for i, k in enumerate(keys):
@@ -77,15 +77,15 @@ def paged_ideal_hit_ratio(trace: Trace, block_size_tokens: int) -> dict | None:
         seen.update(k.tolist())
     total_blocks = int(((trace.prompt_tokens + b - 1) // b).sum())
     return {
-        "block_tokens": b,
+        "block_size": b,
         "hit_ratio_blocks": hit_blocks / total_blocks if total_blocks else 0.0,
         "hit_ratio_tokens": hit_blocks * b / float(trace.prompt_tokens.sum()),
     }
 
 
-def trace_stats(trace: Trace, paged_block_tokens: int | None = None) -> dict:
+def trace_stats(trace: Trace, block_size: int | None = None) -> dict:
     """A JSON-able dict of summary statistics (see the module docstring for definitions).
-    With ``paged_block_tokens``, ``prefix.paged_ideal`` is :func:`paged_ideal_hit_ratio` at that
+    With ``block_size``, ``prefix.paged_ideal`` is :func:`paged_ideal_hit_ratio` at that
     block size."""
     n = len(trace)
     a = trace.arrival_s
@@ -126,8 +126,8 @@ def trace_stats(trace: Trace, paged_block_tokens: int | None = None) -> dict:
             "ideal_hit_ratio_blocks": float(hits.sum() / all_keys) if all_keys else None,
             "ideal_hit_ratio_tokens": float(hit_tokens.sum() / trace.prompt_tokens.sum()),
         }
-        if paged_block_tokens:
-            out["prefix"]["paged_ideal"] = paged_ideal_hit_ratio(trace, paged_block_tokens)
+        if block_size:
+            out["prefix"]["paged_ideal"] = paged_ideal_hit_ratio(trace, block_size)
     else:
         out["prefix"] = None
     return out
@@ -170,7 +170,7 @@ def format_stats(stats: dict, title: str = "") -> str:
         rows.append(("ideal prefix hit", f"{rb * 100:.2f} % of blocks, {rt * 100:.2f} % of tokens" if rb is not None else "n/a"))
         pi = p.get("paged_ideal")
         if pi:
-            rows.append((f"paged ideal ({pi['block_tokens']}-token blocks)",
+            rows.append((f"paged ideal ({pi['block_size']}-token blocks)",
                          f"{pi['hit_ratio_blocks'] * 100:.2f} % of blocks, {pi['hit_ratio_tokens'] * 100:.2f} % of tokens"))
     width = max(len(k) for k, _ in rows)
     lines = [title] if title else []

@@ -16,7 +16,7 @@ def timing_context(model_name: str = "Llama-3-8B", kv_dtype: str = "fp16", block
 
     m = MODELS[model_name]
     return TimingContext(model=m, gpu=GPUS[gpu], kv_dtype=kv_dtype, kv_bytes_per_token=m.kv_bytes_per_token(kv_dtype),
-                         weight_bytes=m.weight_bytes("bf16"), block_size_tokens=block_size,
+                         weight_bytes=m.weight_bytes("bf16"), block_size=block_size,
                          base_dir=base_dir if base_dir is not None else REPO)
 
 

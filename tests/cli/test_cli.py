@@ -122,4 +122,4 @@ def test_set_override_changes_the_run(tmp_path):
     res = kvsim("run", "scenarios/quickstart.yaml", "--out", str(out), "--set", "trace.end_s=30",
                 "--set", "variants.paged-16.allocator.block_size=32", "-q", "--no-plots")
     assert res.returncode == 0, res.stderr
-    assert json.loads((out / "paged-16" / "summary.json").read_text())["kv"]["block_size_tokens"] == 32
+    assert json.loads((out / "paged-16" / "summary.json").read_text())["kv"]["block_size"] == 32

@@ -160,7 +160,7 @@ def test_default_vectorisation_is_step_time_element_by_element():
     scn = make_scenario()
     ctx = TimingContext(model=scn.model.spec(), gpu=scn.gpu.spec(), kv_dtype=scn.kv_dtype,
                         kv_bytes_per_token=scn.kv_bytes_per_token, weight_bytes=scn.weight_bytes,
-                        block_size_tokens=16, base_dir=".")
+                        block_size=16, base_dir=".")
     assert isinstance(scn, Scenario)
     native = AnalyticalTiming(AnalyticalTimingConfig(), ctx)
     pricer, is_native = decode_pricer(native)

@@ -77,7 +77,7 @@ def test_contiguous_cannot_grow_past_its_extent():
 
 
 def test_buddy_splits_lowest_block_and_coalesces_back():
-    b = BuddyAllocator(capacity_tokens=64, min_block_tokens=4, reservation="oracle")  # 16 units
+    b = BuddyAllocator(capacity_tokens=64, block_size=4, reservation="oracle")  # 16 units
     assert b.free_lists[4] == [0]
     assert b.allocate(req(0, 3, 2), 3)  # 5 tokens -> 2 units (order 1)
     assert b.extents[0] == (0, 1)
@@ -92,7 +92,7 @@ def test_buddy_splits_lowest_block_and_coalesces_back():
 
 
 def test_buddy_non_power_of_two_capacity_uses_several_top_blocks():
-    b = BuddyAllocator(capacity_tokens=96, min_block_tokens=8)  # 12 units = 8 + 4
+    b = BuddyAllocator(capacity_tokens=96, block_size=8)  # 12 units = 8 + 4
     assert list(zip(b.top_bases, b.top_orders)) == [(0, 3), (8, 2)]
     assert b.allocate(req(0, 20, 5), 1)  # 25 tokens -> 4 units: smallest sufficient is the top block at 8
     assert b.extents[0] == (8, 2)
@@ -102,7 +102,7 @@ def test_buddy_non_power_of_two_capacity_uses_several_top_blocks():
 
 
 def test_buddy_rounding_is_internal_fragmentation():
-    b = BuddyAllocator(capacity_tokens=64, min_block_tokens=4)
+    b = BuddyAllocator(capacity_tokens=64, block_size=4)
     b.allocate(req(0, 3, 2), 3)
     b.ensure_slots(0, 3)
     u = b.usage()

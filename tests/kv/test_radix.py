@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 import kvsim.kv.radix  # noqa: F401  (registers the kind; kvsim.kv imports it too)
-from kvsim.kv.base import KVRequest, cdiv
+from kvsim.kv.base import KVRequest, UsageSums, cdiv
 from kvsim.kv.radix import RadixAllocator, RadixAllocatorConfig, unique_key
 from kvsim.registry import ALLOCATORS
 from kvsim.trace.prefix import block_keys
@@ -41,7 +41,7 @@ def admit(a, r, tokens=None):
 
 def test_config_defaults_registration_and_validation():
     cfg = RadixAllocatorConfig()
-    assert (cfg.kind, cfg.page_size, cfg.watermark, cfg.eviction.kind) == ("radix", 1, 0.0, "lru")
+    assert (cfg.kind, cfg.block_size, cfg.watermark, cfg.eviction.kind) == ("radix", 1, 0.0, "lru")
     assert "radix" in ALLOCATORS.kinds
     a = ALLOCATORS.build(RadixAllocatorConfig(page_size=16, watermark=0.1), 1000, bytes_per_token=2)
     assert isinstance(a, RadixAllocator)
@@ -60,13 +60,13 @@ def test_scenario_schema_accepts_the_radix_kind():
 
     scn = Scenario.model_validate({"trace": {"file": "x.csv"}, "model": "OPT-13B",
                                    "allocator": {"kind": "radix", "page_size": 16}})
-    assert isinstance(scn.allocator, RadixAllocatorConfig) and scn.allocator.page_size == 16
+    assert isinstance(scn.allocator, RadixAllocatorConfig) and scn.allocator.block_size == 16
 
 
 # -- exact page ids and eviction orders ---------------------------------------------------------------
 
 def test_split_share_evict_leaves_then_parents_and_extend_own_leaf():
-    a = RadixAllocator(12, page_size=1)
+    a = RadixAllocator(12, block_size=1)
     assert admit(a, req(0, 6, [1, 2, 3, 4, 5, 6])) == 0
     assert a.block_table(0) == [0, 1, 2, 3, 4, 5]
     # shares 3 tokens: the edge [1..6] is split after 3 pages
@@ -102,7 +102,7 @@ def test_split_share_evict_leaves_then_parents_and_extend_own_leaf():
 
 
 def test_locked_paths_are_never_evicted():
-    a = RadixAllocator(10, page_size=1)
+    a = RadixAllocator(10, block_size=1)
     admit(a, req(0, 4, [1, 2, 3, 4]))
     admit(a, req(1, 6, [1, 2, 3, 4, 5, 6]))  # hits 4, owns [4, 5]
     a.free(1)
@@ -115,7 +115,7 @@ def test_locked_paths_are_never_evicted():
 
 
 def test_lru_order_follows_the_last_release_and_hits_refresh():
-    a = RadixAllocator(9, page_size=1)
+    a = RadixAllocator(9, block_size=1)
     for rid, key in enumerate((10, 20, 30)):
         admit(a, req(rid, 3, [key, key + 1, key + 2]))
     for rid in (0, 1, 2):
@@ -134,7 +134,7 @@ def test_lru_order_follows_the_last_release_and_hits_refresh():
 
 
 def test_duplicate_content_switches_to_the_cached_pages():
-    a = RadixAllocator(16, page_size=4)
+    a = RadixAllocator(16, block_size=4)
     r0, r1 = req(0, 14, [1, 2, 3]), req(1, 14, [1, 2, 3])
     assert a.allocate(r0, 14).cached_tokens == 0
     assert a.allocate(r1, 14).cached_tokens == 0  # nothing cached yet: both compute the prompt
@@ -152,7 +152,7 @@ def test_duplicate_content_switches_to_the_cached_pages():
 
 def test_last_token_is_always_computed():
     for page, expect in ((4, 8), (1, 11)):
-        a = RadixAllocator(32, page_size=page)
+        a = RadixAllocator(32, block_size=page)
         keys = list(range(1, 12 // page + 1))
         admit(a, req(0, 12, keys))
         a.free(0)
@@ -163,7 +163,7 @@ def test_last_token_is_always_computed():
 
 
 def test_generated_pages_are_unique_and_a_readmitted_request_hits_itself():
-    a = RadixAllocator(64, page_size=4)
+    a = RadixAllocator(64, block_size=4)
     r = req(0, 10, [1, 2], output=12)  # 2 full prompt pages; the rest is the request's own
     admit(a, r)
     assert a.ensure_slots(0, 18)  # 8 generated tokens: pages 2, 3 full (keys unique to request 0)
@@ -173,7 +173,7 @@ def test_generated_pages_are_unique_and_a_readmitted_request_hits_itself():
     assert a.peek_cached_tokens(r, 19) == 16  # readmitted with 19 tokens: all 4 full pages hit
     assert admit(a, r, 19) == 16
     assert unique_key(0, 2) != unique_key(1, 2) and unique_key(0, 2) > np.iinfo(np.int64).max
-    a2 = RadixAllocator(64, page_size=4)
+    a2 = RadixAllocator(64, block_size=4)
     admit(a2, req(0, 10))  # no prefix keys: nothing shared with anyone else
     assert a2.peek_cached_tokens(req(1, 10), 10) == 0
     a2.free(0)
@@ -194,7 +194,7 @@ def _trace_keys(prompts, shared, page):
 @pytest.mark.parametrize("page,shared_pages", [(1, 37), (16, 2), (4, 9), (37, 1)])
 def test_token_granular_sharing(page, shared_pages):
     keys = _trace_keys([100, 90], shared=37, page=page)
-    a = RadixAllocator(1000 // page, page_size=page)
+    a = RadixAllocator(1000 // page, block_size=page)
     r0 = KVRequest(0, 100, 5, 10_000, block_keys=keys[0])
     r1 = KVRequest(1, 90, 5, 10_000, block_keys=keys[1])
     admit(a, r0)
@@ -204,7 +204,7 @@ def test_token_granular_sharing(page, shared_pages):
 
 
 def test_num_free_blocks_is_what_ensure_slots_can_take():
-    a = RadixAllocator(20, page_size=2)
+    a = RadixAllocator(20, block_size=2)
     admit(a, req(0, 8, [1, 2, 3, 4]))
     admit(a, req(1, 6, [7, 8, 9], output=100))
     a.free(0)
@@ -245,11 +245,12 @@ def _check_usage(a, written):
              u.free_tokens]
     assert all(p >= 0 for p in parts), parts
     assert sum(parts) == u.capacity_tokens == a.capacity_tokens
-    assert u.token_states_tokens == sum(written.values()) - a._shared_extra * a.page_size
+    assert u.token_states_tokens == sum(written.values()) - a._shared_extra * a.block_size
     assert u.num_requests == len(written)
-    assert u.cached_free_tokens == a.num_evictable_pages * a.page_size <= u.free_tokens
-    assert a.usage_parts() == (a.ledger.sum_held, a.ledger.sum_useful, a._shared_extra * a.page_size,
-                               u.cached_free_tokens, 0)
+    assert u.cached_free_tokens == a.num_evictable_pages * a.block_size <= u.free_tokens
+    assert a.usage_parts() == UsageSums(held_tokens=a.ledger.sum_held, useful_tokens=a.ledger.sum_useful,
+                                         shared_tokens=a._shared_extra * a.block_size,
+                                         cached_free_tokens=u.cached_free_tokens, external_tokens=0)
 
 
 @SETTINGS

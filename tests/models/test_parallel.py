@@ -76,7 +76,7 @@ def _timing(scn):
     p = scn.parallel_plan()
     ctx = TimingContext(model=scn.model.spec(), gpu=scn.gpu.spec(), kv_dtype=scn.kv_dtype,
                         kv_bytes_per_token=p.kv_bytes_per_token_per_rank, weight_bytes=p.weight_bytes_per_rank,
-                        block_size_tokens=16, base_dir=Path("."), tensor_parallel=p.tensor,
+                        block_size=16, base_dir=Path("."), tensor_parallel=p.tensor,
                         pipeline_parallel=p.pipeline, comm_s_per_step=p.comm_s_per_step,
                         comm_s_per_token=p.comm_s_per_token)
     return AnalyticalTiming(AnalyticalTimingConfig(), ctx), p

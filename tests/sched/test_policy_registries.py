@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Literal
 
 import pandas as pd
 import pytest
@@ -13,7 +14,7 @@ from kvsim.errors import ConfigError
 from kvsim.kv.base import KVRequest
 from kvsim.kv.reservation import (MaxReservation, Pow2ReservationConfig, reservation_policy,
                                   reservation_tokens)
-from kvsim.registry import RESERVATIONS, ROUTERS, VICTIMS, Registry
+from kvsim.registry import RESERVATIONS, ROUTERS, VICTIMS, PolicyConfig, Registry
 from kvsim.sched.router import Router
 from kvsim.sched.victim import build_victim_policy
 from kvsim.simulate import config_hash, resolved_dict, run
@@ -172,6 +173,10 @@ def test_reservation_accepts_names_configs_and_policy_objects():
     assert reservation_policy(policy) is policy
 
 
+class HalfReservationConfig(PolicyConfig):
+    kind: Literal["half"] = "half"
+
+
 def test_a_new_reservation_kind_plugs_into_a_registry():
     reg = Registry("reservation")
 
@@ -179,7 +184,10 @@ def test_a_new_reservation_kind_plugs_into_a_registry():
         def sequence_tokens(self, total, max_len):
             return max(total, max_len // 2)
 
-    reg.register("half", Pow2ReservationConfig, lambda cfg: Half())
+    with pytest.raises(ValueError, match=r"Pow2ReservationConfig needs a field kind: Literal\['half'\]"):
+        reg.register("half", Pow2ReservationConfig, lambda cfg: Half())  # its kind is 'pow2'
+    reg.register("half", HalfReservationConfig, lambda cfg: Half())
+    assert type(reg.validate({"kind": "half"})) is HalfReservationConfig
     assert reservation_tokens(reg.build(SimpleNamespace(kind="half")), KVRequest(0, 10, 5, 100)) == 50
 
 

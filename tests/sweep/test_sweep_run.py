@@ -37,7 +37,7 @@ def test_block_size_sweep_index(block_sweep):
     assert len(df) == 10 and (df["status"] == "ok").all() and (df["error"] == "").all()
     assert df["allocator.block_size"].tolist() == BLOCK_SIZES
     assert str(df["allocator.block_size"].dtype) == "Int64"
-    assert df["kv_block_size_tokens"].tolist() == BLOCK_SIZES
+    assert df["kv_block_size"].tolist() == BLOCK_SIZES
     assert list(df.columns[:6]) == ["point_id", "point_name", "allocator.block_size", "status", "error", "run_dir"]
     for col in ["throughput_requests_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s",
                 "e2e_p99_s", "concurrency_max", "concurrency_mean", "kv_token_states_frac", "kv_reservation_frac",

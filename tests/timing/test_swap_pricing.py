@@ -71,7 +71,7 @@ def test_contiguous_layout_takes_fewer_copies_so_swaps_cost_less():
 def _ctx(scn, transfers=None):
     return TimingContext(model=scn.model.spec(), gpu=scn.gpu.spec(), kv_dtype=scn.kv_dtype,
                          kv_bytes_per_token=scn.kv_bytes_per_token, weight_bytes=scn.weight_bytes,
-                         block_size_tokens=16, base_dir=Path("."), host_transfers=transfers)
+                         block_size=16, base_dir=Path("."), host_transfers=transfers)
 
 
 def _shape(in_b, in_c, out_b, out_c, tier_s=0.0):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 import math
+from array import array
+from collections import deque
 
 from kvsim.kv.base import KVRequest
 
@@ -97,3 +99,139 @@ class Request:
     def __repr__(self) -> str:
         return (f"Request({self.request_id}, {self.status.name}, computed={self.num_computed_tokens}/"
                 f"{self.num_tokens}, generated={self.num_generated}/{self.output_tokens})")
+
+
+_COMPACT_ROWS = 1 << 15  # popped tail rows kept before the columns are compacted
+
+
+class WaitingQueue:
+    """The scheduler's FCFS waiting queue, deque-like (``append``, ``appendleft``, ``popleft``,
+    ``pop``, ``[0]``, ``len``, iteration, truth).
+
+    Memory: ShareGPT-like traffic at 20 req/s on one A100 (bench/run_bench.py) queues over half of
+    a million-request trace at once. A request that has never been admitted holds nothing but its
+    trace fields, so the queue keeps it as one row of typed columns (about 70 bytes instead of
+    about 500 for a Request and its allocator view) and builds its :class:`Request` again, with the
+    same fields, when it reaches the head (``[0]`` or ``popleft``). The queue is ``front + tail``:
+    ``front`` holds Request objects (the built head, and requests preempted back to the queue by
+    ``appendleft``), ``tail`` the rows of fresh arrivals in arrival order. A request appended after
+    it was admitted (or credited with prefetch) stays an object, in its place in the tail.
+
+    Iteration yields the front's objects and a freshly built Request for each tail row: for reading
+    only (a change to a tail row's object would be lost).
+    """
+
+    __slots__ = ("_front", "_obj", "_id", "_arrival", "_prompt", "_output", "_priority", "_samples",
+                 "_replica", "_head", "_max_len", "num_seqs")
+
+    def __init__(self) -> None:
+        self._front: deque[Request] = deque()
+        # tail rows, from index ``_head`` on: numeric columns and, per row, None (a plain row), a
+        # (block_keys, beam_events) pair, or the Request itself (not fresh: the columns are unused)
+        self._obj: deque = deque()
+        self._id = array("q")
+        self._arrival = array("d")
+        self._prompt = array("q")
+        self._output = array("q")
+        self._priority = array("q")
+        self._samples = array("q")
+        self._replica = array("q")
+        self._head = 0
+        self._max_len = -1  # the requests' max_model_len_tokens (one per queue, as per scheduler)
+        self.num_seqs = 0  # sequences queued: sum of num_samples (what a load-aware router reads)
+
+    def __len__(self) -> int:
+        return len(self._front) + len(self._obj)
+
+    def __bool__(self) -> bool:
+        return bool(self._front) or bool(self._obj)
+
+    def _columns(self):
+        return (self._id, self._arrival, self._prompt, self._output, self._priority, self._samples, self._replica)
+
+    def append(self, req: Request) -> None:
+        self.num_seqs += req.num_samples
+        kv = req.kv
+        if self._max_len < 0:
+            self._max_len = kv.max_model_len_tokens
+        fresh = (req.admit_seq < 0 and req.status == RequestStatus.WAITING and not req.num_generated
+                 and not req.prefetched_s and kv.max_model_len_tokens == self._max_len)
+        if not fresh:
+            self._obj.append(req)
+            row = (req.request_id, 0.0, 0, 0, 0, 0, 0)
+        else:
+            keys, beams = kv.block_keys, kv.beam_events
+            self._obj.append(None if keys is None and beams is None else (keys, beams))
+            row = (req.request_id, req.arrival_s, req.prompt_tokens, req.output_tokens, req.priority,
+                   req.num_samples, req.replica)
+        for col, v in zip(self._columns(), row):
+            col.append(v)
+
+    def appendleft(self, req: Request) -> None:
+        self.num_seqs += req.num_samples
+        self._front.appendleft(req)
+
+    def _build(self, i: int, obj) -> Request:
+        """The Request of tail row ``i`` (absolute index) whose per-row object is ``obj``."""
+        if isinstance(obj, Request):
+            return obj
+        keys, beams = (None, None) if obj is None else obj
+        req = Request(self._id[i], self._arrival[i], self._prompt[i], self._output[i], self._max_len,
+                      priority=self._priority[i], block_keys=keys, num_samples=self._samples[i],
+                      beam_events=beams)
+        req.replica = self._replica[i]
+        return req
+
+    def _take_head_row(self) -> Request:
+        """Remove the tail's first row and return its Request."""
+        i = self._head
+        req = self._build(i, self._obj.popleft())
+        if not self._obj:
+            for col in self._columns():
+                del col[:]
+            self._head = 0
+        elif i + 1 >= _COMPACT_ROWS and 2 * (i + 1) >= len(self._id):
+            for col in self._columns():
+                del col[:i + 1]
+            self._head = 0
+        else:
+            self._head = i + 1
+        return req
+
+    def __getitem__(self, index: int) -> Request:
+        if index != 0:
+            raise IndexError("WaitingQueue: only the head ([0]) can be indexed")
+        if not self._front:
+            if not self._obj:
+                raise IndexError("WaitingQueue is empty")
+            self._front.append(self._take_head_row())
+        return self._front[0]
+
+    def popleft(self) -> Request:
+        req = self._front.popleft() if self._front else self._take_head_row()
+        self.num_seqs -= req.num_samples
+        return req
+
+    def pop(self) -> Request:
+        """Remove and return the last request."""
+        if self._obj:
+            i = self._head + len(self._obj) - 1
+            req = self._build(i, self._obj.pop())
+            for col in self._columns():
+                col.pop()
+            if not self._obj:
+                for col in self._columns():
+                    del col[:]
+                self._head = 0
+        else:
+            req = self._front.pop()
+        self.num_seqs -= req.num_samples
+        return req
+
+    def __iter__(self):
+        yield from self._front
+        for j, obj in enumerate(list(self._obj)):
+            yield self._build(self._head + j, obj)
+
+    def __repr__(self) -> str:
+        return f"WaitingQueue({len(self._front)} built + {len(self._obj)} rows)"

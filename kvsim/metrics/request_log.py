@@ -6,8 +6,8 @@ The scheduler calls :meth:`RequestLog.append` from the one place a request finis
 live Request (with its allocator view) costs about 500, so a million-request run no longer holds a
 million Request objects until its end (bench/README.md, "Session 4: 1M requests").
 
-Rows are buffered as tuples (one C-level attribute read per request) and moved into typed column
-chunks every :data:`FLUSH_ROWS` rows. :func:`kvsim.metrics.requests.requests_table` turns the log
+Appended requests wait in a small buffer (they no longer change) and every :data:`FLUSH_ROWS`
+rows move into typed column chunks, one C-level pass over the buffer per column. :func:`kvsim.metrics.requests.requests_table` turns the log
 into the request table (sorted by ``request_id``; docs/metrics.md defines the columns).
 """
 
@@ -47,10 +47,13 @@ STATUS_NAMES = {RequestStatus.FINISHED: "finished", RequestStatus.REJECTED: "rej
                 RequestStatus.WAITING: "unfinished", RequestStatus.RUNNING: "unfinished",
                 RequestStatus.SWAPPED: "unfinished"}
 
-FLUSH_ROWS = 4096  # rows buffered as tuples before they move into typed column chunks
+FLUSH_ROWS = 4096  # requests buffered before their rows move into typed column chunks
 
-_ROW = attrgetter(*(attr for attr, _ in NUMERIC_COLUMNS.values()), "status", "reject_reason")
+_GETTERS = tuple((attrgetter(attr), dtype) for attr, dtype in NUMERIC_COLUMNS.values())
+_STATUS = attrgetter("status")
+_REASON = attrgetter("reject_reason")
 _NUM = len(NUMERIC_COLUMNS)
+_FINISHED, _REJECTED = int(RequestStatus.FINISHED), int(RequestStatus.REJECTED)
 
 
 class RequestLog:
@@ -59,30 +62,35 @@ class RequestLog:
     :meth:`columns` hands them over, and :func:`~kvsim.metrics.requests.requests_table` sorts them."""
 
     __slots__ = ("_buf", "_chunks", "_status_chunks", "_reason_chunks", "_reasons", "_rows",
-                 "num_finished", "num_rejected")
+                 "_finished", "_rejected")
 
     def __init__(self) -> None:
-        self._buf: list[tuple] = []
+        self._buf: list = []  # requests whose rows are not in the chunks yet
         self._chunks: list[list[np.ndarray]] = [[] for _ in range(_NUM)]
         self._status_chunks: list[np.ndarray] = []
         self._reason_chunks: list[np.ndarray] = []
         self._reasons: dict[str, int] = {"": 0}  # reject_reason -> code
         self._rows = 0  # rows already in chunks
-        self.num_finished = 0
-        self.num_rejected = 0
+        self._finished = 0  # of which finished / rejected
+        self._rejected = 0
 
     def __len__(self) -> int:
         return self._rows + len(self._buf)
 
+    @property
+    def num_finished(self) -> int:
+        return self._finished + sum(r.status == _FINISHED for r in self._buf)
+
+    @property
+    def num_rejected(self) -> int:
+        return self._rejected + sum(r.status == _REJECTED for r in self._buf)
+
     def append(self, req) -> None:
-        """Record ``req`` in its current (final) state. The caller may drop the request after."""
-        self._buf.append(_ROW(req))
-        status = req.status
-        if status == RequestStatus.FINISHED:
-            self.num_finished += 1
-        elif status == RequestStatus.REJECTED:
-            self.num_rejected += 1
-        if len(self._buf) >= FLUSH_ROWS:
+        """Record ``req``, which has ended (finished or rejected; or, at the end of a run, is left
+        unfinished): its fields must not change any more. The caller drops it."""
+        buf = self._buf
+        buf.append(req)
+        if len(buf) >= FLUSH_ROWS:
             self._flush()
 
     def extend(self, reqs) -> None:
@@ -94,15 +102,17 @@ class RequestLog:
         if not buf:
             return
         self._buf = []
-        cols = list(zip(*buf))
-        del buf
-        for i, (_, dtype) in enumerate(NUMERIC_COLUMNS.values()):
-            self._chunks[i].append(np.array(cols[i], dtype=dtype))
-        self._status_chunks.append(np.array(cols[_NUM], dtype=np.int8))
+        n = len(buf)
+        for chunks, (get, dtype) in zip(self._chunks, _GETTERS):
+            chunks.append(np.fromiter(map(get, buf), dtype=dtype, count=n))
+        status = np.fromiter(map(_STATUS, buf), dtype=np.int8, count=n)
+        self._status_chunks.append(status)
+        self._finished += int(np.count_nonzero(status == _FINISHED))
+        self._rejected += int(np.count_nonzero(status == _REJECTED))
         codes = self._reasons
-        self._reason_chunks.append(np.array([codes.setdefault(s, len(codes)) for s in cols[_NUM + 1]],
-                                            dtype=np.int32))
-        self._rows += len(cols[0])
+        self._reason_chunks.append(np.fromiter((codes.setdefault(s, len(codes)) for s in map(_REASON, buf)),
+                                               dtype=np.int32, count=n))
+        self._rows += n
 
     def column(self, name: str) -> np.ndarray:
         """A copy of one numeric column in append order (for checks; the log keeps its rows)."""
@@ -132,8 +142,7 @@ class RequestLog:
             reasons[code] = s
         parts, self._reason_chunks = self._reason_chunks, []
         yield "reject_reason", _decode(parts, reasons)
-        self._rows = 0
-        self.num_finished = self.num_rejected = 0
+        self._rows = self._finished = self._rejected = 0
 
 
 def _decode(chunks: list[np.ndarray], names: np.ndarray) -> np.ndarray:

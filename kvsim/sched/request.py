@@ -36,14 +36,15 @@ class Request:
 
     def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
                  max_model_len_tokens: int, priority: int = 0, block_keys=None, num_samples: int = 1,
-                 beam_events=None):
+                 beam_events=None, kv: KVRequest | None = None):
         self.request_id = request_id
         self.arrival_s = arrival_s
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
-        self.kv = KVRequest(request_id, prompt_tokens, output_tokens, max_model_len_tokens,
-                            block_keys=block_keys, priority=priority, num_samples=num_samples,
-                            beam_events=beam_events)
+        # ``kv``: the allocator view of these same fields, built already (the waiting queue keeps it)
+        self.kv = kv if kv is not None else KVRequest(
+            request_id, prompt_tokens, output_tokens, max_model_len_tokens, block_keys=block_keys,
+            priority=priority, num_samples=num_samples, beam_events=beam_events)
         self.num_samples = num_samples  # parallel samples decoding in lockstep from one prompt
         self.replica = 0  # the engine replica the router sent it to
         self.priority = priority
@@ -110,34 +111,29 @@ class WaitingQueue:
 
     Memory: ShareGPT-like traffic at 20 req/s on one A100 (bench/run_bench.py) queues over half of
     a million-request trace at once. A request that has never been admitted holds nothing but its
-    trace fields, so the queue keeps it as one row of typed columns (about 70 bytes instead of
-    about 500 for a Request and its allocator view) and builds its :class:`Request` again, with the
-    same fields, when it reaches the head (``[0]`` or ``popleft``). The queue is ``front + tail``:
-    ``front`` holds Request objects (the built head, and requests preempted back to the queue by
-    ``appendleft``), ``tail`` the rows of fresh arrivals in arrival order. A request appended after
-    it was admitted (or credited with prefetch) stays an object, in its place in the tail.
+    trace fields, all in its immutable allocator view (:class:`~kvsim.kv.base.KVRequest`) but the
+    arrival time and replica. So the queue keeps such a request as a row: its KVRequest and two
+    typed columns (about 200 bytes instead of about 500 for the Request with it), and builds the
+    :class:`Request` again, with the same fields and the same KVRequest, when it reaches the head
+    (``[0]`` or ``popleft``). The queue is ``front + tail``: ``front`` holds Request objects (the
+    built head, and requests preempted back to the queue by ``appendleft``), ``tail`` the rows in
+    arrival order. A request appended after it was admitted (or credited with prefetch) stays a
+    Request object, in its place in the tail.
 
     Iteration yields the front's objects and a freshly built Request for each tail row: for reading
     only (a change to a tail row's object would be lost).
     """
 
-    __slots__ = ("_front", "_obj", "_id", "_arrival", "_prompt", "_output", "_priority", "_samples",
-                 "_replica", "_head", "_max_len", "num_seqs")
+    __slots__ = ("_front", "_obj", "_arrival", "_replica", "_head", "num_seqs")
 
     def __init__(self) -> None:
         self._front: deque[Request] = deque()
-        # tail rows, from index ``_head`` on: numeric columns and, per row, None (a plain row), a
-        # (block_keys, beam_events) pair, or the Request itself (not fresh: the columns are unused)
+        # tail rows, from index ``_head`` of the columns on: the KVRequest of a fresh arrival (then
+        # its arrival time and replica are in the columns), or a Request (the columns unused)
         self._obj: deque = deque()
-        self._id = array("q")
         self._arrival = array("d")
-        self._prompt = array("q")
-        self._output = array("q")
-        self._priority = array("q")
-        self._samples = array("q")
         self._replica = array("q")
         self._head = 0
-        self._max_len = -1  # the requests' max_model_len_tokens (one per queue, as per scheduler)
         self.num_seqs = 0  # sequences queued: sum of num_samples (what a load-aware router reads)
 
     def __len__(self) -> int:
@@ -146,39 +142,26 @@ class WaitingQueue:
     def __bool__(self) -> bool:
         return bool(self._front) or bool(self._obj)
 
-    def _columns(self):
-        return (self._id, self._arrival, self._prompt, self._output, self._priority, self._samples, self._replica)
-
     def append(self, req: Request) -> None:
         self.num_seqs += req.num_samples
-        kv = req.kv
-        if self._max_len < 0:
-            self._max_len = kv.max_model_len_tokens
-        fresh = (req.admit_seq < 0 and req.status == RequestStatus.WAITING and not req.num_generated
-                 and not req.prefetched_s and kv.max_model_len_tokens == self._max_len)
-        if not fresh:
-            self._obj.append(req)
-            row = (req.request_id, 0.0, 0, 0, 0, 0, 0)
+        if req.admit_seq < 0 and req.status == RequestStatus.WAITING and not req.num_generated \
+                and not req.prefetched_s:
+            self._obj.append(req.kv)  # fresh: everything else is in the allocator view
         else:
-            keys, beams = kv.block_keys, kv.beam_events
-            self._obj.append(None if keys is None and beams is None else (keys, beams))
-            row = (req.request_id, req.arrival_s, req.prompt_tokens, req.output_tokens, req.priority,
-                   req.num_samples, req.replica)
-        for col, v in zip(self._columns(), row):
-            col.append(v)
+            self._obj.append(req)
+        self._arrival.append(req.arrival_s)
+        self._replica.append(req.replica)
 
     def appendleft(self, req: Request) -> None:
         self.num_seqs += req.num_samples
         self._front.appendleft(req)
 
     def _build(self, i: int, obj) -> Request:
-        """The Request of tail row ``i`` (absolute index) whose per-row object is ``obj``."""
-        if isinstance(obj, Request):
+        """The Request of tail row ``i`` (index into the columns) whose object is ``obj``."""
+        if type(obj) is not KVRequest:
             return obj
-        keys, beams = (None, None) if obj is None else obj
-        req = Request(self._id[i], self._arrival[i], self._prompt[i], self._output[i], self._max_len,
-                      priority=self._priority[i], block_keys=keys, num_samples=self._samples[i],
-                      beam_events=beams)
+        req = Request(obj.request_id, self._arrival[i], obj.prompt_tokens, obj.output_tokens,
+                      obj.max_model_len_tokens, priority=obj.priority, num_samples=obj.num_samples, kv=obj)
         req.replica = self._replica[i]
         return req
 
@@ -187,12 +170,10 @@ class WaitingQueue:
         i = self._head
         req = self._build(i, self._obj.popleft())
         if not self._obj:
-            for col in self._columns():
-                del col[:]
+            del self._arrival[:], self._replica[:]
             self._head = 0
-        elif i + 1 >= _COMPACT_ROWS and 2 * (i + 1) >= len(self._id):
-            for col in self._columns():
-                del col[:i + 1]
+        elif i + 1 >= _COMPACT_ROWS and 2 * (i + 1) >= len(self._arrival):
+            del self._arrival[:i + 1], self._replica[:i + 1]
             self._head = 0
         else:
             self._head = i + 1
@@ -215,13 +196,11 @@ class WaitingQueue:
     def pop(self) -> Request:
         """Remove and return the last request."""
         if self._obj:
-            i = self._head + len(self._obj) - 1
-            req = self._build(i, self._obj.pop())
-            for col in self._columns():
-                col.pop()
+            req = self._build(len(self._arrival) - 1, self._obj.pop())
+            self._arrival.pop()
+            self._replica.pop()
             if not self._obj:
-                for col in self._columns():
-                    del col[:]
+                del self._arrival[:], self._replica[:]
                 self._head = 0
         else:
             req = self._front.pop()

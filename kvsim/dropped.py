@@ -124,9 +124,7 @@ def predict_rejections(scn, trace, where: str = "scenario") -> dict[str, int]:
         req = Request(i, float(trace.arrival_s[i]), int(trace.prompt_tokens[i]), int(trace.output_tokens[i]), max_len,
                       block_keys=None if keys is None else keys[i],
                       num_samples=1 if samples is None else int(samples[i]))
-        if not sched.add_request(req):
-            counts[req.reject_reason] += 1
-        else:  # keep the queue empty: only the admission check is wanted
-            sched.waiting.pop()
-            del sched.requests[i]
+        reason = sched.reject_reason(req)  # the check add_request makes, without queueing
+        if reason:
+            counts[reason] += 1
     return dict(counts)

@@ -244,7 +244,7 @@ class Engine:
     def _limit(self, rep: Replica) -> None:
         max_sim = self.limits.max_sim_time_s
         if max_sim is not None and rep.now_s > max_sim:
-            done = sum(len(r.scheduler.finished) for r in self.replicas)
+            done = sum(r.scheduler.num_finished for r in self.replicas)
             raise SimulationLimitError(
                 f"simulated time passed limits.max_sim_time_s = {max_sim} s "
                 f"({done} of {len(self.trace)} requests finished)")

@@ -17,7 +17,8 @@ from kvsim.engine import Engine, EngineLimits, Replica
 from kvsim.sched.router import Router
 from kvsim.errors import ConfigError, KvsimError
 from kvsim.metrics.recorder import StepRecorder
-from kvsim.metrics.requests import requests_table
+from kvsim.metrics.request_log import RequestLog
+from kvsim.metrics.requests import log_table
 from kvsim.metrics.summarize import summarize
 from kvsim.kv.beam import BeamModel
 from kvsim.kv.protocol import BeamCounters
@@ -141,6 +142,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
         store = LowerTier("remote", rcfg.shared_prefix_store.capacity_bytes // block_bytes,
                           rcfg.shared_prefix_store.bandwidth_bytes_per_s, shared=True)
     replicas = []
+    request_log = RequestLog()  # every replica writes each request's row here when it ends
     transfers = host_transfers(scn, where)
     for i in range(rcfg.count):
         allocator, budget = build_allocator(scn, where)
@@ -165,7 +167,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
                           want_context_lens=bool(getattr(timing, "needs_context_lens", False)),
                           kv_bytes_per_token=scn.kv_bytes_per_token,
                           host_link_bandwidth_bytes_per_s=getattr(scn.timing, "host_link_bandwidth_bytes_per_s", 64e9),
-                          host_transfers=transfers)
+                          host_transfers=transfers, request_log=request_log)
         replicas.append(Replica(i, sched, timing))
     scheduler = replicas[0].scheduler
     if not scn.scheduler.chunked_prefill and scheduler.token_budget < max_len:
@@ -192,8 +194,8 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
         table = recorder.close()
     engine_wall = time.perf_counter() - wall0
     # Take what the summary needs from the engine, build the request table, then let the engine go
-    # (schedulers, allocators, a million Request objects, the recorder's step chunks) before the
-    # step table is converted: at a million requests each of these is hundreds of MB.
+    # (schedulers, allocators, queues, the recorder's step chunks) before the step table is
+    # converted: at a million requests each of these is tens to hundreds of MB.
     summary_args = dict(
         capacity_tokens=allocator.capacity_tokens, num_replicas=rcfg.count,
         prefix_caching=bool(getattr(allocator, "prefix_caching", False)),
@@ -207,10 +209,12 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
         page_fetches_per_page=scn.model.num_layers * scn.model.num_kv_heads,
         beam=_beam_counts(trace, [r.scheduler.allocator for r in replicas]))
     engine_rows = recorder.num_rows
-    all_requests = [r for rep in replicas for r in rep.scheduler.requests.values()]
+    # Finished and rejected requests are rows of ``request_log`` already; a run that ends normally
+    # leaves no other request (a limit stops it with an error).
+    unfinished = [r for rep in replicas for r in _unfinished(rep.scheduler)]
     del engine, replicas, scheduler, sched, allocator, timing, recorder, store
-    # Only ``all_requests`` refers to the Request objects now: the table consumes (frees) them.
-    reqs = requests_table(all_requests, consume=True)
+    reqs = log_table(request_log, unfinished)
+    del unfinished, request_log
     if table is None:
         steps = steps_frame(_file_columns(steps_path))
     else:
@@ -221,6 +225,15 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     return RunResult(name=str(scn.name), scenario=scn, requests=reqs,
                      steps=None if steps_path is not None else steps, summary=summary,
                      trace_report=trace_report or {}, engine_wall_s=engine_wall, engine_rows=engine_rows)
+
+
+def _unfinished(sched: Scheduler):
+    """The requests ``sched`` still holds (queued, running or swapped)."""
+    held = sched.requests
+    yield from held.values()
+    for r in sched.waiting:
+        if r.request_id not in held:  # never admitted
+            yield r
 
 
 def _table_columns(box: list):

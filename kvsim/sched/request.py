@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 import math
+from array import array
+from collections import deque
 
 from kvsim.kv.base import KVRequest
 
@@ -34,14 +36,15 @@ class Request:
 
     def __init__(self, request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
                  max_model_len_tokens: int, priority: int = 0, block_keys=None, num_samples: int = 1,
-                 beam_events=None):
+                 beam_events=None, kv: KVRequest | None = None):
         self.request_id = request_id
         self.arrival_s = arrival_s
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
-        self.kv = KVRequest(request_id, prompt_tokens, output_tokens, max_model_len_tokens,
-                            block_keys=block_keys, priority=priority, num_samples=num_samples,
-                            beam_events=beam_events)
+        # ``kv``: the allocator view of these same fields, built already (the waiting queue keeps it)
+        self.kv = kv if kv is not None else KVRequest(
+            request_id, prompt_tokens, output_tokens, max_model_len_tokens, block_keys=block_keys,
+            priority=priority, num_samples=num_samples, beam_events=beam_events)
         self.num_samples = num_samples  # parallel samples decoding in lockstep from one prompt
         self.replica = 0  # the engine replica the router sent it to
         self.priority = priority
@@ -97,3 +100,117 @@ class Request:
     def __repr__(self) -> str:
         return (f"Request({self.request_id}, {self.status.name}, computed={self.num_computed_tokens}/"
                 f"{self.num_tokens}, generated={self.num_generated}/{self.output_tokens})")
+
+
+_COMPACT_ROWS = 1 << 15  # popped tail rows kept before the columns are compacted
+
+
+class WaitingQueue:
+    """The scheduler's FCFS waiting queue, deque-like (``append``, ``appendleft``, ``popleft``,
+    ``pop``, ``[0]``, ``len``, iteration, truth).
+
+    Memory: ShareGPT-like traffic at 20 req/s on one A100 (bench/run_bench.py) queues over half of
+    a million-request trace at once. A request that has never been admitted holds nothing but its
+    trace fields, all in its immutable allocator view (:class:`~kvsim.kv.base.KVRequest`) but the
+    arrival time and replica. So the queue keeps such a request as a row: its KVRequest and two
+    typed columns (about 200 bytes instead of about 500 for the Request with it), and builds the
+    :class:`Request` again, with the same fields and the same KVRequest, when it reaches the head
+    (``[0]`` or ``popleft``). The queue is ``front + tail``: ``front`` holds Request objects (the
+    built head, and requests preempted back to the queue by ``appendleft``), ``tail`` the rows in
+    arrival order. A request appended after it was admitted (or credited with prefetch) stays a
+    Request object, in its place in the tail.
+
+    Iteration yields the front's objects and a freshly built Request for each tail row: for reading
+    only (a change to a tail row's object would be lost).
+    """
+
+    __slots__ = ("_front", "_obj", "_arrival", "_replica", "_head", "num_seqs")
+
+    def __init__(self) -> None:
+        self._front: deque[Request] = deque()
+        # tail rows, from index ``_head`` of the columns on: the KVRequest of a fresh arrival (then
+        # its arrival time and replica are in the columns), or a Request (the columns unused)
+        self._obj: deque = deque()
+        self._arrival = array("d")
+        self._replica = array("q")
+        self._head = 0
+        self.num_seqs = 0  # sequences queued: sum of num_samples (what a load-aware router reads)
+
+    def __len__(self) -> int:
+        return len(self._front) + len(self._obj)
+
+    def __bool__(self) -> bool:
+        return bool(self._front) or bool(self._obj)
+
+    def append(self, req: Request) -> None:
+        self.num_seqs += req.num_samples
+        if req.admit_seq < 0 and req.status == RequestStatus.WAITING and not req.num_generated \
+                and not req.prefetched_s:
+            self._obj.append(req.kv)  # fresh: everything else is in the allocator view
+        else:
+            self._obj.append(req)
+        self._arrival.append(req.arrival_s)
+        self._replica.append(req.replica)
+
+    def appendleft(self, req: Request) -> None:
+        self.num_seqs += req.num_samples
+        self._front.appendleft(req)
+
+    def _build(self, i: int, obj) -> Request:
+        """The Request of tail row ``i`` (index into the columns) whose object is ``obj``."""
+        if type(obj) is not KVRequest:
+            return obj
+        req = Request(obj.request_id, self._arrival[i], obj.prompt_tokens, obj.output_tokens,
+                      obj.max_model_len_tokens, priority=obj.priority, num_samples=obj.num_samples, kv=obj)
+        req.replica = self._replica[i]
+        return req
+
+    def _take_head_row(self) -> Request:
+        """Remove the tail's first row and return its Request."""
+        i = self._head
+        req = self._build(i, self._obj.popleft())
+        if not self._obj:
+            del self._arrival[:], self._replica[:]
+            self._head = 0
+        elif i + 1 >= _COMPACT_ROWS and 2 * (i + 1) >= len(self._arrival):
+            del self._arrival[:i + 1], self._replica[:i + 1]
+            self._head = 0
+        else:
+            self._head = i + 1
+        return req
+
+    def __getitem__(self, index: int) -> Request:
+        if index != 0:
+            raise IndexError("WaitingQueue: only the head ([0]) can be indexed")
+        if not self._front:
+            if not self._obj:
+                raise IndexError("WaitingQueue is empty")
+            self._front.append(self._take_head_row())
+        return self._front[0]
+
+    def popleft(self) -> Request:
+        req = self._front.popleft() if self._front else self._take_head_row()
+        self.num_seqs -= req.num_samples
+        return req
+
+    def pop(self) -> Request:
+        """Remove and return the last request."""
+        if self._obj:
+            req = self._build(len(self._arrival) - 1, self._obj.pop())
+            self._arrival.pop()
+            self._replica.pop()
+            if not self._obj:
+                del self._arrival[:], self._replica[:]
+                self._head = 0
+        else:
+            req = self._front.pop()
+        self.num_seqs -= req.num_samples
+        return req
+
+    def __iter__(self):
+        yield from self._front
+        for j, obj in enumerate(list(self._obj)):
+            yield self._build(self._head + j, obj)
+
+    def __repr__(self) -> str:
+        return f"WaitingQueue({len(self._front)} built + {len(self._obj)} rows)"

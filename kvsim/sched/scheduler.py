@@ -37,14 +37,16 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import deque
+
+import numpy as np
 from dataclasses import dataclass, field
 
 from kvsim.kv.protocol import KVAllocator, allocator_capabilities
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.fastpath import DecodeFastPath
 from kvsim.sched.plan import StepPlan
-from kvsim.sched.request import Request, RequestStatus
+from kvsim.metrics.request_log import RequestLog
+from kvsim.sched.request import Request, RequestStatus, WaitingQueue
 from kvsim.sched.victim import build_victim_policy
 from kvsim.timing.base import BatchShape
 from kvsim.timing.transfer import HostTransfers, legacy_transfers
@@ -74,7 +76,8 @@ REJECT_BUDGET = "exceeds_batch_token_budget"
 class Scheduler:
     def __init__(self, cfg: SchedulerConfig, allocator: KVAllocator, max_model_len_tokens: int,
                  want_context_lens: bool = False, kv_bytes_per_token: int = 0,
-                 host_link_bandwidth_bytes_per_s: float = 64e9, host_transfers: HostTransfers | None = None):
+                 host_link_bandwidth_bytes_per_s: float = 64e9, host_transfers: HostTransfers | None = None,
+                 request_log: RequestLog | None = None):
         self.cfg = cfg
         self.allocator = allocator
         self._victim_policy = build_victim_policy(cfg.victim)
@@ -89,12 +92,16 @@ class Scheduler:
         self.swap_used_tokens = 0
         self.caps = allocator_capabilities(allocator)  # checked once: the optional allocator calls used
         self._peek = allocator.peek_cached_tokens if self.caps.prefix_peek else None
+        # Requests admitted at least once and not finished (running, swapped, preempted back to
+        # waiting). Requests that end are written to ``log`` (kvsim.metrics.request_log) and dropped;
+        # never-admitted waiting requests are rows of the waiting queue (kvsim.sched.request).
         self.requests: dict[int, Request] = {}
-        self.waiting: deque[Request] = deque()
+        self.waiting = WaitingQueue()
         self.swapped: list[Request] = []  # ordered by admit_seq
         self.running: list[Request] = []
-        self.finished: list[Request] = []
-        self.rejected: list[Request] = []
+        self.log = request_log if request_log is not None else RequestLog()
+        self.num_finished = 0
+        self.num_rejected = 0
         self._admit_counter = 0
         self._plan: StepPlan | None = None
         self.num_preemptions = 0
@@ -120,7 +127,7 @@ class Scheduler:
         timing model that needs each request's context length."""
         if not isinstance(path, DecodeFastPath):
             raise TypeError(f"{type(path).__name__} is not a DecodeFastPath")
-        if self.running or self.swapped or self.finished:
+        if self.running or self.swapped or self.num_finished:
             raise RuntimeError("install_decode_path after the run started")
         if not self.caps.decode_group or self.want_context_lens:
             return False
@@ -139,24 +146,28 @@ class Scheduler:
             # step planned with it may be in flight (arrivals come between schedule and
             # on_step_done), and its members still advance when it completes.
             self._lazy = False
-        self.requests[req.request_id] = req
-        reason = ""
-        if req.prompt_tokens + req.output_tokens > self.max_model_len_tokens:
-            reason = REJECT_TOO_LONG
-        elif not self.allocator.max_footprint_fits(req.kv) or req.num_samples > self.max_num_seqs:
-            reason = REJECT_KV
-        elif not self.chunked_prefill and req.batch_tokens(req.output_tokens - 1 + req.prompt_tokens, 0) \
-                > self.token_budget:
-            # A recompute after preemption re-prefills prompt + generated tokens (each generated
-            # position once per sample) in one step.
-            reason = REJECT_BUDGET
+        reason = self.reject_reason(req)
         if reason:
             req.status = RequestStatus.REJECTED
             req.reject_reason = reason
-            self.rejected.append(req)
+            self.log.append(req)
+            self.num_rejected += 1
             return False
         self.waiting.append(req)
         return True
+
+    def reject_reason(self, req: Request) -> str:
+        """Why ``req`` could never run (a ``REJECT_*`` reason), or "" if it could."""
+        if req.prompt_tokens + req.output_tokens > self.max_model_len_tokens:
+            return REJECT_TOO_LONG
+        if not self.allocator.max_footprint_fits(req.kv) or req.num_samples > self.max_num_seqs:
+            return REJECT_KV
+        if not self.chunked_prefill and req.batch_tokens(req.output_tokens - 1 + req.prompt_tokens, 0) \
+                > self.token_budget:
+            # A recompute after preemption re-prefills prompt + generated tokens (each generated
+            # position once per sample) in one step.
+            return REJECT_BUDGET
+        return ""
 
     @property
     def decode_group_enabled(self) -> bool:
@@ -420,6 +431,7 @@ class Scheduler:
             if not alloc.ensure_slots(req.request_id, cached + n):
                 raise RuntimeError(f"request {req.request_id}: admitted but its first chunk does not fit")
             self.waiting.popleft()
+            self.requests[req.request_id] = req
             req.status = RequestStatus.RUNNING
             req.admit_seq = self._admit_counter
             self._admit_counter += 1
@@ -451,7 +463,7 @@ class Scheduler:
 
     def load_seqs(self) -> int:
         """Queued + running sequences (what a load-aware router compares)."""
-        return (self.num_running_seqs() + sum(r.num_samples for r in self.waiting)
+        return (self.num_running_seqs() + self.waiting.num_seqs
                 + sum(r.num_samples for r in self.swapped))
 
     def _insert_running(self, req: Request) -> None:
@@ -543,14 +555,21 @@ class Scheduler:
 
     def _finish(self, done: list[Request], now_s: float, keep_in_running: bool = False) -> None:
         """THE place requests finish (in ``done``'s order): status, finish time, KV freed, the
-        finished list, and out of the running list (``keep_in_running``: the caller drops them
-        later, at once, with :meth:`drop_finished`)."""
+        row written to the request log (and the request dropped from ``requests``), and out of the
+        running list (``keep_in_running``: the caller drops them later, at once, with
+        :meth:`drop_finished`)."""
         free = self.allocator.free
+        append = self.log.append
+        requests = self.requests
         for r in done:
+            if r.num_generated != r.output_tokens:
+                raise RuntimeError(f"{r}: finished with {r.num_generated} of {r.output_tokens} output tokens")
             r.status = RequestStatus.FINISHED
             r.finish_s = now_s
             free(r.request_id)
-        self.finished.extend(done)
+            append(r)
+            del requests[r.request_id]
+        self.num_finished += len(done)
         if keep_in_running:
             return
         if len(done) <= 4:
@@ -615,9 +634,11 @@ class Scheduler:
         ids = [r.request_id for r in self.running] + [r.request_id for r in self.waiting] + \
             [r.request_id for r in self.swapped]
         assert len(ids) == len(set(ids)), "a request is queued twice"
-        fin = [r.request_id for r in self.finished]
-        assert len(fin) == len(set(fin)), "a request finished twice"
-        for r in self.finished:
-            assert r.finish_s >= r.arrival_s, f"{r} finished before it arrived"
-            assert r.num_generated == r.output_tokens, f"{r}: finished with wrong output count"
+        assert not set(ids) - set(self.requests) - {r.request_id for r in self.waiting if r.admit_seq < 0}, \
+            "a running, swapped or preempted request is missing from the requests map"
+        ended = self.log.column("request_id")  # finished and rejected, of every replica sharing the log
+        assert len(ended) == len(np.unique(ended)), "a request finished (or was rejected) twice"
+        assert not set(ids) & set(ended.tolist()), "a request is queued after it ended"
+        assert (self.log.column("finish_s") >= self.log.column("arrival_s")).sum() \
+            == self.log.num_finished, "a request finished before it arrived"
         self.allocator.check_invariants()

@@ -29,11 +29,12 @@ def token_times(scn, rows):
     orig = Scheduler.on_step_done
 
     def spy(self, now_s):
-        before = {rid: r.num_generated for rid, r in self.requests.items()}
+        # the scheduled requests are all in ``requests`` before the step (finished ones leave it)
+        before = {rid: (r, r.num_generated) for rid, r in self.requests.items()}
         out = orig(self, now_s)
         self.sync_progress()
-        for rid, r in self.requests.items():
-            if r.num_generated > before.get(rid, 0):
+        for rid, (r, generated) in before.items():
+            if r.num_generated > generated:
                 times.setdefault(rid, []).append(now_s)
         return out
 

@@ -39,11 +39,11 @@ notebook: $(VENV)/.installed-notebook
 # The suite runs on TEST_WORKERS pytest-xdist processes: `logical` is one per CPU the OS reports
 # (a 2-vCPU CI machine is often one physical core, where `auto` would start a single worker), at
 # most TEST_MAX_WORKERS; a number sets it, 0 runs the suite serially in this process.
-# --dist loadgroup keeps each expensive shared fixture on one worker (tests/conftest.py).
+# --dist loadfile keeps each file (and its expensive module/session fixtures) on one worker (tests/conftest.py).
 TEST_WORKERS ?= logical
 TEST_MAX_WORKERS ?= 8
 test: $(VENV)/.installed-$(TEST_EXTRAS)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --maxprocesses $(TEST_MAX_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --maxprocesses $(TEST_MAX_WORKERS) --dist loadfile
 
 bench: $(VENV)/.installed-base
 	$(BIN)/python bench/run_bench.py

@@ -2,6 +2,7 @@
 #   make quickstart   -- set up .venv with kvsim alone (no extras) and run the quickstart scenario
 #   make notebook     -- add the notebook extra (JupyterLab) to .venv and open notebooks/
 #   make test         -- set up .venv (with the test, calibration and ray extras) and run the test suite
+#                        on every core (TEST_WORKERS=2 / TEST_WORKERS=0 for two / no extra processes)
 #   make bench        -- time the simulator (bench/README.md); needs only kvsim itself
 PYTHON ?= python3
 VENV := .venv
@@ -35,8 +36,14 @@ NOTEBOOK_ARGS ?=
 notebook: $(VENV)/.installed-notebook
 	$(BIN)/jupyter lab notebooks/ $(NOTEBOOK_ARGS)
 
+# The suite runs on TEST_WORKERS pytest-xdist processes: `logical` is one per CPU the OS reports
+# (a 2-vCPU CI machine is often one physical core, where `auto` would start a single worker), at
+# most TEST_MAX_WORKERS; a number sets it, 0 runs the suite serially in this process.
+# --dist loadfile keeps each file (and its expensive module/session fixtures) on one worker (tests/conftest.py).
+TEST_WORKERS ?= logical
+TEST_MAX_WORKERS ?= 8
 test: $(VENV)/.installed-$(TEST_EXTRAS)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --maxprocesses $(TEST_MAX_WORKERS) --dist loadfile
 
 bench: $(VENV)/.installed-base
 	$(BIN)/python bench/run_bench.py

@@ -40,6 +40,7 @@ def test_unbounded_cache_reaches_the_ideal_hit_ratio_of_trace_stats():
     assert pc["hit_ratio_tokens"] == pytest.approx(ideal["hit_ratio_tokens"], abs=1e-12)
 
 
+@pytest.mark.slow
 def test_hit_ratio_falls_monotonically_as_lru_capacity_shrinks():
     ratios = []
     for cap in (10**9, 4_000_000, 1_000_000, 400_000, 200_000):

@@ -9,7 +9,7 @@ the block-id paged allocator (or one ``ensure_slots`` per request), and every co
 import os
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from kvsim.kv.base import KVRequest, SlotLedger
@@ -21,11 +21,21 @@ SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])
 MAX_LEN = 200
 
-ops_strategy = st.lists(
-    st.tuples(st.sampled_from(["alloc", "grow", "free", "decode", "decode", "decode"]), st.integers(0, 5),
-              st.integers(1, 40), st.integers(1, 60)),
-    min_size=1, max_size=60,
-)
+# An operation: (verb, request slot 0..5, size a 1..40, size b 1..60), drawn as ONE integer of the
+# product space and decoded in drive_pair() (one hypothesis draw per operation instead of four; see
+# test_properties.py). "decode" is three of the six verbs, as before.
+VERBS = ("alloc", "grow", "free", "decode", "decode", "decode")
+NUM_OPS = len(VERBS) * 6 * 40 * 60
+
+
+def decode_op(n: int) -> tuple[str, int, int, int]:
+    n, verb = divmod(n, len(VERBS))
+    n, slot = divmod(n, 6)
+    b, a = divmod(n, 40)
+    return VERBS[verb], slot, a + 1, b + 1
+
+
+ops_strategy = st.lists(st.integers(0, NUM_OPS - 1), min_size=1, max_size=60)
 
 
 def usage_tuple(alloc):
@@ -35,7 +45,10 @@ def usage_tuple(alloc):
 
 def drive_pair(lazy, ref, ops):
     """Apply ``ops`` to both allocators; ``decode`` is ``grow_all_by_one`` on ``lazy`` and, on ``ref``,
-    one ``ensure_slots`` per request (all or nothing, as the scheduler's fast path needs)."""
+    one ``ensure_slots`` per request (all or nothing, as the scheduler's fast path needs). ``ops`` are
+    encoded (decode_op)."""
+    ops = [decode_op(n) for n in ops]
+    note(f"decoded ops: {ops}")
     written: dict[int, int] = {}
     reqs: dict[int, KVRequest] = {}
     slot_to_id: dict[int, int] = {}

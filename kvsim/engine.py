@@ -414,7 +414,8 @@ class Engine:
             k, segments = apply_group_window(sched, rep.group, plan, k, times, on_first, on_finish)
         else:
             k, segments = apply_decode_window(sched, win, k, times, pop_steps, pop_idx, on_finish)
-        sched.credit_prefetch(target, durations[:k].tolist())
+        if target is not None:  # (no list of durations to build without a prefetch target)
+            sched.credit_prefetch(target, durations[:k].tolist())
         rep.window_horizon = max(MIN_WINDOW_HORIZON, 4 * k)
         yield from self._advance(rep, float(times[k]))
         memory, batch_mean = window_means(win, k, durations, segments, sched.allocator.capacity_tokens)

@@ -33,6 +33,7 @@ requests with parallel samples use :func:`plan_decode_window` / :func:`block_lim
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 
 import numpy as np
 
@@ -49,7 +50,7 @@ class DecodeWindow:
     num_seqs: np.ndarray  # sequences decoding in step j
     kv_tokens_read: np.ndarray  # KV tokens read by step j
     max_steps: int
-    samples: np.ndarray  # sequences (parallel samples) per request
+    samples: np.ndarray | None  # sequences (parallel samples) per request (None in a group window: one each)
     written: np.ndarray  # physical KV slots written after step j's scheduling
     num_requests: np.ndarray  # requests scheduled in step j (the rows' batch size)
     kv_pages_read: np.ndarray  # pages (blocks) attention reads in step j (see BatchShape.kv_pages_read)
@@ -247,6 +248,7 @@ def pages_per_step(remaining: np.ndarray, length0: np.ndarray, weights: np.ndarr
     return pages
 
 
+_first = itemgetter(0)
 DENSE_PAGES_MAX = 1 << 13  # pages_per_step: (steps x members) pairs evaluated directly up to this
 _PHASES: dict[int, np.ndarray] = {}
 _STEPS: list = [np.zeros((0, 1), np.int64)]
@@ -300,13 +302,16 @@ def plan_group_window(sched, group: DecodeGroup, plan, max_steps: int) -> Decode
         # The window would most likely stop after step 0 (a finish, or above: step 0's admissions,
         # may let the waiting head in): not worth planning. Only a cost estimate; apply re-checks.
         return None
-    remaining = (np.array(group.keys, dtype=np.int64) >> FINISH_KEY_SHIFT) - clock  # ascending
-    computed0 = np.array(group.base, dtype=np.int64) + clock
+    # Built as Python lists and converted once (a window's member count is small: numpy's fixed
+    # cost per call would dominate): ascending remaining steps, members first among equals.
+    rem_list = [(key >> FINISH_KEY_SHIFT) - clock for key in group.keys]
+    comp_list = [base + clock for base in group.base]
     if rem_new:
-        remaining = np.concatenate((remaining, rem_new))
-        computed0 = np.concatenate((computed0, computed_new))
-        order = np.argsort(remaining, kind="stable")
-        remaining, computed0 = remaining[order], computed0[order]
+        merged = sorted(zip(rem_list + rem_new, comp_list + computed_new), key=_first)  # stable
+        rem_list = [m[0] for m in merged]
+        comp_list = [m[1] for m in merged]
+    remaining = np.array(rem_list, dtype=np.int64)
+    computed0 = np.array(comp_list, dtype=np.int64)
     b = len(remaining)
     bs = sched.allocator.block_size
     if kcap * b <= DENSE_PAGES_MAX:
@@ -321,7 +326,10 @@ def plan_group_window(sched, group: DecodeGroup, plan, max_steps: int) -> Decode
             pages = num_seqs.copy()
         else:
             length += bs - 1
-            length //= bs  # zero stays zero for finished members
+            if bs & (bs - 1):
+                length //= bs  # zero stays zero for finished members
+            else:  # a power of two: the same quotient (lengths are >= 0), cheaper
+                length >>= bs.bit_length() - 1
             pages = length.sum(axis=1)
     else:
         j = np.arange(kcap, dtype=np.int64)
@@ -330,11 +338,10 @@ def plan_group_window(sched, group: DecodeGroup, plan, max_steps: int) -> Decode
         csum = np.concatenate(([0], np.cumsum(computed0)))
         kv_read = (csum[-1] - csum[done_by]) + num_seqs * (j + 1)
         pages = pages_per_step(remaining, computed0 + 1, None, done_by, bs)
-    ones = np.ones(b, np.int64)
     num_seqs[0] = shape.num_seqs  # step 0 as scheduled (prefills included)
     kv_read[0] = shape.kv_tokens_read
     pages[0] = shape.kv_pages_read
-    return DecodeWindow(None, remaining, computed0, num_seqs, kv_read, kcap, ones, kv_read, num_seqs, pages)
+    return DecodeWindow(None, remaining, computed0, num_seqs, kv_read, kcap, None, kv_read, num_seqs, pages)
 
 
 def apply_group_window(sched, group: DecodeGroup, plan, k: int, times: np.ndarray, on_first=None,
@@ -469,7 +476,7 @@ def window_means(win: DecodeWindow, k: int, durations: np.ndarray, segments, cap
         external_frag=external,
         free=capacity_tokens - (held - shared) - external,
         cached_free=cached_free,
-        peak_used=float((vals[:, 0] - vals[:, 2]).max()),
+        peak_used=float(max([p[0] - p[2] for _, p in segments])),
         unshared=unshared,
     )
     return memory, batch

@@ -409,12 +409,16 @@ class Scheduler:
     def _admit_phase(self, step: _Step, now_s: float) -> None:
         """Phase 3: waiting requests, FCFS, only if nothing was preempted or is swapped out."""
         alloc = self.allocator
-        while (self.waiting and not self.swapped and not step.preempted and step.budget > 0
-               and self.num_running_seqs() + self.waiting[0].num_samples <= self.max_num_seqs):
-            req = self.waiting[0]
-            cached = self.cached_prefix_tokens(req)
+        waiting, running = self.waiting, self.running
+        peek = self._peek  # cached_prefix_tokens, inlined (admission steps are most rows)
+        samples = self._any_samples
+        while (waiting and not self.swapped and not step.preempted and step.budget > 0
+               and (self.num_running_seqs() if samples else len(running)) + waiting[0].num_samples
+               <= self.max_num_seqs):
+            req = waiting[0]
+            cached = peek(req.kv, req.num_tokens) if peek is not None else 0
             n = req.num_tokens - cached
-            cost = req.batch_tokens(n, computed=cached)
+            cost = n if req.num_samples == 1 else req.batch_tokens(n, computed=cached)  # one sample: n
             if cost > step.budget:
                 n = req.positions_within(step.budget, computed=cached) if self.chunked_prefill else 0
                 if not n:
@@ -430,7 +434,7 @@ class Scheduler:
                 step.tier_load_s += self._hide(req, got.load_s)
             if not alloc.ensure_slots(req.request_id, cached + n):
                 raise RuntimeError(f"request {req.request_id}: admitted but its first chunk does not fit")
-            self.waiting.popleft()
+            waiting.popleft()
             self.requests[req.request_id] = req
             req.status = RequestStatus.RUNNING
             req.admit_seq = self._admit_counter
@@ -441,7 +445,7 @@ class Scheduler:
                 req.cpu_hit_tokens = got.cpu_tokens
                 req.ssd_hit_tokens = got.ssd_tokens
                 req.remote_hit_tokens = got.remote_tokens
-            self.running.append(req)
+            running.append(req)
             step.admitted.append(req.request_id)
             step.scheduled[req.request_id] = (n, cost)
             step.budget -= cost

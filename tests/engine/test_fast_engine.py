@@ -65,6 +65,7 @@ TIMING = {"kind": "analytical", "step_overhead_s": 0.001}
 @pytest.mark.parametrize("alloc", [
     {"kind": "paged", "block_size": 16, "watermark": 0.01},
     {"kind": "paged", "block_size": 1, "watermark": 0.0},
+    {"kind": "paged", "block_size": 12, "watermark": 0.01},  # not a power of two (window page counts)
     {"kind": "contiguous", "reservation": "max"},
     {"kind": "contiguous", "reservation": "oracle", "placement": "best-fit"},
     {"kind": "buddy", "min_block_tokens": 16},

@@ -476,7 +476,7 @@ def window_means(win: DecodeWindow, k: int, durations: np.ndarray, segments, cap
         external_frag=external,
         free=capacity_tokens - (held - shared) - external,
         cached_free=cached_free,
-        peak_used=float(max([p[0] - p[2] for _, p in segments])),
+        peak_used=float(max([p.held_tokens - p.shared_tokens for _, p in segments])),
         unshared=unshared,
     )
     return memory, batch

@@ -304,33 +304,8 @@ class SlotLedger:
         does not fit its held slots takes one more ``block_size`` block. Returns the number of blocks
         taken, or -1 (and changes nothing) if more than ``free_blocks`` would be needed.
         Needs ``track_boundaries``: only the requests at a block boundary are touched."""
-        if not self._track:
-            raise ValueError("grow_all_by_one needs a ledger that tracks block boundaries")
-        clock = self.clock
-        full = self._bounds.get(clock)  # requests whose held slots are all written
-        need = 0
-        if full:
-            need = len(full)
-            if need > free_blocks:
-                return -1
-            del self._bounds[clock]
-            held, final = self.held, self.final
-            useful = 0
-            for r in full:
-                h = held[r]  # == written < final: the request still decodes
-                h2 = held[r] = h + block_size
-                f = final[r]
-                useful += (h2 if h2 < f else f) - h
-            nxt = self._bounds.get(clock + block_size)  # each is full again block_size steps on
-            if nxt is None:
-                self._bounds[clock + block_size] = full
-            else:
-                nxt |= full
-            self.sum_held += need * block_size
-            self.sum_useful += useful
-        self.clock = clock + 1
-        self.sum_written += len(self.held)
-        return need
+        done, taken = self.grow_steps(block_size, free_blocks, 1, 0, [])
+        return taken if done else -1
 
     def grow_steps(self, block_size: int, free_blocks: int, steps: int, first_step: int,
                    changes: list) -> tuple[int, int]:

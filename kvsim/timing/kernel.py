@@ -301,15 +301,20 @@ class KernelModel:
         self._n_lists = [row.tolist() for row in rows]  # Python floats: the same doubles, cheaper to index
         self._n_size = size
 
+    def _pages(self, num_seqs, kv_tokens, kv_pages):
+        """Pages a launch fetches (numbers or arrays): one per sequence for a contiguous kernel, the
+        counted ``kv_pages`` when given, else the expected count from the token total."""
+        bs = self._block
+        if bs is None:
+            return num_seqs
+        if kv_pages is None:
+            return kv_tokens / bs + num_seqs * self._tail_pages
+        return kv_pages
+
     def time_scalar(self, num_seqs, kv_tokens, kv_pages) -> float:
         """``time_s`` of one launch (Python numbers): the engine's per-step hot path."""
         bs = self._block
-        if bs is None:
-            P = num_seqs
-        elif kv_pages is None:
-            P = kv_tokens / bs + num_seqs * self._tail_pages
-        else:
-            P = kv_pages
+        P = self._pages(num_seqs, kv_tokens, kv_pages)
         T = int(kv_tokens)
         if T <= 0:  # nothing to read costs nothing (no KV tokens: no kernel)
             return 0.0
@@ -352,13 +357,7 @@ class KernelModel:
 
     def _time_array(self, num_seqs: np.ndarray, kv_tokens, kv_pages) -> np.ndarray:
         """``time_s`` of many launches: counts are turned into doubles once, then float ops only."""
-        bs = self._block
-        if bs is None:
-            P = num_seqs
-        elif kv_pages is None:
-            P = kv_tokens / bs + num_seqs * self._tail_pages
-        else:
-            P = kv_pages
+        P = self._pages(num_seqs, kv_tokens, kv_pages)
         n = num_seqs if num_seqs.dtype.kind in "iu" else num_seqs.astype(np.int64)
         T = np.asarray(kv_tokens, dtype=np.int64)
         if self._needs_float_tokens:
@@ -371,7 +370,7 @@ class KernelModel:
         if counted and self._stream_bytes_per_page is not None:
             sb = P * self._stream_bytes_per_page
         elif self.whole_pages:
-            sb = np.asarray(P, dtype=np.float64) * bs * self.stream_bytes_per_token
+            sb = np.asarray(P, dtype=np.float64) * self._block * self.stream_bytes_per_token
         else:
             sb = Tf * self.stream_bytes_per_token
         eff = self.dram_eff

@@ -136,6 +136,7 @@ def test_counting_paged_lazy_decode_matches_block_ids(ops, block_size, blocks, w
     counting_paged_case(decode_ops(ops), block_size, blocks, watermark)
 
 
+@pytest.mark.slow  # KVSIM_PROPERTY_EXAMPLES cases: start early under xdist (tests/conftest.py)
 def test_counting_paged_lazy_decode_matches_block_ids_seeded_fuzz():
     run_fuzz("lazy-counting-paged", lambda rng: dict(ops=draw_ops(rng), block_size=rng.choice(BLOCK_SIZES),
                                                      blocks=rng.randint(1, 40), watermark=rng.choice(WATERMARKS)),
@@ -148,6 +149,7 @@ def test_contiguous_lazy_decode_matches_ensure_slots(ops, capacity, policy):
     contiguous_case(decode_ops(ops), capacity, policy)
 
 
+@pytest.mark.slow  # KVSIM_PROPERTY_EXAMPLES cases: start early under xdist (tests/conftest.py)
 def test_contiguous_lazy_decode_matches_ensure_slots_seeded_fuzz():
     run_fuzz("lazy-contiguous", lambda rng: dict(ops=draw_ops(rng), capacity=rng.randint(1, 400),
                                                  policy=rng.choice(POLICIES)),

@@ -7,6 +7,7 @@ uniform fuzz test with ``KVSIM_PROPERTY_EXAMPLES`` cases (default 10,000, as the
 set lower for a quick local run) drawn from the same space (tests/seeded_fuzz.py, docs/testing.md).
 """
 
+import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 from seeded_fuzz import HYPOTHESIS_EXAMPLES, int_list, run_fuzz
@@ -131,6 +132,7 @@ def test_paged_random_sequences(ops, block_size, blocks, watermark):
     paged_case(decode_ops(ops), block_size, blocks, watermark)
 
 
+@pytest.mark.slow  # KVSIM_PROPERTY_EXAMPLES cases: start early under xdist (tests/conftest.py)
 def test_paged_random_sequences_seeded_fuzz():
     run_fuzz("paged", lambda rng: dict(ops=draw_ops(rng), block_size=rng.choice(PAGED_BLOCK_SIZES),
                                        blocks=rng.randint(1, 40), watermark=rng.choice(PAGED_WATERMARKS)),
@@ -196,6 +198,7 @@ def test_contiguous_random_sequences_match_brute_force(ops, capacity, policy, pl
     contiguous_case(decode_ops(ops), capacity, policy, placement)
 
 
+@pytest.mark.slow  # KVSIM_PROPERTY_EXAMPLES cases: start early under xdist (tests/conftest.py)
 def test_contiguous_random_sequences_match_brute_force_seeded_fuzz():
     run_fuzz("contiguous", lambda rng: dict(ops=draw_ops(rng), capacity=rng.randint(1, 200),
                                             policy=rng.choice(RESERVE_POLICIES), placement=rng.choice(PLACEMENTS)),
@@ -228,6 +231,7 @@ def test_buddy_random_sequences(ops, capacity, unit, policy):
     buddy_case(decode_ops(ops), capacity, unit, policy)
 
 
+@pytest.mark.slow  # KVSIM_PROPERTY_EXAMPLES cases: start early under xdist (tests/conftest.py)
 def test_buddy_random_sequences_seeded_fuzz():
     run_fuzz("buddy", lambda rng: dict(ops=draw_ops(rng), capacity=rng.randint(4, 300), unit=rng.choice(BUDDY_UNITS),
                                        policy=rng.choice(RESERVE_POLICIES)),
@@ -259,6 +263,7 @@ def test_prefix_caching_random_sequences(ops, block_size, blocks, eviction):
     prefix_caching_case(decode_ops(ops), block_size, blocks, eviction)
 
 
+@pytest.mark.slow  # KVSIM_PROPERTY_EXAMPLES cases: start early under xdist (tests/conftest.py)
 def test_prefix_caching_random_sequences_seeded_fuzz():
     run_fuzz("prefix-caching", lambda rng: dict(ops=draw_ops(rng), block_size=rng.choice(PREFIX_BLOCK_SIZES),
                                                 blocks=rng.randint(1, 40), eviction=rng.choice(EVICTIONS)),

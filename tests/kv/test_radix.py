@@ -268,6 +268,7 @@ def test_random_sequences(ops, page, pages, watermark, families):
     radix_case(ops, page, pages, watermark, families)
 
 
+@pytest.mark.slow  # KVSIM_PROPERTY_EXAMPLES cases: start early under xdist (tests/conftest.py)
 def test_random_sequences_seeded_fuzz():
     run_fuzz("radix", lambda rng: dict(ops=[_decode(n) for n in int_list(rng, NUM_OPS, MIN_OPS, MAX_OPS)],
                                        page=rng.choice(PAGE_SIZES), pages=rng.randint(1, 16),

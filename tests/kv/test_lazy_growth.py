@@ -117,12 +117,12 @@ def bs_of(alloc):
     return getattr(alloc, "block_size", None)
 
 
-def counting_paged_case(ops, block_size, blocks, watermark):
+def lazy_counting_paged_case(ops, block_size, blocks, watermark):
     drive_pair(CountingPagedAllocator(blocks, block_size, watermark), PagedAllocator(blocks, block_size, watermark),
                ops)
 
 
-def contiguous_case(ops, capacity, policy):
+def lazy_contiguous_case(ops, capacity, policy):
     drive_pair(ContiguousAllocator(capacity, policy), ContiguousAllocator(capacity, policy), ops)
 
 
@@ -133,27 +133,27 @@ BLOCK_SIZES, WATERMARKS, POLICIES = [1, 2, 4, 16], [0.0, 0.1], ["max", "oracle"]
 @given(ops=ops_strategy, block_size=st.sampled_from(BLOCK_SIZES), blocks=st.integers(1, 40),
        watermark=st.sampled_from(WATERMARKS))
 def test_counting_paged_lazy_decode_matches_block_ids(ops, block_size, blocks, watermark):
-    counting_paged_case(decode_ops(ops), block_size, blocks, watermark)
+    lazy_counting_paged_case(decode_ops(ops), block_size, blocks, watermark)
 
 
 @pytest.mark.slow  # KVSIM_PROPERTY_EXAMPLES cases: start early under xdist (tests/conftest.py)
 def test_counting_paged_lazy_decode_matches_block_ids_seeded_fuzz():
     run_fuzz("lazy-counting-paged", lambda rng: dict(ops=draw_ops(rng), block_size=rng.choice(BLOCK_SIZES),
                                                      blocks=rng.randint(1, 40), watermark=rng.choice(WATERMARKS)),
-             counting_paged_case)
+             lazy_counting_paged_case)
 
 
 @SETTINGS
 @given(ops=ops_strategy, capacity=st.integers(1, 400), policy=st.sampled_from(POLICIES))
 def test_contiguous_lazy_decode_matches_ensure_slots(ops, capacity, policy):
-    contiguous_case(decode_ops(ops), capacity, policy)
+    lazy_contiguous_case(decode_ops(ops), capacity, policy)
 
 
 @pytest.mark.slow  # KVSIM_PROPERTY_EXAMPLES cases: start early under xdist (tests/conftest.py)
 def test_contiguous_lazy_decode_matches_ensure_slots_seeded_fuzz():
     run_fuzz("lazy-contiguous", lambda rng: dict(ops=draw_ops(rng), capacity=rng.randint(1, 400),
                                                  policy=rng.choice(POLICIES)),
-             contiguous_case)
+             lazy_contiguous_case)
 
 
 def test_lazy_decode_touches_only_requests_at_a_block_boundary():

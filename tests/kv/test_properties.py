@@ -63,7 +63,7 @@ def check_capacity_sums(alloc, head=None):
 
 
 def drive(alloc, ops, on_alloc=None, on_free=None, keys_for=None):
-    """Apply ops ((verb, slot, a, b) tuples; the hypothesis tests pass decode_ops(drawn integers)); track
+    """Apply ops ((verb, slot, a, b) tuples: decode_ops(drawn integers) or draw_ops(rng)); track
     written tokens so grows are legal; verify the ledger against the model."""
     written: dict[int, int] = {}
     reqs: dict[int, KVRequest] = {}

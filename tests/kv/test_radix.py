@@ -279,9 +279,10 @@ def test_random_sequences_seeded_fuzz():
 def radix_case(ops, page, pages, watermark, families):
     """``ops``: decoded operations (_decode). Requests of the same family (slot % families) share their
     prompt's leading content, with a family-and-slot-specific tail so prompts diverge at token
-    granularity. After every operation: check_invariants; the usage parts sum to capacity with shared pages counted once; peek and
-    can_allocate agree with allocate; evictions take exactly the LRU-leaf order; while nothing has been
-    evicted, a hit is the longest prefix of the request's keys among all content ever inserted."""
+    granularity. After every operation: check_invariants; the usage parts sum to capacity with shared
+    pages counted once; peek and can_allocate agree with allocate; evictions take exactly the LRU-leaf
+    order; while nothing has been evicted, a hit is the longest prefix of the request's keys among all
+    content ever inserted."""
     a = RadixAllocator(pages, page, watermark)
     written: dict[int, int] = {}
     reqs: dict[int, KVRequest] = {}

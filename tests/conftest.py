@@ -16,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 def runs_long(item) -> bool:
-    """Hypothesis tests (10,000 examples each for the allocator properties) and tests marked slow."""
+    """Hypothesis tests (1,000 examples each for the allocator properties) and tests marked slow (among
+    them the allocator properties' 10,000-case seeded fuzz halves)."""
     return bool(getattr(getattr(item, "obj", None), "is_hypothesis_test", False)) or \
         item.get_closest_marker("slow") is not None
 

@@ -4,25 +4,27 @@ The block-counting paged allocator and the extent allocators advance "every requ
 more token" with a clock and a table of block boundaries, touching only requests that need a new
 block. Random sequences of admissions, grows, frees and decode-all steps are run on them and on
 the block-id paged allocator (or one ``ensure_slots`` per request), and every count must agree.
-"""
 
-import os
+The two large properties run twice over the same body: a hypothesis test
+(``KVSIM_PROPERTY_EXAMPLES_HYPOTHESIS`` examples, default 1,000) and a seeded uniform fuzz test
+(``KVSIM_PROPERTY_EXAMPLES`` cases, default 10,000) drawn from the same space (tests/seeded_fuzz.py).
+"""
 
 import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
+from seeded_fuzz import FUZZ_EXAMPLES, HYPOTHESIS_EXAMPLES, int_list, run_fuzz
 
 from kvsim.kv.base import KVRequest, SlotLedger
 from kvsim.kv.contiguous import ContiguousAllocator
 from kvsim.kv.paged import CountingPagedAllocator, PagedAllocator
 
-EXAMPLES = int(os.environ.get("KVSIM_PROPERTY_EXAMPLES", "10000"))
-SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
+SETTINGS = settings(max_examples=HYPOTHESIS_EXAMPLES, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])
 MAX_LEN = 200
 
 # An operation: (verb, request slot 0..5, size a 1..40, size b 1..60), drawn as ONE integer of the
-# product space and decoded in drive_pair() (one hypothesis draw per operation instead of four; see
+# product space and decoded by decode_op() (one hypothesis draw per operation instead of four; see
 # test_properties.py). "decode" is three of the six verbs, as before.
 VERBS = ("alloc", "grow", "free", "decode", "decode", "decode")
 NUM_OPS = len(VERBS) * 6 * 40 * 60
@@ -35,7 +37,21 @@ def decode_op(n: int) -> tuple[str, int, int, int]:
     return VERBS[verb], slot, a + 1, b + 1
 
 
-ops_strategy = st.lists(st.integers(0, NUM_OPS - 1), min_size=1, max_size=60)
+MAX_OPS = 60
+ops_strategy = st.lists(st.integers(0, NUM_OPS - 1), min_size=1, max_size=MAX_OPS)
+
+
+def decode_ops(ops: list[int]) -> list[tuple[str, int, int, int]]:
+    """Decode drawn integers inside a hypothesis test (the decoded operations are noted for a failure)."""
+    out = [decode_op(n) for n in ops]
+    note(f"decoded ops: {out}")
+    return out
+
+
+def draw_ops(rng) -> list[tuple[str, int, int, int]]:
+    """The fuzz half's counterpart of ``ops_strategy`` + ``decode_ops``: same lengths, each operation
+    uniform over the same integer space, decoded by the same ``decode_op``."""
+    return [decode_op(n) for n in int_list(rng, NUM_OPS, 1, MAX_OPS)]
 
 
 def usage_tuple(alloc):
@@ -46,9 +62,7 @@ def usage_tuple(alloc):
 def drive_pair(lazy, ref, ops):
     """Apply ``ops`` to both allocators; ``decode`` is ``grow_all_by_one`` on ``lazy`` and, on ``ref``,
     one ``ensure_slots`` per request (all or nothing, as the scheduler's fast path needs). ``ops`` are
-    encoded (decode_op)."""
-    ops = [decode_op(n) for n in ops]
-    note(f"decoded ops: {ops}")
+    decoded operations (decode_op)."""
     written: dict[int, int] = {}
     reqs: dict[int, KVRequest] = {}
     slot_to_id: dict[int, int] = {}
@@ -103,18 +117,43 @@ def bs_of(alloc):
     return getattr(alloc, "block_size", None)
 
 
-@SETTINGS
-@given(ops=ops_strategy, block_size=st.sampled_from([1, 2, 4, 16]), blocks=st.integers(1, 40),
-       watermark=st.sampled_from([0.0, 0.1]))
-def test_counting_paged_lazy_decode_matches_block_ids(ops, block_size, blocks, watermark):
+def lazy_counting_paged_case(ops, block_size, blocks, watermark):
     drive_pair(CountingPagedAllocator(blocks, block_size, watermark), PagedAllocator(blocks, block_size, watermark),
                ops)
 
 
-@SETTINGS
-@given(ops=ops_strategy, capacity=st.integers(1, 400), policy=st.sampled_from(["max", "oracle"]))
-def test_contiguous_lazy_decode_matches_ensure_slots(ops, capacity, policy):
+def lazy_contiguous_case(ops, capacity, policy):
     drive_pair(ContiguousAllocator(capacity, policy), ContiguousAllocator(capacity, policy), ops)
+
+
+BLOCK_SIZES, WATERMARKS, POLICIES = [1, 2, 4, 16], [0.0, 0.1], ["max", "oracle"]
+
+
+@SETTINGS
+@given(ops=ops_strategy, block_size=st.sampled_from(BLOCK_SIZES), blocks=st.integers(1, 40),
+       watermark=st.sampled_from(WATERMARKS))
+def test_counting_paged_lazy_decode_matches_block_ids(ops, block_size, blocks, watermark):
+    lazy_counting_paged_case(decode_ops(ops), block_size, blocks, watermark)
+
+
+@pytest.mark.slow  # KVSIM_PROPERTY_EXAMPLES cases: start early under xdist (tests/conftest.py)
+def test_counting_paged_lazy_decode_matches_block_ids_seeded_fuzz():
+    run_fuzz("lazy-counting-paged", lambda rng: dict(ops=draw_ops(rng), block_size=rng.choice(BLOCK_SIZES),
+                                                     blocks=rng.randint(1, 40), watermark=rng.choice(WATERMARKS)),
+             lazy_counting_paged_case)
+
+
+@SETTINGS
+@given(ops=ops_strategy, capacity=st.integers(1, 400), policy=st.sampled_from(POLICIES))
+def test_contiguous_lazy_decode_matches_ensure_slots(ops, capacity, policy):
+    lazy_contiguous_case(decode_ops(ops), capacity, policy)
+
+
+@pytest.mark.slow  # KVSIM_PROPERTY_EXAMPLES cases: start early under xdist (tests/conftest.py)
+def test_contiguous_lazy_decode_matches_ensure_slots_seeded_fuzz():
+    run_fuzz("lazy-contiguous", lambda rng: dict(ops=draw_ops(rng), capacity=rng.randint(1, 400),
+                                                 policy=rng.choice(POLICIES)),
+             lazy_contiguous_case)
 
 
 def test_lazy_decode_touches_only_requests_at_a_block_boundary():
@@ -196,14 +235,14 @@ def drive_runs(single, bulk, ops):
             assert bulk.ledger.written_of(r) == w and bulk.held_tokens(r) == single.held_tokens(r)
 
 
-@settings(max_examples=min(EXAMPLES, 400), deadline=None, derandomize=True,
+@settings(max_examples=min(FUZZ_EXAMPLES, 400), deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(ops=runs_strategy, block_size=st.sampled_from([1, 4, 16]), blocks=st.integers(1, 40))
 def test_counting_paged_grow_steps_matches_single_steps(ops, block_size, blocks):
     drive_runs(CountingPagedAllocator(blocks, block_size), CountingPagedAllocator(blocks, block_size), ops)
 
 
-@settings(max_examples=min(EXAMPLES, 200), deadline=None, derandomize=True,
+@settings(max_examples=min(FUZZ_EXAMPLES, 200), deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(ops=runs_strategy, capacity=st.integers(1, 400))
 def test_contiguous_grow_steps_matches_single_steps(ops, capacity):

@@ -1,14 +1,16 @@
 """Property tests: random allocate / grow / free sequences against brute-force reference models,
 with ``check_invariants()`` after every operation.
 
-The number of random sequences per allocator configuration is ``KVSIM_PROPERTY_EXAMPLES``
-(default 10,000, as the reliability issue asks; set lower for a quick local run).
+Each property runs twice over the same body (``*_case``): a hypothesis test with
+``KVSIM_PROPERTY_EXAMPLES_HYPOTHESIS`` examples (default 1,000; edge-case-biased, shrinking) and a seeded
+uniform fuzz test with ``KVSIM_PROPERTY_EXAMPLES`` cases (default 10,000, as the reliability issue asks;
+set lower for a quick local run) drawn from the same space (tests/seeded_fuzz.py, docs/testing.md).
 """
 
-import os
-
+import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
+from seeded_fuzz import HYPOTHESIS_EXAMPLES, int_list, run_fuzz
 
 from kvsim.kv.base import KVRequest, cdiv
 from kvsim.kv.buddy import BuddyAllocator
@@ -16,8 +18,7 @@ from kvsim.kv.contiguous import ContiguousAllocator
 from kvsim.kv.paged import PagedAllocator
 from kvsim.kv.reservation import reservation_tokens
 
-EXAMPLES = int(os.environ.get("KVSIM_PROPERTY_EXAMPLES", "10000"))
-SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
+SETTINGS = settings(max_examples=HYPOTHESIS_EXAMPLES, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])
 MAX_LEN = 96
 
@@ -37,12 +38,20 @@ def decode_op(n: int) -> tuple[str, int, int, int]:
 
 
 def decode_ops(ops: list[int]) -> list[tuple[str, int, int, int]]:
+    """Decode drawn integers inside a hypothesis test (the decoded operations are noted for a failure)."""
     out = [decode_op(n) for n in ops]
     note(f"decoded ops: {out}")
     return out
 
 
-ops_strategy = st.lists(st.integers(0, NUM_OPS - 1), min_size=1, max_size=30)
+MAX_OPS = 30
+ops_strategy = st.lists(st.integers(0, NUM_OPS - 1), min_size=1, max_size=MAX_OPS)
+
+
+def draw_ops(rng) -> list[tuple[str, int, int, int]]:
+    """The fuzz half's counterpart of ``ops_strategy`` + ``decode_ops``: same lengths, each operation
+    uniform over the same integer space, decoded by the same ``decode_op``."""
+    return [decode_op(n) for n in int_list(rng, NUM_OPS, 1, MAX_OPS)]
 
 
 def check_capacity_sums(alloc, head=None):
@@ -54,7 +63,7 @@ def check_capacity_sums(alloc, head=None):
 
 
 def drive(alloc, ops, on_alloc=None, on_free=None, keys_for=None):
-    """Apply ops ((verb, slot, a, b) tuples; the hypothesis tests pass decode_ops(drawn integers)); track
+    """Apply ops ((verb, slot, a, b) tuples: decode_ops(drawn integers) or draw_ops(rng)); track
     written tokens so grows are legal; verify the ledger against the model."""
     written: dict[int, int] = {}
     reqs: dict[int, KVRequest] = {}
@@ -100,10 +109,8 @@ def drive(alloc, ops, on_alloc=None, on_free=None, keys_for=None):
         assert u.num_requests == len(written)
 
 
-@SETTINGS
-@given(ops=ops_strategy, block_size=st.sampled_from([1, 3, 4, 16]), blocks=st.integers(1, 40),
-       watermark=st.sampled_from([0.0, 0.1]))
-def test_paged_random_sequences(ops, block_size, blocks, watermark):
+def paged_case(ops, block_size, blocks, watermark):
+    """``ops``: decoded operations."""
     alloc = PagedAllocator(blocks, block_size, watermark)
 
     def on_alloc(r, ok):
@@ -112,7 +119,24 @@ def test_paged_random_sequences(ops, block_size, blocks, watermark):
         free_before = alloc.num_free_blocks + (need if ok else 0)
         assert ok == (free_before - need >= alloc.watermark_blocks)
 
-    drive(alloc, decode_ops(ops), on_alloc=on_alloc)
+    drive(alloc, ops, on_alloc=on_alloc)
+
+
+PAGED_BLOCK_SIZES, PAGED_WATERMARKS = [1, 3, 4, 16], [0.0, 0.1]
+
+
+@SETTINGS
+@given(ops=ops_strategy, block_size=st.sampled_from(PAGED_BLOCK_SIZES), blocks=st.integers(1, 40),
+       watermark=st.sampled_from(PAGED_WATERMARKS))
+def test_paged_random_sequences(ops, block_size, blocks, watermark):
+    paged_case(decode_ops(ops), block_size, blocks, watermark)
+
+
+@pytest.mark.slow  # KVSIM_PROPERTY_EXAMPLES cases: start early under xdist (tests/conftest.py)
+def test_paged_random_sequences_seeded_fuzz():
+    run_fuzz("paged", lambda rng: dict(ops=draw_ops(rng), block_size=rng.choice(PAGED_BLOCK_SIZES),
+                                       blocks=rng.randint(1, 40), watermark=rng.choice(PAGED_WATERMARKS)),
+             paged_case)
 
 
 class SlotModel:
@@ -144,10 +168,8 @@ class SlotModel:
         return min(fits)[1] if fits else None
 
 
-@SETTINGS
-@given(ops=ops_strategy, capacity=st.integers(1, 200), policy=st.sampled_from(["max", "pow2", "oracle"]),
-       placement=st.sampled_from(["first-fit", "best-fit"]))
-def test_contiguous_random_sequences_match_brute_force(ops, capacity, policy, placement):
+def contiguous_case(ops, capacity, policy, placement):
+    """``ops``: decoded operations."""
     alloc = ContiguousAllocator(capacity, policy, placement)
     model = SlotModel(capacity)
 
@@ -162,14 +184,29 @@ def test_contiguous_random_sequences_match_brute_force(ops, capacity, policy, pl
     def on_free(r):
         model.owner = [None if o == r.request_id else o for o in model.owner]
 
-    drive(alloc, decode_ops(ops), on_alloc=on_alloc, on_free=on_free)
+    drive(alloc, ops, on_alloc=on_alloc, on_free=on_free)
     assert list(zip(alloc.hole_starts, alloc.hole_sizes)) == model.holes()
 
 
+RESERVE_POLICIES, PLACEMENTS = ["max", "pow2", "oracle"], ["first-fit", "best-fit"]
+
+
 @SETTINGS
-@given(ops=ops_strategy, capacity=st.integers(4, 300), unit=st.sampled_from([1, 2, 4, 8]),
-       policy=st.sampled_from(["max", "pow2", "oracle"]))
-def test_buddy_random_sequences(ops, capacity, unit, policy):
+@given(ops=ops_strategy, capacity=st.integers(1, 200), policy=st.sampled_from(RESERVE_POLICIES),
+       placement=st.sampled_from(PLACEMENTS))
+def test_contiguous_random_sequences_match_brute_force(ops, capacity, policy, placement):
+    contiguous_case(decode_ops(ops), capacity, policy, placement)
+
+
+@pytest.mark.slow  # KVSIM_PROPERTY_EXAMPLES cases: start early under xdist (tests/conftest.py)
+def test_contiguous_random_sequences_match_brute_force_seeded_fuzz():
+    run_fuzz("contiguous", lambda rng: dict(ops=draw_ops(rng), capacity=rng.randint(1, 200),
+                                            policy=rng.choice(RESERVE_POLICIES), placement=rng.choice(PLACEMENTS)),
+             contiguous_case)
+
+
+def buddy_case(ops, capacity, unit, policy):
+    """``ops``: decoded operations."""
     if capacity < unit:
         return
     alloc = BuddyAllocator(capacity, unit, policy)
@@ -181,13 +218,27 @@ def test_buddy_random_sequences(ops, capacity, unit, policy):
         order = alloc.order_for(r)
         assert all(not alloc.free_lists[j] for j in range(order, alloc.max_order + 1)) or order > alloc.max_order
 
-    drive(alloc, decode_ops(ops), on_alloc=on_alloc)
+    drive(alloc, ops, on_alloc=on_alloc)
+
+
+BUDDY_UNITS = [1, 2, 4, 8]
 
 
 @SETTINGS
-@given(ops=ops_strategy, block_size=st.sampled_from([1, 2, 4]), blocks=st.integers(1, 40),
-       eviction=st.sampled_from(["lru", "fifo", "lfu", "lru-k", "priority"]))
-def test_prefix_caching_random_sequences(ops, block_size, blocks, eviction):
+@given(ops=ops_strategy, capacity=st.integers(4, 300), unit=st.sampled_from(BUDDY_UNITS),
+       policy=st.sampled_from(RESERVE_POLICIES))
+def test_buddy_random_sequences(ops, capacity, unit, policy):
+    buddy_case(decode_ops(ops), capacity, unit, policy)
+
+
+@pytest.mark.slow  # KVSIM_PROPERTY_EXAMPLES cases: start early under xdist (tests/conftest.py)
+def test_buddy_random_sequences_seeded_fuzz():
+    run_fuzz("buddy", lambda rng: dict(ops=draw_ops(rng), capacity=rng.randint(4, 300), unit=rng.choice(BUDDY_UNITS),
+                                       policy=rng.choice(RESERVE_POLICIES)),
+             buddy_case)
+
+
+def prefix_caching_case(ops, block_size, blocks, eviction):
     """Requests in the same slot family (slot % 2) share their whole prompt prefix, so hits, shared
     reference counts and evictions all happen; invariants: ref counts == owners, nothing both free
     and owned, the five memory parts sum to capacity with shared blocks counted once."""
@@ -199,4 +250,21 @@ def test_prefix_caching_random_sequences(ops, block_size, blocks, eviction):
     def keys_for(slot, prompt):
         return [(slot % 2) * 1000 + k for k in range(prompt // block_size)]
 
-    drive(alloc, decode_ops(ops), keys_for=keys_for)
+    drive(alloc, ops, keys_for=keys_for)
+
+
+PREFIX_BLOCK_SIZES, EVICTIONS = [1, 2, 4], ["lru", "fifo", "lfu", "lru-k", "priority"]
+
+
+@SETTINGS
+@given(ops=ops_strategy, block_size=st.sampled_from(PREFIX_BLOCK_SIZES), blocks=st.integers(1, 40),
+       eviction=st.sampled_from(EVICTIONS))
+def test_prefix_caching_random_sequences(ops, block_size, blocks, eviction):
+    prefix_caching_case(decode_ops(ops), block_size, blocks, eviction)
+
+
+@pytest.mark.slow  # KVSIM_PROPERTY_EXAMPLES cases: start early under xdist (tests/conftest.py)
+def test_prefix_caching_random_sequences_seeded_fuzz():
+    run_fuzz("prefix-caching", lambda rng: dict(ops=draw_ops(rng), block_size=rng.choice(PREFIX_BLOCK_SIZES),
+                                                blocks=rng.randint(1, 40), eviction=rng.choice(EVICTIONS)),
+             prefix_caching_case)

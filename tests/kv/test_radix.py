@@ -3,7 +3,6 @@ on tiny pools, token-granular sharing, the last-token rule, random operation seq
 ``check_invariants()`` after every step, and end-to-end runs against the paged allocator and
 between the step-by-step and the fast engine."""
 
-import os
 import time
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
+from seeded_fuzz import HYPOTHESIS_EXAMPLES, int_list, run_fuzz
 
 import kvsim.kv.radix  # noqa: F401  (registers the kind; kvsim.kv imports it too)
 from kvsim.kv.base import KVRequest, UsageSums, cdiv
@@ -219,8 +219,10 @@ def test_num_free_blocks_is_what_ensure_slots_can_take():
 
 # -- random sequences ----------------------------------------------------------------------------------
 
-EXAMPLES = int(os.environ.get("KVSIM_PROPERTY_EXAMPLES", "10000"))
-SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
+# The random-sequence property runs twice over radix_case(): a hypothesis test
+# (KVSIM_PROPERTY_EXAMPLES_HYPOTHESIS examples, default 1,000) and a seeded uniform fuzz test
+# (KVSIM_PROPERTY_EXAMPLES cases, default 10,000) drawn from the same space (tests/seeded_fuzz.py).
+SETTINGS = settings(max_examples=HYPOTHESIS_EXAMPLES, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])
 MAX_LEN = 96
 
@@ -238,7 +240,9 @@ def _decode(n):
     return VERBS[verb], slot, x + 1, n % 16 + 1
 
 
-ops_strategy = st.lists(st.integers(0, 3 * 4 * 24 * 16 - 1), min_size=10, max_size=40)
+NUM_OPS, MIN_OPS, MAX_OPS = 3 * 4 * 24 * 16, 10, 40
+ops_strategy = st.lists(st.integers(0, NUM_OPS - 1), min_size=MIN_OPS, max_size=MAX_OPS)
+PAGE_SIZES, WATERMARKS, FAMILIES = [1, 2, 3, 4], [0.0, 0.1], [1, 2, 3]
 
 
 def _check_usage(a, written):
@@ -256,14 +260,29 @@ def _check_usage(a, written):
 
 
 @SETTINGS
-@given(ops=ops_strategy, page=st.sampled_from([1, 2, 3, 4]), pages=st.integers(1, 16),
-       watermark=st.sampled_from([0.0, 0.1]), families=st.sampled_from([1, 2, 3]))
+@given(ops=ops_strategy, page=st.sampled_from(PAGE_SIZES), pages=st.integers(1, 16),
+       watermark=st.sampled_from(WATERMARKS), families=st.sampled_from(FAMILIES))
 def test_random_sequences(ops, page, pages, watermark, families):
-    """Requests of the same family (slot % families) share their prompt's leading content, with a
-    family-and-slot-specific tail so prompts diverge at token granularity. After every operation:
-    check_invariants; the usage parts sum to capacity with shared pages counted once; peek and
-    can_allocate agree with allocate; evictions take exactly the LRU-leaf order; while nothing has been
-    evicted, a hit is the longest prefix of the request's keys among all content ever inserted."""
+    ops = [_decode(n) for n in ops]
+    note(f"decoded ops: {ops}")
+    radix_case(ops, page, pages, watermark, families)
+
+
+@pytest.mark.slow  # KVSIM_PROPERTY_EXAMPLES cases: start early under xdist (tests/conftest.py)
+def test_random_sequences_seeded_fuzz():
+    run_fuzz("radix", lambda rng: dict(ops=[_decode(n) for n in int_list(rng, NUM_OPS, MIN_OPS, MAX_OPS)],
+                                       page=rng.choice(PAGE_SIZES), pages=rng.randint(1, 16),
+                                       watermark=rng.choice(WATERMARKS), families=rng.choice(FAMILIES)),
+             radix_case)
+
+
+def radix_case(ops, page, pages, watermark, families):
+    """``ops``: decoded operations (_decode). Requests of the same family (slot % families) share their
+    prompt's leading content, with a family-and-slot-specific tail so prompts diverge at token
+    granularity. After every operation: check_invariants; the usage parts sum to capacity with shared
+    pages counted once; peek and can_allocate agree with allocate; evictions take exactly the LRU-leaf
+    order; while nothing has been evicted, a hit is the longest prefix of the request's keys among all
+    content ever inserted."""
     a = RadixAllocator(pages, page, watermark)
     written: dict[int, int] = {}
     reqs: dict[int, KVRequest] = {}
@@ -291,8 +310,6 @@ def test_random_sequences(ops, page, pages, watermark, families):
         return out
 
     a._evict = spy
-    ops = [_decode(n) for n in ops]
-    note(f"decoded ops: {ops}")
     for verb, slot, x, y in ops:
         rid = slot_to_id.get(slot)
         order0 = a.eviction_order()

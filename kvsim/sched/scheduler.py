@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import bisect
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
-from dataclasses import dataclass, field
 
 from kvsim.kv.protocol import KVAllocator, allocator_capabilities
 from kvsim.sched.config import SchedulerConfig
@@ -410,15 +410,12 @@ class Scheduler:
         """Phase 3: waiting requests, FCFS, only if nothing was preempted or is swapped out."""
         alloc = self.allocator
         waiting, running = self.waiting, self.running
-        peek = self._peek  # cached_prefix_tokens, inlined (admission steps are most rows)
-        samples = self._any_samples
         while (waiting and not self.swapped and not step.preempted and step.budget > 0
-               and (self.num_running_seqs() if samples else len(running)) + waiting[0].num_samples
-               <= self.max_num_seqs):
+               and self.num_running_seqs() + waiting[0].num_samples <= self.max_num_seqs):
             req = waiting[0]
-            cached = peek(req.kv, req.num_tokens) if peek is not None else 0
+            cached = self.cached_prefix_tokens(req)
             n = req.num_tokens - cached
-            cost = n if req.num_samples == 1 else req.batch_tokens(n, computed=cached)  # one sample: n
+            cost = req.batch_tokens(n, computed=cached)
             if cost > step.budget:
                 n = req.positions_within(step.budget, computed=cached) if self.chunked_prefill else 0
                 if not n:

@@ -137,6 +137,31 @@ class DecodeGroup:
         big_q, rem = divmod(self.clock, bs)
         return self.sum_q + n * (1 + big_q) + (sum(self.res_count[bs - rem:]) if rem else 0)
 
+    def split_at(self, steps: int) -> tuple[list[int], list[int], int, int, int, list[int]]:
+        """The members as a decode window of ``steps`` steps (from the current clock) needs them:
+        those that finish inside it one by one, the others as sums (they read in every step).
+
+        Returns ``(remaining, length0, n_stay, stay_base, stay_q, stay_res)``: for each member that
+        finishes within ``steps`` (a prefix of the finish order), its remaining steps and the
+        tokens it reads in the window's first step (``computed + 1``); then, over the other
+        members, their count, the sum of their base constants, and (with pages) the sum of the
+        quotients and the count per remainder of ``base = q * block_size + r``."""
+        clock = self.clock
+        nf = bisect.bisect_left(self.keys, (clock + steps) << _SEQ_BITS)  # finish key < clock + steps
+        head = self.base[:nf]
+        remaining = [(key >> _SEQ_BITS) - clock for key in self.keys[:nf]]
+        length0 = [b + clock + 1 for b in head]
+        stay_q = self.sum_q
+        stay_res = self.res_count
+        if nf and self.block_size is not None:
+            bs = self.block_size
+            stay_res = stay_res.copy()
+            for b in head:
+                q, r = divmod(b, bs)
+                stay_q -= q
+                stay_res[r] -= 1
+        return remaining, length0, len(self.keys) - nf, self.sum_base - sum(head), stay_q, stay_res
+
     def finish_clock(self) -> int:
         """Clock value at which the first member finishes (group must not be empty)."""
         return self.keys[0] >> _SEQ_BITS

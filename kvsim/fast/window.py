@@ -33,7 +33,6 @@ requests with parallel samples use :func:`plan_decode_window` / :func:`block_lim
 from __future__ import annotations
 
 from dataclasses import dataclass
-from operator import itemgetter
 
 import numpy as np
 
@@ -134,13 +133,13 @@ def apply_decode_window(sched, win: DecodeWindow, k: int, times: np.ndarray, pop
 
     ``times[j]`` is the start of step j (``times[k]`` the end). Returns the number of steps actually
     advanced (``k`` or fewer, when the blocked head of the waiting queue might fit after a finish)
-    and the usage segments: a list of (first step, :class:`~kvsim.kv.base.UsageSums`).
+    and the usage segments: a list of :func:`_segment` tuples.
     """
     sched.take_plan()  # step 0 completes here, with the rest of the window
     alloc = sched.allocator
     reqs = win.requests
     head = sched.waiting[0].kv if sched.waiting and not sched.swapped else None
-    segments = [(0, alloc.usage_parts(head))]
+    segments = [_segment(0, alloc.usage_parts(head))]
     rem = win.remaining
     finishing = {}
     for i in np.flatnonzero(rem <= k):
@@ -178,7 +177,7 @@ def apply_decode_window(sched, win: DecodeWindow, k: int, times: np.ndarray, pop
             if not ok:
                 raise RuntimeError(f"decode window: a block needed at step {s} was not free")
             p = q
-        segments.append((s, alloc.usage_parts(head)))
+        segments.append(_segment(s, alloc.usage_parts(head)))
     if stop == k:
         for i in finishing.get(k, ()):
             _finish(sched, reqs[i], int(win.computed0[i]) + k, float(times[k]), on_finish)
@@ -248,7 +247,6 @@ def pages_per_step(remaining: np.ndarray, length0: np.ndarray, weights: np.ndarr
     return pages
 
 
-_first = itemgetter(0)
 DENSE_PAGES_MAX = 1 << 13  # pages_per_step: (steps x members) pairs evaluated directly up to this
 _PHASES: dict[int, np.ndarray] = {}
 _STEPS: list = [np.zeros((0, 1), np.int64)]
@@ -302,46 +300,67 @@ def plan_group_window(sched, group: DecodeGroup, plan, max_steps: int) -> Decode
         # The window would most likely stop after step 0 (a finish, or above: step 0's admissions,
         # may let the waiting head in): not worth planning. Only a cost estimate; apply re-checks.
         return None
-    # Built as Python lists and converted once (a window's member count is small: numpy's fixed
-    # cost per call would dominate): ascending remaining steps, members first among equals.
-    rem_list = [(key >> FINISH_KEY_SHIFT) - clock for key in group.keys]
-    comp_list = [base + clock for base in group.base]
+    # Members still decoding after the window's last step read in every step: they enter as the
+    # group's sums (O(1) per step). Members that finish inside it and step 0's admissions (which
+    # decode from step 1 on) are taken one by one.
+    few_rem, few_len0, n_stay, stay_base, stay_q, stay_res = group.split_at(kcap)
     if rem_new:
-        merged = sorted(zip(rem_list + rem_new, comp_list + computed_new), key=_first)  # stable
-        rem_list = [m[0] for m in merged]
-        comp_list = [m[1] for m in merged]
-    remaining = np.array(rem_list, dtype=np.int64)
-    computed0 = np.array(comp_list, dtype=np.int64)
-    b = len(remaining)
+        few_rem = few_rem + rem_new
+        few_len0 = few_len0 + [c + 1 for c in computed_new]
     bs = sched.allocator.block_size
-    if kcap * b <= DENSE_PAGES_MAX:
-        # every (step, member) pair at once: step j reads computed0 + j + 1 tokens of each active member
-        steps = _steps_column(kcap)
-        length = computed0 + 1 + steps  # (kcap, b)
-        active = remaining > steps
+    steps = _steps_column(kcap)[:, 0]
+    # the staying members: step j reads base + clock + 1 + j tokens of each
+    kv_read = steps * n_stay
+    kv_read += stay_base + n_stay * (clock + 1)
+    if bs is None:
+        pages = None
+    else:
+        # a member's pages in step j: q + Q + 1 + [r + R >= bs] with clock + j = Q * bs + R
+        # (see DecodeGroup.pages_read); sfx[x] counts staying members with remainder >= x
+        big_q, big_r = np.divmod(steps + clock, bs)
+        sfx = np.zeros(bs + 1, np.int64)
+        sfx[:bs] = stay_res
+        sfx[:bs] = np.cumsum(sfx[bs - 1::-1])[::-1]
+        pages = big_q * n_stay
+        pages += sfx[bs - big_r]
+        pages += stay_q + n_stay
+    m = len(few_rem)
+    if not m:
+        num_seqs = np.full(kcap, n_stay, np.int64)
+    elif kcap * m <= DENSE_PAGES_MAX:
+        # every (step, member) pair at once: step j reads length0 + j tokens of each active member
+        col = _steps_column(kcap)
+        remaining = np.array(few_rem, dtype=np.int64)
+        length = np.array(few_len0, dtype=np.int64) + col  # (kcap, m)
+        active = remaining > col
         num_seqs = active.sum(axis=1)
+        num_seqs += n_stay
         length *= active
-        kv_read = length.sum(axis=1)
-        if bs is None:
-            pages = num_seqs.copy()
-        else:
+        kv_read += length.sum(axis=1)
+        if bs is not None:
             length += bs - 1
             if bs & (bs - 1):
                 length //= bs  # zero stays zero for finished members
             else:  # a power of two: the same quotient (lengths are >= 0), cheaper
                 length >>= bs.bit_length() - 1
-            pages = length.sum(axis=1)
+            pages += length.sum(axis=1)
     else:
-        j = np.arange(kcap, dtype=np.int64)
-        done_by = np.searchsorted(remaining, j, side="right")  # members finished before step j
-        num_seqs = b - done_by
-        csum = np.concatenate(([0], np.cumsum(computed0)))
-        kv_read = (csum[-1] - csum[done_by]) + num_seqs * (j + 1)
-        pages = pages_per_step(remaining, computed0 + 1, None, done_by, bs)
+        order = sorted(range(m), key=few_rem.__getitem__)
+        remaining = np.array([few_rem[i] for i in order], dtype=np.int64)
+        length0 = np.array([few_len0[i] for i in order], dtype=np.int64)
+        done_by = np.searchsorted(remaining, steps, side="right")  # of these, finished before step j
+        active = m - done_by
+        num_seqs = active + n_stay
+        csum = np.concatenate(([0], np.cumsum(length0)))
+        kv_read += (csum[-1] - csum[done_by]) + active * steps
+        if bs is not None:
+            pages += pages_per_step(remaining, length0, None, done_by, bs)
+    if pages is None:
+        pages = num_seqs.copy()
     num_seqs[0] = shape.num_seqs  # step 0 as scheduled (prefills included)
     kv_read[0] = shape.kv_tokens_read
     pages[0] = shape.kv_pages_read
-    return DecodeWindow(None, remaining, computed0, num_seqs, kv_read, kcap, None, kv_read, num_seqs, pages)
+    return DecodeWindow(None, None, None, num_seqs, kv_read, kcap, None, kv_read, num_seqs, pages)
 
 
 def apply_group_window(sched, group: DecodeGroup, plan, k: int, times: np.ndarray, on_first=None,
@@ -357,7 +376,7 @@ def apply_group_window(sched, group: DecodeGroup, plan, k: int, times: np.ndarra
     Returns ``(steps advanced, usage segments)`` as :func:`apply_decode_window` does."""
     alloc = sched.allocator
     head = sched.waiting[0].kv if sched.waiting and not sched.swapped else None
-    segments = [(0, alloc.usage_parts(head))]
+    segments = [_segment(0, alloc.usage_parts(head))]
     clock0 = group.clock
     admitted = bool(plan.scheduled)
     t1 = float(times[1])
@@ -419,12 +438,11 @@ def _grow_runs(sched, group: DecodeGroup, k: int, times, clock0: int, next_finis
         changes: list = []
         done = grow_steps(end - s, s, changes)
         if changed and done and (not changes or changes[0][0] != s):
-            segments.append((s, parts))
+            segments.append(_segment(s, parts))
         if changes:
             base = parts or alloc.usage_parts(head)  # only held and useful change while requests grow
             shared, cached, external = base.shared_tokens, base.cached_free_tokens, base.external_tokens
-            segments.extend([(step, UsageSums(held, useful, shared, cached, external))
-                             for step, held, useful in changes])
+            segments.extend([(step, held, useful, shared, cached, external) for step, held, useful in changes])
         changed = False
         if done < end - s:
             return s + done  # a block that step needs is not free: plan it one request at a time
@@ -449,21 +467,28 @@ def _grow_one_by_one(sched, group: DecodeGroup, k: int, times, clock0: int, next
         if not grow():
             return s  # a block step s needs is not free: plan it one request at a time (preemption)
         if changed or ledger.sum_held != held:
-            segments.append((s, alloc.usage_parts(head)))
+            segments.append(_segment(s, alloc.usage_parts(head)))
             changed = False
     return k
+
+
+def _segment(first_step: int, parts: UsageSums) -> tuple[int, int, int, int, int, int]:
+    """A usage segment of a window (this module's own record; built per block event, so a plain
+    tuple): ``(first step, held, useful, shared, cached free, external)`` tokens, the
+    :class:`~kvsim.kv.base.UsageSums` in force from ``first_step`` on."""
+    return (first_step, parts.held_tokens, parts.useful_tokens, parts.shared_tokens, parts.cached_free_tokens,
+            parts.external_tokens)
 
 
 def window_means(win: DecodeWindow, k: int, durations: np.ndarray, segments, capacity_tokens: int):
     """Time-weighted means over the window's steps: ``(memory parts in tokens, batch size)``.
 
-    ``segments`` (strictly increasing first steps, all < k) hold piecewise-constant allocator
-    sums (:class:`~kvsim.kv.base.UsageSums`); the written / batch / KV-read series are per step."""
+    ``segments`` (:func:`_segment` tuples, strictly increasing first steps, all < k) hold
+    piecewise-constant allocator sums; the written / batch / KV-read series are per step."""
     d = durations[:k]
     total = float(d.sum())
-    starts = [s for s, _ in segments]
-    vals = np.array([(p.held_tokens, p.useful_tokens, p.shared_tokens, p.cached_free_tokens, p.external_tokens)
-                     for _, p in segments], dtype=np.float64)  # (segments, 5)
+    starts = [seg[0] for seg in segments]
+    vals = np.array([seg[1:] for seg in segments], dtype=np.float64)  # (segments, 5)
     seg_time = np.add.reduceat(d, starts)  # time spent in each segment
     held, useful, shared, cached_free, external = (seg_time @ vals / total).tolist()
     written = float(np.dot(win.written[:k], d)) / total
@@ -476,7 +501,7 @@ def window_means(win: DecodeWindow, k: int, durations: np.ndarray, segments, cap
         external_frag=external,
         free=capacity_tokens - (held - shared) - external,
         cached_free=cached_free,
-        peak_used=float(max([p.held_tokens - p.shared_tokens for _, p in segments])),
+        peak_used=float(max([seg[1] - seg[3] for seg in segments])),
         unshared=unshared,
     )
     return memory, batch

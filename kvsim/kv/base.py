@@ -29,16 +29,17 @@ and ``internal = A - min(A, F)``. ``free`` splits into ``external`` (free but un
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from kvsim.kv.protocol import KVAllocator  # noqa: F401  (re-exported: the declared boundary)
+from kvsim.record import record
 
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-@dataclass(frozen=True, slots=True)  # one per request: slots keep a million of them small
+@record  # one per request: slots keep a million of them small
 class KVRequest:
     """What an allocator is told about a request when it is admitted (immutable)."""
 
@@ -99,7 +100,7 @@ class SampleGeometry:
         return self.base + (blocks - self.full) // self.n * self.bs
 
 
-@dataclass(frozen=True)
+@record
 class Allocation:
     """A successful admission. ``cached_tokens`` leading tokens were found in the prefix cache
     (already computed); the request's first step computes only the rest."""
@@ -116,7 +117,7 @@ class Allocation:
 NO_HIT = Allocation(0)
 
 
-@dataclass(frozen=True)
+@record
 class KVUsage:
     """A snapshot of KV memory in token slots. The five parts sum to ``capacity_tokens``."""
 
@@ -137,7 +138,7 @@ class KVUsage:
         return self.token_states_tokens + self.reservation_tokens + self.internal_frag_tokens
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class MemoryParts:
     """KV memory of a row in tokens: a snapshot (ints, :meth:`of`) or time-weighted means over the
     row's steps (floats). The first five parts sum to the capacity; ``peak_used`` is the most used
@@ -158,7 +159,7 @@ class MemoryParts:
                    u.free_tokens, u.cached_free_tokens, u.used_tokens, u.unshared_tokens)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class UsageSums:
     """The allocator sums, in tokens, that a decode window's time-weighted memory means are built
     from (``WindowAllocator.usage_parts``): piecewise constant between the window's boundaries."""

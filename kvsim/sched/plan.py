@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from kvsim.record import record
 from kvsim.timing.base import BatchShape
 
 
-@dataclass(frozen=True)
+@record
 class StepPlan:
     """What one engine step runs. ``scheduled`` pairs request ids with their new-token counts, in
     scheduling order; ``preempted``/``admitted`` list request ids changed by this schedule() call.

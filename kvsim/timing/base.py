@@ -7,15 +7,17 @@ tested directly and evaluated vectorised by a fast engine.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from kvsim.record import record
+
 log = logging.getLogger("kvsim.capabilities")
 
 
-@dataclass(frozen=True)
+@record
 class BatchShape:
     """What one engine step computes, aggregated over the scheduled requests.
 
@@ -83,7 +85,7 @@ def split_kv_tokens(shape: BatchShape) -> tuple[float, float]:
     return pre, kv - pre
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StepTiming:
     """One step's duration and where it went. ``breakdown_s`` values sum to at least ``duration_s``
     when components overlap (roofline ``max``); ``duration_s`` is authoritative."""

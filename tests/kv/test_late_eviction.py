@@ -284,3 +284,46 @@ def test_late_kinds_are_listed_and_gone_after_unregistering(tmp_path, late_polic
             load_scenario(write_scenario(tmp_path, "gone", "list_lru"))
     finally:
         EVICTION_POLICIES.register("list_lru", ListLRUConfig, ListLRU)
+
+
+@pytest.mark.parametrize("bare,mapping", [
+    ("lfu", {"kind": "lfu"}),
+    ("lru-k", {"kind": "lru-k", "k": 2}),
+])
+def test_bare_eviction_kind_is_shorthand_and_written_back_as_a_mapping(bare, mapping):
+    from kvsim.config import validate_scenario
+    from kvsim.simulate import config_hash, resolved_dict
+
+    def scn(eviction):
+        return validate_scenario({"trace": {"file": "unused.csv"}, "model": "OPT-13B",
+                                  "allocator": {"kind": "paged", "prefix_caching": True, "eviction": eviction}},
+                                 "s.yaml")
+
+    a, b = scn(bare), scn(mapping)
+    assert a == b and config_hash(a) == config_hash(b)
+    # written back as a mapping, as before the shorthand existed: earlier results keep their hashes
+    assert resolved_dict(a)["allocator"]["eviction"] == mapping
+    radix = validate_scenario({"trace": {"file": "unused.csv"}, "model": "OPT-13B",
+                               "allocator": {"kind": "radix", "eviction": "lru"}}, "s.yaml")
+    assert resolved_dict(radix)["allocator"]["eviction"] == {"kind": "lru"}
+    with pytest.raises(ConfigError, match=r"^s.yaml: allocator.eviction: the radix allocator supports eviction "
+                                          r"kind 'lru' only .*got 'lfu'$"):
+        validate_scenario({"trace": {"file": "unused.csv"}, "model": "OPT-13B",
+                           "allocator": {"kind": "radix", "eviction": "lfu"}}, "s.yaml")
+
+
+def test_variants_and_set_merge_into_the_shorthand(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text("trace: {file: unused.csv}\nmodel: OPT-13B\n"
+                 "allocator: {kind: paged, prefix_caching: true, eviction: lru-k}\n"
+                 "variants:\n  deeper: {allocator: {eviction: {k: 4}}}\n  fifo: {allocator.eviction: fifo}\n"
+                 "  lfu: {allocator: {eviction: {kind: lfu}}}\n")
+    loaded = load_scenario(f)
+    got = {n: s.allocator.eviction.model_dump() for n, s in loaded.variants.items()}
+    assert got == {"deeper": {"kind": "lru-k", "k": 4}, "fifo": {"kind": "fifo"}, "lfu": {"kind": "lfu"}}
+    # --set applies after the variants: another kind replaces the shorthand, a parameter extends it
+    f.write_text("trace: {file: unused.csv}\nmodel: OPT-13B\n"
+                 "allocator: {kind: paged, prefix_caching: true, eviction: lru-k}\n")
+    assert load_scenario(f, ["allocator.eviction.kind=priority"]).base.allocator.eviction.kind == "priority"
+    assert load_scenario(f, ["allocator.eviction.k=6"]).base.allocator.eviction.model_dump() == {"kind": "lru-k",
+                                                                                                "k": 6}

@@ -25,7 +25,9 @@ Prefix caching (``prefix_caching: true``):
   pool; every hit bumps the block's reference count.
 * Freed blocks keep their content and stay reusable in the free pool until evicted; a request's
   blocks are freed in reverse order (tail first). Allocation evicts per the eviction policy
-  (:mod:`kvsim.kv.eviction`; default LRU = vLLM's free queue exactly).
+  (:mod:`kvsim.kv.eviction`; default LRU = vLLM's free queue exactly), an object implementing
+  :class:`kvsim.kv.protocol.EvictionPolicy` built from ``eviction:`` through ``EVICTION_POLICIES``
+  (so a policy registered late is chosen by ``kind:`` too).
 """
 
 from __future__ import annotations

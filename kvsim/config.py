@@ -261,7 +261,7 @@ PLUGIN_SECTIONS = {"allocator": (ALLOCATORS, "paged"), "timing": (TIMING_MODELS,
 # bare kind name as shorthand for {kind: NAME}.
 POLICY_KEYS = {"victim": (VICTIMS, "latest_admitted"), "router": (ROUTERS, DEFAULT_ROUTER),
                "reservation": (RESERVATIONS, None), "eviction": (EVICTION_POLICIES, "lru")}
-_SHORTHAND_KEYS = ("victim", "router", "reservation")  # eviction is always a mapping
+_SHORTHAND_KEYS = ("victim", "router", "reservation", "eviction")
 # Old scenario keys that still validate as aliases (see docs/scenario.md).
 DEPRECATED_KEYS = {"min_block_tokens": "block_size", "page_size": "block_size"}
 _KIND_REGISTRIES = {k: reg for k, (reg, _) in (PLUGIN_SECTIONS | POLICY_KEYS).items()}
@@ -589,7 +589,8 @@ def _one_error(e: dict, prefix: str) -> str:
         return f"{path}: unknown {section} kind {tag!r}{did_you_mean(tag, valid)}; valid kinds: {format_choices(valid)}"
     if t in ("model_attributes_type", "union_tag_invalid_type", "model_type") and section in _SHORTHAND_KEYS:
         valid = _KIND_REGISTRIES[section].kinds
-        return (f"{path}: expected a {section} kind name or a mapping with 'kind' (got {e.get('input')!r}); "
+        article = "an" if section[:1] in "aeiou" else "a"
+        return (f"{path}: expected {article} {section} kind name or a mapping with 'kind' (got {e.get('input')!r}); "
                 f"valid kinds: {format_choices(valid)}")
     if t == "missing":
         return f"{path}: required key is missing"

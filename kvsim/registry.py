@@ -4,7 +4,8 @@ Each plugin family has one :class:`Registry`:
 
 * ``ALLOCATORS`` -- ``allocator:`` (kvsim/kv/paged.py, contiguous.py, buddy.py, radix.py);
 * ``TIMING_MODELS`` -- ``timing:`` (kvsim/timing/*.py);
-* ``EVICTION_POLICIES`` -- ``allocator.eviction:`` (kvsim/kv/eviction.py, which owns it);
+* ``EVICTION_POLICIES`` -- ``allocator.eviction:`` of the paged allocator (kvsim/kv/eviction.py,
+  which owns it; the policy object's protocol is kvsim.kv.protocol.EvictionPolicy);
 * ``VICTIMS`` -- ``scheduler.victim:`` (kvsim/sched/victim.py);
 * ``ROUTERS`` -- ``replicas.router:`` (kvsim/sched/router.py);
 * ``RESERVATIONS`` -- ``allocator.reservation:`` of contiguous and buddy (kvsim/kv/reservation.py).
@@ -16,11 +17,12 @@ each ``register``), so a plugin registered at any time before ``load_scenario`` 
 ``kvsim.config`` was imported -- can be chosen by ``kind:``, and an unknown kind fails validation
 with the list of valid kinds. ``build`` turns a validated config into the plugin object.
 
-Policy families (victim, router, reservation) accept a bare kind as shorthand: ``victim:
+Policy families (victim, router, reservation, eviction) accept a bare kind as shorthand: ``victim:
 largest_kv`` means ``victim: {kind: largest_kv}``; see :func:`policy_field`. A config class with no
 field but ``kind`` derives from :class:`PolicyConfig` and is written back (resolved scenarios,
 config hashes) as that bare string, so results of scenarios written before the registries existed
-are unchanged.
+are unchanged. The built-in eviction configs do not derive from it: they were always written back
+as mappings (``{kind: lru}``), and still are.
 """
 
 from __future__ import annotations

@@ -23,6 +23,15 @@ needed. Two implementations:
 
 "Time" is a logical access counter owned by the allocator (deterministic, no wall clock).
 Ties always break by block id, so runs are reproducible.
+
+Writing a policy: the free pool object needs only the members of
+:class:`kvsim.kv.protocol.EvictionPolicy` (``num_free``, ``in``, ``pop``, ``remove``, ``add``); a
+``history_depth`` (K of the access times :class:`BlockStats` keeps), ``check_invariants()`` and
+``order()`` are optional capabilities the allocator checks once when it is built. Register a config
+class (a pydantic model with ``kind: Literal["name"] = "name"`` and any parameters) and a factory
+``factory(cfg, num_blocks) -> pool`` with ``EVICTION_POLICIES.register("name", Config, factory)``
+any time before the scenario is loaded; ``eviction: {kind: name}`` (or ``eviction: name``) then
+chooses it. docs/architecture.md ("Writing a plugin") has an example.
 """
 
 from __future__ import annotations
@@ -41,7 +50,16 @@ EVICTION_POLICIES = Registry("eviction")
 
 
 class BlockStats:
-    """Access history of one block's cached content (reset when the content is evicted)."""
+    """Access history of one block's cached content (reset when the content is evicted); what an
+    eviction policy's ``add`` receives. Times are the allocator's logical access counter.
+
+    * ``first_cached``: when the content was cached;
+    * ``accesses``: admissions that used it, the one that computed it included (``users`` counts
+      the same and is always equal);
+    * ``last_access``: the most recent of those uses;
+    * ``history``: the last ``history_depth`` use times, oldest first;
+    * ``max_priority``: the highest priority of a request that used it.
+    """
 
     __slots__ = ("first_cached", "accesses", "last_access", "history", "max_priority", "users")
 
@@ -64,6 +82,8 @@ class BlockStats:
 
 class LRUFreePool:
     """vLLM's free-block queue (see module docstring)."""
+
+    history_depth = 1
 
     def __init__(self, num_blocks: int):
         self.queue = FreeBlockQueue(num_blocks)
@@ -94,8 +114,9 @@ class LRUFreePool:
 class PolicyFreePool:
     """Uncached free blocks first (FIFO), then the cached free block with the lowest score."""
 
-    def __init__(self, num_blocks: int, score):
+    def __init__(self, num_blocks: int, score, history_depth: int = 1):
         self.score = score
+        self.history_depth = history_depth
         self.empty: deque[int] = deque(range(num_blocks))
         self._empty_set = set(range(num_blocks))
         self.heap: list[tuple] = []
@@ -178,14 +199,14 @@ NEG_INF = float("-inf")
 
 
 def make_pool(cfg, num_blocks: int):
-    """Build the free pool for an eviction config. Returns (pool, history depth K)."""
+    """The factory of the built-in kinds: the free pool (an EvictionPolicy) for an eviction config."""
     kind = cfg.kind
     if kind == "lru":
-        return LRUFreePool(num_blocks), 1
+        return LRUFreePool(num_blocks)
     if kind == "fifo":
-        return PolicyFreePool(num_blocks, lambda s: (s.first_cached,)), 1
+        return PolicyFreePool(num_blocks, lambda s: (s.first_cached,))
     if kind == "lfu":
-        return PolicyFreePool(num_blocks, lambda s: (s.accesses, s.last_access)), 1
+        return PolicyFreePool(num_blocks, lambda s: (s.accesses, s.last_access))
     if kind == "lru-k":
         k = cfg.k
 
@@ -193,9 +214,9 @@ def make_pool(cfg, num_blocks: int):
             kth = s.history[0] if len(s.history) >= k else NEG_INF
             return (kth, s.last_access)
 
-        return PolicyFreePool(num_blocks, lru_k), k
+        return PolicyFreePool(num_blocks, lru_k, history_depth=k)
     if kind == "priority":
-        return PolicyFreePool(num_blocks, lambda s: (s.max_priority, s.users, s.last_access)), 1
+        return PolicyFreePool(num_blocks, lambda s: (s.max_priority, s.users, s.last_access))
     raise ValueError(f"unknown eviction kind {kind!r}")
 
 

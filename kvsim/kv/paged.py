@@ -25,7 +25,9 @@ Prefix caching (``prefix_caching: true``):
   pool; every hit bumps the block's reference count.
 * Freed blocks keep their content and stay reusable in the free pool until evicted; a request's
   blocks are freed in reverse order (tail first). Allocation evicts per the eviction policy
-  (:mod:`kvsim.kv.eviction`; default LRU = vLLM's free queue exactly).
+  (:mod:`kvsim.kv.eviction`; default LRU = vLLM's free queue exactly), an object implementing
+  :class:`kvsim.kv.protocol.EvictionPolicy` built from ``eviction:`` through ``EVICTION_POLICIES``
+  (so a policy registered late is chosen by ``kind:`` too).
 """
 
 from __future__ import annotations
@@ -39,12 +41,13 @@ from pydantic import Field, model_validator
 from kvsim.config_base import StrictModel
 from kvsim.kv.beam import BeamTables
 from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, SampleGeometry, SlotLedger, UsageSums, cdiv
-from kvsim.kv.eviction import (EVICTION_POLICIES, BlockStats, FIFOEvictionConfig, LFUEvictionConfig,
-                               LRUEvictionConfig, LRUKEvictionConfig, PriorityEvictionConfig)
-from kvsim.registry import ALLOCATORS
+from kvsim.kv.eviction import EVICTION_POLICIES, BlockStats, LRUEvictionConfig, LRUFreePool
+from kvsim.kv.protocol import EvictionPolicy, eviction_capabilities
+from kvsim.registry import ALLOCATORS, policy_field
 from kvsim.timing.transfer import HostTransfers, count_runs
 
-EvictionConfig = LRUEvictionConfig | FIFOEvictionConfig | LFUEvictionConfig | LRUKEvictionConfig | PriorityEvictionConfig
+# Any kind registered in EVICTION_POLICIES when the scenario is validated; a bare kind is shorthand.
+EvictionConfig = policy_field(EVICTION_POLICIES, "lru")
 
 
 class TierConfig(StrictModel):
@@ -67,7 +70,10 @@ class PagedAllocatorConfig(StrictModel):
     track_block_ids: Literal["auto", "always"] = Field(
         "auto", description="auto: count blocks without naming them unless prefix caching needs ids "
                             "(results are identical; ids only matter for which cached block is reused)")
-    eviction: EvictionConfig = Field(default_factory=LRUEvictionConfig, discriminator="kind")
+    eviction: EvictionConfig = Field(  # type: ignore[valid-type]
+        default_factory=LRUEvictionConfig,
+        description="which cached free block is reused first: lru | fifo | lfu | lru-k | priority, or any "
+                    "registered kind; {kind: NAME, ...} or NAME (kvsim/kv/eviction.py)")
     offload: OffloadConfig | None = Field(
         None, description="keep evicted prefix blocks in CPU/SSD tiers instead of dropping them (needs prefix_caching)")
 
@@ -128,7 +134,12 @@ class PagedAllocator:
         self.prefix_caching = prefix_caching
         eviction = eviction or LRUEvictionConfig()
         self.eviction_kind = eviction.kind
-        self.pool, self._history_k = EVICTION_POLICIES.build(eviction, num_blocks)
+        self.pool: EvictionPolicy = EVICTION_POLICIES.build(eviction, num_blocks)
+        self.pool_caps = eviction_capabilities(self.pool)  # checked once; TypeError if not a policy
+        if self.pool.num_free != num_blocks:
+            raise ValueError(f"eviction kind {eviction.kind!r}: a new pool must hold all {num_blocks} blocks, "
+                             f"it holds {self.pool.num_free}")
+        self._history_k = self.pool_caps.history_depth
         self.ref_counts = [0] * num_blocks
         self.block_tables: dict[int, list[int]] = {}
         self.ledger = SlotLedger()
@@ -227,12 +238,16 @@ class PagedAllocator:
         return self.pool.num_free
 
     def free_block_order(self) -> list[int]:
-        """Free blocks in the order they would be reused (for tests)."""
-        return self.pool.order()
+        """Free blocks in the order they would be reused (for tests; needs the ReuseOrder capability)."""
+        if not self.pool_caps.reuse_order:
+            raise TypeError(f"eviction kind {self.eviction_kind!r}: its pool cannot list its reuse order")
+        return self.pool.order()  # type: ignore[attr-defined]
 
     @property
     def free_queue(self):
         """The LRU free queue (only with the default LRU eviction)."""
+        if not isinstance(self.pool, LRUFreePool):
+            raise TypeError(f"eviction kind {self.eviction_kind!r} has no LRU free queue")
         return self.pool.queue
 
     def _key(self, req: KVRequest, k: int):
@@ -539,7 +554,8 @@ class PagedAllocator:
                          self._cached_free * self.block_size, 0)
 
     def check_invariants(self) -> None:
-        self.pool.check_invariants()
+        if self.pool_caps.self_check:
+            self.pool.check_invariants()  # type: ignore[attr-defined]
         self.ledger.check("paged")
         owners = [0] * self.num_blocks
         intra = 0  # references of a request's own samples to its shared blocks, beyond the first

@@ -7,6 +7,10 @@ at a time. The capability protocols below are optional; :func:`allocator_capabil
 once, when a run is built, and the engine installs a fast path only where they are all present
 (``docs/architecture.md`` lists which fast path needs which). Nothing probes an allocator with
 ``getattr``/``hasattr`` while the simulation runs.
+
+The paged allocator has one boundary of its own, its eviction policy (``allocator.eviction``):
+:class:`EvictionPolicy` is what it requires of one, :func:`eviction_capabilities` checks the
+optional extras once, when the allocator is built.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from kvsim.kv.base import Allocation, KVRequest, KVUsage, SlotLedger, UsageSums
+    from kvsim.kv.eviction import BlockStats
 
 log = logging.getLogger("kvsim.capabilities")
 
@@ -196,3 +201,88 @@ def allocator_capabilities(alloc: object) -> AllocatorCapabilities:
     )
     log.debug("allocator %s capabilities: %s", type(alloc).__name__, caps.describe())
     return caps
+
+
+# -- the paged allocator's eviction policy ---------------------------------------------------------
+
+@runtime_checkable
+class EvictionPolicy(Protocol):
+    """Required of an eviction policy (``allocator.eviction``): the paged allocator's *free pool*.
+    It holds the blocks with reference count 0 -- never-used ones and freed ones that still hold
+    cached prefix content -- and decides which of them a new block is taken from. The allocator owns
+    everything else (reference counts, the prefix-cache map, the eviction counter, lower tiers).
+
+    * ``num_free``: blocks in the pool;
+    * ``block in pool``: is the block in the pool;
+    * ``pop()``: take the block to reuse next out of the pool and return its id (only called when
+      ``num_free > 0``). If it holds cached content, the allocator evicts that content: *this* is
+      the eviction decision;
+    * ``remove(block)``: take a specific block out (a prefix-cache hit on a free cached block);
+    * ``add(block, stats)``: a block whose last reference was dropped enters the pool. ``stats``
+      is the :class:`~kvsim.kv.eviction.BlockStats` access history of its cached content (it does
+      not change while the block is in the pool), or None if the block holds no cached content.
+      A request's blocks are added in reverse order (the tail of its prefix chain first).
+
+    At construction every block is in the pool, holding nothing. Calls must be deterministic
+    (no wall clock, no unseeded randomness; break ties by block id).
+    """
+
+    @property
+    def num_free(self) -> int: ...
+
+    def __contains__(self, block: int) -> bool: ...
+
+    def pop(self) -> int: ...
+
+    def remove(self, block: int) -> None: ...
+
+    def add(self, block: int, stats: BlockStats | None) -> None: ...
+
+
+@runtime_checkable
+class AccessHistoryDepth(Protocol):
+    """``history_depth``: how many of a cached block's most recent access times its
+    ``BlockStats.history`` keeps (LRU-K needs K; 1 for a policy without it)."""
+
+    history_depth: int
+
+
+@runtime_checkable
+class SelfCheckingPool(Protocol):
+    """``check_invariants()``: assert the pool's own bookkeeping is consistent (called from the
+    allocator's ``check_invariants``, i.e. with ``--check-invariants``)."""
+
+    def check_invariants(self) -> None: ...
+
+
+@runtime_checkable
+class ReuseOrder(Protocol):
+    """``order()``: the free blocks in the order ``pop`` would return them (tests and debugging:
+    ``PagedAllocator.free_block_order``)."""
+
+    def order(self) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class EvictionCapabilities:
+    """What an eviction policy offers beyond :class:`EvictionPolicy`, checked once per allocator."""
+
+    history_depth: int  # AccessHistoryDepth, else 1
+    self_check: bool  # SelfCheckingPool
+    reuse_order: bool  # ReuseOrder
+
+
+_EVICTION_MEMBERS = ("num_free", "__contains__", "pop", "remove", "add")
+
+
+def eviction_capabilities(pool: object) -> EvictionCapabilities:
+    """Check ``pool`` against :class:`EvictionPolicy` (TypeError naming the missing members) and
+    each optional capability (once, when the allocator is built)."""
+    if not isinstance(pool, EvictionPolicy):
+        missing = [m for m in _EVICTION_MEMBERS if not hasattr(pool, m)]
+        raise TypeError(f"{type(pool).__name__} is not an eviction policy: missing {', '.join(missing)}")
+    depth = pool.history_depth if isinstance(pool, AccessHistoryDepth) else 1
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
+        raise TypeError(f"{type(pool).__name__}.history_depth must be an int >= 1, got {depth!r}")
+    return EvictionCapabilities(history_depth=depth, self_check=isinstance(pool, SelfCheckingPool),
+                                reuse_order=isinstance(pool, ReuseOrder))

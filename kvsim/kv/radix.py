@@ -51,9 +51,9 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections import deque
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, BeforeValidator, Field
 
 from kvsim.config_base import StrictModel
 from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, SlotLedger, UsageSums, cdiv
@@ -69,13 +69,24 @@ def unique_key(request_id: int, k: int) -> int:
     return _UNIQUE_BASE + (request_id << 32) + k
 
 
+def _lru_only(value):
+    """``eviction:`` of the radix allocator: ``lru`` (shorthand, as for the paged allocator) or
+    ``{kind: lru}``; any other kind is refused with a message saying why."""
+    kind = value if isinstance(value, str) else value.get("kind", "lru") if isinstance(value, dict) else None
+    if kind is not None and kind != "lru":
+        raise ValueError(f"the radix allocator supports eviction kind 'lru' only (its tree evicts least "
+                         f"recently used leaves), got {kind!r}")
+    return {"kind": value} if isinstance(value, str) else value
+
+
 class RadixAllocatorConfig(StrictModel):
     kind: Literal["radix"] = "radix"
     block_size: int = Field(1, ge=1, le=512, validation_alias=AliasChoices("block_size", "page_size"),
                             description="tokens per page (SGLang: 1; page_size: deprecated alias)")
     watermark: float = Field(0.0, ge=0, lt=1, description="fraction of pages kept free at admission")
-    eviction: LRUEvictionConfig = Field(default_factory=LRUEvictionConfig,
-                                        description="cached pages: least recently used leaves first")
+    eviction: Annotated[LRUEvictionConfig, BeforeValidator(_lru_only)] = Field(
+        default_factory=LRUEvictionConfig, description="cached pages: least recently used leaves first "
+                                                       "(lru or {kind: lru}, the only kind)")
 
 
 class _Node:

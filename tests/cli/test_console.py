@@ -84,8 +84,10 @@ def test_sweep_on_a_scenario_names_kvsim_run(tmp_path, capsys):
 @pytest.mark.parametrize("eviction, expected", [
     ({"kind": "lfru"}, "allocator.eviction: unknown eviction kind 'lfru' (did you mean 'lru'?); "
                        "valid kinds: fifo, lfu, lru, lru-k, priority"),
-    ("lru", "allocator.eviction: expected a mapping with a kind, e.g. {kind: lru} (got 'lru'); "
-            "valid kinds: fifo, lfu, lru, lru-k, priority"),
+    ("lfru", "allocator.eviction: unknown eviction kind 'lfru' (did you mean 'lru'?); "
+             "valid kinds: fifo, lfu, lru, lru-k, priority"),  # the bare-kind shorthand
+    (5, "allocator.eviction: expected an eviction kind name or a mapping with 'kind' (got 5); "
+        "valid kinds: fifo, lfu, lru, lru-k, priority"),
     ({"kind": "lfu", "k": 2}, "allocator.eviction.k: unknown key 'k'; valid keys: kind"),
 ])
 def test_eviction_kind_errors_list_valid_kinds(tmp_path, capsys, eviction, expected):

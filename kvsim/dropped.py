@@ -110,7 +110,7 @@ def warnings_for(runs: dict[str, Dropped]) -> list[str]:
 def predict_rejections(scn, trace, where: str = "scenario") -> dict[str, int]:
     """Rejections by reason the simulator will make for ``trace`` (after its length policy), found
     by the scheduler's own admission check on each request, without simulating."""
-    from kvsim.sched.request import Request
+    from kvsim.kv.base import KVRequest
     from kvsim.sched.scheduler import Scheduler
     from kvsim.simulate import build_allocator
 
@@ -121,10 +121,9 @@ def predict_rejections(scn, trace, where: str = "scenario") -> dict[str, int]:
     keys = getattr(trace, "prefix_keys", None)
     counts: Counter[str] = Counter()
     for i in range(len(trace)):
-        req = Request(i, float(trace.arrival_s[i]), int(trace.prompt_tokens[i]), int(trace.output_tokens[i]), max_len,
-                      block_keys=None if keys is None else keys[i],
-                      num_samples=1 if samples is None else int(samples[i]))
-        reason = sched.reject_reason(req)  # the check add_request makes, without queueing
+        kv = KVRequest(i, int(trace.prompt_tokens[i]), int(trace.output_tokens[i]), max_len,
+                       block_keys=None if keys is None else keys[i], num_samples=1 if samples is None else int(samples[i]))
+        reason = sched.reject_reason(kv)  # the check an arrival gets, without queueing
         if reason:
             counts[reason] += 1
     return dict(counts)

@@ -28,7 +28,7 @@ import simpy
 from simpy.core import URGENT
 
 from kvsim.errors import SimulationLimitError
-from kvsim.kv.base import MemoryParts
+from kvsim.kv.base import KVRequest, MemoryParts
 from kvsim.kv.beam import DEFAULT_FORK_PROB, BeamModel
 from kvsim.metrics.recorder import StepRecorder
 from kvsim.sched.request import Request
@@ -185,18 +185,24 @@ class Engine:
             self.event_log.append((rid, event, t))
 
     def _arrive(self, i: int):
-        """Create trace request ``i``, route it and queue it (or reject it). Returns (replica, accepted)."""
+        """Route trace request ``i`` and queue it (or reject it). Returns (replica, accepted). With
+        one replica nothing reads the request before it reaches the waiting queue's head, so only
+        its allocator view is built now (the scheduler builds the Request then)."""
         t = float(self.trace.arrival_s[i])
         self._next_arrival_idx = i + 1
-        req = Request(i, t, int(self.trace.prompt_tokens[i]), int(self.trace.output_tokens[i]),
-                      self.max_model_len_tokens,
-                      priority=0 if self._priority is None else int(self._priority[i]),
-                      block_keys=None if self._block_keys is None else self._block_keys[i],
-                      num_samples=1 if self._samples is None else int(self._samples[i]),
-                      beam_events=self._beam_events(i))
-        rep = self.replicas[self.router.route(req)]
-        req.replica = rep.index
-        accepted = rep.scheduler.add_request(req)
+        kv = KVRequest(i, int(self.trace.prompt_tokens[i]), int(self.trace.output_tokens[i]), self.max_model_len_tokens,
+                       block_keys=None if self._block_keys is None else self._block_keys[i],
+                       priority=0 if self._priority is None else int(self._priority[i]),
+                       num_samples=1 if self._samples is None else int(self._samples[i]),
+                       beam_events=self._beam_events(i))
+        if len(self.replicas) == 1:
+            rep = self.replicas[0]
+            accepted = rep.scheduler.add_arrival(kv, t)
+        else:  # a routing policy reads the request
+            req = Request(i, t, kv.prompt_tokens, kv.output_tokens, kv.max_model_len_tokens, priority=kv.priority,
+                          num_samples=kv.num_samples, kv=kv)
+            rep = self.replicas[self.router.route(req)]
+            accepted = rep.scheduler.add_request(req)
         self._log(i, "arrive" if accepted else "reject", t)
         return rep, accepted
 

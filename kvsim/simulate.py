@@ -167,7 +167,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
                           want_context_lens=bool(getattr(timing, "needs_context_lens", False)),
                           kv_bytes_per_token=scn.kv_bytes_per_token,
                           host_link_bandwidth_bytes_per_s=getattr(scn.timing, "host_link_bandwidth_bytes_per_s", 64e9),
-                          host_transfers=transfers, request_log=request_log)
+                          host_transfers=transfers, request_log=request_log, replica_index=i)
         replicas.append(Replica(i, sched, timing))
     scheduler = replicas[0].scheduler
     if not scn.scheduler.chunked_prefill and scheduler.token_budget < max_len:

@@ -33,6 +33,7 @@ requests with parallel samples use :func:`plan_decode_window` / :func:`block_lim
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import numpy as np
 
@@ -138,7 +139,7 @@ def apply_decode_window(sched, win: DecodeWindow, k: int, times: np.ndarray, pop
     sched.take_plan()  # step 0 completes here, with the rest of the window
     alloc = sched.allocator
     reqs = win.requests
-    head = sched.waiting[0].kv if sched.waiting and not sched.swapped else None
+    head = sched.waiting.head.kv if sched.waiting.head is not None and not sched.swapped else None
     segments = [_segment(0, alloc.usage_parts(head))]
     rem = win.remaining
     finishing = {}
@@ -317,12 +318,16 @@ def plan_group_window(sched, group: DecodeGroup, plan, max_steps: int) -> Decode
     else:
         # a member's pages in step j: q + Q + 1 + [r + R >= bs] with clock + j = Q * bs + R
         # (see DecodeGroup.pages_read); sfx[x] counts staying members with remainder >= x
-        big_q, big_r = np.divmod(steps + clock, bs)
-        sfx = np.zeros(bs + 1, np.int64)
-        sfx[:bs] = stay_res
-        sfx[:bs] = np.cumsum(sfx[bs - 1::-1])[::-1]
+        at = steps + clock
+        if bs & (bs - 1):
+            big_q, big_r = np.divmod(at, bs)
+        else:  # a power of two: the same quotient and remainder (clock + j >= 0), cheaper
+            big_q, big_r = at >> (bs.bit_length() - 1), at & (bs - 1)
+        sfx = list(accumulate(reversed(stay_res)))  # sfx[x] = sum(stay_res[bs - 1 - x:])
+        sfx.reverse()
+        sfx.append(0)
         pages = big_q * n_stay
-        pages += sfx[bs - big_r]
+        pages += np.array(sfx, dtype=np.int64)[bs - big_r]
         pages += stay_q + n_stay
     m = len(few_rem)
     if not m:
@@ -375,7 +380,7 @@ def apply_group_window(sched, group: DecodeGroup, plan, k: int, times: np.ndarra
 
     Returns ``(steps advanced, usage segments)`` as :func:`apply_decode_window` does."""
     alloc = sched.allocator
-    head = sched.waiting[0].kv if sched.waiting and not sched.swapped else None
+    head = sched.waiting.head.kv if sched.waiting.head is not None and not sched.swapped else None
     segments = [_segment(0, alloc.usage_parts(head))]
     clock0 = group.clock
     admitted = bool(plan.scheduled)
@@ -389,7 +394,7 @@ def apply_group_window(sched, group: DecodeGroup, plan, k: int, times: np.ndarra
             on_finish(r, t1)
     if (admitted or done) and sched.waiting and sched.head_might_fit(num_running=len(sched.running)):
         return 1, segments  # step 1 will be planned the ordinary way (it may admit the head)
-    head = sched.waiting[0].kv if sched.waiting and not sched.swapped else None
+    head = sched.waiting.head.kv if sched.waiting.head is not None and not sched.swapped else None
     next_finish = group.finish_clock() if len(group) else -1
     changed = bool(admitted or done)
     if sched.caps.decode_steps:

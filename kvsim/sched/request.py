@@ -79,6 +79,8 @@ class Request:
         """Tokens a step computes when this request advances ``new_positions`` positions from
         ``computed`` (default: its computed tokens): prompt positions once, positions past the
         prompt once per sample."""
+        if self.num_samples == 1:
+            return new_positions  # every position once
         c = self.num_computed_tokens if computed is None else computed
         prompt_part = max(0, min(c + new_positions, self.prompt_tokens) - c)
         return prompt_part + self.num_samples * (new_positions - prompt_part)
@@ -107,24 +109,28 @@ _COMPACT_ROWS = 1 << 15  # popped tail rows kept before the columns are compacte
 
 class WaitingQueue:
     """The scheduler's FCFS waiting queue, deque-like (``append``, ``appendleft``, ``popleft``,
-    ``pop``, ``[0]``, ``len``, iteration, truth).
+    ``pop``, ``[0]``, ``len``, iteration, truth), with its head always at hand as :attr:`head`.
 
     Memory: ShareGPT-like traffic at 20 req/s on one A100 (bench/run_bench.py) queues over half of
     a million-request trace at once. A request that has never been admitted holds nothing but its
     trace fields, all in its immutable allocator view (:class:`~kvsim.kv.base.KVRequest`) but the
     arrival time and replica. So the queue keeps such a request as a row: its KVRequest and two
     typed columns (about 200 bytes instead of about 500 for the Request with it), and builds the
-    :class:`Request` again, with the same fields and the same KVRequest, when it reaches the head
-    (``[0]`` or ``popleft``). The queue is ``front + tail``: ``front`` holds Request objects (the
-    built head, and requests preempted back to the queue by ``appendleft``), ``tail`` the rows in
-    arrival order. A request appended after it was admitted (or credited with prefetch) stays a
-    Request object, in its place in the tail.
+    :class:`Request`, with the same fields and the same KVRequest, when it becomes the head. An
+    arrival given only as a row (:meth:`append_row`, the engine's path) is built once, then.
+
+    The queue is ``front + tail``: ``front`` holds Request objects (the head, built as soon as the
+    request becomes the head, and requests preempted back to the queue by ``appendleft``), ``tail``
+    the rows in arrival order. ``front`` is empty only when the whole queue is, so :attr:`head`
+    (``front[0]`` or None) is a plain attribute read: the scheduler asks for it many times a step.
+    A request appended after it was admitted (or credited with prefetch) stays a Request object,
+    in its place in the tail.
 
     Iteration yields the front's objects and a freshly built Request for each tail row: for reading
     only (a change to a tail row's object would be lost).
     """
 
-    __slots__ = ("_front", "_obj", "_arrival", "_replica", "_head", "num_seqs")
+    __slots__ = ("_front", "_obj", "_arrival", "_replica", "_head", "num_seqs", "head")
 
     def __init__(self) -> None:
         self._front: deque[Request] = deque()
@@ -135,40 +141,70 @@ class WaitingQueue:
         self._replica = array("q")
         self._head = 0
         self.num_seqs = 0  # sequences queued: sum of num_samples (what a load-aware router reads)
+        self.head: Request | None = None  # the first request (front[0]); None when the queue is empty
 
     def __len__(self) -> int:
         return len(self._front) + len(self._obj)
 
     def __bool__(self) -> bool:
-        return bool(self._front) or bool(self._obj)
+        return self.head is not None
 
     def append(self, req: Request) -> None:
         self.num_seqs += req.num_samples
-        if req.admit_seq < 0 and req.status == RequestStatus.WAITING and not req.num_generated \
+        if self.head is None:
+            self._front.append(req)
+            self.head = req
+        elif req.admit_seq < 0 and req.status == RequestStatus.WAITING and not req.num_generated \
                 and not req.prefetched_s:
-            self._obj.append(req.kv)  # fresh: everything else is in the allocator view
+            self._append_row(req.kv, req.arrival_s, req.replica)  # fresh: the allocator view holds the rest
         else:
             self._obj.append(req)
-        self._arrival.append(req.arrival_s)
-        self._replica.append(req.replica)
+            self._arrival.append(req.arrival_s)
+            self._replica.append(req.replica)
+
+    def append_row(self, kv: KVRequest, arrival_s: float, replica: int) -> None:
+        """Append a fresh arrival given by its allocator view, arrival time and replica (its
+        Request is built when it becomes the head)."""
+        self.num_seqs += kv.num_samples
+        if self.head is None:
+            self.head = self._build_row(kv, arrival_s, replica)
+            self._front.append(self.head)
+        else:
+            self._append_row(kv, arrival_s, replica)
+
+    def _append_row(self, kv: KVRequest, arrival_s: float, replica: int) -> None:
+        self._obj.append(kv)
+        self._arrival.append(arrival_s)
+        self._replica.append(replica)
 
     def appendleft(self, req: Request) -> None:
         self.num_seqs += req.num_samples
         self._front.appendleft(req)
+        self.head = req
+
+    @staticmethod
+    def _build_row(kv: KVRequest, arrival_s: float, replica: int) -> Request:
+        req = Request(kv.request_id, arrival_s, kv.prompt_tokens, kv.output_tokens, kv.max_model_len_tokens,
+                      priority=kv.priority, num_samples=kv.num_samples, kv=kv)
+        req.replica = replica
+        return req
 
     def _build(self, i: int, obj) -> Request:
         """The Request of tail row ``i`` (index into the columns) whose object is ``obj``."""
         if type(obj) is not KVRequest:
             return obj
-        req = Request(obj.request_id, self._arrival[i], obj.prompt_tokens, obj.output_tokens,
-                      obj.max_model_len_tokens, priority=obj.priority, num_samples=obj.num_samples, kv=obj)
-        req.replica = self._replica[i]
-        return req
+        return self._build_row(obj, self._arrival[i], self._replica[i])
 
     def _take_head_row(self) -> Request:
         """Remove the tail's first row and return its Request."""
         i = self._head
-        req = self._build(i, self._obj.popleft())
+        obj = self._obj.popleft()
+        if type(obj) is KVRequest:  # _build, inlined: once per queued arrival
+            req = Request(obj.request_id, self._arrival[i], obj.prompt_tokens, obj.output_tokens,
+                          obj.max_model_len_tokens, priority=obj.priority, num_samples=obj.num_samples, kv=obj)
+            req.replica = self._replica[i]
+        else:
+            req = obj
         if not self._obj:
             del self._arrival[:], self._replica[:]
             self._head = 0
@@ -179,17 +215,30 @@ class WaitingQueue:
             self._head = i + 1
         return req
 
+    def _refill(self) -> None:
+        """Keep the invariant after the front lost its head: the next request becomes it."""
+        front = self._front
+        if not front and self._obj:
+            front.append(self._take_head_row())
+        self.head = front[0] if front else None
+
     def __getitem__(self, index: int) -> Request:
         if index != 0:
             raise IndexError("WaitingQueue: only the head ([0]) can be indexed")
-        if not self._front:
-            if not self._obj:
-                raise IndexError("WaitingQueue is empty")
-            self._front.append(self._take_head_row())
-        return self._front[0]
+        if self.head is None:
+            raise IndexError("WaitingQueue is empty")
+        return self.head
 
     def popleft(self) -> Request:
-        req = self._front.popleft() if self._front else self._take_head_row()
+        front = self._front
+        req = front.popleft()  # IndexError when empty, as a deque's
+        if front:
+            self.head = front[0]
+        elif self._obj:
+            self.head = self._take_head_row()
+            front.append(self.head)
+        else:
+            self.head = None
         self.num_seqs -= req.num_samples
         return req
 
@@ -204,6 +253,7 @@ class WaitingQueue:
                 self._head = 0
         else:
             req = self._front.pop()
+            self._refill()
         self.num_seqs -= req.num_samples
         return req
 

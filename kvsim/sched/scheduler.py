@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvsim.kv.base import KVRequest
 from kvsim.kv.protocol import KVAllocator, allocator_capabilities
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.fastpath import DecodeFastPath
@@ -77,8 +78,9 @@ class Scheduler:
     def __init__(self, cfg: SchedulerConfig, allocator: KVAllocator, max_model_len_tokens: int,
                  want_context_lens: bool = False, kv_bytes_per_token: int = 0,
                  host_link_bandwidth_bytes_per_s: float = 64e9, host_transfers: HostTransfers | None = None,
-                 request_log: RequestLog | None = None):
+                 request_log: RequestLog | None = None, replica_index: int = 0):
         self.cfg = cfg
+        self.replica_index = replica_index  # the engine replica this scheduler plans for
         self.allocator = allocator
         self._victim_policy = build_victim_policy(cfg.victim)
         self.max_model_len_tokens = max_model_len_tokens
@@ -137,36 +139,59 @@ class Scheduler:
 
     # -- arrivals ------------------------------------------------------------------------------
     def add_request(self, req: Request) -> bool:
-        """Queue an arriving request, or reject it (returns False) if it could never run."""
-        if req.request_id in self.requests:
-            raise ValueError(f"request {req.request_id} added twice")
-        if req.num_samples > 1:
+        """Queue an arriving request built by the caller (e.g. to route it first), or reject it
+        (returns False) if it could never run. The scheduler records its replica."""
+        req.replica = self.replica_index
+        return self._arrive(req.kv, req.arrival_s, req)
+
+    def add_arrival(self, kv: KVRequest, arrival_s: float) -> bool:
+        """:meth:`add_request` for an arrival given by its allocator view and arrival time: its
+        :class:`Request` is built only when it reaches the head of the waiting queue (or is
+        rejected)."""
+        return self._arrive(kv, arrival_s, None)
+
+    def _arrive(self, kv: KVRequest, arrival_s: float, req: Request | None) -> bool:
+        """THE arrival: queue the request (``req``, or a row for ``kv``) or reject it."""
+        if kv.request_id in self.requests:
+            raise ValueError(f"request {kv.request_id} added twice")
+        if kv.num_samples > 1:
             self._any_samples = True
             # No more lazy decoding. The group is dissolved by the next schedule(), not here: a
             # step planned with it may be in flight (arrivals come between schedule and
             # on_step_done), and its members still advance when it completes.
             self._lazy = False
-        reason = self.reject_reason(req)
+        reason = self.reject_reason(kv)
         if reason:
+            if req is None:
+                req = Request(kv.request_id, arrival_s, kv.prompt_tokens, kv.output_tokens, kv.max_model_len_tokens,
+                              priority=kv.priority, num_samples=kv.num_samples, kv=kv)
+                req.replica = self.replica_index
             req.status = RequestStatus.REJECTED
             req.reject_reason = reason
             self.log.append(req)
             self.num_rejected += 1
             return False
-        self.waiting.append(req)
+        if req is None:
+            self.waiting.append_row(kv, arrival_s, self.replica_index)
+        else:
+            self.waiting.append(req)
         return True
 
-    def reject_reason(self, req: Request) -> str:
-        """Why ``req`` could never run (a ``REJECT_*`` reason), or "" if it could."""
-        if req.prompt_tokens + req.output_tokens > self.max_model_len_tokens:
+    def reject_reason(self, kv: KVRequest) -> str:
+        """Why the request with allocator view ``kv`` could never run (a ``REJECT_*`` reason), or
+        "" if it could."""
+        prompt, output = kv.prompt_tokens, kv.output_tokens
+        if prompt + output > self.max_model_len_tokens:
             return REJECT_TOO_LONG
-        if not self.allocator.max_footprint_fits(req.kv) or req.num_samples > self.max_num_seqs:
+        if not self.allocator.max_footprint_fits(kv) or kv.num_samples > self.max_num_seqs:
             return REJECT_KV
-        if not self.chunked_prefill and req.batch_tokens(req.output_tokens - 1 + req.prompt_tokens, 0) \
-                > self.token_budget:
+        if not self.chunked_prefill:
             # A recompute after preemption re-prefills prompt + generated tokens (each generated
-            # position once per sample) in one step.
-            return REJECT_BUDGET
+            # position once per sample) in one step: Request.batch_tokens of them from 0 computed.
+            positions = output - 1 + prompt
+            prompt_part = max(0, min(positions, prompt))
+            if prompt_part + kv.num_samples * (positions - prompt_part) > self.token_budget:
+                return REJECT_BUDGET
         return ""
 
     @property
@@ -233,9 +258,9 @@ class Scheduler:
     def head_might_fit(self, num_running: int) -> bool:
         """Could a schedule() with ``num_running`` decoding requests admit the waiting head, if the
         running requests took no more memory? (Decode windows: False means it surely stays blocked.)"""
-        if not self.waiting or self.swapped or num_running + self.waiting[0].num_samples > self.max_num_seqs:
+        req = self.waiting.head
+        if req is None or self.swapped or num_running + req.num_samples > self.max_num_seqs:
             return False
-        req = self.waiting[0]
         budget = self.token_budget - num_running
         if budget <= 0:
             return False
@@ -251,7 +276,7 @@ class Scheduler:
             return None
         if self.swapped:
             return self.swapped[0]
-        return self.waiting[0] if self.waiting else None
+        return self.waiting.head
 
     @staticmethod
     def credit_prefetch(target: Request | None, durations) -> None:
@@ -410,9 +435,9 @@ class Scheduler:
         """Phase 3: waiting requests, FCFS, only if nothing was preempted or is swapped out."""
         alloc = self.allocator
         waiting, running = self.waiting, self.running
-        while (waiting and not self.swapped and not step.preempted and step.budget > 0
-               and self.num_running_seqs() + waiting[0].num_samples <= self.max_num_seqs):
-            req = waiting[0]
+        while (waiting.head is not None and not self.swapped and not step.preempted and step.budget > 0
+               and self.num_running_seqs() + waiting.head.num_samples <= self.max_num_seqs):
+            req = waiting.head
             cached = self.cached_prefix_tokens(req)
             n = req.num_tokens - cached
             cost = req.batch_tokens(n, computed=cached)
@@ -611,7 +636,7 @@ class Scheduler:
             self._decode.sync()
 
     def usage(self):
-        head = self.waiting[0].kv if self.waiting and not self.swapped else None
+        head = self.waiting.head.kv if self.waiting.head is not None and not self.swapped else None
         return self.allocator.usage(head)
 
     def check_invariants(self) -> None:

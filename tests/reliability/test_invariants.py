@@ -6,6 +6,7 @@ The mutations are monkeypatched in for one test only; nothing in ``kvsim/`` is m
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -64,7 +65,7 @@ def _reservation_plus_one(monkeypatch):
 
     def usage(self, *args, **kwargs):
         u = original(self, *args, **kwargs)
-        return type(u)(**{**u.__dict__, "reservation_tokens": u.reservation_tokens + 1})
+        return dataclasses.replace(u, reservation_tokens=u.reservation_tokens + 1)
 
     monkeypatch.setattr(SlotLedger, "usage", usage)
 

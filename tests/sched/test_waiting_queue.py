@@ -76,6 +76,7 @@ def test_queue_behaves_like_a_deque_of_the_original_requests(ops, seed):
             q[0].prefetched_s += 0.5
             ref[0].prefetched_s += 0.5
         assert len(q) == len(ref) and bool(q) == bool(ref)
+        assert (q.head is None) == (not ref) and (not ref or state(q.head) == state(ref[0]))
         assert q.num_seqs == sum(r.num_samples for r in ref)
         assert [state(r) for r in q] == [state(r) for r in ref]
 
@@ -99,14 +100,35 @@ def test_many_rows_compact_and_keep_order(monkeypatch):
 
 
 def test_a_fresh_request_is_not_kept_as_an_object():
+    """Only the head is a Request object; the other fresh arrivals are rows."""
     q = WaitingQueue()
     gc.collect()
     before = sum(type(o) is Request for o in gc.get_objects())
     for i in range(1000):
         q.append(Request(i, float(i), 100, 10, MAX_LEN))
-    assert sum(type(o) is Request for o in gc.get_objects()) == before
-    assert q[0].request_id == 0 and q[0].status == RequestStatus.WAITING
+    assert sum(type(o) is Request for o in gc.get_objects()) == before + 1  # the head
+    assert q.head is q[0] and q[0].request_id == 0 and q[0].status == RequestStatus.WAITING
+    assert q.popleft().request_id == 0 and q.head.request_id == 1  # the next head is built at once
     assert sum(type(o) is Request for o in gc.get_objects()) == before + 1
+
+
+def test_rows_appended_by_view_build_their_request_once_at_the_head():
+    rng = np.random.default_rng(5)
+    q, ref = WaitingQueue(), deque()
+    for i in range(50):
+        r = fresh(i, rng)
+        q.append_row(r.kv, r.arrival_s, r.replica)
+        ref.append(r)
+        if i % 4 == 3:
+            head = q.head
+            assert head is q[0] and state(head) == state(ref[0])
+            assert q.popleft() is head
+            ref.popleft()
+    assert q.num_seqs == sum(r.num_samples for r in ref)
+    assert [state(r) for r in q] == [state(r) for r in ref]
+    while ref:
+        assert state(q.popleft()) == state(ref.popleft())
+    assert q.head is None and not q and len(q) == 0
 
 
 def test_live_requests_stay_bounded_during_a_backlogged_run(monkeypatch):

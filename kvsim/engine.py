@@ -374,11 +374,16 @@ class Engine:
             # Step 0 (which may admit requests) is priced as a step; steps 1.. as decode steps.
             step0 = rep.timing.step_time(plan.shape)
             priced = pricer.decode_durations(win.num_seqs[1:], win.kv_tokens_read[1:], win.kv_pages_read[1:])
-            durations = np.concatenate(([step0.duration_s], priced[0]))
+            buf = np.empty(len(priced[0]) + 2)  # [start, step 0, steps 1..]
+            buf[1] = step0.duration_s
+            buf[2:] = priced[0]
         else:
             priced = pricer.decode_durations(win.num_seqs, win.kv_tokens_read, win.kv_pages_read)
-            durations = priced[0]
-        times = np.cumsum(np.concatenate(([start], durations)))  # sequential, like SimPy's clock
+            buf = np.empty(len(priced[0]) + 1)  # [start, steps 0..]
+            buf[1:] = priced[0]
+        buf[0] = start
+        durations = buf[1:]
+        times = np.cumsum(buf)  # sequential, like SimPy's clock
         k = win.max_steps
         if self._next_arrival_idx < len(self.trace):
             nxt = float(self.trace.arrival_s[self._next_arrival_idx])

@@ -137,7 +137,7 @@ class DecodeGroup:
         big_q, rem = divmod(self.clock, bs)
         return self.sum_q + n * (1 + big_q) + (sum(self.res_count[bs - rem:]) if rem else 0)
 
-    def split_at(self, steps: int) -> tuple[list[int], list[int], int, int, int, list[int]]:
+    def split_at(self, steps: int, min_stay: int = 0) -> tuple[list[int], list[int], int, int, int, list[int]]:
         """The members as a decode window of ``steps`` steps (from the current clock) needs them:
         those that finish inside it one by one, the others as sums (they read in every step).
 
@@ -145,9 +145,12 @@ class DecodeGroup:
         finishes within ``steps`` (a prefix of the finish order), its remaining steps and the
         tokens it reads in the window's first step (``computed + 1``); then, over the other
         members, their count, the sum of their base constants, and (with pages) the sum of the
-        quotients and the count per remainder of ``base = q * block_size + r``."""
+        quotients and the count per remainder of ``base = q * block_size + r``. If fewer than
+        ``min_stay`` members would stay, every member is returned one by one (no sums)."""
         clock = self.clock
         nf = bisect.bisect_left(self.keys, (clock + steps) << _SEQ_BITS)  # finish key < clock + steps
+        if len(self.keys) - nf < min_stay:
+            nf = len(self.keys)
         head = self.base[:nf]
         remaining = [(key >> _SEQ_BITS) - clock for key in self.keys[:nf]]
         length0 = [b + clock + 1 for b in head]
@@ -173,14 +176,16 @@ class DecodeGroup:
         if not end:
             return []
         done = self.members[:end]
-        self.sum_base -= sum(self.base[:end])
+        gone = self.base[:end]
+        self.sum_base -= sum(gone)
         bs = self.block_size
         if bs is not None:
             res = self.res_count
-            for b in self.base[:end]:
-                q, r = divmod(b, bs)
-                self.sum_q -= q
-                res[r] -= 1
+            sum_q = self.sum_q
+            for b in gone:
+                sum_q -= b // bs
+                res[b % bs] -= 1
+            self.sum_q = sum_q
         del self.keys[:end], self.members[:end], self.base[:end]
         clock = self.clock
         for r in done:

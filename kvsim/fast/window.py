@@ -33,7 +33,7 @@ requests with parallel samples use :func:`plan_decode_window` / :func:`block_lim
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, chain
 
 import numpy as np
 
@@ -134,13 +134,13 @@ def apply_decode_window(sched, win: DecodeWindow, k: int, times: np.ndarray, pop
 
     ``times[j]`` is the start of step j (``times[k]`` the end). Returns the number of steps actually
     advanced (``k`` or fewer, when the blocked head of the waiting queue might fit after a finish)
-    and the usage segments: a list of :func:`_segment` tuples.
+    and the usage :class:`Segments`.
     """
     sched.take_plan()  # step 0 completes here, with the rest of the window
     alloc = sched.allocator
     reqs = win.requests
     head = sched.waiting.head.kv if sched.waiting.head is not None and not sched.swapped else None
-    segments = [_segment(0, alloc.usage_parts(head))]
+    segments = Segments(alloc.usage_parts(head))
     rem = win.remaining
     finishing = {}
     for i in np.flatnonzero(rem <= k):
@@ -178,7 +178,7 @@ def apply_decode_window(sched, win: DecodeWindow, k: int, times: np.ndarray, pop
             if not ok:
                 raise RuntimeError(f"decode window: a block needed at step {s} was not free")
             p = q
-        segments.append(_segment(s, alloc.usage_parts(head)))
+        segments.add(s, alloc.usage_parts(head))
     if stop == k:
         for i in finishing.get(k, ()):
             _finish(sched, reqs[i], int(win.computed0[i]) + k, float(times[k]), on_finish)
@@ -249,6 +249,9 @@ def pages_per_step(remaining: np.ndarray, length0: np.ndarray, weights: np.ndarr
 
 
 DENSE_PAGES_MAX = 1 << 13  # pages_per_step: (steps x members) pairs evaluated directly up to this
+# group windows: members outlasting the window enter as the group's sums only if at least this many
+# (below, their columns in the (steps x members) evaluation cost less than the sums' numpy calls)
+MIN_STAY_SUMS = 16
 _PHASES: dict[int, np.ndarray] = {}
 _STEPS: list = [np.zeros((0, 1), np.int64)]
 
@@ -302,36 +305,19 @@ def plan_group_window(sched, group: DecodeGroup, plan, max_steps: int) -> Decode
         # may let the waiting head in): not worth planning. Only a cost estimate; apply re-checks.
         return None
     # Members still decoding after the window's last step read in every step: they enter as the
-    # group's sums (O(1) per step). Members that finish inside it and step 0's admissions (which
-    # decode from step 1 on) are taken one by one.
-    few_rem, few_len0, n_stay, stay_base, stay_q, stay_res = group.split_at(kcap)
+    # group's sums (O(1) per step) when there are enough of them to pay for that. Members that
+    # finish inside the window and step 0's admissions (which decode from step 1 on) are taken one
+    # by one.
+    few_rem, few_len0, n_stay, stay_base, stay_q, stay_res = group.split_at(kcap, MIN_STAY_SUMS)
     if rem_new:
         few_rem = few_rem + rem_new
         few_len0 = few_len0 + [c + 1 for c in computed_new]
     bs = sched.allocator.block_size
     steps = _steps_column(kcap)[:, 0]
-    # the staying members: step j reads base + clock + 1 + j tokens of each
-    kv_read = steps * n_stay
-    kv_read += stay_base + n_stay * (clock + 1)
-    if bs is None:
-        pages = None
-    else:
-        # a member's pages in step j: q + Q + 1 + [r + R >= bs] with clock + j = Q * bs + R
-        # (see DecodeGroup.pages_read); sfx[x] counts staying members with remainder >= x
-        at = steps + clock
-        if bs & (bs - 1):
-            big_q, big_r = np.divmod(at, bs)
-        else:  # a power of two: the same quotient and remainder (clock + j >= 0), cheaper
-            big_q, big_r = at >> (bs.bit_length() - 1), at & (bs - 1)
-        sfx = list(accumulate(reversed(stay_res)))  # sfx[x] = sum(stay_res[bs - 1 - x:])
-        sfx.reverse()
-        sfx.append(0)
-        pages = big_q * n_stay
-        pages += np.array(sfx, dtype=np.int64)[bs - big_r]
-        pages += stay_q + n_stay
     m = len(few_rem)
     if not m:
         num_seqs = np.full(kcap, n_stay, np.int64)
+        kv_read = pages = None
     elif kcap * m <= DENSE_PAGES_MAX:
         # every (step, member) pair at once: step j reads length0 + j tokens of each active member
         col = _steps_column(kcap)
@@ -339,28 +325,49 @@ def plan_group_window(sched, group: DecodeGroup, plan, max_steps: int) -> Decode
         length = np.array(few_len0, dtype=np.int64) + col  # (kcap, m)
         active = remaining > col
         num_seqs = active.sum(axis=1)
-        num_seqs += n_stay
         length *= active
-        kv_read += length.sum(axis=1)
-        if bs is not None:
+        kv_read = length.sum(axis=1)
+        if bs is None:
+            pages = None
+        else:
             length += bs - 1
             if bs & (bs - 1):
                 length //= bs  # zero stays zero for finished members
             else:  # a power of two: the same quotient (lengths are >= 0), cheaper
                 length >>= bs.bit_length() - 1
-            pages += length.sum(axis=1)
+            pages = length.sum(axis=1)
     else:
         order = sorted(range(m), key=few_rem.__getitem__)
         remaining = np.array([few_rem[i] for i in order], dtype=np.int64)
         length0 = np.array([few_len0[i] for i in order], dtype=np.int64)
         done_by = np.searchsorted(remaining, steps, side="right")  # of these, finished before step j
-        active = m - done_by
-        num_seqs = active + n_stay
+        num_seqs = m - done_by
         csum = np.concatenate(([0], np.cumsum(length0)))
-        kv_read += (csum[-1] - csum[done_by]) + active * steps
+        kv_read = (csum[-1] - csum[done_by]) + num_seqs * steps
+        pages = None if bs is None else pages_per_step(remaining, length0, None, done_by, bs)
+    if n_stay:
+        # the staying members: step j reads base + clock + 1 + j tokens of each
+        if m:
+            num_seqs += n_stay
+        stay_kv = steps * n_stay
+        stay_kv += stay_base + n_stay * (clock + 1)
+        kv_read = stay_kv if kv_read is None else kv_read + stay_kv
         if bs is not None:
-            pages += pages_per_step(remaining, length0, None, done_by, bs)
-    if pages is None:
+            # a member's pages in step j: q + Q + 1 + [r + R >= bs] with clock + j = Q * bs + R
+            # (see DecodeGroup.pages_read); sfx[x] counts staying members with remainder >= x
+            at = steps + clock
+            if bs & (bs - 1):
+                big_q, big_r = np.divmod(at, bs)
+            else:  # a power of two: the same quotient and remainder (clock + j >= 0), cheaper
+                big_q, big_r = at >> (bs.bit_length() - 1), at & (bs - 1)
+            sfx = list(accumulate(reversed(stay_res)))  # sfx[x] = sum(stay_res[bs - 1 - x:])
+            sfx.reverse()
+            sfx.append(0)
+            stay_pages = big_q * n_stay
+            stay_pages += np.array(sfx, dtype=np.int64)[bs - big_r]
+            stay_pages += stay_q + n_stay
+            pages = stay_pages if pages is None else pages + stay_pages
+    if pages is None:  # one run per sequence
         pages = num_seqs.copy()
     num_seqs[0] = shape.num_seqs  # step 0 as scheduled (prefills included)
     kv_read[0] = shape.kv_tokens_read
@@ -381,7 +388,7 @@ def apply_group_window(sched, group: DecodeGroup, plan, k: int, times: np.ndarra
     Returns ``(steps advanced, usage segments)`` as :func:`apply_decode_window` does."""
     alloc = sched.allocator
     head = sched.waiting.head.kv if sched.waiting.head is not None and not sched.swapped else None
-    segments = [_segment(0, alloc.usage_parts(head))]
+    segments = Segments(alloc.usage_parts(head))
     clock0 = group.clock
     admitted = bool(plan.scheduled)
     t1 = float(times[1])
@@ -443,11 +450,12 @@ def _grow_runs(sched, group: DecodeGroup, k: int, times, clock0: int, next_finis
         changes: list = []
         done = grow_steps(end - s, s, changes)
         if changed and done and (not changes or changes[0][0] != s):
-            segments.append(_segment(s, parts))
+            segments.add(s, parts)
         if changes:
             base = parts or alloc.usage_parts(head)  # only held and useful change while requests grow
             shared, cached, external = base.shared_tokens, base.cached_free_tokens, base.external_tokens
-            segments.extend([(step, held, useful, shared, cached, external) for step, held, useful in changes])
+            segments.starts.extend([c[0] for c in changes])
+            segments.parts.extend([(held, useful, shared, cached, external) for _, held, useful in changes])
         changed = False
         if done < end - s:
             return s + done  # a block that step needs is not free: plan it one request at a time
@@ -472,29 +480,41 @@ def _grow_one_by_one(sched, group: DecodeGroup, k: int, times, clock0: int, next
         if not grow():
             return s  # a block step s needs is not free: plan it one request at a time (preemption)
         if changed or ledger.sum_held != held:
-            segments.append(_segment(s, alloc.usage_parts(head)))
+            segments.add(s, alloc.usage_parts(head))
             changed = False
     return k
 
 
-def _segment(first_step: int, parts: UsageSums) -> tuple[int, int, int, int, int, int]:
-    """A usage segment of a window (this module's own record; built per block event, so a plain
-    tuple): ``(first step, held, useful, shared, cached free, external)`` tokens, the
-    :class:`~kvsim.kv.base.UsageSums` in force from ``first_step`` on."""
-    return (first_step, parts.held_tokens, parts.useful_tokens, parts.shared_tokens, parts.cached_free_tokens,
-            parts.external_tokens)
+class Segments:
+    """A window's piecewise-constant allocator sums: from step ``starts[i]`` on, the sums
+    ``parts[i] = (held, useful, shared, cached free, external)`` tokens (a
+    :class:`~kvsim.kv.base.UsageSums` as a plain tuple: one is kept per block event)."""
+
+    __slots__ = ("starts", "parts")
+
+    def __init__(self, first: UsageSums) -> None:
+        self.starts: list[int] = [0]
+        self.parts: list[tuple[int, int, int, int, int]] = []
+        self.add_parts(first)
+
+    def add(self, first_step: int, usage: UsageSums) -> None:
+        self.starts.append(first_step)
+        self.add_parts(usage)
+
+    def add_parts(self, u: UsageSums) -> None:
+        self.parts.append((u.held_tokens, u.useful_tokens, u.shared_tokens, u.cached_free_tokens, u.external_tokens))
 
 
 def window_means(win: DecodeWindow, k: int, durations: np.ndarray, segments, capacity_tokens: int):
     """Time-weighted means over the window's steps: ``(memory parts in tokens, batch size)``.
 
-    ``segments`` (:func:`_segment` tuples, strictly increasing first steps, all < k) hold
+    ``segments`` (:class:`Segments`, strictly increasing first steps, all < k) hold
     piecewise-constant allocator sums; the written / batch / KV-read series are per step."""
     d = durations[:k]
     total = float(d.sum())
-    starts = [seg[0] for seg in segments]
-    vals = np.array([seg[1:] for seg in segments], dtype=np.float64)  # (segments, 5)
-    seg_time = np.add.reduceat(d, starts)  # time spent in each segment
+    parts = segments.parts
+    vals = np.fromiter(chain.from_iterable(parts), np.float64, 5 * len(parts)).reshape(-1, 5)  # (segments, 5)
+    seg_time = np.add.reduceat(d, segments.starts)  # time spent in each segment
     held, useful, shared, cached_free, external = (seg_time @ vals / total).tolist()
     written = float(np.dot(win.written[:k], d)) / total
     batch = float(np.dot(win.num_requests[:k], d)) / total
@@ -506,7 +526,7 @@ def window_means(win: DecodeWindow, k: int, durations: np.ndarray, segments, cap
         external_frag=external,
         free=capacity_tokens - (held - shared) - external,
         cached_free=cached_free,
-        peak_used=float(max([seg[1] - seg[3] for seg in segments])),
+        peak_used=float(max([p[0] - p[2] for p in parts])),
         unshared=unshared,
     )
     return memory, batch

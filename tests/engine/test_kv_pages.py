@@ -78,15 +78,21 @@ def test_parallel_samples_read_pages_per_sequence(allocator):
     assert int(out["fast"].steps["kv_pages_read"].sum()) == want
 
 
+@pytest.mark.parametrize("stay_sums", [0, 1 << 30])
 @pytest.mark.parametrize("dense", [True, False])
 @pytest.mark.parametrize("allocator", [{"kind": "paged", "block_size": 16}, {"kind": "contiguous"},
-                                       {"kind": "paged", "block_size": 16, "prefix_caching": True}])
-def test_window_arrays_both_evaluations_equal_step_mode(allocator, dense, monkeypatch):
+                                       {"kind": "paged", "block_size": 16, "prefix_caching": True},
+                                       {"kind": "paged", "block_size": 12}])
+def test_window_arrays_both_evaluations_equal_step_mode(allocator, dense, stay_sums, monkeypatch):
+    """Group windows take members as (step, member) pairs (dense) or per finish order (sparse), and
+    the members outlasting the window either one by one or as the group's sums (always / never:
+    ``MIN_STAY_SUMS``): every way gives the step-by-step engine's page, byte and token counts."""
     import pandas as pd
 
     import kvsim.fast.window as window
 
     monkeypatch.setattr(window, "DENSE_PAGES_MAX", 1 << 30 if dense else 0)
+    monkeypatch.setattr(window, "MIN_STAY_SUMS", stay_sums)
     rng = np.random.default_rng(11)
     n = 60
     rows = list(zip(np.cumsum(rng.exponential(1 / 25.0, n)), rng.integers(1, 300, n), rng.integers(1, 150, n)))

@@ -188,13 +188,14 @@ class Engine:
         """Route trace request ``i`` and queue it (or reject it). Returns (replica, accepted). With
         one replica nothing reads the request before it reaches the waiting queue's head, so only
         its allocator view is built now (the scheduler builds the Request then)."""
-        t = float(self.trace.arrival_s[i])
+        trace = self.trace
+        t = trace.arrival_s.item(i)  # .item: the Python number, without a numpy scalar in between
         self._next_arrival_idx = i + 1
-        kv = KVRequest(i, int(self.trace.prompt_tokens[i]), int(self.trace.output_tokens[i]), self.max_model_len_tokens,
+        kv = KVRequest(i, trace.prompt_tokens.item(i), trace.output_tokens.item(i), self.max_model_len_tokens,
                        block_keys=None if self._block_keys is None else self._block_keys[i],
                        priority=0 if self._priority is None else int(self._priority[i]),
                        num_samples=1 if self._samples is None else int(self._samples[i]),
-                       beam_events=self._beam_events(i))
+                       beam_events=None if self._beam is None else self._beam_events(i))
         if len(self.replicas) == 1:
             rep = self.replicas[0]
             accepted = rep.scheduler.add_arrival(kv, t)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate, chain
+from operator import mul
 
 import numpy as np
 
@@ -252,6 +253,8 @@ DENSE_PAGES_MAX = 1 << 13  # pages_per_step: (steps x members) pairs evaluated d
 # group windows: members outlasting the window enter as the group's sums only if at least this many
 # (below, their columns in the (steps x members) evaluation cost less than the sums' numpy calls)
 MIN_STAY_SUMS = 16
+# windows of at most this many steps: time-weighted means in Python floats (numpy's per-call cost dominates)
+SMALL_WINDOW_STEPS = 24
 _PHASES: dict[int, np.ndarray] = {}
 _STEPS: list = [np.zeros((0, 1), np.int64)]
 
@@ -510,15 +513,55 @@ def window_means(win: DecodeWindow, k: int, durations: np.ndarray, segments, cap
 
     ``segments`` (:class:`Segments`, strictly increasing first steps, all < k) hold
     piecewise-constant allocator sums; the written / batch / KV-read series are per step."""
+    parts = segments.parts
+    if k <= SMALL_WINDOW_STEPS:
+        return _window_means_small(win, k, durations, segments, capacity_tokens)
     d = durations[:k]
     total = float(d.sum())
-    parts = segments.parts
     vals = np.fromiter(chain.from_iterable(parts), np.float64, 5 * len(parts)).reshape(-1, 5)  # (segments, 5)
     seg_time = np.add.reduceat(d, segments.starts)  # time spent in each segment
     held, useful, shared, cached_free, external = (seg_time @ vals / total).tolist()
     written = float(np.dot(win.written[:k], d)) / total
     batch = float(np.dot(win.num_requests[:k], d)) / total
     unshared = written if win.kv_tokens_read is win.written else float(np.dot(win.kv_tokens_read[:k], d)) / total
+    memory = MemoryParts(
+        token_states=written - shared,
+        reservation=useful - written,
+        internal_frag=held - useful,
+        external_frag=external,
+        free=capacity_tokens - (held - shared) - external,
+        cached_free=cached_free,
+        peak_used=float(max([p[0] - p[2] for p in parts])),
+        unshared=unshared,
+    )
+    return memory, batch
+
+
+def _window_means_small(win: DecodeWindow, k: int, durations: np.ndarray, segments: Segments, capacity_tokens: int):
+    """:func:`window_means` of a short window in plain Python floats: below a few dozen values
+    numpy's fixed cost per call is most of the work. Sums run in step order (numpy's pairwise and
+    BLAS sums may differ from these in the last bits; either is deterministic)."""
+    d = durations[:k].tolist()
+    total = sum(d)
+    starts, parts = segments.starts, segments.parts
+    held = useful = shared = cached_free = external = 0.0
+    ends = starts[1:]
+    ends.append(k)
+    for s, e, p in zip(starts, ends, parts):
+        t = sum(d[s:e])
+        held += t * p[0]
+        useful += t * p[1]
+        shared += t * p[2]
+        cached_free += t * p[3]
+        external += t * p[4]
+    held /= total
+    useful /= total
+    shared /= total
+    cached_free /= total
+    external /= total
+    written = sum(map(mul, win.written[:k].tolist(), d)) / total
+    batch = sum(map(mul, win.num_requests[:k].tolist(), d)) / total
+    unshared = written if win.kv_tokens_read is win.written else sum(map(mul, win.kv_tokens_read[:k].tolist(), d)) / total
     memory = MemoryParts(
         token_states=written - shared,
         reservation=useful - written,

@@ -141,7 +141,6 @@ class StepRecorder:
         if not self._rows:
             return
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         columns = zip(*self._rows)
         table = pa.table(
@@ -153,19 +152,22 @@ class StepRecorder:
             self._chunks.append(table)
             return
         if self._writer is None:
+            import pyarrow.parquet as pq  # only runs that stream rows to a file write parquet here
+
             self._writer = pq.ParquetWriter(str(self.path), self.schema)
         self._writer.write_table(table)
 
     def close(self) -> pa.Table | None:
         """Flush and close; returns the whole table for in-memory runs, else None."""
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         self._flush()
         if self.path is None:
             chunks, self._chunks = self._chunks, []  # the caller owns the rows now (no second copy here)
             return pa.concat_tables(chunks) if chunks else self.schema.empty_table()
         if self._writer is None:
+            import pyarrow.parquet as pq
+
             self._writer = pq.ParquetWriter(str(self.path), self.schema)
         self._writer.close()
         return None

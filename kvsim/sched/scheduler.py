@@ -189,8 +189,11 @@ class Scheduler:
             # A recompute after preemption re-prefills prompt + generated tokens (each generated
             # position once per sample) in one step: Request.batch_tokens of them from 0 computed.
             positions = output - 1 + prompt
-            prompt_part = max(0, min(positions, prompt))
-            if prompt_part + kv.num_samples * (positions - prompt_part) > self.token_budget:
+            cost = positions  # one sample: every position once
+            if kv.num_samples > 1:
+                prompt_part = max(0, min(positions, prompt))
+                cost = prompt_part + kv.num_samples * (positions - prompt_part)
+            if cost > self.token_budget:
                 return REJECT_BUDGET
         return ""
 

@@ -1,0 +1,58 @@
+"""A window's time-weighted means: the plain-Python evaluation of short windows and the numpy one
+agree (to rounding), and both equal the means computed from the definition."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kvsim.fast.window as window
+from kvsim.fast.window import DecodeWindow, Segments, window_means
+from kvsim.kv.base import UsageSums
+
+
+def _case(rng, k: int):
+    durations = rng.random(k + 3) * rng.choice([1e-4, 1e-2, 1.0])
+    written = rng.integers(0, 10**6, k + 3)
+    batch = rng.integers(1, 256, k + 3)
+    read = written + rng.integers(0, 1000, k + 3)
+    win = DecodeWindow(None, None, None, batch, read, k, None, written, batch, batch)
+    starts = sorted(set([0] + rng.integers(1, k, int(rng.integers(0, k))).tolist())) if k > 1 else [0]
+    sums = [UsageSums(*(int(x) for x in rng.integers(0, 10**6, 5))) for _ in starts]
+    seg = Segments(sums[0])
+    for s, u in zip(starts[1:], sums[1:]):
+        seg.add(s, u)
+    return win, durations, seg, starts, sums
+
+
+def _definition(win, k, d, starts, sums, capacity):
+    d = d[:k]
+    total = d.sum()
+    per_step = np.zeros((k, 5))
+    for i, s in enumerate(starts):
+        u = sums[i]
+        per_step[s:] = (u.held_tokens, u.useful_tokens, u.shared_tokens, u.cached_free_tokens, u.external_tokens)
+    held, useful, shared, cached, external = (per_step * d[:, None]).sum(axis=0) / total
+    written = (win.written[:k] * d).sum() / total
+    return dict(token_states=written - shared, reservation=useful - written, internal_frag=held - useful,
+                external_frag=external, free=capacity - (held - shared) - external, cached_free=cached,
+                unshared=(win.kv_tokens_read[:k] * d).sum() / total,
+                peak_used=max(u.held_tokens - u.shared_tokens for u in sums)), (win.num_requests[:k] * d).sum() / total
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 7, 8, 9, 16, 24, 25, 40])
+def test_small_and_numpy_means_agree_with_the_definition(k, monkeypatch):
+    rng = np.random.default_rng(k)
+    capacity = 5 * 10**6
+    for _ in range(30):
+        win, d, seg, starts, sums = _case(rng, k)
+        want, want_batch = _definition(win, k, d, starts, sums, capacity)
+        got = {}
+        for small in (0, 1 << 30):  # the numpy evaluation, then the plain-Python one
+            monkeypatch.setattr(window, "SMALL_WINDOW_STEPS", small)
+            got[small] = window_means(win, k, d, seg, capacity)
+        for memory, batch in got.values():
+            assert batch == pytest.approx(want_batch, rel=1e-12)
+            for name, v in want.items():
+                scale = max(abs(v), capacity * 1e-3)  # differences of sums near zero: absolute
+                assert abs(getattr(memory, name) - v) <= 1e-11 * scale, name

@@ -151,19 +151,28 @@ class DecodeGroup:
         nf = bisect.bisect_left(self.keys, (clock + steps) << _SEQ_BITS)  # finish key < clock + steps
         if len(self.keys) - nf < min_stay:
             nf = len(self.keys)
-        head = self.base[:nf]
+        base = self.base
+        head = base[:nf]
         remaining = [(key >> _SEQ_BITS) - clock for key in self.keys[:nf]]
         length0 = [b + clock + 1 for b in head]
+        n_stay = len(base) - nf
         stay_q = self.sum_q
         stay_res = self.res_count
-        if nf and self.block_size is not None:
-            bs = self.block_size
-            stay_res = stay_res.copy()
-            for b in head:
-                q, r = divmod(b, bs)
-                stay_q -= q
-                stay_res[r] -= 1
-        return remaining, length0, len(self.keys) - nf, self.sum_base - sum(head), stay_q, stay_res
+        bs = self.block_size
+        if nf and n_stay and bs is not None:
+            # the staying members' quotients and remainders: from whichever side is shorter
+            if n_stay < nf:
+                stay = base[nf:]
+                stay_q = sum([b // bs for b in stay])
+                stay_res = [0] * bs
+                for b in stay:
+                    stay_res[b % bs] += 1
+            else:
+                stay_q -= sum([b // bs for b in head])
+                stay_res = stay_res.copy()
+                for b in head:
+                    stay_res[b % bs] -= 1
+        return remaining, length0, n_stay, self.sum_base - sum(head), stay_q, stay_res
 
     def finish_clock(self) -> int:
         """Clock value at which the first member finishes (group must not be empty)."""

@@ -431,7 +431,7 @@ class Engine:
         rep.window_horizon = max(MIN_WINDOW_HORIZON, 4 * k)
         yield from self._advance(rep, float(times[k]))
         memory, batch_mean = window_means(win, k, durations, segments, sched.allocator.capacity_tokens)
-        decode_tokens = int(win.num_seqs[:k].sum())
+        decode_tokens = int(np.add.reduce(win.num_seqs[:k]))
         if step0 is not None:  # step 0 priced on its own, then k - 1 decode steps
             breakdown, kv_bytes = decode_totals(priced[1], priced[2], k - 1)
             for name, v in step0.breakdown_s.items():
@@ -451,7 +451,7 @@ class Engine:
             batch_mean=batch_mean, running=max_batch, running_mean=batch_mean,
             prefill_tokens=plan.shape.num_prefill_tokens, decode_tokens=decode_tokens, waiting=waiting0,
             admitted=len(plan.admitted), memory=memory, kv_bytes_read=kv_bytes,
-            kv_pages_read=int(win.kv_pages_read[:k].sum()), breakdown=breakdown,
+            kv_pages_read=int(np.add.reduce(win.kv_pages_read[:k])), breakdown=breakdown,
             step_durations_s=durations[:k], step_decode_tokens=step_decodes)
 
     def run(self) -> None:

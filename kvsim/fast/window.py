@@ -42,6 +42,8 @@ from kvsim.kv.base import MemoryParts, UsageSums
 from kvsim.fast.group import FINISH_KEY_SHIFT, DecodeGroup
 from kvsim.sched.request import RequestStatus
 
+_add = np.add.reduce  # == ndarray.sum (the same reduction), without its Python-level wrapper
+
 
 @dataclass
 class DecodeWindow:
@@ -229,7 +231,7 @@ def pages_per_step(remaining: np.ndarray, length0: np.ndarray, weights: np.ndarr
         steps = _steps_column(kcap)
         per = (length0 + steps + (bs - 1)) // bs  # (kcap, b): pages member i reads in step j
         per *= remaining > steps  # active members only
-        return per.sum(axis=1) if ones else per @ weights
+        return _add(per, axis=1) if ones else per @ weights
     pages = np.empty(kcap, np.int64)
     first = -(-length0 // bs)
     pages[0] = int(first.sum()) if ones else int(np.dot(weights, first))  # every member is active in step 0
@@ -327,9 +329,9 @@ def plan_group_window(sched, group: DecodeGroup, plan, max_steps: int) -> Decode
         remaining = np.array(few_rem, dtype=np.int64)
         length = np.array(few_len0, dtype=np.int64) + col  # (kcap, m)
         active = remaining > col
-        num_seqs = active.sum(axis=1)
+        num_seqs = _add(active, axis=1, dtype=np.int64)  # (ndarray.sum's Python wrapper costs more here)
         length *= active
-        kv_read = length.sum(axis=1)
+        kv_read = _add(length, axis=1)
         if bs is None:
             pages = None
         else:
@@ -338,7 +340,7 @@ def plan_group_window(sched, group: DecodeGroup, plan, max_steps: int) -> Decode
                 length //= bs  # zero stays zero for finished members
             else:  # a power of two: the same quotient (lengths are >= 0), cheaper
                 length >>= bs.bit_length() - 1
-            pages = length.sum(axis=1)
+            pages = _add(length, axis=1)
     else:
         order = sorted(range(m), key=few_rem.__getitem__)
         remaining = np.array([few_rem[i] for i in order], dtype=np.int64)
@@ -517,7 +519,7 @@ def window_means(win: DecodeWindow, k: int, durations: np.ndarray, segments, cap
     if k <= SMALL_WINDOW_STEPS:
         return _window_means_small(win, k, durations, segments, capacity_tokens)
     d = durations[:k]
-    total = float(d.sum())
+    total = float(_add(d))
     vals = np.fromiter(chain.from_iterable(parts), np.float64, 5 * len(parts)).reshape(-1, 5)  # (segments, 5)
     seg_time = np.add.reduceat(d, segments.starts)  # time spent in each segment
     held, useful, shared, cached_free, external = (seg_time @ vals / total).tolist()

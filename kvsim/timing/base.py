@@ -164,7 +164,8 @@ class DecodeParts(dict):
     (``rows``: breakdown name -> row index; the other names hold floats, the same every step), so
     :func:`decode_totals` sums them all in one reduction. numpy sums each row along its contiguous
     axis with the same pairwise summation as the row on its own, so the sums are those of
-    ``row[:k].sum()`` bit for bit (tests/timing/test_timing_fast_paths.py checks it)."""
+    ``row[:k].sum()`` bit for bit (tests/timing/test_timing_fast_paths.py checks it; short prefixes
+    are summed in step order instead, see :func:`decode_totals`)."""
 
     __slots__ = ("matrix", "rows")
 
@@ -175,15 +176,22 @@ class DecodeParts(dict):
         self.rows = rows
 
 
+SMALL_SUM_STEPS = 24  # decode_totals: a DecodeParts of at most this many steps is summed in Python
+
+
 def decode_totals(parts: dict, kv_read_bytes, k: int) -> tuple[dict[str, float], int]:
     """Breakdown sums and KV bytes read over the first ``k`` steps of a ``decode_durations`` result.
 
     ``parts`` maps a breakdown name to its per-step values: an array, or a float that is the same
-    every step (summed as ``value * k``). A :class:`DecodeParts` is summed in one reduction; an
-    array that appears under several names is summed once."""
-    kv_bytes = int(kv_read_bytes[:k].sum())
+    every step (summed as ``value * k``). A :class:`DecodeParts` is summed in one reduction (up to
+    ``SMALL_SUM_STEPS`` steps: in step order, in Python floats; the two may differ in the last
+    bits); an array that appears under several names is summed once."""
+    kv_bytes = int(np.add.reduce(kv_read_bytes[:k]))
     if isinstance(parts, DecodeParts):
-        sums = np.add.reduce(parts.matrix[:, :k], axis=1).tolist()
+        if k <= SMALL_SUM_STEPS:  # numpy's fixed cost per call would be most of the work
+            sums = [sum(row) for row in parts.matrix[:, :k].tolist()]
+        else:
+            sums = np.add.reduce(parts.matrix[:, :k], axis=1).tolist()
         rows = parts.rows
         return {name: (sums[rows[name]] if name in rows else v * k) for name, v in parts.items()}, kv_bytes
     breakdown: dict[str, float] = {}

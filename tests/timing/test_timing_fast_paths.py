@@ -19,7 +19,7 @@ import pytest
 
 from kvsim.hw import GPUS, MODELS
 from kvsim.timing.analytical import AnalyticalTiming, AnalyticalTimingConfig
-from kvsim.timing.base import DecodeParts, decode_shape, decode_totals
+from kvsim.timing.base import SMALL_SUM_STEPS, DecodeParts, decode_shape, decode_totals
 from kvsim.timing.context import TimingContext
 from kvsim.timing.kernel import KernelModel, KVLayout, load_backend, pages_or_estimate
 
@@ -195,7 +195,8 @@ def test_decode_durations_equal_step_time_part_by_part(name):
         for k in sorted({0, 1, size // 2, size}):
             totals, kv_sum = decode_totals(parts, kv_bytes, k)
             plain = {key: (v.copy() if isinstance(v, np.ndarray) else v) for key, v in parts.items()}
-            want = {key: (float(np.asarray(v)[:k].sum()) if isinstance(v, np.ndarray) else v * k)
+            row_sum = _row_sum if isinstance(parts, DecodeParts) else (lambda row, k: float(row[:k].sum()))
+            want = {key: (row_sum(np.asarray(v), k) if isinstance(v, np.ndarray) else v * k)
                     for key, v in plain.items()}
             assert totals == want and kv_sum == int(kv_bytes[:k].sum())
 
@@ -217,6 +218,12 @@ def test_empty_decode_window():
     assert kv_sum == 0 and totals["kv_read_s"] == 0.0
 
 
+def _row_sum(row: np.ndarray, k: int) -> float:
+    """What decode_totals sums a DecodeParts row's first k steps to: in step order up to
+    SMALL_SUM_STEPS steps, else numpy's own sum of the row."""
+    return sum(row[:k].tolist()) if k <= SMALL_SUM_STEPS else float(row[:k].sum())
+
+
 def test_matrix_reduction_equals_row_sums_for_every_prefix():
     rng = np.random.default_rng(3)
     for m in (1, 2, 7, 8, 9, 15, 16, 17, 31, 127, 128, 129, 513, 4096):
@@ -225,7 +232,9 @@ def test_matrix_reduction_equals_row_sums_for_every_prefix():
         parts = DecodeParts({**{name: matrix[i] for name, i in rows.items()}, "const": 0.25}, matrix, rows)
         for k in sorted({0, 1, m // 3, m - 1, m}):
             totals, _ = decode_totals(parts, np.zeros(m, np.int64), k)
-            assert totals == {**{name: float(matrix[i][:k].sum()) for name, i in rows.items()}, "const": 0.25 * k}
+            assert totals == {**{name: _row_sum(matrix[i], k) for name, i in rows.items()}, "const": 0.25 * k}
+            for name, i in rows.items():  # either way, the sum to rounding
+                assert totals[name] == pytest.approx(math.fsum(matrix[i][:k].tolist()), rel=1e-13, abs=1e-300)
     # a strided matrix (not C-contiguous) is copied first, so its sums are still the rows' own
     wide = rng.random((16, 300))
     strided = wide[::2, ::2]

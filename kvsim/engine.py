@@ -325,22 +325,29 @@ class Engine:
         for r in done:
             self._log(r.request_id, "finish", rep.now_s)
         shape = plan.shape
-        self._after_step(
-            rep, 1, done, start_s=start, duration_s=timing.duration_s, batch_size=shape.num_seqs,
+        self.recorder.row(
+            replica=rep.index, idle=False, num_steps=1, finished=len(done), evictions=self._new_evictions(rep),
+            start_s=start, duration_s=timing.duration_s, batch_size=shape.num_seqs,
             prefill_tokens=shape.num_prefill_tokens, decode_tokens=shape.num_decode_tokens,
             running=len(sched.running) + len(done), waiting=len(sched.waiting), admitted=len(plan.admitted),
             preempted=len(plan.preempted), memory=MemoryParts.of(usage), kv_bytes_read=timing.kv_bytes_read,
             kv_pages_read=shape.kv_pages_read, breakdown=timing.breakdown_s, swap_in_bytes=shape.swap_in_bytes,
             swap_out_bytes=shape.swap_out_bytes)
+        self._after_step(rep, 1, done)
 
-    def _after_step(self, rep: Replica, num_steps: int, done: list, **row) -> None:
-        """THE post-step bookkeeping, for a step or a window of ``num_steps``: the row, eviction
-        counts, step counters, invariant checks, progress."""
+    @staticmethod
+    def _new_evictions(rep: Replica) -> int:
+        """Evictions since the last row of ``rep`` (for the row being recorded)."""
+        if not rep.caps.eviction_counter:
+            return 0
+        evictions = rep.scheduler.allocator.evictions
+        new, rep.last_evictions = evictions - rep.last_evictions, evictions
+        return new
+
+    def _after_step(self, rep: Replica, num_steps: int, done: list) -> None:
+        """THE post-step bookkeeping, for a step or a window of ``num_steps`` (after its row was
+        recorded): step counters, invariant checks, progress."""
         sched = rep.scheduler
-        evictions = sched.allocator.evictions if rep.caps.eviction_counter else 0
-        self.recorder.row(replica=rep.index, idle=False, num_steps=num_steps, finished=len(done),
-                          evictions=evictions - rep.last_evictions, **row)
-        rep.last_evictions = evictions
         rep.num_steps += num_steps
         if num_steps > 1:
             rep.num_windows += 1
@@ -446,13 +453,15 @@ class Engine:
             step_decodes = step_decodes.copy()
             step_decodes[0] = plan.shape.num_decode_tokens
         max_batch = int(win.num_requests[0])
-        self._after_step(
-            rep, k, done, start_s=start, duration_s=float(times[k]) - start, batch_size=max_batch,
+        self.recorder.row(
+            replica=rep.index, idle=False, num_steps=k, finished=len(done), evictions=self._new_evictions(rep),
+            start_s=start, duration_s=float(times[k]) - start, batch_size=max_batch,
             batch_mean=batch_mean, running=max_batch, running_mean=batch_mean,
             prefill_tokens=plan.shape.num_prefill_tokens, decode_tokens=decode_tokens, waiting=waiting0,
             admitted=len(plan.admitted), memory=memory, kv_bytes_read=kv_bytes,
             kv_pages_read=int(np.add.reduce(win.kv_pages_read[:k])), breakdown=breakdown,
             step_durations_s=durations[:k], step_decode_tokens=step_decodes)
+        self._after_step(rep, k, done)
 
     def run(self) -> None:
         self._wall_start = time.monotonic()

@@ -391,20 +391,20 @@ class Engine:
             buf[1:] = priced[0]
         buf[0] = start
         durations = buf[1:]
-        times = np.cumsum(buf)  # sequential, like SimPy's clock
+        times = np.add.accumulate(buf)  # (np.cumsum without its wrapper) sequential, like SimPy's clock
         k = win.max_steps
         if self._next_arrival_idx < len(self.trace):
             nxt = float(self.trace.arrival_s[self._next_arrival_idx])
             if self.router.state_dependent:
                 # The arrival is routed on the replicas' state at its time: the window must end at a
                 # step boundary before it (a boundary at the same time comes after it, URGENT).
-                k = min(k, int(np.searchsorted(times[1:k + 1], nxt, side="left")))
+                k = min(k, int(times[1:k + 1].searchsorted(nxt, side="left")))
             elif not (sched.waiting or sched.swapped):
                 # It could be admitted at the first step boundary after it.
-                k = min(k, 1 + int(np.searchsorted(times[1:k], nxt, side="left")))
+                k = min(k, 1 + int(times[1:k].searchsorted(nxt, side="left")))
         max_sim = self.limits.max_sim_time_s
         if max_sim is not None:
-            k = min(k, 1 + int(np.searchsorted(times[1:k], max_sim, side="right")))
+            k = min(k, 1 + int(times[1:k].searchsorted(max_sim, side="right")))
         if group:
             pop_steps = pop_idx = None  # the allocator finds block boundaries as the window runs
         else:

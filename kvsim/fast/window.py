@@ -43,6 +43,7 @@ from kvsim.fast.group import FINISH_KEY_SHIFT, DecodeGroup
 from kvsim.sched.request import RequestStatus
 
 _add = np.add.reduce  # == ndarray.sum (the same reduction), without its Python-level wrapper
+_acc = np.add.accumulate  # == np.cumsum, likewise
 
 
 @dataclass
@@ -239,14 +240,14 @@ def pages_per_step(remaining: np.ndarray, length0: np.ndarray, weights: np.ndarr
         return pages
     gone = np.zeros(b + 1, np.int64)  # gone[m]: pages the first m members read in their last step
     last = -(-(length0 + remaining - 1) // bs)
-    np.cumsum(last if ones else weights * last, out=gone[1:])
+    _acc(last if ones else weights * last, out=gone[1:])
     # suffix[m, r]: sequences of the members at positions >= m whose step-0 length has remainder r
     suffix = np.zeros((b + 1, bs), np.int64)
     suffix[np.arange(b), length0 % bs] = 1 if ones else weights
-    np.cumsum(suffix[::-1], axis=0, out=suffix[::-1])
+    _acc(suffix[::-1], axis=0, out=suffix[::-1])
     fin = done_by[1:]
     # step j adds a page to the active members whose remainder is (1 - j) % bs
-    np.cumsum(suffix[fin, _page_phase(bs, kcap - 1)], out=pages[1:])
+    _acc(suffix[fin, _page_phase(bs, kcap - 1)], out=pages[1:])
     pages[1:] += pages[0] - gone[fin]
     return pages
 
@@ -345,9 +346,9 @@ def plan_group_window(sched, group: DecodeGroup, plan, max_steps: int) -> Decode
         order = sorted(range(m), key=few_rem.__getitem__)
         remaining = np.array([few_rem[i] for i in order], dtype=np.int64)
         length0 = np.array([few_len0[i] for i in order], dtype=np.int64)
-        done_by = np.searchsorted(remaining, steps, side="right")  # of these, finished before step j
+        done_by = remaining.searchsorted(steps, side="right")  # of these, finished before step j
         num_seqs = m - done_by
-        csum = np.concatenate(([0], np.cumsum(length0)))
+        csum = np.concatenate(([0], _acc(length0)))
         kv_read = (csum[-1] - csum[done_by]) + num_seqs * steps
         pages = None if bs is None else pages_per_step(remaining, length0, None, done_by, bs)
     if n_stay:

@@ -58,6 +58,12 @@ class EngineLimits:
     max_wall_time_s: float | None = None
 
 
+def _int_sum(values: np.ndarray) -> int:
+    """Sum of an integer array as a Python int (short arrays through a list: numpy's fixed cost per
+    call is most of the work there)."""
+    return sum(values.tolist()) if len(values) <= 64 else int(np.add.reduce(values))
+
+
 class Replica:
     """One serving engine in the model: its scheduler, timing model and clock. With a single
     replica this is simply "the engine"."""
@@ -438,7 +444,7 @@ class Engine:
         rep.window_horizon = max(MIN_WINDOW_HORIZON, 4 * k)
         yield from self._advance(rep, float(times[k]))
         memory, batch_mean = window_means(win, k, durations, segments, sched.allocator.capacity_tokens)
-        decode_tokens = int(np.add.reduce(win.num_seqs[:k]))
+        decode_tokens = _int_sum(win.num_seqs[:k])
         if step0 is not None:  # step 0 priced on its own, then k - 1 decode steps
             breakdown, kv_bytes = decode_totals(priced[1], priced[2], k - 1)
             for name, v in step0.breakdown_s.items():
@@ -459,7 +465,7 @@ class Engine:
             batch_mean=batch_mean, running=max_batch, running_mean=batch_mean,
             prefill_tokens=plan.shape.num_prefill_tokens, decode_tokens=decode_tokens, waiting=waiting0,
             admitted=len(plan.admitted), memory=memory, kv_bytes_read=kv_bytes,
-            kv_pages_read=int(np.add.reduce(win.kv_pages_read[:k])), breakdown=breakdown,
+            kv_pages_read=_int_sum(win.kv_pages_read[:k]), breakdown=breakdown,
             step_durations_s=durations[:k], step_decode_tokens=step_decodes)
         self._after_step(rep, k, done)
 

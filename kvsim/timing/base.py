@@ -186,7 +186,8 @@ def decode_totals(parts: dict, kv_read_bytes, k: int) -> tuple[dict[str, float],
     every step (summed as ``value * k``). A :class:`DecodeParts` is summed in one reduction (up to
     ``SMALL_SUM_STEPS`` steps: in step order, in Python floats; the two may differ in the last
     bits); an array that appears under several names is summed once."""
-    kv_bytes = int(np.add.reduce(kv_read_bytes[:k]))
+    kv = kv_read_bytes[:k]
+    kv_bytes = sum(kv.tolist()) if k <= SMALL_SUM_STEPS and kv.dtype.kind in "iu" else int(np.add.reduce(kv))
     if isinstance(parts, DecodeParts):
         if k <= SMALL_SUM_STEPS:  # numpy's fixed cost per call would be most of the work
             sums = [sum(row) for row in parts.matrix[:, :k].tolist()]

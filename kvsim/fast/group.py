@@ -1,15 +1,15 @@
 """The decode group: running requests that decode one token per step, advanced lazily.
 
 Most engine steps are "every running request decodes one token". Touching every request's
-counters at each such step costs O(batch) Python per step; instead the group keeps a ``clock``
-(the number of group decode steps so far) and each member remembers the clock value at which its
+counters at each such step costs O(batch) Python per step; instead the group keeps a
+``step_count`` (the number of group decode steps so far) and each member remembers the step count at which its
 ``num_computed_tokens`` / ``num_generated`` were last written (``Request.group_d0``). A member's
 true counts are the stored ones plus ``clock - group_d0``; :meth:`sync` writes them back.
 
 Members are ordered by finish key ``(clock value at which the member has generated all its output,
 admission order)``: the order in which the step-by-step scheduler finishes them. So a step's
 finishes are a prefix of the member list, and a decode window's batch sizes and KV reads follow
-from the finish keys and one constant per member (``computed tokens - clock``).
+from the finish keys and one constant per member (``computed tokens - step_count``).
 
 The group also keeps the pages (``block_size``-token blocks) its members' next decode step reads,
 ``sum ceil((computed_i + 1) / block_size)``, in O(block_size) per query: each base constant is kept
@@ -17,7 +17,7 @@ as ``q * block_size + r`` and the group counts members per remainder ``r``.
 
 The engine creates one per replica (``Replica.install_fast_path``) and hands it to the scheduler,
 which calls it only through :class:`kvsim.sched.fastpath.DecodeFastPath` (the scheduler decides
-who joins and leaves). Its ``clock`` counts group decode steps, not time: simulated time has one
+who joins and leaves). Its ``step_count`` counts group decode steps, not time: simulated time has one
 owner, the engine's ``Replica.now_s``. It holds no KV state: growth goes through the allocator's
 ``grow_all_by_one`` and its ledger's running sums.
 """
@@ -31,13 +31,13 @@ _SEQ_MASK = (1 << _SEQ_BITS) - 1
 
 
 class DecodeGroup:
-    __slots__ = ("clock", "keys", "members", "base", "sum_base", "block_size", "sum_q", "res_count", "allocator")
+    __slots__ = ("step_count", "keys", "members", "base", "sum_base", "block_size", "sum_q", "res_count", "allocator")
 
     def __init__(self, block_size: int | None = None, allocator=None) -> None:
         """``allocator``: the replica's allocator with ``grow_all_by_one`` and a ``ledger``
         (``BulkDecodeGrowth`` + ``LazyLedger``); needed only by :meth:`decode_step`."""
         self.allocator = allocator
-        self.clock = 0
+        self.step_count = 0
         self.keys: list[int] = []  # sorted finish keys
         self.members: list = []  # Requests, in key order
         self.base: list[int] = []  # computed tokens - clock, per member (constant while a member)
@@ -63,10 +63,10 @@ class DecodeGroup:
         return 0, 0, 0
 
     def advance(self) -> list:
-        """A step planned with :meth:`decode_step` completed: the clock moves on; returns the
+        """A step planned with :meth:`decode_step` completed: the step count moves on; returns the
         members that generated their last token (synced, removed, in finish order)."""
-        self.clock += 1
-        if self.keys and (self.keys[0] >> _SEQ_BITS) == self.clock:
+        self.step_count += 1
+        if self.keys and (self.keys[0] >> _SEQ_BITS) == self.step_count:
             return self.pop_finished()
         return []
 
@@ -79,7 +79,7 @@ class DecodeGroup:
 
     def join(self, req) -> None:
         """Add a running request that is one token behind (it decodes next step)."""
-        clock = self.clock
+        clock = self.step_count
         remaining = req.output_tokens - req.num_generated
         if req.group_d0 >= 0 or remaining <= 0 or req.num_computed_tokens != req.num_tokens - 1:
             raise ValueError(f"{req} cannot join the decode group")
@@ -107,14 +107,14 @@ class DecodeGroup:
 
     def sync(self) -> None:
         """Bring every member's counters up to date (membership is kept)."""
-        clock = self.clock
+        clock = self.step_count
         for r in self.members:
             if r.group_d0 != clock:
                 self._write_back(r, clock)
 
     def dissolve(self) -> None:
         """Sync and release every member (before the scheduler treats requests one by one)."""
-        clock = self.clock
+        clock = self.step_count
         for r in self.members:
             self._write_back(r, clock)
             r.group_d0 = -1
@@ -126,15 +126,15 @@ class DecodeGroup:
         self.res_count = [0] * (self.block_size or 1)
 
     def pages_read(self) -> int:
-        """Pages the members read in a decode step at the current clock (each reads
+        """Pages the members read in a decode step at the current step count (each reads
         ``computed + 1`` tokens): ``sum ceil((base_i + clock + 1) / block_size)``, or one per member
-        without pages. With ``base = q*bs + r`` and ``clock = Q*bs + R`` a member's term is
+        without pages. With ``base = q*bs + r`` and ``step_count = Q*bs + R`` a member's term is
         ``q + 1 + Q + [r + R >= bs]``."""
         n = len(self.keys)
         bs = self.block_size
         if bs is None:
             return n
-        big_q, rem = divmod(self.clock, bs)
+        big_q, rem = divmod(self.step_count, bs)
         return self.sum_q + n * (1 + big_q) + (sum(self.res_count[bs - rem:]) if rem else 0)
 
     def split_at(self, steps: int, min_stay: int = 0) -> tuple[list[int], list[int], int, int, int, list[int]]:
@@ -147,7 +147,7 @@ class DecodeGroup:
         members, their count, the sum of their base constants, and (with pages) the sum of the
         quotients and the count per remainder of ``base = q * block_size + r``. If fewer than
         ``min_stay`` members would stay, every member is returned one by one (no sums)."""
-        clock = self.clock
+        clock = self.step_count
         nf = bisect.bisect_left(self.keys, (clock + steps) << _SEQ_BITS)  # finish key < clock + steps
         if len(self.keys) - nf < min_stay:
             nf = len(self.keys)
@@ -174,14 +174,14 @@ class DecodeGroup:
                     stay_res[b % bs] -= 1
         return remaining, length0, n_stay, self.sum_base - sum(head), stay_q, stay_res
 
-    def finish_clock(self) -> int:
+    def finish_step(self) -> int:
         """Clock value at which the first member finishes (group must not be empty)."""
         return self.keys[0] >> _SEQ_BITS
 
     def pop_finished(self) -> list:
         """Remove and return (synced, in finish order) the members that have generated all their
-        output at the current clock."""
-        end = bisect.bisect(self.keys, (self.clock << _SEQ_BITS) | _SEQ_MASK)
+        output at the current step count."""
+        end = bisect.bisect(self.keys, (self.step_count << _SEQ_BITS) | _SEQ_MASK)
         if not end:
             return []
         done = self.members[:end]
@@ -196,7 +196,7 @@ class DecodeGroup:
                 res[b % bs] -= 1
             self.sum_q = sum_q
         del self.keys[:end], self.members[:end], self.base[:end]
-        clock = self.clock
+        clock = self.step_count
         for r in done:
             self._write_back(r, clock)
             r.group_d0 = -1
@@ -214,11 +214,11 @@ class DecodeGroup:
             assert self.sum_q == sum(b // bs for b in self.base), "decode group page quotients out of sync"
             assert self.res_count == [sum(1 for b in self.base if b % bs == r) for r in range(bs)], \
                 "decode group page remainders out of sync"
-            pages = sum(-(-(b + self.clock + 1) // bs) for b in self.base)
+            pages = sum(-(-(b + self.step_count + 1) // bs) for b in self.base)
             assert self.pages_read() == pages, "decode group pages out of sync"
-        clock = self.clock
+        clock = self.step_count
         for key, r, b in zip(self.keys, self.members, self.base):
-            assert 0 <= r.group_d0 <= clock, f"{r}: group clock {r.group_d0} outside [0, {clock}]"
+            assert 0 <= r.group_d0 <= clock, f"{r}: group step count {r.group_d0} outside [0, {clock}]"
             lag = clock - r.group_d0
             computed, generated = r.num_computed_tokens + lag, r.num_generated + lag
             assert computed - clock == b, f"{r}: computed tokens out of sync with the group"

@@ -292,7 +292,7 @@ def plan_group_window(sched, group: DecodeGroup, plan, max_steps: int) -> Decode
         return None
     if plan.scheduled and sched.waiting and sched.head_might_fit(len(sched.running)):
         return None  # step 0's admissions may let the waiting head in at step 1 (see below)
-    clock = group.clock
+    clock = group.step_count
     rem_new: list[int] = []
     computed_new: list[int] = []
     for rid, n in plan.scheduled:
@@ -384,7 +384,7 @@ def plan_group_window(sched, group: DecodeGroup, plan, max_steps: int) -> Decode
 def apply_group_window(sched, group: DecodeGroup, plan, k: int, times: np.ndarray, on_first=None,
                        on_finish=None):
     """:func:`apply_decode_window` for a group window. Step 0 (planned by ``schedule``) completes
-    through ``on_step_done``; steps 1..k-1 advance the group clock and grow every request by one
+    through ``on_step_done``; steps 1..k-1 advance the group step count and grow every request by one
     token through the allocator (which touches only requests at a block boundary); finishes are a
     prefix of the group's members. The window ends early, at the step the one-by-one scheduler
     would plan differently: when the waiting head might fit (tested after step 0 if it admitted or
@@ -395,7 +395,7 @@ def apply_group_window(sched, group: DecodeGroup, plan, k: int, times: np.ndarra
     alloc = sched.allocator
     head = sched.waiting.head.kv if sched.waiting.head is not None and not sched.swapped else None
     segments = Segments(alloc.usage_parts(head))
-    clock0 = group.clock
+    clock0 = group.step_count
     admitted = bool(plan.scheduled)
     t1 = float(times[1])
     first, done = sched.on_step_done(t1)  # step 0
@@ -408,14 +408,14 @@ def apply_group_window(sched, group: DecodeGroup, plan, k: int, times: np.ndarra
     if (admitted or done) and sched.waiting and sched.head_might_fit(num_running=len(sched.running)):
         return 1, segments  # step 1 will be planned the ordinary way (it may admit the head)
     head = sched.waiting.head.kv if sched.waiting.head is not None and not sched.swapped else None
-    next_finish = group.finish_clock() if len(group) else -1
+    next_finish = group.finish_step() if len(group) else -1
     changed = bool(admitted or done)
     if sched.caps.decode_steps:
         stop = _grow_runs(sched, group, k, times, clock0, next_finish, changed, head, segments, on_finish)
     else:
         stop = _grow_one_by_one(sched, group, k, times, clock0, next_finish, changed, head, segments, on_finish)
-    next_finish = group.finish_clock() if len(group) else -1
-    group.clock = clock0 + stop
+    next_finish = group.finish_step() if len(group) else -1
+    group.step_count = clock0 + stop
     if stop == k and next_finish == clock0 + k:
         t = float(times[k])
         done = group.pop_finished()
@@ -427,9 +427,9 @@ def apply_group_window(sched, group: DecodeGroup, plan, k: int, times: np.ndarra
 
 
 def _finish_at(sched, group, clock: int, t: float, on_finish) -> bool:
-    """Finish the group members done at group clock ``clock`` (time ``t``); True if the waiting
+    """Finish the group members done at group step count ``clock`` (time ``t``); True if the waiting
     head might fit afterwards (the window stops: that step is planned the ordinary way)."""
-    group.clock = clock
+    group.step_count = clock
     done = group.pop_finished()
     sched.finish_requests(done, t)
     if on_finish is not None:
@@ -449,7 +449,7 @@ def _grow_runs(sched, group: DecodeGroup, k: int, times, clock0: int, next_finis
         if next_finish == clock0 + s:  # members whose last token was step s - 1
             if _finish_at(sched, group, next_finish, float(times[s]), on_finish):
                 return s
-            next_finish = group.finish_clock() if len(group) else -1
+            next_finish = group.finish_step() if len(group) else -1
             changed = True
         end = next_finish - clock0 if clock0 + s < next_finish < clock0 + k else k
         parts = alloc.usage_parts(head) if changed else None
@@ -480,7 +480,7 @@ def _grow_one_by_one(sched, group: DecodeGroup, k: int, times, clock0: int, next
         if next_finish == clock0 + s:  # members whose last token was step s - 1
             if _finish_at(sched, group, next_finish, float(times[s]), on_finish):
                 return s
-            next_finish = group.finish_clock() if len(group) else -1
+            next_finish = group.finish_step() if len(group) else -1
             changed = True
         held = ledger.sum_held
         if not grow():

@@ -177,24 +177,24 @@ class SlotLedger:
     Keeps ``sum(W)``, ``sum(min(A, F))`` and ``sum(A)`` incrementally so a usage snapshot is O(1).
 
     Decode steps are lazy: :meth:`grow_all_by_one` ("every request writes one more token") only
-    advances a ``clock``; a request's written count is its stored offset plus the clock. With
-    ``track_boundaries`` the ledger also keeps, by clock value, the set of requests whose written
+    advances a ``step_count``; a request's written count is its stored offset plus the step count.
+    With ``track_boundaries`` the ledger also keeps, by step count, the set of requests whose written
     count reaches their held slots then, so a decode step touches only the requests that need a
     new block (about one in ``block_size`` per step), not every request.
     """
 
-    __slots__ = ("held", "_woff", "final", "sum_held", "sum_written", "sum_useful", "clock", "_bounds",
+    __slots__ = ("held", "_woff", "final", "sum_held", "sum_written", "sum_useful", "step_count", "_bounds",
                  "_track")
 
     def __init__(self, track_boundaries: bool = False) -> None:
         self.held: dict[int, int] = {}
-        self._woff: dict[int, int] = {}  # written - clock
+        self._woff: dict[int, int] = {}  # written - step_count
         self.final: dict[int, int] = {}
         self.sum_held = 0
         self.sum_written = 0
         self.sum_useful = 0  # sum of min(A, F)
-        self.clock = 0  # decode steps taken by grow_all_by_one
-        # clock value at which written == held -> the requests for which it is (exactly; kept up to
+        self.step_count = 0  # decode steps taken by grow_all_by_one
+        # step count at which written == held -> the requests for which it is (exactly; kept up to
         # date on every change of held or written)
         self._bounds: dict[int, set[int]] = {}
         self._track = track_boundaries
@@ -206,7 +206,7 @@ class SlotLedger:
         return len(self.held)
 
     def written_of(self, request_id: int) -> int:
-        return self._woff[request_id] + self.clock
+        return self._woff[request_id] + self.step_count
 
     def _unbound(self, request_id: int) -> None:
         """Forget where ``request_id`` fills its held slots (before its held or written count changes)."""
@@ -229,7 +229,7 @@ class SlotLedger:
         if request_id in self.held:
             raise ValueError(f"request {request_id} is already allocated")
         self.held[request_id] = held_tokens
-        self._woff[request_id] = -self.clock
+        self._woff[request_id] = -self.step_count
         self.final[request_id] = final_tokens
         self.sum_held += held_tokens
         self.sum_useful += min(held_tokens, final_tokens)
@@ -248,14 +248,14 @@ class SlotLedger:
             self._bound(request_id)
 
     def set_written(self, request_id: int, written_tokens: int) -> None:
-        old = self._woff[request_id] + self.clock
+        old = self._woff[request_id] + self.step_count
         if written_tokens > self.held[request_id]:
             raise ValueError(f"request {request_id}: {written_tokens} written > {self.held[request_id]} held")
         if written_tokens == old:
             return
         if self._track:
             self._unbound(request_id)
-        self._woff[request_id] = written_tokens - self.clock
+        self._woff[request_id] = written_tokens - self.step_count
         self.sum_written += written_tokens - old
         if self._track:
             self._bound(request_id)
@@ -266,7 +266,7 @@ class SlotLedger:
         if self._track:
             self._unbound(request_id)
         a = self.held.pop(request_id)
-        w = self._woff.pop(request_id) + self.clock
+        w = self._woff.pop(request_id) + self.step_count
         f = self.final.pop(request_id)
         self.sum_held -= a
         self.sum_written -= w
@@ -317,7 +317,7 @@ class SlotLedger:
         if not self._track:
             raise ValueError("grow_steps needs a ledger that tracks block boundaries")
         bounds, held, final = self._bounds, self.held, self.final
-        clock = self.clock
+        clock = self.step_count
         left = free_blocks
         end = clock + steps
         sum_held, sum_useful = self.sum_held, self.sum_useful
@@ -342,12 +342,12 @@ class SlotLedger:
                     nxt |= full
                 sum_held += need * block_size
                 sum_useful += useful
-                changes.append((first_step + clock - self.clock, sum_held, sum_useful))
+                changes.append((first_step + clock - self.step_count, sum_held, sum_useful))
             clock += 1
-        done = clock - self.clock
+        done = clock - self.step_count
         self.sum_held, self.sum_useful = sum_held, sum_useful
         self.sum_written += done * len(held)
-        self.clock = clock
+        self.step_count = clock
         return done, free_blocks - left
 
     def set_written_many(self, request_ids, written_tokens) -> None:
@@ -356,7 +356,7 @@ class SlotLedger:
             self.set_written(r, w)
 
     def check(self, who: str) -> None:
-        written = {r: o + self.clock for r, o in self._woff.items()}
+        written = {r: o + self.step_count for r, o in self._woff.items()}
         assert self.sum_held == sum(self.held.values()), f"{who}: sum_held out of sync"
         assert self.sum_written == sum(written.values()), f"{who}: sum_written out of sync"
         useful = sum(min(a, self.final[r]) for r, a in self.held.items())

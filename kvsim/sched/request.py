@@ -67,7 +67,7 @@ class Request:
         self.recomputed_tokens = 0
         self.admit_seq = -1  # admission order, for "latest admitted" victim selection
         self.reject_reason = ""
-        # Decode-group membership (scheduler-internal): the group clock value at which
+        # Decode-group membership (scheduler-internal): the group step count value at which
         # ``num_computed_tokens`` and ``num_generated`` were last brought up to date, or -1.
         self.group_d0 = -1
 

@@ -332,7 +332,7 @@ class Scheduler:
     def _group_phase(self, step: _Step) -> int:
         """Phase 0: if every running request is a member of the decode group and the budget holds
         one token each, grow them all by one token in one allocator call (all or nothing). Nobody is
-        touched one by one; the group clock advances in on_step_done. Returns the members that
+        touched one by one; the group step count advances in on_step_done. Returns the members that
         decode (0: the group is dissolved and phase 1 takes every running request)."""
         path = self._decode
         if path is None:

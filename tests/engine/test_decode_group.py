@@ -24,23 +24,23 @@ def test_members_advance_lazily_and_finish_in_step_then_admission_order():
         g.join(r)
     assert g.members == [c, b, a]
     g.check()
-    g.clock += 1
+    g.step_count += 1
     assert g.pop_finished() == []
     assert a.num_computed_tokens == 10  # not touched yet
     g.sync()
     assert (a.num_computed_tokens, a.num_generated) == (11, 2)
-    g.clock += 1
+    g.step_count += 1
     done = g.pop_finished()
     assert done == [c, b]
     assert [(r.num_generated, r.num_computed_tokens) for r in done] == [(6, 8), (3, 9)]
     assert all(r.group_d0 == -1 for r in done)
     g.check()
-    g.clock += 1
+    g.step_count += 1
     g.dissolve()
     assert (a.num_generated, a.num_computed_tokens, a.group_d0) == (4, 13, -1)
     assert len(g) == 0 and g.sum_base == 0
     g.join(a)  # rejoins at the current clock with 1 step left
-    assert g.finish_clock() == g.clock + 1
+    assert g.finish_step() == g.step_count + 1
 
 
 def test_join_refuses_requests_that_do_not_decode():
@@ -62,7 +62,7 @@ def test_check_catches_a_member_out_of_sync():
     g = DecodeGroup()
     r = decoding(0, 10, 5, 1, admit_seq=0)
     g.join(r)
-    g.clock += 1
+    g.step_count += 1
     r.num_computed_tokens += 1  # someone advanced it behind the group's back
     with pytest.raises(AssertionError, match="out of sync"):
         g.check()

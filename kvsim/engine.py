@@ -282,10 +282,11 @@ class Engine:
                     f"t={start}: nothing schedulable with {len(sched.waiting)} waiting and "
                     f"{len(sched.running)} running requests (scheduler bug)"
                 )
-            for rid in plan.preempted:
-                self._log(rid, "preempt", start)
-            for rid in plan.admitted:
-                self._log(rid, "admit", start)
+            if self.event_log is not None:
+                for rid in plan.preempted:
+                    self._log(rid, "preempt", start)
+                for rid in plan.admitted:
+                    self._log(rid, "admit", start)
             # A beam request's forks and prunes happen at positions a window cannot plan: steps
             # with one running go one by one (an admission ends any window, so none enters one).
             win = (self._window(rep, plan, start)

@@ -320,7 +320,7 @@ class Scheduler:
         if self.waiting and not self.swapped:
             self._admit_phase(step, now_s)
         plan = StepPlan(
-            scheduled=tuple((rid, n) for rid, (n, _) in step.scheduled.items()),
+            scheduled=tuple([(rid, n) for rid, (n, _) in step.scheduled.items()]),
             shape=self._batch_shape(step, group_decodes),
             admitted=tuple(step.admitted),
             preempted=tuple(step.preempted),

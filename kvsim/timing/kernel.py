@@ -291,6 +291,13 @@ class KernelModel:
         size = max(top + 1, 2 * self._n_size, 256)
         n1 = np.maximum(np.arange(size, dtype=np.float64), 1.0)
         units = n1 * self.heads_par
+        if self._split:
+            # split-KV: units depend on the tokens too; the batch-size terms are tabulated (the
+            # same doubles _time_array computed from them: n1, base = n1 * heads_par and
+            # want = max(ceil(units_sat / base), 1))
+            self._n_table = np.array([n1, units, np.maximum(np.ceil(self.units_sat / units), 1.0)])
+            self._n_size = size
+            return
         head = self._launch + self._unit_oh * units
         if self.units_sat is None:
             bwpar = np.full(size, self.bw * 1.0)
@@ -375,9 +382,12 @@ class KernelModel:
             sb = Tf * self.stream_bytes_per_token
         eff = self.dram_eff
         if self._split:
-            n1 = np.maximum(n.astype(np.float64), 1.0)
-            base = n1 * self.heads_par
-            want = np.maximum(np.ceil(self.units_sat / base), 1.0)
+            ni = np.maximum(n, 1)
+            try:
+                n1, base, want = self._n_table.take(ni, axis=1)
+            except IndexError:
+                self._grow_n_table(int(ni.max()))
+                n1, base, want = self._n_table.take(ni, axis=1)
             cap = np.maximum(np.ceil((Tf / n1) / self._min_split), 1.0)
             units = base * np.minimum(want, cap)
             head = self._launch + self._unit_oh * units

@@ -527,17 +527,7 @@ def window_means(win: DecodeWindow, k: int, durations: np.ndarray, segments, cap
     written = float(np.dot(win.written[:k], d)) / total
     batch = float(np.dot(win.num_requests[:k], d)) / total
     unshared = written if win.kv_tokens_read is win.written else float(np.dot(win.kv_tokens_read[:k], d)) / total
-    memory = MemoryParts(
-        token_states=written - shared,
-        reservation=useful - written,
-        internal_frag=held - useful,
-        external_frag=external,
-        free=capacity_tokens - (held - shared) - external,
-        cached_free=cached_free,
-        peak_used=float(max([p[0] - p[2] for p in parts])),
-        unshared=unshared,
-    )
-    return memory, batch
+    return _means(held, useful, shared, cached_free, external, written, unshared, parts, capacity_tokens), batch
 
 
 def _window_means_small(win: DecodeWindow, k: int, durations: np.ndarray, segments: Segments, capacity_tokens: int):
@@ -565,7 +555,13 @@ def _window_means_small(win: DecodeWindow, k: int, durations: np.ndarray, segmen
     written = sum(map(mul, win.written[:k].tolist(), d)) / total
     batch = sum(map(mul, win.num_requests[:k].tolist(), d)) / total
     unshared = written if win.kv_tokens_read is win.written else sum(map(mul, win.kv_tokens_read[:k].tolist(), d)) / total
-    memory = MemoryParts(
+    return _means(held, useful, shared, cached_free, external, written, unshared, parts, capacity_tokens), batch
+
+
+def _means(held: float, useful: float, shared: float, cached_free: float, external: float, written: float,
+           unshared: float, parts: list, capacity_tokens: int) -> MemoryParts:
+    """A window's MemoryParts from its time-weighted allocator sums and written slots (tokens)."""
+    return MemoryParts(
         token_states=written - shared,
         reservation=useful - written,
         internal_frag=held - useful,
@@ -575,4 +571,3 @@ def _window_means_small(win: DecodeWindow, k: int, durations: np.ndarray, segmen
         peak_used=float(max([p[0] - p[2] for p in parts])),
         unshared=unshared,
     )
-    return memory, batch

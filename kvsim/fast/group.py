@@ -81,7 +81,7 @@ class DecodeGroup:
         """Add a running request that is one token behind (it decodes next step)."""
         clock = self.step_count
         remaining = req.output_tokens - req.num_generated
-        if req.group_d0 >= 0 or remaining <= 0 or req.num_computed_tokens != req.num_tokens - 1:
+        if req.group_d0 >= 0 or remaining <= 0 or req.num_computed_tokens != req.prompt_tokens + req.num_generated - 1:
             raise ValueError(f"{req} cannot join the decode group")
         if req.admit_seq > _SEQ_MASK:
             raise ValueError(f"{req}: admission counter out of range")

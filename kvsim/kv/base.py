@@ -321,6 +321,7 @@ class SlotLedger:
         left = free_blocks
         end = clock + steps
         sum_held, sum_useful = self.sum_held, self.sum_useful
+        offset = first_step - clock  # window step of ledger step ``clock``
         while clock < end:
             full = bounds.get(clock)  # requests whose held slots are all written
             if full:
@@ -342,7 +343,7 @@ class SlotLedger:
                     nxt |= full
                 sum_held += need * block_size
                 sum_useful += useful
-                changes.append((first_step + clock - self.step_count, sum_held, sum_useful))
+                changes.append((offset + clock, sum_held, sum_useful))
             clock += 1
         done = clock - self.step_count
         self.sum_held, self.sum_useful = sum_held, sum_useful

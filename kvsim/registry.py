@@ -148,6 +148,16 @@ def policy_field(registry: Registry, default_kind: str) -> Any:
         if isinstance(value, str):
             return {"kind": value}
         if isinstance(value, dict) and "kind" not in value:
+            if default_kind in registry.kinds:
+                own = set(registry.config_class(default_kind).model_fields)
+                stray = [k for k in value if k not in own]
+                owners = [kind for kind in registry.kinds
+                          if stray and set(stray) <= set(registry.config_class(kind).model_fields)]
+                if owners:  # parameters of another kind, given without that kind (else: unknown keys)
+                    hint = f"add kind: {owners[0]}" if len(owners) == 1 else f"kinds with {'it' if len(stray) == 1 else 'them'}: {format_choices(owners)}"
+                    raise ValueError(f"no kind given, and the default kind {default_kind!r} has no "
+                                     f"{'parameter' if len(stray) == 1 else 'parameters'} "
+                                     f"{', '.join(repr(k) for k in stray)}; {hint}")
             return {"kind": default_kind, **value}
         return value
 

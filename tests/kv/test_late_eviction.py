@@ -327,3 +327,14 @@ def test_variants_and_set_merge_into_the_shorthand(tmp_path):
     assert load_scenario(f, ["allocator.eviction.kind=priority"]).base.allocator.eviction.kind == "priority"
     assert load_scenario(f, ["allocator.eviction.k=6"]).base.allocator.eviction.model_dump() == {"kind": "lru-k",
                                                                                                 "k": 6}
+
+
+def test_a_parameter_without_its_kind_names_the_kinds_that_have_it(tmp_path):
+    """``eviction: {k: 2}`` has no kind, so the default (lru) applies, which has no ``k``: the
+    error says which kind has it; an unknown key keeps the plain unknown-key error."""
+    write_trace(tmp_path, n=8)
+    with pytest.raises(ConfigError, match=r"^[^\n]*allocator.eviction: no kind given, and the default kind 'lru' "
+                                          r"has no parameter 'k'; add kind: lru-k$"):
+        load_scenario(write_scenario(tmp_path, "no_kind", "{k: 2}"))
+    with pytest.raises(ConfigError, match=r"allocator.eviction.zz: unknown key 'zz'; valid keys: kind$"):
+        load_scenario(write_scenario(tmp_path, "unknown", "{zz: 2}"))

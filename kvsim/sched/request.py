@@ -18,6 +18,13 @@ class RequestStatus(enum.IntEnum):
     SWAPPED = 4
 
 
+def batch_tokens(prompt_tokens: int, num_samples: int, new_positions: int, computed: int) -> int:
+    """Tokens a step computes for a request advancing ``new_positions`` positions from ``computed``:
+    prompt positions once, positions past the prompt once per sample."""
+    prompt_part = max(0, min(computed + new_positions, prompt_tokens) - computed)
+    return prompt_part + num_samples * (new_positions - prompt_part)
+
+
 class Request:
     """Phase-free progress: ``num_tokens = prompt + generated`` and ``num_computed_tokens`` catches
     up to it. Whenever it has caught up, the step that did so samples one more output token.
@@ -81,9 +88,8 @@ class Request:
         prompt once per sample."""
         if self.num_samples == 1:
             return new_positions  # every position once
-        c = self.num_computed_tokens if computed is None else computed
-        prompt_part = max(0, min(c + new_positions, self.prompt_tokens) - c)
-        return prompt_part + self.num_samples * (new_positions - prompt_part)
+        return batch_tokens(self.prompt_tokens, self.num_samples, new_positions,
+                            self.num_computed_tokens if computed is None else computed)
 
     def positions_within(self, budget_tokens: int, computed: int | None = None) -> int:
         """The most new positions (from ``computed``, default: its computed tokens) whose

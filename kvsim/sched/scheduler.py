@@ -47,7 +47,7 @@ from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.fastpath import DecodeFastPath
 from kvsim.sched.plan import StepPlan
 from kvsim.metrics.request_log import RequestLog
-from kvsim.sched.request import Request, RequestStatus, WaitingQueue
+from kvsim.sched.request import Request, RequestStatus, WaitingQueue, batch_tokens
 from kvsim.sched.victim import build_victim_policy
 from kvsim.timing.base import BatchShape
 from kvsim.timing.transfer import HostTransfers, legacy_transfers
@@ -189,10 +189,7 @@ class Scheduler:
             # A recompute after preemption re-prefills prompt + generated tokens (each generated
             # position once per sample) in one step: Request.batch_tokens of them from 0 computed.
             positions = output - 1 + prompt
-            cost = positions  # one sample: every position once
-            if kv.num_samples > 1:
-                prompt_part = max(0, min(positions, prompt))
-                cost = prompt_part + kv.num_samples * (positions - prompt_part)
+            cost = positions if kv.num_samples == 1 else batch_tokens(prompt, kv.num_samples, positions, 0)
             if cost > self.token_budget:
                 return REJECT_BUDGET
         return ""

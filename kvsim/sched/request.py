@@ -78,6 +78,14 @@ class Request:
         # ``num_computed_tokens`` and ``num_generated`` were last brought up to date, or -1.
         self.group_d0 = -1
 
+    @classmethod
+    def of_view(cls, kv: KVRequest, arrival_s: float, replica: int) -> Request:
+        """A fresh (never admitted) request from its allocator view, arrival time and replica."""
+        req = cls(kv.request_id, arrival_s, kv.prompt_tokens, kv.output_tokens, kv.max_model_len_tokens,
+                  priority=kv.priority, num_samples=kv.num_samples, kv=kv)
+        req.replica = replica
+        return req
+
     @property
     def num_tokens(self) -> int:
         return self.prompt_tokens + self.num_generated
@@ -173,7 +181,7 @@ class WaitingQueue:
         Request is built when it becomes the head)."""
         self.num_seqs += kv.num_samples
         if self.head is None:
-            self.head = self._build_row(kv, arrival_s, replica)
+            self.head = Request.of_view(kv, arrival_s, replica)
             self._front.append(self.head)
         else:
             self._append_row(kv, arrival_s, replica)
@@ -188,29 +196,17 @@ class WaitingQueue:
         self._front.appendleft(req)
         self.head = req
 
-    @staticmethod
-    def _build_row(kv: KVRequest, arrival_s: float, replica: int) -> Request:
-        req = Request(kv.request_id, arrival_s, kv.prompt_tokens, kv.output_tokens, kv.max_model_len_tokens,
-                      priority=kv.priority, num_samples=kv.num_samples, kv=kv)
-        req.replica = replica
-        return req
-
     def _build(self, i: int, obj) -> Request:
         """The Request of tail row ``i`` (index into the columns) whose object is ``obj``."""
         if type(obj) is not KVRequest:
             return obj
-        return self._build_row(obj, self._arrival[i], self._replica[i])
+        return Request.of_view(obj, self._arrival[i], self._replica[i])
 
     def _take_head_row(self) -> Request:
         """Remove the tail's first row and return its Request."""
         i = self._head
         obj = self._obj.popleft()
-        if type(obj) is KVRequest:  # _build, inlined: once per queued arrival
-            req = Request(obj.request_id, self._arrival[i], obj.prompt_tokens, obj.output_tokens,
-                          obj.max_model_len_tokens, priority=obj.priority, num_samples=obj.num_samples, kv=obj)
-            req.replica = self._replica[i]
-        else:
-            req = obj
+        req = self._build(i, obj)
         if not self._obj:
             del self._arrival[:], self._replica[:]
             self._head = 0

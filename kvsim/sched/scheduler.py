@@ -163,9 +163,7 @@ class Scheduler:
         reason = self.reject_reason(kv)
         if reason:
             if req is None:
-                req = Request(kv.request_id, arrival_s, kv.prompt_tokens, kv.output_tokens, kv.max_model_len_tokens,
-                              priority=kv.priority, num_samples=kv.num_samples, kv=kv)
-                req.replica = self.replica_index
+                req = Request.of_view(kv, arrival_s, self.replica_index)
             req.status = RequestStatus.REJECTED
             req.reject_reason = reason
             self.log.append(req)

@@ -307,6 +307,37 @@ def test_no_cycle_among_components_counting_all_imports():
     assert not problems, "\n".join(problems)
 
 
+# Third-party packages confined to one component: torch and triton to the calibration tools (the
+# simulator never needs a GPU stack), simpy to the engine (it owns simulated time).
+CONFINED = {"torch": "kvsim.calibration", "triton": "kvsim.calibration", "simpy": "kvsim.engine"}
+
+
+def confined_imports_outside(sources: dict[str, str], confined=CONFINED) -> list[str]:
+    """Imports of a confined package (TYPE_CHECKING blocks included: annotations must not need it
+    either) from a module outside its component."""
+    problems = []
+    for module, source in sources.items():
+        for node in ast.walk(ast.parse(source)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            for name in names:
+                top = name.split(".")[0]
+                if top in confined and component(module) != confined[top]:
+                    problems.append(f"{module} (line {node.lineno}) imports {name}: only {confined[top]} may")
+    return problems
+
+
+def test_torch_triton_and_simpy_stay_in_their_component():
+    sources = {m: path.read_text(encoding="utf-8") for m, (path, _) in module_files().items()}
+    problems = confined_imports_outside(sources)
+    assert not problems, "\n".join(problems)
+    planted = confined_imports_outside({"kvsim.timing.kernel": "def f():\n    import torch.nn\n",
+                                        "kvsim.fast.group": "from simpy.core import URGENT\n",
+                                        "kvsim.calibration.timer": "import torch\n"})
+    assert planted == ["kvsim.timing.kernel (line 2) imports torch.nn: only kvsim.calibration may",
+                       "kvsim.fast.group (line 1) imports simpy.core: only kvsim.engine may"]
+
+
 def test_docs_list_the_declared_layers():
     """docs/architecture.md's "Layers" block lists LAYERS lowest first, one layer a line, siblings
     joined by " | ", each name without its "kvsim." prefix (the root is "kvsim")."""

@@ -1,6 +1,6 @@
 """kvsim: a trace-driven discrete-event simulator of KV-cache memory in LLM serving engines."""
 
-__version__ = "0.1.0"
+from kvsim.version import __version__
 
 
 def __getattr__(name):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvsim import __version__
+from kvsim.version import __version__
 from kvsim.config import LoadedScenario, Scenario, load_scenario
 from kvsim.errors import SimulationLimitError, TraceError
 from kvsim.dropped import Dropped, warnings_for

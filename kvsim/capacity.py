@@ -230,7 +230,7 @@ def check_out(out: Path) -> None:
 def write_outputs(out: Path, results: list[VariantCapacity], meta: dict) -> dict[str, Path]:
     """Write ``capacity.csv`` and ``capacity.json`` into ``out`` (atomically each); refuse to
     replace files of those names that kvsim did not write."""
-    from kvsim import __version__
+    from kvsim.version import __version__
     from kvsim.results import write_json, write_text_atomic
 
     out = Path(out)

@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from kvsim import __version__
+from kvsim.version import __version__
 from kvsim.errors import KvsimError
 
 

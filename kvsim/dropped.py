@@ -111,12 +111,14 @@ def predict_rejections(scn, trace, where: str = "scenario") -> dict[str, int]:
     """Rejections by reason the simulator will make for ``trace`` (after its length policy), found
     by the scheduler's own admission check on each request, without simulating."""
     from kvsim.kv.base import KVRequest
+    from kvsim.metrics.request_log import RequestLog
     from kvsim.sched.scheduler import Scheduler
     from kvsim.simulate import build_allocator
 
     allocator, _ = build_allocator(scn, where)
     max_len = scn.model.max_model_len_tokens
-    sched = Scheduler(scn.scheduler, allocator, max_len, kv_bytes_per_token=scn.kv_bytes_per_token)
+    sched = Scheduler(scn.scheduler, allocator, max_len, kv_bytes_per_token=scn.kv_bytes_per_token,
+                      request_log=RequestLog())
     samples = getattr(trace, "num_samples", None)
     keys = getattr(trace, "prefix_keys", None)
     counts: Counter[str] = Counter()

@@ -1,6 +1,6 @@
 """The measured operations: each ``measure_*`` times one op over its grid and returns CSV rows.
 
-Every row describes one layer at tensor-parallel degree 1 (see :mod:`kvsim.calibration.schema`).
+Every row describes one layer at tensor-parallel degree 1 (see :mod:`kvsim.calibration_data.schema`).
 Inputs are random (never zeros: zeros can run faster than real data), seeded, and rotated so a
 timed call does not find its inputs in cache (:func:`kvsim.calibration.timer.rotations_for`).
 ``out_of_time()`` is polled before each point; a phase that runs out stops cleanly and reports the
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from kvsim.calibration import schema as S
+from kvsim.calibration_data import schema as S
 from kvsim.calibration.cases import TORCH_KV_DTYPES
 from kvsim.calibration.grid import KV_ELEMENT_BYTES, gemm_shapes, kv_bytes_per_token_layer
 from kvsim.calibration.reference import contiguous_decode, paged_decode_reference, paged_prefill

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvsim.calibration import schema as S
+from kvsim.calibration_data import schema as S
 from kvsim.errors import CalibrationError
 
 
@@ -162,7 +162,7 @@ def run_fit(dir_: str, out: str, *, template: str = "vllm-2023-paged", gpu: str 
     """Fit, write the profile YAML to ``out``; returns the stats (printed by the CLI)."""
     import yaml
 
-    from kvsim.calibration.loader import load_calibration_dir
+    from kvsim.calibration_data.loader import load_calibration_dir
     from kvsim.hw import GPUS
     from kvsim.timing.kernel import load_backend
 

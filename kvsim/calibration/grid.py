@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from kvsim.calibration import schema as S
+from kvsim.calibration_data import schema as S
 from kvsim.hw import KV_DTYPES, ModelSpec
 
 # Bytes per element of each KV dtype the kernels support (fp8 = e4m3 with fp32 scales).

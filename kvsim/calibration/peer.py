@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvsim.calibration import interp
-from kvsim.calibration import schema as S
+from kvsim.calibration_data import interp
+from kvsim.calibration_data import schema as S
 from kvsim.calibration.grid import gemm_shapes
 from kvsim.errors import CalibrationError
 from kvsim.hw import GPUS, GiB, GPUSpec, MODELS, ModelSpec
@@ -130,7 +130,7 @@ class CalibratedTables:
     """Per-layer predictions from a calibration directory (for its own model only)."""
 
     def __init__(self, path: str | Path):
-        from kvsim.calibration.loader import load_calibration_dir
+        from kvsim.calibration_data.loader import load_calibration_dir
 
         data = load_calibration_dir(path)
         self.meta, df = data.meta, data.df

@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvsim.calibration import interp
-from kvsim.calibration import schema as S
-from kvsim.calibration.loader import load_calibration_dir
+from kvsim.calibration_data import interp
+from kvsim.calibration_data import schema as S
+from kvsim.calibration_data.loader import load_calibration_dir
 
 
 def mape_table(loo: pd.DataFrame) -> pd.DataFrame:

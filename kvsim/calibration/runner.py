@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kvsim.calibration import schema as S
+from kvsim.calibration_data import schema as S
 from kvsim.calibration._deps import interpreter_requested, package_version, require_torch
 from kvsim.calibration.grid import CPU_GRID, GPU_GRID, Grid, decode_points, prefill_points
 from kvsim.errors import CalibrationError
@@ -42,7 +42,7 @@ CPU_CACHE_BYTES = 8 << 20  # CPU runs are plumbing: a token rotation is enough
 
 def kvsim_version() -> str:
     try:
-        from kvsim import __version__
+        from kvsim.version import __version__
 
         return __version__
     except ImportError:

@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from kvsim import __version__
+from kvsim.version import __version__
 from kvsim.errors import KvsimError
 from kvsim.report.tables import fmt, summary_metrics
 

@@ -46,8 +46,8 @@ from kvsim.kv.protocol import KVAllocator, allocator_capabilities
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.fastpath import DecodeFastPath
 from kvsim.sched.plan import StepPlan
-from kvsim.metrics.request_log import RequestLog
 from kvsim.sched.request import Request, RequestStatus, WaitingQueue, batch_tokens
+from kvsim.sched.sink import RequestSink
 from kvsim.sched.victim import build_victim_policy
 from kvsim.timing.base import BatchShape
 from kvsim.timing.transfer import HostTransfers, legacy_transfers
@@ -78,7 +78,7 @@ class Scheduler:
     def __init__(self, cfg: SchedulerConfig, allocator: KVAllocator, max_model_len_tokens: int,
                  want_context_lens: bool = False, kv_bytes_per_token: int = 0,
                  host_link_bandwidth_bytes_per_s: float = 64e9, host_transfers: HostTransfers | None = None,
-                 request_log: RequestLog | None = None, replica_index: int = 0):
+                 *, request_log: RequestSink, replica_index: int = 0):
         self.cfg = cfg
         self.replica_index = replica_index  # the engine replica this scheduler plans for
         self.allocator = allocator
@@ -95,13 +95,14 @@ class Scheduler:
         self.caps = allocator_capabilities(allocator)  # checked once: the optional allocator calls used
         self._peek = allocator.peek_cached_tokens if self.caps.prefix_peek else None
         # Requests admitted at least once and not finished (running, swapped, preempted back to
-        # waiting). Requests that end are written to ``log`` (kvsim.metrics.request_log) and dropped;
+        # waiting). Requests that end are written to ``log`` (a RequestSink, kvsim.sched.sink; the run
+        # hands in kvsim.metrics.request_log.RequestLog) and dropped;
         # never-admitted waiting requests are rows of the waiting queue (kvsim.sched.request).
         self.requests: dict[int, Request] = {}
         self.waiting = WaitingQueue()
         self.swapped: list[Request] = []  # ordered by admit_seq
         self.running: list[Request] = []
-        self.log = request_log if request_log is not None else RequestLog()
+        self.log = request_log
         self.num_finished = 0
         self.num_rejected = 0
         self._admit_counter = 0

@@ -14,7 +14,7 @@ Per step, with ``L`` layers (every table holds one layer's time at tensor-parall
 ``breakdown_s`` holds each term, the decode/prefill split of ``attention_s``, and ``compute_s`` =
 gemm + lm_head + elementwise (sub-totals repeat their parts; ``duration_s`` is authoritative).
 Kernels on one stream serialise, so components add (no roofline ``max``). The interpolation rules
-are in :mod:`kvsim.calibration.interp` (log-log over batch/context/tokens, exact at measured
+are in :mod:`kvsim.calibration_data.interp` (log-log over batch/context/tokens, exact at measured
 points; unmeasured block sizes interpolate in log2(block size) between neighbours, or take the
 nearest measured size outside the range). Allocators without fixed blocks use the contiguous-KV
 baseline when it was measured for the KV dtype, else the largest measured block size.
@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from kvsim.calibration import interp
-from kvsim.calibration import schema as S
-from kvsim.calibration.loader import CalibrationData, load_calibration_dir  # noqa: F401  (re-exported)
+from kvsim.calibration_data import interp
+from kvsim.calibration_data import schema as S
+from kvsim.calibration_data.loader import CalibrationData, load_calibration_dir  # noqa: F401  (re-exported)
 from kvsim.config_base import StrictModel
 from kvsim.errors import CalibrationError
 from kvsim.hw import GPUS, ModelSpec

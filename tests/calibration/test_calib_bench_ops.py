@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from kvsim.calibration import bench_ops as B  # noqa: E402
-from kvsim.calibration import schema as S  # noqa: E402
+from kvsim.calibration_data import schema as S  # noqa: E402
 from kvsim.calibration.grid import CPU_GRID, GPU_GRID, decode_points, prefill_points  # noqa: E402
 from kvsim.calibration.timer import Timer, rotations_for  # noqa: E402
 from kvsim.hw import MODELS, ModelSpec  # noqa: E402

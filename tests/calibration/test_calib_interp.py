@@ -7,8 +7,8 @@ import math
 import pandas as pd
 import pytest
 
-from kvsim.calibration import interp
-from kvsim.calibration import schema as S
+from kvsim.calibration_data import interp
+from kvsim.calibration_data import schema as S
 
 
 def test_curve_exact_at_points_and_loglog_between():

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from calib_helpers import CPU_EXAMPLE, REPO, decode_shape, edit_meta, mixed_shape, prefill_shape, timing_context
-from kvsim.calibration import schema as S
+from kvsim.calibration_data import schema as S
 from kvsim.errors import CalibrationError, KvsimError
 from kvsim.registry import TIMING_MODELS
 from kvsim.timing.base import BatchShape

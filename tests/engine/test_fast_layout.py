@@ -58,12 +58,13 @@ def test_the_scheduler_knows_only_the_hook_protocol():
 def test_the_engine_installs_the_group_only_in_fast_mode_with_the_capabilities():
     from kvsim.engine import Replica
     from kvsim.kv.paged import CountingPagedAllocator, PagedAllocator
+    from kvsim.metrics.request_log import RequestLog
     from kvsim.sched.config import SchedulerConfig
     from kvsim.sched.scheduler import Scheduler
     from kvsim.timing.constant import ConstantTiming, ConstantTimingConfig
 
     def replica(alloc, mode):
-        rep = Replica(0, Scheduler(SchedulerConfig(), alloc, 4096), ConstantTiming(ConstantTimingConfig()))
+        rep = Replica(0, Scheduler(SchedulerConfig(), alloc, 4096, request_log=RequestLog()), ConstantTiming(ConstantTimingConfig()))
         line = rep.install_fast_path(mode)
         return rep, line
 

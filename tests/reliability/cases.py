@@ -137,7 +137,7 @@ AZ_OK = az_rows(3)
 MC_OK = [mc_line(0, 600, 10), mc_line(3000, 100, 5)]
 
 # --------------------------------------------------------------------------------------------------
-# Calibration directories (`timing: {kind: calibrated, file: DIR}`; format in kvsim/calibration/schema.py:
+# Calibration directories (`timing: {kind: calibrated, file: DIR}`; format in kvsim/calibration_data/schema.py:
 # meta.json + measurements.csv). The kind is being written in kvsim/timing/calibrated.py; until it is
 # registered every calibration case fails with "unknown timing kind" and is xfailed.
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
-from kvsim.calibration import schema as S
+from kvsim.calibration_data import schema as S
 from kvsim.calibration.fit import run_fit
 from kvsim.cli import main
 from kvsim.hw import GPUS, MODELS

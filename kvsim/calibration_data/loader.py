@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pandas is imported where used (import cost: tests/test_import_cost.py)
     import pandas as pd
 
-from kvsim.calibration import schema as S
+from kvsim.calibration_data import schema as S
 from kvsim.errors import CalibrationError
 
 

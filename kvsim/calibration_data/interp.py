@@ -147,23 +147,22 @@ def best_impl(df: pd.DataFrame, impl: str | None = None) -> pd.DataFrame:
 
 def decode_tables(df: pd.DataFrame) -> BlockTables:
     """decode_paged rows of ONE dtype (already reduced by :func:`best_impl`) -> BlockTables."""
-    sizes, tables = [], []
-    for bs, g in sorted(df.groupby("block_size"), key=lambda kv: kv[0]):
-        sizes.append(int(bs))
-        tables.append(row_table(g, "batch", "context_len", log_x=True))
-    if not sizes:
-        raise ValueError("no decode rows")
-    return BlockTables(tuple(sizes), tuple(tables))
+    return _block_tables(df, "batch", "context_len", log_x=True, what="decode")
 
 
 def prefill_tables(df: pd.DataFrame) -> BlockTables:
     """prefill_paged rows of ONE dtype -> BlockTables (rows: new tokens; x: cached tokens, linear)."""
+    return _block_tables(df, "new_tokens", "cached_tokens", log_x=False, what="prefill")
+
+
+def _block_tables(df: pd.DataFrame, row_col: str, x_col: str, log_x: bool, what: str) -> BlockTables:
+    """One :func:`row_table` per block size, in block-size order."""
     sizes, tables = [], []
     for bs, g in sorted(df.groupby("block_size"), key=lambda kv: kv[0]):
         sizes.append(int(bs))
-        tables.append(row_table(g, "new_tokens", "cached_tokens", log_x=False))
+        tables.append(row_table(g, row_col, x_col, log_x=log_x))
     if not sizes:
-        raise ValueError("no prefill rows")
+        raise ValueError(f"no {what} rows")
     return BlockTables(tuple(sizes), tuple(tables))
 
 

@@ -101,3 +101,21 @@ def test_replacement_killed_between_its_renames_keeps_new_output_and_user_files(
     d = out / "points" / point_id
     assert (d / "summary.json").stat().st_ino == new_ino and (d / "notes.txt").read_text() == "mine\n"
     assert [p.name for p in (out / "points").iterdir() if p.name.startswith(".")] == []
+
+
+def test_complete_temp_dir_of_a_live_process_is_left_alone(tmp_path):
+    """Only a dead writer's output is taken over: a running sweep's finished point is its own."""
+    sweep, out = _sweep_file(tmp_path), tmp_path / "sweep"
+    first = run_sweep(sweep, out, executor="inline", plots=False, report=False)
+    point_id = first["point_id"].iloc[0]
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        tmp = out / "points" / f".{point_id}.tmp-{live.pid}"
+        (out / "points" / point_id).rename(tmp)
+        assert is_complete_run_dir(tmp)
+        df = run_sweep(sweep, out, executor="inline", plots=False, report=False)
+        assert (df.attrs["sweep"]["skipped"], df.attrs["sweep"]["ran"]) == (1, 1)
+        assert is_complete_run_dir(tmp) and is_complete_run_dir(out / "points" / point_id)
+    finally:
+        live.kill()
+        live.wait()

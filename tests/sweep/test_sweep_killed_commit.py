@@ -15,7 +15,7 @@ import sys
 import yaml
 from sweep_helpers import REPO
 
-from kvsim.outdir import read_marker
+from kvsim.outdir import Marker, read_marker, write_marker
 from kvsim.results import is_complete_run_dir
 from kvsim.sweep import run_sweep
 
@@ -119,3 +119,32 @@ def test_complete_temp_dir_of_a_live_process_is_left_alone(tmp_path):
     finally:
         live.kill()
         live.wait()
+
+
+def test_leftover_of_a_worker_still_exiting_when_the_rerun_starts_is_removed(tmp_path, monkeypatch):
+    """A SIGKILLed worker can outlive its driver by a moment: its temp directory is then still a live
+    process's at the start of the rerun, and must be tidied at the end of the sweep."""
+    import kvsim.sweep.runner as runner
+
+    sweep, out = _sweep_file(tmp_path), tmp_path / "sweep"
+    first = run_sweep(sweep, out, executor="inline", plots=False, report=False)
+    point_id = first["point_id"].iloc[0]
+    exiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        tmp = out / "points" / f".{point_id}.tmp-{exiting.pid}"
+        tmp.mkdir()
+        write_marker(tmp, Marker("run", False, ()))  # as _new_temp leaves it: the point was being written
+        real_execute = runner.execute
+
+        def execute_once_it_is_gone(*args, **kwargs):
+            exiting.kill()
+            exiting.wait()
+            return real_execute(*args, **kwargs)
+
+        monkeypatch.setattr(runner, "execute", execute_once_it_is_gone)
+        df = run_sweep(sweep, out, executor="inline", plots=False, report=False)
+    finally:
+        exiting.kill()
+        exiting.wait()
+    assert df.attrs["sweep"]["skipped"] == 2 and (df["status"] == "ok").all()
+    assert [p.name for p in (out / "points").iterdir() if p.name.startswith(".")] == []

@@ -262,6 +262,36 @@ def clean_leftovers(out: Path) -> list[str]:
     return notes
 
 
+def finish_killed_commit(out: str | Path, command: str) -> list[str]:
+    """Finish a replacement of ``out`` killed after its output was complete, then tidy up.
+
+    :func:`commit` marks the temp directory complete and only then renames it into place; a process
+    killed in between leaves a finished ``.OUT.tmp-<pid>`` (marker ``complete``, no ``INCOMPLETE``).
+    When its process is gone and it is ``command``'s output, the commit is completed (``out``
+    absent, or an earlier output of ``command``: replaced, the user's files kept), so finished work
+    is not thrown away. Then :func:`clean_leftovers` (an ``.OUT.old-<pid>`` gives the user's files
+    back; other dead temp directories are removed). Returns one note per thing done.
+    """
+    out = Path(out)
+    notes: list[str] = []
+    if not out.parent.is_dir():
+        return notes
+    for tmp in sorted(out.parent.glob(f".{out.name}.tmp-*")):
+        pid = _pid_of(tmp)
+        if pid is None or tmp.is_symlink() or not tmp.is_dir() or _pid_alive(pid):
+            continue
+        marker = _is_ours(tmp)
+        if marker is None or not marker.complete or marker.command != command or (tmp / INCOMPLETE_FILE).exists():
+            continue
+        try:
+            commit(tmp, out, command)
+        except (ConfigError, OSError):  # in the way (a user's file, another command's output): leave it
+            continue
+        notes.append(f"finished the interrupted replacement of {out} (its complete output was {tmp.name})")
+        break  # one complete output per directory; clean_leftovers removes any other dead temp
+    return notes + clean_leftovers(out)
+
+
 # --- writing a directory atomically ---------------------------------------------------------------
 
 

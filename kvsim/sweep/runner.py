@@ -11,7 +11,9 @@ Layout of ``SWEEP_DIR``::
 
 A point is *complete* when its run directory is complete (:func:`kvsim.results.is_complete_run_dir`)
 and was made from the same resolved scenario; complete points are skipped on a rerun, so an
-interrupted sweep resumes where it stopped.
+interrupted sweep resumes where it stopped. A point killed after its run directory was complete but
+before it was renamed into place (``points/.<id>.tmp-<pid>``) counts as complete: the resumed sweep
+puts it in place first (:func:`recover_killed_points`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import pandas as pd
 import yaml
 
 from kvsim.errors import ConfigError
-from kvsim.outdir import open_in_place, set_complete
+from kvsim.outdir import clean_leftovers, finish_killed_commit, open_in_place, set_complete
 from kvsim.results import is_complete_run_dir, write_text_atomic, write_yaml
 from kvsim.sweep.executors import EXECUTORS, Outcome, execute
 from kvsim.sweep.index import STATUS_FAILED, STATUS_OK, build_index, write_index
@@ -47,6 +49,29 @@ def _resolved_matches(point_dir: Path, point) -> bool:
         return False
     want = yaml.safe_load(yaml.safe_dump(_jsonable(resolved_dict(point.scenario)), sort_keys=False))
     return stored == want
+
+
+def recover_killed_points(out: Path, points, *, finish: bool = True) -> list[str]:
+    """Tidy ``points/`` after a killed sweep, before judging which points are complete.
+
+    A point is written into ``points/.<id>.tmp-<pid>``, marked complete, then renamed to
+    ``points/<id>`` (:func:`kvsim.outdir.commit`). A sweep killed between the two leaves a finished
+    run directory under the temp name: that work is done, so it is put in place (and skipped as
+    complete if made from the same scenario) instead of being deleted and run again. Leftovers of
+    points killed earlier (incomplete temp dirs, a replacement cut short) are tidied by
+    :func:`kvsim.outdir.finish_killed_commit`; directories of live processes are left alone.
+    ``finish=False``: only that tidying (:func:`kvsim.outdir.clean_leftovers`), as at the end of a
+    sweep, for the leftovers of processes that were still exiting when it started (a worker of a
+    killed sweep can outlive its driver by a moment). Returns one note per thing done.
+    """
+    points_dir = out / "points"
+    hidden = [e.name for e in points_dir.iterdir() if e.name.startswith(".")] if points_dir.is_dir() else []
+    notes: list[str] = []
+    for p in points:
+        if any(n.startswith((f".{p.id}.tmp-", f".{p.id}.old-")) for n in hidden):
+            d = points_dir / p.id
+            notes += finish_killed_commit(d, "run") if finish else clean_leftovers(d)
+    return notes
 
 
 def point_state(sweep: LoadedSweep, out: Path, point) -> str:
@@ -98,6 +123,8 @@ def run_sweep(sweep_file_or_spec: str | Path | dict | LoadedSweep, out_dir: str 
     (out / "points").mkdir(parents=True, exist_ok=True)
     write_yaml(out / "sweep.resolved.yaml", sweep.resolved())
     say = log or (lambda m: None)
+    for note in recover_killed_points(out, sweep.points):
+        say(note)
 
     status: dict[str, tuple[str, str]] = {}
     todo = []
@@ -164,6 +191,8 @@ def run_sweep(sweep_file_or_spec: str | Path | dict | LoadedSweep, out_dir: str 
         # Also on Ctrl-C: the index lists every point, the unfinished ones as "pending".
         df = build_index(sweep, out, status)
         write_index(df, out)
+    for note in recover_killed_points(out, sweep.points, finish=False):
+        say(note)
 
     if report:
         try:

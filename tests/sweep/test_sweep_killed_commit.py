@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from contextlib import contextmanager
 
 import yaml
 from sweep_helpers import REPO
@@ -103,22 +104,29 @@ def test_replacement_killed_between_its_renames_keeps_new_output_and_user_files(
     assert [p.name for p in (out / "points").iterdir() if p.name.startswith(".")] == []
 
 
+@contextmanager
+def _live_process():
+    """A process that stays alive (a sleep) until the block ends, for temp dirs named after it."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_complete_temp_dir_of_a_live_process_is_left_alone(tmp_path):
     """Only a dead writer's output is taken over: a running sweep's finished point is its own."""
     sweep, out = _sweep_file(tmp_path), tmp_path / "sweep"
     first = run_sweep(sweep, out, executor="inline", plots=False, report=False)
     point_id = first["point_id"].iloc[0]
-    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    try:
+    with _live_process() as live:
         tmp = out / "points" / f".{point_id}.tmp-{live.pid}"
         (out / "points" / point_id).rename(tmp)
         assert is_complete_run_dir(tmp)
         df = run_sweep(sweep, out, executor="inline", plots=False, report=False)
         assert (df.attrs["sweep"]["skipped"], df.attrs["sweep"]["ran"]) == (1, 1)
         assert is_complete_run_dir(tmp) and is_complete_run_dir(out / "points" / point_id)
-    finally:
-        live.kill()
-        live.wait()
 
 
 def test_leftover_of_a_worker_still_exiting_when_the_rerun_starts_is_removed(tmp_path, monkeypatch):
@@ -129,8 +137,7 @@ def test_leftover_of_a_worker_still_exiting_when_the_rerun_starts_is_removed(tmp
     sweep, out = _sweep_file(tmp_path), tmp_path / "sweep"
     first = run_sweep(sweep, out, executor="inline", plots=False, report=False)
     point_id = first["point_id"].iloc[0]
-    exiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    try:
+    with _live_process() as exiting:
         tmp = out / "points" / f".{point_id}.tmp-{exiting.pid}"
         tmp.mkdir()
         write_marker(tmp, Marker("run", False, ()))  # as _new_temp leaves it: the point was being written
@@ -143,8 +150,5 @@ def test_leftover_of_a_worker_still_exiting_when_the_rerun_starts_is_removed(tmp
 
         monkeypatch.setattr(runner, "execute", execute_once_it_is_gone)
         df = run_sweep(sweep, out, executor="inline", plots=False, report=False)
-    finally:
-        exiting.kill()
-        exiting.wait()
     assert df.attrs["sweep"]["skipped"] == 2 and (df["status"] == "ok").all()
     assert [p.name for p in (out / "points").iterdir() if p.name.startswith(".")] == []

@@ -258,6 +258,9 @@ DENSE_PAGES_MAX = 1 << 13  # pages_per_step: (steps x members) pairs evaluated d
 MIN_STAY_SUMS = 16
 # windows of at most this many steps: time-weighted means in Python floats (numpy's per-call cost dominates)
 SMALL_WINDOW_STEPS = 24
+# group windows of at most this many steps and members taken one by one: planned in Python lists
+SMALL_PLAN_STEPS = 32
+SMALL_PLAN_MEMBERS = 16
 _PHASES: dict[int, np.ndarray] = {}
 _STEPS: list = [np.zeros((0, 1), np.int64)]
 
@@ -319,8 +322,18 @@ def plan_group_window(sched, group: DecodeGroup, plan, max_steps: int) -> Decode
         few_rem = few_rem + rem_new
         few_len0 = few_len0 + [c + 1 for c in computed_new]
     bs = sched.allocator.block_size
-    steps = _steps_column(kcap)[:, 0]
     m = len(few_rem)
+    if kcap <= SMALL_PLAN_STEPS and m <= SMALL_PLAN_MEMBERS:
+        num_seqs, kv_read, pages = _small_group_steps(kcap, few_rem, few_len0, n_stay, stay_base, stay_q, stay_res,
+                                                      clock, bs)
+        num_seqs[0] = shape.num_seqs  # step 0 as scheduled (prefills included)
+        kv_read[0] = shape.kv_tokens_read
+        pages[0] = shape.kv_pages_read
+        kv_read = np.array(kv_read, dtype=np.int64)
+        num_seqs = np.array(num_seqs, dtype=np.int64)
+        return DecodeWindow(None, None, None, num_seqs, kv_read, kcap, None, kv_read, num_seqs,
+                            np.array(pages, dtype=np.int64))
+    steps = _steps_column(kcap)[:, 0]
     if not m:
         num_seqs = np.full(kcap, n_stay, np.int64)
         kv_read = pages = None
@@ -379,6 +392,63 @@ def plan_group_window(sched, group: DecodeGroup, plan, max_steps: int) -> Decode
     kv_read[0] = shape.kv_tokens_read
     pages[0] = shape.kv_pages_read
     return DecodeWindow(None, None, None, num_seqs, kv_read, kcap, None, kv_read, num_seqs, pages)
+
+
+def _small_group_steps(kcap: int, few_rem: list[int], few_len0: list[int], n_stay: int, stay_base: int, stay_q: int,
+                       stay_res: list[int], clock: int, bs: int | None) -> tuple[list[int], list[int], list[int]]:
+    """:func:`plan_group_window`'s step arrays of a short window as Python lists (the same integers
+    as its numpy evaluation; below a few dozen steps numpy's fixed cost per call is most of the
+    work). Member ``i`` decodes in steps ``j < few_rem[i]`` reading ``few_len0[i] + j`` tokens in
+    ``ceil((few_len0[i] + j) / bs)`` pages; the staying members as in :func:`plan_group_window`."""
+    n1 = kcap + 1
+    cnt = [0] * n1  # difference arrays over the steps: members decoding, their step-0 lengths, pages
+    tok = [0] * n1
+    pg = [0] * n1
+    for r, length in zip(few_rem, few_len0):
+        end = r if r < kcap else kcap  # decodes in steps 0 .. end - 1
+        if end <= 0:
+            continue
+        cnt[0] += 1
+        cnt[end] -= 1
+        tok[0] += length
+        tok[end] -= length
+        if bs is not None:
+            p0 = -(-length // bs)
+            pg[0] += p0
+            pg[end] -= p0
+            # one more page from each step j with (length + j - 1) % bs == 0 on
+            first = (1 - length) % bs or bs
+            for j in range(first, end, bs):
+                pg[j] += 1
+                pg[end] -= 1
+    cnt.pop()
+    tok.pop()
+    pg.pop()
+    num_seqs = list(accumulate(cnt, initial=n_stay))[1:] if n_stay else list(accumulate(cnt))
+    # step j: each decoding member reads its step-0 length + j tokens, each staying one also
+    # base + clock + 1 + j; so sum(step-0 lengths of the active) + j * num_seqs + the stay constant
+    at = stay_base + n_stay * (clock + 1)
+    kv_read = [t + j * n + at for j, t, n in zip(range(kcap), accumulate(tok), num_seqs)]
+    if bs is None:  # one run per sequence
+        return num_seqs, kv_read, num_seqs.copy()
+    pages = list(accumulate(pg))
+    if n_stay:
+        # a staying member's pages in step j: q + Q + 1 + [r + R >= bs] with clock + j = Q * bs + R;
+        # sfx[x] counts staying members with remainder >= bs - x (see plan_group_window)
+        sfx = list(accumulate(reversed(stay_res)))
+        sfx.reverse()
+        sfx.append(0)
+        base = stay_q + n_stay
+        q, r = divmod(clock, bs)
+        out = []
+        for p in pages:
+            out.append(p + q * n_stay + sfx[bs - r] + base)
+            r += 1
+            if r == bs:
+                r = 0
+                q += 1
+        pages = out
+    return num_seqs, kv_read, pages
 
 
 def apply_group_window(sched, group: DecodeGroup, plan, k: int, times: np.ndarray, on_first=None,

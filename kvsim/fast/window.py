@@ -326,13 +326,8 @@ def plan_group_window(sched, group: DecodeGroup, plan, max_steps: int) -> Decode
     if kcap <= SMALL_PLAN_STEPS and m <= SMALL_PLAN_MEMBERS:
         num_seqs, kv_read, pages = _small_group_steps(kcap, few_rem, few_len0, n_stay, stay_base, stay_q, stay_res,
                                                       clock, bs)
-        num_seqs[0] = shape.num_seqs  # step 0 as scheduled (prefills included)
-        kv_read[0] = shape.kv_tokens_read
-        pages[0] = shape.kv_pages_read
-        kv_read = np.array(kv_read, dtype=np.int64)
-        num_seqs = np.array(num_seqs, dtype=np.int64)
-        return DecodeWindow(None, None, None, num_seqs, kv_read, kcap, None, kv_read, num_seqs,
-                            np.array(pages, dtype=np.int64))
+        return _group_window(shape, kcap, np.array(num_seqs, dtype=np.int64), np.array(kv_read, dtype=np.int64),
+                             np.array(pages, dtype=np.int64))
     steps = _steps_column(kcap)[:, 0]
     if not m:
         num_seqs = np.full(kcap, n_stay, np.int64)
@@ -388,7 +383,12 @@ def plan_group_window(sched, group: DecodeGroup, plan, max_steps: int) -> Decode
             pages = stay_pages if pages is None else pages + stay_pages
     if pages is None:  # one run per sequence
         pages = num_seqs.copy()
-    num_seqs[0] = shape.num_seqs  # step 0 as scheduled (prefills included)
+    return _group_window(shape, kcap, num_seqs, kv_read, pages)
+
+
+def _group_window(shape, kcap: int, num_seqs: np.ndarray, kv_read: np.ndarray, pages: np.ndarray) -> DecodeWindow:
+    """The group window of these step arrays, step 0 as scheduled (prefills included)."""
+    num_seqs[0] = shape.num_seqs
     kv_read[0] = shape.kv_tokens_read
     pages[0] = shape.kv_pages_read
     return DecodeWindow(None, None, None, num_seqs, kv_read, kcap, None, kv_read, num_seqs, pages)

@@ -36,6 +36,7 @@ from kvsim.sched.router import Router
 from kvsim.sched.scheduler import Scheduler
 from kvsim.fast.group import DecodeGroup
 from kvsim.fast.window import (
+    StepwiseTimes,
     apply_decode_window,
     apply_group_window,
     block_limited_steps,
@@ -43,11 +44,23 @@ from kvsim.fast.window import (
     plan_group_window,
     window_means,
 )
-from kvsim.timing.base import TimingModel, VectorisedDecodeTiming, decode_pricer, decode_totals
+from kvsim.timing.base import (
+    DecodeStepPricer,
+    ScalarDecodeSteps,
+    TimingModel,
+    VectorisedDecodeTiming,
+    decode_pricer,
+    decode_totals,
+)
 from kvsim.trace.schema import Trace
 
 
 MIN_WINDOW_HORIZON = 32
+# Backlogged group windows are priced step by step (ScalarDecodeSteps) when their horizon is at most
+# this, i.e. the last window ran at most a quarter of it: a decode_durations call costs about as much
+# as a dozen or two steps priced one by one (bench/README.md, seventh session). Speed only: both
+# ways give the same doubles.
+STEPWISE_HORIZON = 64
 
 log = logging.getLogger("kvsim.engine")
 
@@ -85,6 +98,8 @@ class Replica:
         # Capabilities, checked once here (nothing probes the plugins while the run goes):
         self.caps = scheduler.caps  # the allocator's optional calls
         self.pricer: VectorisedDecodeTiming | None = None  # decode-window pricing, when windows are on
+        # backlogged group windows priced step by step as they run (ScalarDecodeSteps), if the timing can
+        self.step_pricer: DecodeStepPricer | None = None
         self.windows = False  # decode windows installed (see Engine.__init__)
         self.group: DecodeGroup | None = None  # the lazy decode group, when installed
 
@@ -109,8 +124,11 @@ class Replica:
             return (f"replica {self.index}: decode windows off: timing {type(self.timing).__name__} needs "
                     f"per-request context lengths and has no decode_durations")
         self.pricer, self.windows = pricer, True
+        if native and self.group is not None and isinstance(self.timing, ScalarDecodeSteps):
+            self.step_pricer = self.timing.decode_step_pricer()
         return (f"replica {self.index}: decode windows on (pricing: "
                 f"{'decode_durations' if native else 'derived from step_time'}"
+                f"{'; backlogged group windows step by step' if self.step_pricer is not None else ''}"
                 f"{'; off while a beam-search request runs' if beam_search else ''}); decode group "
                 f"{'on' if self.scheduler.decode_group_enabled else 'off'}; bulk slot calls "
                 f"{'on' if self.caps.bulk_slots else 'off'}")
@@ -388,6 +406,13 @@ class Engine:
         if group:
             # Step 0 (which may admit requests) is priced as a step; steps 1.. as decode steps.
             step0 = rep.timing.step_time(plan.shape)
+            if (rep.step_pricer is not None and horizon <= STEPWISE_HORIZON and (sched.waiting or sched.swapped)
+                    and not self.router.state_dependent and self.limits.max_sim_time_s is None):
+                # A backlog: no arrival cuts the window (see below), and it usually stops at one of
+                # its first finishes. After a short window (the horizon is four times the last
+                # one's length) its steps are priced one by one as the replay reaches them.
+                times = StepwiseTimes(rep.step_pricer, win, start, step0.duration_s)
+                return self._run_window(rep, plan, win, win.max_steps, None, None, step0, times, None, None, start)
             priced = pricer.decode_durations(win.num_seqs[1:], win.kv_tokens_read[1:], win.kv_pages_read[1:])
             buf = np.empty(len(priced[0]) + 2)  # [start, step 0, steps 1..]
             buf[1] = step0.duration_s
@@ -440,6 +465,8 @@ class Engine:
             k, segments = apply_group_window(sched, rep.group, plan, k, times, on_first, on_finish)
         else:
             k, segments = apply_decode_window(sched, win, k, times, pop_steps, pop_idx, on_finish)
+        if durations is None:  # priced step by step as the replay ran (StepwiseTimes)
+            durations, priced = times.settle(k)
         if target is not None:  # (no list of durations to build without a prefetch target)
             sched.credit_prefetch(target, durations[:k].tolist())
         rep.window_horizon = max(MIN_WINDOW_HORIZON, 4 * k)

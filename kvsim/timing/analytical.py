@@ -131,6 +131,30 @@ class AnalyticalTiming:
             self.gemm_model = "roofline"
         self._decode_table = np.zeros((8, 0))  # grown by _grow_decode_table on first use
 
+    def _fitted_parts(self, matrix: np.ndarray) -> DecodeParts:
+        """The breakdown of fitted decode steps whose per-step parts are the columns of ``matrix``
+        (the rows of :data:`_FITTED_ROWS`, as :meth:`decode_durations` fills them)."""
+        no_comm = self._no_comm
+        return DecodeParts({
+            "weights_read_s": 0.0,
+            "kv_read_s": matrix[0],
+            "linear_compute_s": matrix[1],
+            "gemm_s": matrix[2],
+            "lm_head_s": matrix[3],
+            "attention_compute_s": matrix[4],
+            "attention_s": matrix[5],
+            "decode_attention_s": matrix[5],
+            "prefill_attention_s": 0.0,
+            "overhead_s": self.cfg.step_overhead_s,
+            "swap_s": 0.0,
+            "parallel_comm_s": 0.0 if no_comm else matrix[7],
+        }, matrix, _FITTED_ROWS_NO_COMM if no_comm else _FITTED_ROWS)
+
+    def decode_step_pricer(self) -> FittedDecodeSteps | None:
+        """:class:`~kvsim.timing.base.ScalarDecodeSteps`: decode steps priced one at a time, in
+        Python floats (with the fitted GEMM model; None with the roofline's linear layers)."""
+        return FittedDecodeSteps(self) if self.gemm is not None else None
+
     def _grow_decode_table(self, top: int) -> None:
         """Per-batch-size rows for decode_durations (fitted GEMM model), n = 0 .. at least ``top``:
         the rows of :data:`_FITTED_ROWS` (placeholders where a part depends on the KV read), then
@@ -287,28 +311,12 @@ class AnalyticalTiming:
             dec_flops_s /= self.flops_per_s
             np.maximum(attn_kv_s, dec_flops_s, out=dec_s)
             np.add(attn_kv_s, kv_write_s, out=kv_read_s)
-            if not no_comm:
-                comm_s = matrix[7]
             duration = linear_s + dec_s
             duration += kv_write_s
             duration += overhead_s
             if not no_comm:
-                duration += comm_s
-            parts = DecodeParts({
-                "weights_read_s": 0.0,
-                "kv_read_s": kv_read_s,
-                "linear_compute_s": linear_s,
-                "gemm_s": matrix[2],
-                "lm_head_s": matrix[3],
-                "attention_compute_s": dec_flops_s,
-                "attention_s": dec_s,
-                "decode_attention_s": dec_s,
-                "prefill_attention_s": 0.0,
-                "overhead_s": overhead_s,
-                "swap_s": 0.0,
-                "parallel_comm_s": comm_s,
-            }, matrix, _FITTED_ROWS if not no_comm else _FITTED_ROWS_NO_COMM)
-            return duration, parts, kv_read
+                duration += matrix[7]
+            return duration, self._fitted_parts(matrix), kv_read
         if not no_comm:
             comm_s = self._comm_s_per_step + self._comm_s_per_token * num_seqs
         weights_s = self.weight_bytes / self.bandwidth_bytes_per_s
@@ -438,3 +446,68 @@ class _FittedLinear:
 
 
 TIMING_MODELS.register("analytical", AnalyticalTimingConfig, AnalyticalTiming)
+
+
+class FittedDecodeSteps:
+    """Decode steps of the fitted analytical model priced one at a time, in Python floats.
+
+    :meth:`column` returns a decode step's duration and its column of the per-step parts matrix:
+    the same doubles :meth:`AnalyticalTiming.decode_durations` computes for that step, by the same
+    IEEE operations in the same order (tests/timing/test_timing_fast_paths.py checks it bit for bit).
+    :meth:`parts` turns the columns of the steps that ran into decode_durations' breakdown of them.
+    A decode window that usually stops after a few of its planned steps prices only those: one
+    numpy call costs as much as dozens of steps priced here."""
+
+    __slots__ = ("timing", "kernel", "rows", "size", "kv_bytes_per_token", "bandwidth_bytes_per_s",
+                 "attention_flops_per_pair", "flops_per_s", "overhead_s", "no_comm")
+
+    def __init__(self, timing: AnalyticalTiming):
+        self.timing = timing
+        self.kernel = timing.kernel
+        self.kv_bytes_per_token = timing.kv_bytes_per_token
+        self.bandwidth_bytes_per_s = timing.bandwidth_bytes_per_s
+        self.attention_flops_per_pair = timing.attention_flops_per_pair
+        self.flops_per_s = timing.flops_per_s
+        self.overhead_s = timing.cfg.step_overhead_s
+        self.no_comm = timing._no_comm
+        self._load()
+
+    def _load(self) -> None:
+        table = self.timing._decode_table
+        self.rows = table.tolist()  # Python floats: the same doubles, cheaper to index
+        self.size = table.shape[1]
+
+    def column(self, num_seqs: int, kv_tokens_read: int, kv_pages_read: int) -> tuple[float, tuple]:
+        """``(duration, parts)`` of one decode step: ``num_seqs`` sequences reading
+        ``kv_tokens_read`` KV tokens in ``kv_pages_read`` pages (0: not known, estimated as
+        decode_durations and step_time do). ``parts`` is the step's column of the matrix rows of
+        :data:`_FITTED_ROWS` plus the KV-write row."""
+        n = num_seqs
+        if n >= self.size:
+            self.timing._grow_decode_table(n)
+            self._load()
+        r = self.rows
+        if self.kernel is None:
+            attn = kv_tokens_read * self.kv_bytes_per_token / self.bandwidth_bytes_per_s
+        else:
+            attn = self.kernel.time_scalar(n, kv_tokens_read, kv_pages_read if kv_pages_read > 0 else None)
+        flops = self.attention_flops_per_pair * kv_tokens_read / self.flops_per_s
+        dec = attn if attn >= flops else flops  # np.maximum(attn, flops)
+        kv_write = r[6][n]
+        linear = r[1][n]
+        duration = linear + dec
+        duration += kv_write
+        duration += self.overhead_s
+        if self.no_comm:
+            return duration, (attn + kv_write, linear, r[2][n], r[3][n], flops, dec, kv_write)
+        comm = r[7][n]
+        duration += comm
+        return duration, (attn + kv_write, linear, r[2][n], r[3][n], flops, dec, kv_write, comm)
+
+    def parts(self, columns: list) -> DecodeParts:
+        """decode_durations' breakdown of the steps whose :meth:`column` parts are ``columns``."""
+        if columns:
+            matrix = np.array(list(zip(*columns)), dtype=np.float64)
+        else:
+            matrix = np.zeros((len(self.rows), 0))
+        return self.timing._fitted_parts(matrix)

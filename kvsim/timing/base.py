@@ -117,6 +117,35 @@ class VectorisedDecodeTiming(Protocol):
                          kv_pages_read: np.ndarray): ...
 
 
+class DecodeStepPricer(Protocol):
+    """What :class:`ScalarDecodeSteps` hands out: decode steps priced one at a time.
+
+    ``column(num_seqs, kv_tokens_read, kv_pages_read)`` (Python ints) returns ``(duration, parts)``:
+    the duration must equal element j of ``decode_durations`` (and so ``step_time``) bit for bit for
+    that step, and ``parts`` is an opaque per-step value; ``parts(columns)`` returns the breakdown
+    ``decode_durations`` would give for the steps whose ``parts`` are ``columns`` (in step order),
+    summed by :func:`decode_totals` the same way; ``kv_bytes_per_token`` converts the steps' KV
+    tokens to the bytes ``decode_durations`` reports."""
+
+    kv_bytes_per_token: int
+
+    def column(self, num_seqs: int, kv_tokens_read: int, kv_pages_read: int) -> tuple[float, object]: ...
+
+    def parts(self, columns: list) -> dict: ...
+
+
+@runtime_checkable
+class ScalarDecodeSteps(Protocol):
+    """Optional capability (with :class:`VectorisedDecodeTiming`): ``decode_step_pricer()`` returns
+    a :class:`DecodeStepPricer`, or None where this configuration of the model has none. Decode
+    windows that usually stop after a few of their planned steps (a backlog: the waiting queue's
+    head is admitted at the next finish) then price only the steps that run, one at a time,
+    instead of the whole planned horizon in one ``decode_durations`` call, whose fixed cost is
+    that of dozens of steps priced one by one. Checked once, when a run is built."""
+
+    def decode_step_pricer(self) -> DecodeStepPricer | None: ...
+
+
 def decode_shape(num_seqs: int, kv_tokens_read: int, kv_pages_read: int) -> BatchShape:
     """The BatchShape of a decode-only step (what the scheduler builds for one)."""
     return BatchShape(num_seqs=num_seqs, num_prefill_seqs=0, num_decode_seqs=num_seqs, num_prefill_tokens=0,

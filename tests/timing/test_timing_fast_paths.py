@@ -201,6 +201,43 @@ def test_decode_durations_equal_step_time_part_by_part(name):
             assert totals == want and kv_sum == int(kv_bytes[:k].sum())
 
 
+@pytest.mark.parametrize("name", sorted(TIMINGS))
+def test_decode_step_pricer_equals_decode_durations_step_by_step(name):
+    """ScalarDecodeSteps: each step priced on its own in Python floats is decode_durations' element
+    for that step (duration and every part, bit for bit), and the breakdown of the steps that ran
+    sums to decode_durations' totals over them; only the roofline linear layers have no pricer."""
+    timing = _timing(**TIMINGS[name])
+    pricer = timing.decode_step_pricer()
+    if timing.gemm is None:
+        assert pricer is None
+        return
+    rng = np.random.default_rng(len(name) + 100)
+    block = timing.block_size
+    for size, unknown in ((1, 0.0), (5, 0.25), (31, 0.25), (200, 0.25)):
+        n = rng.integers(1, 300, size).astype(np.int64)
+        n[-1] = 1500 if size > 1 else n[-1]  # past the first decode table (1024 batch sizes): it grows
+        ctx = rng.integers(1, 8000, size)
+        T = (n * ctx).astype(np.int64)
+        if size > 2:
+            T[1] = 0  # nothing read
+        pages = (n * -(-ctx // block) if block else n).astype(np.int64)
+        pages[rng.random(size) < unknown] = 0  # not counted: estimated
+        want, want_parts, want_kv = timing.decode_durations(n, T, pages)
+        columns = []
+        for j in range(size):
+            d, col = pricer.column(int(n[j]), int(T[j]), int(pages[j]))
+            assert d.hex() == want[j].hex()
+            columns.append(col)
+        got_parts = pricer.parts(columns)
+        assert list(got_parts) == list(want_parts)
+        assert _bits(got_parts.matrix) == _bits(want_parts.matrix) and got_parts.rows == want_parts.rows
+        for key, v in want_parts.items():
+            assert _bits(got_parts[key]) == _bits(v), key
+        assert _bits(T * pricer.kv_bytes_per_token) == _bits(want_kv)
+        for k in sorted({0, 1, size // 2, size}):
+            assert decode_totals(pricer.parts(columns[:k]), want_kv, k) == decode_totals(want_parts, want_kv, k)
+
+
 def test_decode_tables_grow_past_their_first_size():
     timing = _timing()
     for top in (5, 1500, 9000):  # first tables hold 1024 batch sizes

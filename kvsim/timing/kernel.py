@@ -50,6 +50,7 @@ import numpy as np
 import yaml
 
 from kvsim.errors import ConfigError, did_you_mean, format_choices
+from kvsim.yamlio import load_yaml
 
 BACKENDS_PACKAGE = "kvsim.timing.backends"
 DEFAULT_PAGED_BACKEND = "vllm-2023-paged"
@@ -146,11 +147,10 @@ def parse_profile(data, where: str) -> BackendProfile:
 def load_profile_file(path: str | Path) -> BackendProfile:
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
     except OSError as e:
         raise ConfigError(f"{path}: cannot read backend profile ({e.strerror})") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    data = load_yaml(text, str(path))
     return parse_profile(data, str(path))
 
 

@@ -66,17 +66,20 @@ def test_measure_closed_loop_starts_the_clock_at_admission():
 
 
 def test_compare_errors_and_pass_flags():
-    rows = [{"case_id": "a", "split": "fit", "stat": "mean", "request_throughput": "1.0", "ttft_ms": "100",
+    rows = [{"case_id": "a", "split": "fit", "stat": "mean", "request_throughput": "1.0", "output_throughput": "", "ttft_ms": "100",
              "tpot_ms": "10", "e2el_ms": ""},
-            {"case_id": "b", "split": "holdout", "stat": "mean", "request_throughput": "", "ttft_ms": "100",
+            {"case_id": "b", "split": "holdout", "stat": "mean", "request_throughput": "", "output_throughput": "50", "ttft_ms": "100",
              "tpot_ms": "10", "e2el_ms": ""}]
-    preds = {"a": {"request_throughput": 1.25, "ttft_ms": 130.0, "tpot_ms": 11.0, "e2el_ms": 5.0},
-             "b": {"request_throughput": 9.0, "ttft_ms": 140.0, "tpot_ms": 7.0, "e2el_ms": 5.0}}
+    preds = {"a": {"request_throughput": 1.25, "output_throughput": 9.0, "ttft_ms": 130.0, "tpot_ms": 11.0,
+                   "e2el_ms": 5.0},
+             "b": {"request_throughput": 9.0, "output_throughput": 45.0, "ttft_ms": 140.0, "tpot_ms": 7.0,
+                   "e2el_ms": 5.0}}
     t = vs.compare(rows, preds)
     assert t[0]["request_throughput_error"] == 0.25 and t[0]["request_throughput_ok"] == "no"
     assert t[0]["ttft_ms_ok"] == "yes" and t[0]["tpot_ms_ok"] == "yes"
     assert math.isnan(t[1]["request_throughput_error"]) and t[1]["request_throughput_ok"] == ""
     assert t[1]["ttft_ms_ok"] == "no" and t[1]["tpot_ms_ok"] == "no"
+    assert t[1]["output_throughput_error"] == -0.1 and t[1]["output_throughput_ok"] == "yes"
     rates = vs.pass_rates(t)
     assert rates["all.request_throughput"] == {"within": 0, "cases": 1}
     assert rates["fit.tpot_ms"] == {"within": 1, "cases": 1} and rates["holdout.tpot_ms"] == {"within": 0, "cases": 1}
@@ -92,3 +95,29 @@ def test_one_case_runs_back_to_back_and_deterministically():
     # more CPU time per step makes every decode step (so TPOT) longer by exactly that much
     slow = vs.run_case(row, ["timing.step_overhead_s=0.012"])
     assert slow["tpot_ms"] - a["tpot_ms"] == pytest.approx(10.0, rel=1e-6)
+
+
+def _fit_rows(concurrencies, residual):
+    rows, zero = [], {}
+    for i, c in enumerate(concurrencies):
+        rows.append({"case_id": f"c{i}", "split": "fit", "tpot_ms": "20", "max_concurrency": str(c)})
+        zero[f"c{i}"] = {"tpot_ms": 20.0 - residual(c) * 1e3}
+    rows.append({"case_id": "held", "split": "holdout", "tpot_ms": "99", "max_concurrency": "4"})
+    zero["held"] = {"tpot_ms": 0.0}  # a held-out case never enters the fit
+    return rows, zero
+
+
+def test_fit_recovers_per_step_and_per_sequence_terms():
+    rows, zero = _fit_rows([1, 1, 8, 32], lambda c: 0.0015 + 4e-5 * c)
+    fit = vs.fit_overhead(rows, zero)
+    assert fit["step_overhead_s"] == pytest.approx(0.0015, abs=1e-6)
+    assert fit["per_seq_s"] == pytest.approx(4e-5, rel=1e-4) and "held" not in fit["residuals_s"]
+
+
+def test_fit_with_one_batch_size_or_kvsim_too_slow():
+    rows, zero = _fit_rows([1, 1, 1], lambda c: 0.003)
+    assert vs.fit_overhead(rows, zero)["step_overhead_s"] == pytest.approx(0.003) and \
+        vs.fit_overhead(rows, zero)["per_seq_s"] == 0.0
+    rows, zero = _fit_rows([1, 8], lambda c: -0.002)  # kvsim already slower: no negative overhead
+    assert vs.fit_overhead(rows, zero) == {"step_overhead_s": 0.0, "per_seq_s": 0.0,
+                                           "residuals_s": {"c0": -0.002, "c1": -0.002}}

@@ -43,7 +43,7 @@ VARIANT_PLOTS = {
 }
 
 CSS = """
-body{font-family:-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;margin:24px auto;max-width:1180px;
+body{font-family:-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;margin:24px auto;max-width:1800px;
 color:#212529;background:#fff;line-height:1.4;padding:0 16px}
 h1{font-size:1.6em;border-bottom:2px solid #dee2e6;padding-bottom:6px}
 h2{font-size:1.3em;margin-top:1.8em;border-bottom:1px solid #dee2e6;padding-bottom:4px}
@@ -55,6 +55,12 @@ td.k,th.k{text-align:left}
 tr:nth-child(even) td{background:#f8f9fa}
 .failed td{background:#ffe3e3 !important}
 .scroll{overflow-x:auto;max-width:100%}
+table.headline th{white-space:normal;max-width:12em;vertical-align:bottom}
+table.headline td.k{white-space:normal}
+.chg{font-size:11px;color:#495057}
+.chg.better{color:#2b8a3e}
+.chg.worse{color:#c92a2a}
+p,ul{max-width:1180px}
 figure{margin:12px 0 24px 0}
 figure img{max-width:100%;border:1px solid #e9ecef}
 figcaption{font-size:13px;color:#495057}

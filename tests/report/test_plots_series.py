@@ -153,3 +153,25 @@ def test_run_and_compare_write_one_comparison_layout(variants_dir, tmp_path):
     assert ran["source"].tolist() == ran["label"].tolist()  # relative to the run directory
     pd.testing.assert_frame_equal(ran.drop(columns="source"), compared.drop(columns="source"))
     assert ran["label"].tolist() == ["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged-16"]
+
+
+def test_concurrency_that_is_queueing_is_no_win():
+    """An fp8 variant with the most requests at once (+120 %) but the slowest service: the findings
+    lead with throughput and latency, and the concurrency sentence says it is no gain."""
+    s = {"fp16": _summary("fp16", conc=10, ttft=0.5, thr=2.0),
+         "fp8": _summary("fp8", conc=22, ttft=2.0, thr=1.5),
+         "paged": _summary("paged", conc=14, ttft=0.4, thr=2.1)}
+    s["fp16"]["normalized_latency_s_per_token"] = 0.1
+    s["fp8"]["normalized_latency_s_per_token"] = 0.3
+    got = key_findings(s, "fp16")
+    assert got[0].startswith("Highest throughput: 2.1 req/s with paged")
+    assert got[1].startswith("Lowest median TTFT: 400 ms with paged")
+    conc = next(g for g in got if g.startswith("Most requests at once"))
+    assert "22 with fp8" in conc and "+120.0 %" in conc and "but no gain" in conc
+    assert "throughput -25.0 %" in conc and "median TTFT +300.0 %" in conc and "normalized latency +200.0 %" in conc
+    assert got.index(conc) > 1
+    # with equal (within 1 %) or better service, more concurrency is a plain gain
+    s["fp8"].update(throughput_requests_per_s=1.99, normalized_latency_s_per_token=0.1)
+    s["fp8"]["ttft_s"]["p50"] = 0.45
+    conc = next(g for g in key_findings(s, "fp16") if g.startswith("Most requests at once"))
+    assert conc == "Most requests at once: 22 with fp8 (baseline fp16: 10, +120.0 %)."

@@ -631,30 +631,65 @@ def plot_vs_rate(runs: list[Run], key: str, metric: str, ylabel: str, title: str
 CAPACITY_KEYS = ("kv_budget", "gpu", "kv_dtype", "model", "parallel")
 
 
+CAPACITY_SAME_WITHIN = 0.02  # capacities this close (relative), or within one block, are one capacity
+
+
+def _capacity_tokens(r: Run):
+    return (get_path(r.summary, ("prefix_cache", "capacity_tokens"))
+            or get_path(r.summary, ("kv", "capacity_tokens")))
+
+
+def capacity_levels(runs: list[Run]) -> dict[str, float]:
+    """{run label: its KV capacity level}: capacities that differ by at most one block (the largest
+    block size of the runs) or ``CAPACITY_SAME_WITHIN`` are one level (the smallest of them) --
+    variants with the same budget differ only by block rounding, not in capacity."""
+    caps = {r.label: float(c) for r in runs if (c := _capacity_tokens(r))}
+    block = max([float(get_path(r.summary, ("kv", "block_size")) or 1) for r in runs] or [1.0])
+    levels: dict[str, float] = {}
+    start = None
+    for lab, c in sorted(caps.items(), key=lambda kv: kv[1]):
+        if start is None or (c - start > block and c > start * (1 + CAPACITY_SAME_WITHIN)):
+            start = c
+        levels[lab] = start
+    return levels
+
+
 def plot_prefix_hit_vs_capacity(runs: list[Run], path: Path) -> Path:
+    """Hit ratio against capacity where capacities really differ (a line per series, one x tick
+    per capacity level); a bar per run where they do not (:func:`capacity_levels`)."""
     fig, ax = plt.subplots(figsize=(10, 4.8))
     have = [r for r in runs if prefix_hit_value(r.summary) is not None]
-
-    def cap(r: Run):
-        return (get_path(r.summary, ("prefix_cache", "capacity_tokens"))
-                or get_path(r.summary, ("kv", "capacity_tokens")))
-
-    groups = series_of(have, CAPACITY_KEYS, x=cap)
-    shown = _draw_series(ax, groups, cap, lambda r: 100 * prefix_hit_value(r.summary))
-    caps = sorted({c for r in have if (c := cap(r))})
-    if len(caps) > 1:
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("KV cache capacity (tokens, log scale)")
+    levels = capacity_levels(have)
+    distinct = sorted(set(levels.values()))
+    if len(distinct) <= 1:
+        shown = pick_evenly(have, 3 * MAX_LINES)
+        xs = range(len(shown))
+        ax.bar(xs, [100 * prefix_hit_value(r.summary) for r in shown],
+               color=[line_style(i)["color"] for i in xs])
+        ax.set_xticks(list(xs), [r.label for r in shown], rotation=20 if len(shown) > 4 else 0, ha="right"
+                      if len(shown) > 4 else "center")
+        cap = f"{distinct[0]:,.0f} tokens" if distinct else "unknown"
+        ax.set_xlabel(f"run (KV cache capacity {cap} in every run, up to block rounding)")
+        n_series = len(have)
     else:
-        ax.set_xticks(caps, [f"{c:,}" for c in caps])
-        ax.set_xlabel("KV cache capacity (tokens; the same for every run)")
+        from matplotlib.ticker import FixedLocator, NullLocator
+
+        lv = lambda r: levels.get(r.label)  # noqa: E731
+        groups = series_of(have, CAPACITY_KEYS, x=lv)
+        shown = _draw_series(ax, groups, lv, lambda r: 100 * prefix_hit_value(r.summary))
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(FixedLocator(distinct))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticklabels([f"{c:,.0f}" for c in distinct])
+        ax.set_xlabel("KV cache capacity (tokens, log scale)")
+        n_series = len(groups)
+        _legend(ax, len(shown))
     ax.set_ylabel("prefix-cache hit ratio (% of prompt tokens)")
     ax.set_ylim(bottom=0)
     ax.set_title("Prefix-cache hit ratio vs capacity")
     ax.grid(alpha=0.3)
-    _legend(ax, len(shown))
     fig.tight_layout()
-    note_dropped(fig, len(shown), len(groups))
+    note_dropped(fig, len(shown), n_series)
     return _save(fig, path)
 
 

@@ -175,3 +175,25 @@ def test_concurrency_that_is_queueing_is_no_win():
     s["fp8"]["ttft_s"]["p50"] = 0.45
     conc = next(g for g in key_findings(s, "fp16") if g.startswith("Most requests at once"))
     assert conc == "Most requests at once: 22 with fp8 (baseline fp16: 10, +120.0 %)."
+
+
+def test_prefix_hit_plot_capacities_that_differ_only_by_block_rounding(tmp_path, captured):
+    from kvsim.report.comparison import capacity_levels, plot_prefix_hit_vs_capacity
+
+    runs = issue_runs()
+    for r, cap in zip(runs, (14496, 14496, 14480, 14464)):  # one budget, rounded to blocks of 16 / 32
+        r.summary["kv"].update(capacity_tokens=cap, block_size=32 if "b32" in r.label else 16)
+    assert set(capacity_levels(runs).values()) == {14464.0}
+    plot_prefix_hit_vs_capacity(runs, tmp_path / "p.png")
+    ax = captured[-1].axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["lru", "lru-2", "fp8", "lru-b32"]  # a bar per run
+    assert [round(p.get_height(), 6) for p in ax.patches] == [30.0, 35.0, 30.0, 28.0]
+    assert "14,464 tokens in every run" in ax.get_xlabel()
+    # capacities that really differ: one x tick per capacity level, labelled
+    for r, cap in zip(runs, (10_000, 20_000, 40_000, 40_016)):
+        r.summary["kv"]["capacity_tokens"] = cap
+    assert capacity_levels(runs) == {"lru": 10_000, "lru-2": 20_000, "fp8": 40_000, "lru-b32": 40_000}
+    plot_prefix_hit_vs_capacity(runs, tmp_path / "q.png")
+    ax = captured[-1].axes[0]
+    assert list(ax.get_xticks()) == [10_000, 20_000, 40_000]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["10,000", "20,000", "40,000"]

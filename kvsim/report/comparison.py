@@ -62,6 +62,7 @@ from kvsim.report.tables import (
     flatten,
     get_path,
     is_missing,
+    point_labels,
     prefix_hit_value,
     resolved_scenario,
     summary_metrics,
@@ -145,15 +146,13 @@ def collect_runs(paths: list[str | Path]) -> tuple[list[Run], dict]:
                 keys = (yaml.safe_load((p / "sweep.resolved.yaml").read_text()) or {}).get("override_keys") or []
             keys = [k for k in keys if k in idx.columns]
             meta["override_keys"] += [k for k in keys if k not in meta["override_keys"]]
-            for _, row in idx.iterrows():
+            labels = point_labels([row.to_dict() for _, row in idx.iterrows()])
+            for label, (_, row) in zip(labels, idx.iterrows()):
                 if row["status"] != "ok":
                     meta["failed"].append(str(row["point_id"]))
                     continue
                 pid = str(row["point_id"])
-                label = row.get("point_name") if isinstance(row.get("point_name"), str) else pid.rsplit("-", 1)[0]
                 variant = row.get("variant") if isinstance(row.get("variant"), str) else None
-                if variant and not isinstance(row.get("point_name"), str) and not label.startswith(variant):
-                    label = f"{variant}_{label}"
                 ov = {k: (None if is_missing(row[k]) else _py(row[k])) for k in keys}
                 runs.append(_load_run(p / str(row["run_dir"]), label, point_id=pid, variant=variant, overrides=ov))
         elif (p / "summary.json").exists():
@@ -169,6 +168,10 @@ def collect_runs(paths: list[str | Path]) -> tuple[list[Run], dict]:
         for r in runs:
             if labels.count(r.label) > 1:
                 r.label = f"{r.path.parent.name}/{r.label}" if r.point_id is None else (r.point_id or r.label)
+        twice = [r.label for r in runs]
+        for r in runs:  # inputs with the same directory name (a/study, b/study): one more level
+            if twice.count(r.label) > 1 and r.point_id is None:
+                r.label = f"{r.path.parent.parent.name}/{r.label}"
     if not runs:
         raise KvsimError("nothing to compare: no complete runs in " + ", ".join(str(p) for p in paths))
     return runs, meta
@@ -387,16 +390,28 @@ def table_text(df: pd.DataFrame, key: str = "label", fmt=_fixed2) -> str:
 def baseline_of(runs: list[Run], baseline: str | None = None) -> str:
     """The headline's baseline label: ``baseline`` (a label, or a run/variant name), else the
     scenario's ``baseline:`` key, else the first run."""
+    return baseline_choice(runs, baseline)[0]
+
+
+def baseline_choice(runs: list[Run], baseline: str | None = None) -> tuple[str, str]:
+    """(baseline label, why it is the baseline): as :func:`baseline_of`, with the reason in words
+    ("--baseline X", the ``baseline:`` key of which run's scenario, or "the first run")."""
     labels = [r.label for r in runs]
-    wanted = [baseline] if baseline is not None else []
-    wanted += [v for r in runs if isinstance(v := r.params.get("baseline"), str)]
-    for w in wanted:
-        for r in runs:
-            if w in (r.label, r.name, r.variant):
-                return r.label
     if baseline is not None:
+        for r in runs:
+            if baseline in (r.label, r.name, r.variant):
+                return r.label, f"--baseline {baseline}"
         raise KvsimError(f"compare: --baseline {baseline!r} names no run; runs: {', '.join(labels)}")
-    return labels[0]
+    for src in runs:
+        w = src.params.get("baseline")
+        if not isinstance(w, str):
+            continue
+        home = lambda r: None if r.path is None else r.path.parent  # noqa: E731 -- the input directory
+        for r in sorted(runs, key=lambda r: home(r) != home(src)):  # a run of the same input first
+            if w in (r.label, r.name, r.variant):
+                where = f" ({src.path.parent if src.point_id is None else src.path.parent.parent})" if src.path else ""
+                return r.label, f"the scenario's baseline: {w} key{where}"
+    return labels[0], "the first run (no --baseline, no baseline: key)"
 
 
 def comparison_frame(runs: list[Run], meta: dict | None = None, *, source_root: Path | None = None) -> pd.DataFrame:
@@ -741,15 +756,16 @@ def compare(paths: list[str | Path], out: str | Path | None = None, log=None, *,
         raise KvsimError(f"compare: --metric-names {metric_names!r}: valid choices are {', '.join(METRIC_NAMES)}")
     say = log or (lambda m: None)
     runs, meta = collect_runs(paths)
-    base_label = baseline_of(runs, baseline)
+    base_label, why = baseline_choice(runs, baseline)
     final = Path(out) if out is not None else default_compare_dir(paths)
     with atomic_out_dir(final, "compare", force=force, protect=paths, log=say) as tmp:
         written = _write_comparison(runs, meta, tmp, say, metric_names=metric_names, base_label=base_label,
-                                    show=show)
+                                    show=show, why=why)
     return {name: final / name for name in written}
 
 
-def _write_comparison(runs, meta, out: Path, say, *, metric_names: str, base_label, show) -> dict[str, Path]:
+def _write_comparison(runs, meta, out: Path, say, *, metric_names: str, base_label, show,
+                      why: str = "") -> dict[str, Path]:
     from kvsim.report.headline import headline, headline_frame, headline_text
 
     written: dict[str, Path] = {}
@@ -763,7 +779,8 @@ def _write_comparison(runs, meta, out: Path, say, *, metric_names: str, base_lab
         findings = key_findings({r.label: r.summary for r in runs}, base_label)
         if findings:
             show("Key findings\n" + "\n".join(f"- {f}" for f in findings))
-        show(f"Headline (baseline: {head.baseline})\n{headline_text(head)}")
+        reason = f" -- {why}; another: --baseline LABEL" if why else ""
+        show(f"Headline (baseline: {head.baseline}{reason})\n{headline_text(head)}")
     table = comparison_frame(runs, meta)
     write_text_atomic(out / "comparison.csv", table.to_csv(index=False))
     written["comparison.csv"] = out / "comparison.csv"

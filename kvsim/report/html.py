@@ -349,21 +349,26 @@ def _sweep_body(sweep_dir: Path, tmp: Path) -> tuple[str, list[str]]:
     ok = int((idx["status"] == "ok").sum())
     body.append(f'<p class="meta">{len(idx)} points: {ok} ok, {len(idx) - ok} not ok. Source: '
                 f"<code>{_esc(Path(str(doc.get('sweep_file', ''))).name)}</code></p>")
+    from kvsim.report.tables import point_labels
+
+    idx.insert(0, "label", point_labels([r.to_dict() for _, r in idx.iterrows()]))
     heads = {}
     for _, r in idx.iterrows():
         f = sweep_dir / str(r["run_dir"]) / "summary.json"
         if r["status"] == "ok" and f.exists():
-            heads[str(r["point_id"])] = json.loads(f.read_text())
+            heads[str(r["label"])] = json.loads(f.read_text())
     body += _findings_section(heads)
     body += _headline_section(heads)
     keys = [k for k in (doc.get("override_keys") or []) if k in idx.columns]
-    cols = ["point_id"] + (["variant"] if "variant" in idx.columns else []) + keys + ["status"]
+    cols = ["label"] + (["variant"] if "variant" in idx.columns else []) + keys + ["status"]
     metric_cols = ["throughput_requests_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "e2e_p50_s", "e2e_p99_s",
                    "normalized_latency_s_per_token", "concurrency_max", "concurrency_mean", "kv_token_states_frac",
                    "kv_internal_frag_frac", "kv_external_frag_frac", "preemptions", "requests_finished",
                    "requests_rejected"]
-    cols += [c for c in metric_cols if c in idx.columns] + ["error"]
+    cols += [c for c in metric_cols if c in idx.columns] + ["error", "point_id"]
     body += ['<h2 id="summary-heading">Points</h2>',
+             '<p class="meta">label: the point\'s name without the hash that keeps its directory '
+             "(points/&lt;point_id&gt;) unique.</p>",
              _table(idx[cols], "summary", key_cols=1 + len(keys) + ("variant" in idx.columns),
                     row_class=lambda r: "failed" if r["status"] != "ok" else "")]
     compare_dir = sweep_dir / "compare"
@@ -383,7 +388,7 @@ def _sweep_body(sweep_dir: Path, tmp: Path) -> tuple[str, list[str]]:
     if len(idx) <= MAX_POINT_SECTIONS:
         for _, r in idx.iterrows():
             pdir = sweep_dir / str(r["run_dir"])
-            body.append(f'<h2 id="point-{_esc(r["point_id"])}">Point {_esc(r["point_id"])}</h2>')
+            body.append(f'<h2 id="point-{_esc(r["point_id"])}">Point {_esc(r["label"])}</h2>')
             if r["status"] != "ok" or not (pdir / "summary.json").exists():
                 body.append(f"<p>status {_esc(r['status'])}: {_esc(r['error'])}</p>")
                 continue

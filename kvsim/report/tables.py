@@ -156,6 +156,21 @@ def resolved_scenario(run_dir: Path) -> dict | None:
     return None
 
 
+def point_labels(rows: list[dict]) -> list[str]:
+    """Display labels of sweep points (index rows with ``point_id``, ``point_name``, ``variant``):
+    the point's ``name:`` if it has one, else its id without the trailing hash (``block_size-8``
+    for ``block_size-8-5a1ffe33``), prefixed by the variant when the id does not already say it.
+    Directories keep the hash (it makes ids unique); a label that would repeat falls back to the id."""
+    out = []
+    for r in rows:
+        pid, name, variant = str(r["point_id"]), r.get("point_name"), r.get("variant")
+        label = name if isinstance(name, str) else pid.rsplit("-", 1)[0]
+        if isinstance(variant, str) and not isinstance(name, str) and not label.startswith(variant):
+            label = f"{variant}_{label}"
+        out.append(label)
+    return [lab if out.count(lab) == 1 else str(r["point_id"]) for lab, r in zip(out, rows)]
+
+
 def is_missing(v: Any) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
 

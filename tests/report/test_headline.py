@@ -104,7 +104,7 @@ def test_compare_prints_headline_first_and_writes_csv(tmp_path, capsys):
     # key findings first, then the headline table
     assert out.startswith("Key findings\n")
     assert "- Most requests at once: 30 with a-paged (baseline contiguous: 8, +275.0 %)." in out
-    assert out.index("Headline (baseline: contiguous)") < out.index("/cmp/")
+    assert out.index("Headline (baseline: contiguous -- --baseline contiguous") < out.index("/cmp/")
     assert "-90.0 %" in out  # fragmentation 50 % -> 5 %
     df = pd.read_csv(tmp_path / "cmp" / "headline.csv")
     assert "baseline:contiguous" in df.columns and df["a-paged change_pct"].iloc[3] == pytest.approx(275.0)
@@ -221,3 +221,17 @@ def test_headline_fits_the_window_in_chromium(tmp_path, width):
     assert m, dom[:500]
     scroll_w, client_w = int(m.group(1)), int(m.group(2))
     assert 0 < scroll_w <= client_w, (scroll_w, client_w)
+
+
+def test_compare_says_which_run_is_the_baseline_and_why(tmp_path, capsys):
+    a = _variants_dir(tmp_path / "a")  # no baseline: key
+    b = _variants_dir(tmp_path / "b", baseline="a-paged")
+    assert kvsim_main(["compare", str(a), str(b), "--out", str(tmp_path / "c1"), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert f"Headline (baseline: b/study/a-paged -- the scenario's baseline: a-paged key ({b}); another: --baseline LABEL)" \
+        in out
+    assert kvsim_main(["compare", str(a), str(b), "--out", str(tmp_path / "c2"), "-q", "--baseline", "a/study/contiguous"]) == 0
+    assert "Headline (baseline: a/study/contiguous -- --baseline a/study/contiguous; another: --baseline LABEL)" \
+        in capsys.readouterr().out
+    assert kvsim_main(["compare", str(a), "--out", str(tmp_path / "c3"), "-q"]) == 0
+    assert "Headline (baseline: contiguous -- the first run (no --baseline, no baseline: key)" in capsys.readouterr().out

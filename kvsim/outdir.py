@@ -382,8 +382,8 @@ def atomic_out_dir(out: str | Path, command: str, *, force: bool = False, flag: 
     Refused (before anything is written) per :func:`check_out_dir`. On an exception the temp
     directory stays, marked incomplete (``INCOMPLETE`` says why), and a later run removes it.
     ``resume``: the yielded directory may be an interrupted run's (:func:`adopt_interrupted`: the
-    caller keeps what its :data:`RESUME_FILE` lists and still holds, and clears the rest); on an
-    exception a temp directory with no :data:`RESUME_FILE` (nothing finished) is removed at once.
+    caller keeps what its :data:`RESUME_FILE` lists and still holds, and clears the rest); on Ctrl-C
+    a temp directory with no :data:`RESUME_FILE` (nothing finished) is removed at once.
     """
     out = Path(out)
     check_out_dir(out, command, force=force, flag=flag, protect=protect, legacy=legacy)
@@ -397,7 +397,7 @@ def atomic_out_dir(out: str | Path, command: str, *, force: bool = False, flag: 
     try:
         yield tmp
     except BaseException as e:
-        if resume and not (tmp / RESUME_FILE).exists():
+        if resume and isinstance(e, KeyboardInterrupt) and not (tmp / RESUME_FILE).exists():
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         with contextlib.suppress(OSError):

@@ -13,7 +13,9 @@ Each sentence is derived from ``summary.json`` numbers only (docs/metrics.md def
   not among them: a larger batch lengthens every decode step, the price of concurrency, not a loss;
 * fragmentation: ``kv.fragmentation_frac`` (share of *allocated* KV memory) of the baseline and the
   change of each extreme against it, in percentage points;
-* prefix caching: the highest ``prefix_cache.hit_ratio_tokens`` when a run has prefix caching.
+* prefix caching: the highest ``prefix_cache.hit_ratio_tokens`` when a run has prefix caching,
+  beside the trace's ideal (``prefix_cache.ideal_hit_ratio_tokens``), and the runs below
+  ``FAR_BELOW`` (half) of their ideal, with why and what raises it.
 
 With one run the sentences describe that run. A metric every run lacks is left out; a metric on
 which every run agrees is said once ("all runs: ...").
@@ -160,8 +162,30 @@ def key_findings(summaries: dict[str, dict], baseline: str | None = None) -> lis
                     parts.append(f"{k} {_pct(have[k])} ({100 * (have[k] - b):+.1f} points)")
             out.append("KV fragmentation (share of allocated KV): " + "; ".join(parts) + ".")
 
-    hit = {lab: _get(s, ("prefix_cache", "hit_ratio_tokens")) for lab, s in summaries.items()}
-    if any(v is not None for v in hit.values()):
-        out.append(_extreme("Prefix-cache hit ratio (prompt tokens)", hit, base, True, _pct,
-                            "Highest prefix-cache hit ratio (prompt tokens):"))
+    out += _prefix_findings(summaries, base)
     return [s for s in out if s]
+
+
+FAR_BELOW = 0.5  # a hit ratio under half the trace's ideal gets the explanation
+
+
+def _prefix_findings(summaries: dict[str, dict], base: str) -> list[str | None]:
+    """The highest prefix-cache hit ratio, beside the trace's ideal (``prefix_cache.ideal_hit_ratio_tokens``:
+    an unbounded cache), and one line on the runs far below the ideal."""
+    hit = {lab: _get(s, ("prefix_cache", "hit_ratio_tokens")) for lab, s in summaries.items()}
+    if all(v is None for v in hit.values()):
+        return []
+    ideal = {lab: _get(s, ("prefix_cache", "ideal_hit_ratio_tokens")) for lab, s in summaries.items()}
+    text = _extreme("Prefix-cache hit ratio (prompt tokens)", hit, base, True, _pct,
+                    "Highest prefix-cache hit ratio (prompt tokens):")
+    got = _best(hit, True)
+    if text and got and (best_ideal := ideal.get(got[0][0])) is not None:
+        text = text[:-1] + f"; the trace's ideal (an unbounded cache): {_pct(best_ideal)}."
+    far = [f"{lab} {_pct(v)} vs {_pct(ideal[lab])}" for lab, v in hit.items()
+           if v is not None and ideal.get(lab) and v < FAR_BELOW * ideal[lab]]
+    note = None
+    if far:
+        note = ("Far below the trace's ideal prefix hit ratio: " + ", ".join(far) + ". The KV cache is too small "
+                "to keep shared prefixes until they are reused; a larger KV budget (kv_budget) or offload "
+                "tiers (allocator.offload) would raise it.")
+    return [text, note]

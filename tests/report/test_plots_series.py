@@ -197,3 +197,18 @@ def test_prefix_hit_plot_capacities_that_differ_only_by_block_rounding(tmp_path,
     ax = captured[-1].axes[0]
     assert list(ax.get_xticks()) == [10_000, 20_000, 40_000]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["10,000", "20,000", "40,000"]
+
+
+def test_prefix_hit_ratio_beside_the_traces_ideal():
+    s = {"lru": _summary("lru", hit=0.041), "big": _summary("big", hit=0.25)}
+    for lab in s:
+        s[lab]["prefix_cache"]["ideal_hit_ratio_tokens"] = 0.289
+    got = key_findings(s, "lru")
+    best = next(g for g in got if g.startswith("Highest prefix-cache hit ratio"))
+    assert best.endswith("; the trace's ideal (an unbounded cache): 28.9 %.")
+    far = [g for g in got if g.startswith("Far below")]
+    assert far == ["Far below the trace's ideal prefix hit ratio: lru 4.1 % vs 28.9 %. The KV cache is too small "
+                   "to keep shared prefixes until they are reused; a larger KV budget (kv_budget) or offload tiers "
+                   "(allocator.offload) would raise it."]
+    s["lru"]["prefix_cache"]["hit_ratio_tokens"] = 0.2  # within half of the ideal: no explanation
+    assert not [g for g in key_findings(s, "lru") if g.startswith("Far below")]

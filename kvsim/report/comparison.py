@@ -14,7 +14,11 @@ Inputs: single-run directories (``summary.json``), variants directories (subdire
   request-rate key (``trace.rate_scale``, ``trace.synthetic.arrival.rate_per_s``, any key ending in
   ``rate_scale`` / ``rate_per_s``) takes 2+ values;
 * ``prefix_hit_ratio_vs_capacity.png`` -- when a summary has ``prefix_cache.hit_ratio_tokens``;
-* ``bandwidth_vs_block_size.png`` -- when a summary has ``kv_bandwidth_utilisation``.
+* ``step_time_breakdown.png``, ``bandwidth_utilisation.png`` -- when a summary has the step-time
+  breakdown / a bandwidth utilisation (:mod:`kvsim.report.access`);
+* ``latency_vs_block_size.png`` and ``bandwidth_vs_block_size.png`` -- when ``allocator.block_size``
+  takes 2+ values (bandwidth: ``kv_access.hbm_bandwidth_utilisation``, any timing model with an
+  attention kernel; calibrated timing's ``kv_bandwidth_utilisation`` where that is missing).
 
 **Series.** Plots against a parameter draw one line per *series*: for a sweep, the points that
 agree on every override except the x-axis key(s) (and on the variant); for plain run directories,
@@ -58,7 +62,6 @@ from kvsim.plots import (
     plt,
 )
 from kvsim.report.tables import (
-    bandwidth_value,
     flatten,
     get_path,
     is_missing,
@@ -86,7 +89,10 @@ PLOT_CAPTIONS = {
     "normalized_latency_vs_rate.png": "Normalized latency (mean E2E / output tokens) vs offered request rate; "
                                       f"knee = highest rate within {KNEE_FACTOR:g}x of the lowest-rate value",
     "prefix_hit_ratio_vs_capacity.png": "Prefix-cache hit ratio (tokens) vs KV cache capacity",
-    "bandwidth_vs_block_size.png": "KV bandwidth utilisation vs block size (calibrated timing)",
+    "bandwidth_vs_block_size.png": "Attention's KV-read bandwidth utilisation (% of peak HBM) vs block size",
+    "latency_vs_block_size.png": "TTFT and TPOT (p50 solid, p99 dashed) vs block size",
+    "step_time_breakdown.png": "Step time by part: attention, GEMMs, overhead, swaps (% of busy time)",
+    "bandwidth_utilisation.png": "Attention's KV-read bandwidth utilisation by run",
 }
 
 
@@ -708,21 +714,54 @@ def plot_prefix_hit_vs_capacity(runs: list[Run], path: Path) -> Path:
     return _save(fig, path)
 
 
+def _bandwidth_pct(r: Run) -> float | None:
+    """kv_access.hbm_bandwidth_utilisation (every timing model with an attention kernel), else
+    calibrated timing's kv_bandwidth_utilisation, in %."""
+    from kvsim.report.access import bandwidth_values
+
+    v = bandwidth_values(r.summary)
+    got = v.get("hbm", v.get("copy"))
+    return None if got is None else 100 * got
+
+
 def plot_bandwidth_vs_block_size(runs: list[Run], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(10, 4.8))
-    have = [r for r in runs if bandwidth_value(r.summary) is not None]
+    have = [r for r in runs if _bandwidth_pct(r) is not None]
 
     def bs(r: Run):
         return get_path(r.summary, ("kv", "block_size")) or r.params.get(BLOCK_KEY) or 1
 
     groups = series_of(have, (BLOCK_KEY,), x=bs)
-    shown = _draw_series(ax, groups, bs, lambda r: 100 * bandwidth_value(r.summary))
+    shown = _draw_series(ax, groups, bs, _bandwidth_pct)
     _log2_axis(ax, [bs(r) for r in have])
     ax.set_xlabel("block size (tokens)")
-    ax.set_ylabel("KV bandwidth utilisation (%)")
-    ax.set_title("KV-read bandwidth utilisation vs block size")
+    ax.set_ylabel("KV-read bandwidth utilisation (% of peak HBM)")
+    ax.set_title("Attention's KV-read bandwidth utilisation vs block size")
     ax.grid(alpha=0.3)
     _legend(ax, len(shown))
+    fig.tight_layout()
+    note_dropped(fig, len(shown), len(groups))
+    return _save(fig, path)
+
+
+def plot_latency_vs_block_size(runs: list[Run], path: Path) -> Path:
+    """TTFT and TPOT (p50 solid, p99 dashed) against the block size, one line per series."""
+    have = [r for r in runs if r.params.get(BLOCK_KEY) is not None]
+    groups = series_of(have, (BLOCK_KEY,), x=lambda r: r.params[BLOCK_KEY])
+    bs = lambda r: r.params[BLOCK_KEY]  # noqa: E731
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    for ax, key, name in ((axes[0], "ttft_s", "time to first token"), (axes[1], "tpot_s", "time per output token")):
+        p50 = lambda r, k=key: get_path(r.summary, (k, "p50"))  # noqa: E731
+        p99 = lambda r, k=key: get_path(r.summary, (k, "p99"))  # noqa: E731
+        shown = _draw_series(ax, groups, bs, p50, suffix=" (p50)", linestyle="-")
+        _draw_series(ax, {g: groups[g] for g in shown}, bs, p99, suffix=" (p99)", linestyle="--", marker="s")
+        _log2_axis(ax, [bs(r) for r in have])
+        ax.set_yscale("log")
+        ax.set_xlabel("block size (tokens)")
+        ax.set_ylabel(f"{name} (s, log scale)")
+        ax.set_title(f"{name[0].upper()}{name[1:]} vs block size")
+        ax.grid(alpha=0.3, which="both")
+    legend_outside(axes[1], 2 * len(shown))
     fig.tight_layout()
     note_dropped(fig, len(shown), len(groups))
     return _save(fig, path)
@@ -828,8 +867,16 @@ def _write_comparison(runs, meta, out: Path, say, *, metric_names: str, base_lab
         say("compare: request rate does not vary: no throughput/latency-vs-rate plots")
     if any(prefix_hit_value(r.summary) is not None for r in runs):
         attempt("prefix_hit_ratio_vs_capacity.png", lambda p: plot_prefix_hit_vs_capacity(runs, p))
-    if any(bandwidth_value(r.summary) is not None for r in runs):
-        attempt("bandwidth_vs_block_size.png", lambda p: plot_bandwidth_vs_block_size(runs, p))
+    from kvsim.report.access import plot_bandwidth_utilisation, plot_step_time_breakdown, step_time_shares
+
+    if any(step_time_shares(s) is not None for s in summaries.values()):
+        attempt("step_time_breakdown.png", lambda p: plot_step_time_breakdown(summaries, p))
+    if any(_bandwidth_pct(r) is not None for r in runs):
+        attempt("bandwidth_utilisation.png", lambda p: plot_bandwidth_utilisation(summaries, p))
+    if len(_distinct(runs, BLOCK_KEY)) > 1:
+        attempt("latency_vs_block_size.png", lambda p: plot_latency_vs_block_size(runs, p))
+        if any(_bandwidth_pct(r) is not None for r in runs):
+            attempt("bandwidth_vs_block_size.png", lambda p: plot_bandwidth_vs_block_size(runs, p))
     if meta["failed"]:
         say(f"compare: left out {len(meta['failed'])} failed point(s): {', '.join(meta['failed'][:5])}")
     return written

@@ -189,6 +189,26 @@ def _run_plots(run_dir: Path, tmp: Path) -> list[str]:
     return [_img(p, cap) for n, cap in RUN_PLOTS.items() if (p := src[n]).exists()]
 
 
+def _access_plots(summaries: dict[str, dict], tmp: Path, name: str) -> list[str]:
+    """The access side (kvsim/report/access.py), drawn from the summaries into ``tmp``: step-time
+    breakdown and bandwidth utilisation by run."""
+    from kvsim.report.access import (bandwidth_values, plot_bandwidth_utilisation, plot_step_time_breakdown,
+                                     step_time_shares)
+    from kvsim.report.comparison import PLOT_CAPTIONS
+
+    sub = tmp / f"access-{name}"
+    sub.mkdir(parents=True, exist_ok=True)
+    out = []
+    for fname, has, plot in (("step_time_breakdown.png", step_time_shares, plot_step_time_breakdown),
+                             ("bandwidth_utilisation.png", bandwidth_values, plot_bandwidth_utilisation)):
+        if any(has(s) for s in summaries.values()):
+            try:
+                out.append(_img(plot(summaries, sub / fname), PLOT_CAPTIONS[fname]))
+            except Exception as e:  # noqa: BLE001 -- the rest of the report stands
+                out.append(_warn(f"could not draw {fname}: {type(e).__name__}: {e}"))
+    return out
+
+
 def _warn(text: str) -> str:
     return f'<p class="warn">{_esc(text)}</p>'
 
@@ -289,6 +309,7 @@ def _single_run_body(run_dir: Path, tmp: Path, shown_name: str | None = None) ->
     body += _dropped_section({summary.get("name", run_dir.name): summary}, _trace_reports(run_dir))
     body += ['<h2 id="summary-heading">Summary</h2>', _summary_table(summary, "summary")]
     body += ['<h2 id="plots">Plots</h2>'] + _run_plots(run_dir, tmp)
+    body += _access_plots({str(summary.get("name", run_dir.name)): summary}, tmp, "run")
     body.append(_scenario_section(run_dir))
     return title, body
 
@@ -325,6 +346,7 @@ def _variants_body(run_dir: Path, tmp: Path, shown_name: str | None = None) -> t
         for n in missing:
             src[n] = sub / n
     body += ['<h2 id="plots">Plots</h2>'] + [_img(src[n], cap) for n, cap in VARIANT_PLOTS.items() if src[n].exists()]
+    body += _access_plots(summaries, tmp, "variants")
     for p in subs:
         body += [f'<h2 id="variant-{_esc(p.name)}">Variant {_esc(p.name)}</h2>',
                  f"<details><summary>summary.json of {_esc(p.name)}</summary>{_summary_table(summaries[p.name], None)}"

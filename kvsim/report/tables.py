@@ -111,14 +111,6 @@ def summary_metrics(summary: dict) -> dict[str, Any]:
     return row
 
 
-def bandwidth_value(summary: dict) -> float | None:
-    """``kv_bandwidth_utilisation`` as one number (a mapping gives its ``mean``), or None."""
-    bw = summary.get(BANDWIDTH_KEY)
-    if isinstance(bw, dict):
-        bw = bw.get("mean", bw.get("value"))
-    return float(bw) if isinstance(bw, (int, float)) and not isinstance(bw, bool) else None
-
-
 def prefix_hit_value(summary: dict) -> float | None:
     v = get_path(summary, PREFIX_HIT_KEY)
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None

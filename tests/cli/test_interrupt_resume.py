@@ -7,14 +7,11 @@ Deterministic: the run sends itself SIGINT as its third variant starts (a wrappe
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
+from helpers import kvsim_with_sigint
 
-REPO = Path(__file__).resolve().parents[2]
 SCENARIO = {
     "name": "four",
     "trace": {"synthetic": {"preset": "sharegpt", "num_requests": 30,
@@ -25,28 +22,6 @@ SCENARIO = {
                  "contiguous-max": {"allocator": {"kind": "contiguous", "reservation": "max"}},
                  "contiguous-pow2": {"allocator": {"kind": "contiguous", "reservation": "pow2"}}},
 }
-# Runs `kvsim ARGS...`, sending itself SIGINT when variant number $KVSIM_TEST_SIGINT_AT starts.
-DRIVER = """
-import os, signal, sys
-import kvsim.api as api
-from kvsim import cli
-real, calls = api.run_scenario, []
-def run_scenario(*a, **k):
-    calls.append(1)
-    if len(calls) == int(os.environ.get("KVSIM_TEST_SIGINT_AT", "0")):
-        os.kill(os.getpid(), signal.SIGINT)
-    return real(*a, **k)
-api.run_scenario = run_scenario
-sys.exit(cli.main(sys.argv[1:]))
-"""
-
-
-def _kvsim(tmp_path: Path, args: list[str], sigint_at: int = 0) -> subprocess.CompletedProcess:
-    driver = tmp_path / "driver.py"
-    driver.write_text(DRIVER)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "KVSIM_TEST_SIGINT_AT": str(sigint_at)}
-    return subprocess.run([sys.executable, str(driver), *args], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=300)
 
 
 def _stamp(d: Path) -> dict:
@@ -58,7 +33,7 @@ def test_ctrl_c_keeps_finished_variants_and_rerun_skips_them(tmp_path):
     scn = tmp_path / "four.yaml"
     scn.write_text(yaml.safe_dump(SCENARIO, sort_keys=False))
     run = ["run", str(scn), "--out", "out", "--no-plots"]
-    res = _kvsim(tmp_path, run, sigint_at=3)
+    res = kvsim_with_sigint(tmp_path, run, sigint_at=3)
     assert res.returncode == 130, res.stderr
     last = res.stderr.strip().splitlines()[-1]
     tmps = sorted(tmp_path.glob(".out.tmp-*"))
@@ -70,7 +45,7 @@ def test_ctrl_c_keeps_finished_variants_and_rerun_skips_them(tmp_path):
     assert sorted(p.name for p in tmp.iterdir() if p.is_dir()) == ["contiguous-max", "paged-16", "paged-32"]
     kept = {n: _stamp(tmp / n) for n in ("paged-16", "paged-32")}
 
-    rerun = _kvsim(tmp_path, run)
+    rerun = kvsim_with_sigint(tmp_path, run)
     assert rerun.returncode == 0, rerun.stderr
     err = rerun.stderr.splitlines()
     assert "resuming an interrupted run: 2 finished variant(s) kept (paged-16, paged-32)" in err
@@ -81,7 +56,7 @@ def test_ctrl_c_keeps_finished_variants_and_rerun_skips_them(tmp_path):
     assert list(tmp_path.glob(".out.tmp-*")) == []
     assert not (out / ".kvsim-resume.json").exists() and not (out / "INCOMPLETE").exists()
     # byte-identical to an uninterrupted run
-    fresh = _kvsim(tmp_path, ["run", str(scn), "--out", "fresh", "--no-plots"])
+    fresh = kvsim_with_sigint(tmp_path, ["run", str(scn), "--out", "fresh", "--no-plots"])
     assert fresh.returncode == 0, fresh.stderr
     for n in SCENARIO["variants"]:
         for f in ("summary.json", "requests.parquet", "steps.parquet"):
@@ -92,9 +67,9 @@ def test_ctrl_c_keeps_finished_variants_and_rerun_skips_them(tmp_path):
 def test_rerun_with_a_changed_scenario_reuses_nothing(tmp_path):
     scn = tmp_path / "four.yaml"
     scn.write_text(yaml.safe_dump(SCENARIO, sort_keys=False))
-    res = _kvsim(tmp_path, ["run", str(scn), "--out", "out", "--no-plots"], sigint_at=3)
+    res = kvsim_with_sigint(tmp_path, ["run", str(scn), "--out", "out", "--no-plots"], sigint_at=3)
     assert res.returncode == 130 and "kept the 2 of 4 variants" in res.stderr
-    changed = _kvsim(tmp_path, ["run", str(scn), "--out", "out", "--no-plots", "--set", "seed=7"])
+    changed = kvsim_with_sigint(tmp_path, ["run", str(scn), "--out", "out", "--no-plots", "--set", "seed=7"])
     assert changed.returncode == 0, changed.stderr
     assert "resuming" not in changed.stderr and "kept from the interrupted run" not in changed.stderr
     assert list(tmp_path.glob(".out.tmp-*")) == []
@@ -104,7 +79,7 @@ def test_rerun_with_a_changed_scenario_reuses_nothing(tmp_path):
 def test_ctrl_c_before_any_variant_finished_removes_the_temp_dir(tmp_path):
     scn = tmp_path / "four.yaml"
     scn.write_text(yaml.safe_dump(SCENARIO, sort_keys=False))
-    res = _kvsim(tmp_path, ["run", str(scn), "--out", "out", "--no-plots"], sigint_at=1)
+    res = kvsim_with_sigint(tmp_path, ["run", str(scn), "--out", "out", "--no-plots"], sigint_at=1)
     assert res.returncode == 130
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith("kvsim: interrupted before any variant was finished (kvsim removed its temporary "

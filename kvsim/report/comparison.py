@@ -692,6 +692,11 @@ def plot_prefix_hit_vs_capacity(runs: list[Run], path: Path) -> Path:
         cap = f"{distinct[0]:,.0f} tokens" if distinct else "unknown"
         ax.set_xlabel(f"run (KV cache capacity {cap} in every run, up to block rounding)")
         n_series = len(have)
+        ideals = {v for r in shown if (v := get_path(r.summary, ("prefix_cache", "ideal_hit_ratio_tokens"))) is not None}
+        if len(ideals) == 1:
+            ax.axhline(100 * ideals.pop(), color="black", linestyle="--", linewidth=1,
+                       label="the trace's ideal (unbounded cache)")
+            ax.legend(loc="lower right", fontsize=8)
     else:
         from matplotlib.ticker import FixedLocator, NullLocator
 
@@ -707,7 +712,8 @@ def plot_prefix_hit_vs_capacity(runs: list[Run], path: Path) -> Path:
         _legend(ax, len(shown))
     ax.set_ylabel("prefix-cache hit ratio (% of prompt tokens)")
     ax.set_ylim(bottom=0)
-    ax.set_title("Prefix-cache hit ratio vs capacity")
+    ax.set_title("Prefix-cache hit ratio vs capacity" if len(distinct) > 1 else
+                 "Prefix-cache hit ratio by run (one KV capacity)")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     note_dropped(fig, len(shown), n_series)

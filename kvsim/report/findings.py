@@ -74,6 +74,8 @@ def _extreme(name: str, values: dict[str, float | None], baseline: str, higher: 
     if len(values) == 1:
         return f"{name}: {fmt(best)}."
     if len(set(have)) == 1:
+        if len(have) < len(values):  # runs without the metric (no prefix caching) are not "every run"
+            return f"{name}: {fmt(best)} in every run that has it ({_names(labels)})."
         return f"{name}: {fmt(best)} in every run."
     base = values.get(baseline)
     tail = ""

@@ -35,13 +35,13 @@ def launch(km: KernelModel, batch: int, context: int):
 
 
 def test_builtin_backends_and_defaults():
-    assert {"contiguous", "flashinfer-paged", "vllm-2023-paged"} <= set(builtin_backends())
-    assert default_backend(16) == "vllm-2023-paged"
+    assert {"contiguous", "flashinfer-paged", "vllm-paged-v1"} <= set(builtin_backends())
+    assert default_backend(16) == "vllm-paged-v1"
     assert default_backend(None) == "contiguous"
 
 
 def test_small_pages_slow_the_vllm_2023_kernel():
-    times = [launch(kernel("vllm-2023-paged", b), 32, 1024).time_s for b in (1, 2, 4, 8, 16)]
+    times = [launch(kernel("vllm-paged-v1", b), 32, 1024).time_s for b in (1, 2, 4, 8, 16)]
     assert all(a > b for a, b in zip(times, times[1:]))
     assert times[0] > 2.5 * times[-1]  # block 1 is several times slower than block 16
 
@@ -52,7 +52,7 @@ def test_vllm_2023_paging_overhead_vs_contiguous_matches_the_paper_band():
     a100 = GPUS["A100-40GB"]
     for batch in (8, 32):
         for context in (128, 256):
-            ratio = (launch(kernel("vllm-2023-paged", 16, gpu=a100), batch, context).time_s
+            ratio = (launch(kernel("vllm-paged-v1", 16, gpu=a100), batch, context).time_s
                      / launch(kernel("contiguous", None, gpu=a100), batch, context).time_s)
             assert 1.17 <= ratio <= 1.27
 
@@ -74,7 +74,7 @@ def test_contiguous_kernel_has_no_page_term():
 
 
 def test_whole_page_reads_only_where_the_backend_does_them():
-    v = kernel("vllm-2023-paged", 64)
+    v = kernel("vllm-paged-v1", 64)
     f = kernel("flashinfer-paged", 64)
     # 32 sequences of 65 tokens: 2 pages each, the second holding 1 token
     assert v.result(32, 32 * 65, 64).bytes_read == pytest.approx(2 * v.result(32, 32 * 64, 32).bytes_read)
@@ -93,9 +93,9 @@ def test_saturation_below_peak_and_small_launches_far_below():
 
 def test_parallelism_caps_a_kernel_without_split_kv():
     # batch 1 at a long context: the unsplit vLLM-2023 kernel has 40 work units for 108 SMs
-    no_split = launch(kernel("vllm-2023-paged", 16, page_overhead_s=0.0, dram_chunk_half_bytes=0.0,
+    no_split = launch(kernel("vllm-paged-v1", 16, page_overhead_s=0.0, dram_chunk_half_bytes=0.0,
                              whole_page_reads=False), 1, 16384)
-    split = launch(kernel("vllm-2023-paged", 16, page_overhead_s=0.0, dram_chunk_half_bytes=0.0,
+    split = launch(kernel("vllm-paged-v1", 16, page_overhead_s=0.0, dram_chunk_half_bytes=0.0,
                           whole_page_reads=False, split_kv=True), 1, 16384)
     assert no_split.time_s > 4 * split.time_s
 
@@ -103,7 +103,7 @@ def test_parallelism_caps_a_kernel_without_split_kv():
 def test_fp8_fused_reads_fewer_bytes_and_unfused_pays_a_dequant_pass():
     fp16 = launch(kernel("flashinfer-paged", 16, "fp16"), 64, 2048)
     fused = launch(kernel("flashinfer-paged", 16, "fp8"), 64, 2048)
-    unfused = launch(kernel("vllm-2023-paged", 16, "fp8", page_overhead_s=0.0, dram_chunk_half_bytes=0.0,
+    unfused = launch(kernel("vllm-paged-v1", 16, "fp8", page_overhead_s=0.0, dram_chunk_half_bytes=0.0,
                             whole_page_reads=False, split_kv=True, gqa_grouped=True), 64, 2048)
     assert fused.time_s < 0.6 * fp16.time_s
     assert unfused.time_s > fp16.time_s  # dequantise (read fp8, write fp16) then read fp16
@@ -111,7 +111,7 @@ def test_fp8_fused_reads_fewer_bytes_and_unfused_pays_a_dequant_pass():
 
 
 def test_empty_launch_costs_nothing_and_arrays_match_scalars():
-    km = kernel("vllm-2023-paged", 16)
+    km = kernel("vllm-paged-v1", 16)
     assert km.time_s(0, 0, 0) == 0.0
     n = np.array([0, 1, 7, 300]); T = n * 513; P = n * 33
     arr = km.time_s(n, T, P)
@@ -202,7 +202,7 @@ def test_bad_profiles_name_file_and_key(tmp_path, edit, key):
 def test_unknown_backend_lists_choices():
     with pytest.raises(ConfigError) as e:
         load_backend("flashinfer-page")
-    assert "did you mean 'flashinfer-paged'" in str(e.value) and "vllm-2023-paged" in str(e.value)
+    assert "did you mean 'flashinfer-paged'" in str(e.value) and "vllm-paged-v1" in str(e.value)
 
 
 def test_profile_path_relative_to_scenario(tmp_path):

@@ -8,6 +8,10 @@ docs/kernel_model.md)::
     per layer launch, for a batch of n sequences with T KV tokens and P pages (sum of ceil(c_i / block)):
       tokens_read  = P * block_size            if the backend reads whole last pages (and is paged)
                    = T                          otherwise
+      rereads      = 1 + query_head_reads * (query heads / kv heads - 1)   without gqa_grouped
+                     (each query head's work unit reads its KV head again; query_head_reads is the
+                     share of those extra reads that reach HBM rather than L2), 1 with gqa_grouped
+      bytes        = tokens_read * stream bytes per token * rereads
       heads_par    = kv_heads if gqa_grouped else query heads   (one CTA per head and sequence)
       splits       = split-KV partitions per (sequence, head): enough to give every SM
                      units_per_sm_to_saturate work units, at most ceil((T/n) / min_split_tokens)
@@ -92,13 +96,14 @@ class BackendProfile:
     page_overhead_s: float  # GPU-aggregate cost per (page, kv head) fetch: block-table indirection
     dram_chunk_half_bytes: float  # contiguous run length at which DRAM efficiency is 1/2
     overlap: float = 0.0  # share of the per-unit/per-page work hidden under streaming, in [0, 1]
-    split_rule: str = "fill"  # how split_kv partitions: fill (SM-filling) or vllm-v2 (512-token partitions)
+    split_rule: str = "fill"  # how split_kv partitions: fill (SM-filling), partition or vllm-v2 (512-token)
+    query_head_reads: float = 0.0  # non-grouped GQA: share of per-query-head KV re-reads reaching HBM, [0, 1]
     source: str = ""  # where the file came from (path), filled by the loader
 
     NUMERIC = ("launch_overhead_s", "unit_overhead_s", "max_bandwidth_utilisation", "units_per_sm_to_saturate",
                "min_split_tokens", "page_overhead_s", "dram_chunk_half_bytes")
     FLAGS = ("split_kv", "gqa_grouped", "whole_page_reads")
-    OPTIONAL = {"overlap": 0.0, "split_rule": "fill"}  # keys older profile files may omit
+    OPTIONAL = {"overlap": 0.0, "split_rule": "fill", "query_head_reads": 0.0}  # keys older profile files may omit
 
     def to_yaml_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
@@ -152,6 +157,9 @@ def parse_profile(data, where: str) -> BackendProfile:
     overlap = data.get("overlap", BackendProfile.OPTIONAL["overlap"])
     if not _finite_number(overlap) or not 0 <= overlap <= 1:
         raise ConfigError(f"{where}: key 'overlap' must be a number in [0, 1], got {overlap!r}")
+    rereads = data.get("query_head_reads", BackendProfile.OPTIONAL["query_head_reads"])
+    if not _finite_number(rereads) or not 0 <= rereads <= 1:
+        raise ConfigError(f"{where}: key 'query_head_reads' must be a number in [0, 1], got {rereads!r}")
     rule = data.get("split_rule", BackendProfile.OPTIONAL["split_rule"])
     if rule not in SPLIT_RULES:
         raise ConfigError(f"{where}: key 'split_rule' must be one of {format_choices(SPLIT_RULES)}, got {rule!r}")
@@ -170,6 +178,7 @@ def parse_profile(data, where: str) -> BackendProfile:
         max_bandwidth_utilisation=float(u), units_per_sm_to_saturate=float(vals["units_per_sm_to_saturate"]),
         min_split_tokens=int(vals["min_split_tokens"]), page_overhead_s=float(vals["page_overhead_s"]),
         dram_chunk_half_bytes=float(vals["dram_chunk_half_bytes"]), overlap=float(overlap), split_rule=rule,
+        query_head_reads=float(rereads),
         source=where,
     )
 
@@ -262,10 +271,14 @@ class KernelModel:
         p, lay = profile, layout
         self.fused = lay.kv_dtype in p.fused_dequant_kv_dtypes or KV_DTYPES[lay.kv_dtype].bits >= 16
         fp16_layer = 2 * lay.num_kv_heads * lay.head_dim * FP16_BYTES  # per token per layer
-        # bytes per token the attention loop streams: stored bytes when fused, fp16 after a dequant pass
-        self.stream_bytes_per_token = lay.kv_bytes_per_token_layer if self.fused else float(fp16_layer)
+        # bytes per token the attention loop streams: stored bytes when fused, fp16 after a dequant pass,
+        # times the re-reads of a kernel with one work unit per query head
+        group = lay.num_query_heads / lay.num_kv_heads
+        self.rereads = 1.0 if p.gqa_grouped else 1.0 + p.query_head_reads * (group - 1.0)
+        once = lay.kv_bytes_per_token_layer if self.fused else float(fp16_layer)
+        self.stream_bytes_per_token = once * self.rereads
         self.dequant_bytes_per_token = 0.0 if self.fused else lay.kv_bytes_per_token_layer + fp16_layer
-        elem_bytes = self.stream_bytes_per_token / (2 * lay.num_kv_heads * lay.head_dim)
+        elem_bytes = once / (2 * lay.num_kv_heads * lay.head_dim)
         self.head_token_bytes = lay.head_dim * elem_bytes  # one head's K (or V) of one token
         self.heads_par = lay.num_kv_heads if p.gqa_grouped else lay.num_query_heads
         self.units_sat = None if num_sms is None else num_sms * p.units_per_sm_to_saturate

@@ -175,6 +175,7 @@ class ErrorRow:
     max_rel: float
     util_points: int  # points with measured utilisation >= 40 %
     util_max_abs: float  # largest |predicted - measured| utilisation there (fraction; nan if none)
+    util_mean_abs: float  # mean |predicted - measured| utilisation there (fraction; nan if none)
 
 
 def error_table(points, profiles: dict) -> list[ErrorRow]:
@@ -190,7 +191,7 @@ def error_table(points, profiles: dict) -> list[ErrorRow]:
         rels = [v[0] for v in vals]
         hi = [abs(v[1] - v[2]) for v in vals if v[2] >= 0.40]
         out.append(ErrorRow(b, g, s, len(vals), sum(rels) / len(rels), max(rels), len(hi),
-                            max(hi) if hi else float("nan")))
+                            max(hi) if hi else float("nan"), sum(hi) / len(hi) if hi else float("nan")))
     return out
 
 

@@ -236,3 +236,33 @@ def test_constant_timing_takes_the_pages_array():
     n = np.array([1, 5])
     d, _, _ = t.decode_durations(n, n * 10, n * 2)
     assert list(d) == [0.011, 0.015]
+
+
+def test_old_backend_name_is_an_alias():
+    assert load_backend("vllm-2023-paged") == load_backend("vllm-paged-v1")
+    assert "vllm-2023-paged" in str(pytest.raises(ConfigError, load_backend, "vllm-2023-pagd").value)
+
+
+def test_vllm_v2_follows_vllms_dispatch_rule():
+    # vLLM (PR #1348; later versions add the 8,192-token clause): use_v1 = max_seq_len <= 8192 and
+    # (max_num_partitions == 1 or num_seqs * num_heads > 512), partitions of 512 tokens
+    v1, v2 = kernel("vllm-paged-v1", 16), kernel("vllm-paged-v2", 16)  # Llama-2-13B: 40 query heads
+    assert v2.profile.split_rule == "vllm-v2" and v2.profile.min_split_tokens == 512
+    pages = lambda n, c: n * -(-c // 16)  # noqa: E731
+    for n, c in ((13, 4096), (64, 2048), (32, 512), (1, 300)):  # > 512 units, or one partition: v1
+        assert v2.time_s(n, n * c, pages(n, c)) == v1.time_s(n, n * c, pages(n, c))
+    assert v2.time_s(2, 2 * 4096, pages(2, 4096)) < v1.time_s(2, 2 * 4096, pages(2, 4096))  # 80 units, 8 parts
+    assert v2.time_s(32, 32 * 9000, pages(32, 9000)) != v1.time_s(32, 32 * 9000, pages(32, 9000))  # > 8192
+    forced = KernelModel(replace(v2.profile, split_rule="partition"), v2.layout, v2.peak_bw, 108)
+    assert forced.time_s(64, 64 * 2048, pages(64, 2048)) != v1.time_s(64, 64 * 2048, pages(64, 2048))
+
+
+def test_query_head_rereads_only_without_grouping():
+    gqa = MODELS["Llama-3-8B"]  # 32 query heads, 8 KV heads
+    prof = load_backend("vllm-paged-v1")
+    km = KernelModel(prof, KVLayout.from_model(gqa, "fp16", 16), 2.039e12, 108)
+    assert km.rereads == pytest.approx(1 + prof.query_head_reads * 3)
+    grouped = KernelModel(load_backend("flashinfer-paged"), KVLayout.from_model(gqa, "fp16", 16), 2.039e12, 108)
+    assert grouped.rereads == 1.0
+    mha = KernelModel(prof, KVLayout.from_model(MODELS["Llama-2-13B"], "fp16", 16), 2.039e12, 108)
+    assert mha.rereads == 1.0

@@ -158,7 +158,7 @@ def decode_rows(df: pd.DataFrame, kv_dtype: str, impl: str | None) -> pd.DataFra
     return sel.sort_values(["contiguous", "block_size", "batch", "context_len"]).reset_index(drop=True)
 
 
-def run_fit(dir_: str, out: str, *, template: str = "vllm-2023-paged", gpu: str | None = None,
+def run_fit(dir_: str, out: str, *, template: str = "vllm-paged-v1", gpu: str | None = None,
             kv_dtype: str | None = None, impl: str | None = None, name: str | None = None,
             force: bool = False) -> dict:
     """Fit, write the profile YAML to ``out``; returns the stats (printed by the CLI)."""

@@ -244,6 +244,15 @@ def pages_or_estimate(num_seqs, kv_tokens, kv_pages, block_size: int | None):
     return kv_pages
 
 
+def overlapped_time(launch, fixed, stream, overlap: float, minimum):
+    """time_layer before a dequant pass: ``launch + (stream + fixed - overlap * min(stream, fixed))``,
+    the one definition the scalar and array paths use (``minimum``: ``min`` or ``np.minimum``). With
+    overlap 0 the subtracted term is +0.0, which leaves the sum unchanged: it is skipped."""
+    if overlap == 0.0:
+        return launch + (stream + fixed)
+    return launch + (stream + fixed - overlap * minimum(stream, fixed))
+
+
 def _exact_product(a: float, b: float) -> float | None:
     """``a * b`` when that double is the exact product, else None."""
     prod = float(a) * float(b)
@@ -348,29 +357,18 @@ class KernelModel:
             self._n_size = size
             return
         unit = self._unit_oh * units
-        bwpar = self._parallel_bw(units)
+        bwpar = self._parallel_bw(units, np.minimum)
         rows = [unit, bwpar] if self.dram_eff is None else [unit, bwpar, bwpar * self.dram_eff]
         self._n_table = np.array(rows)
         self._n_lists = [row.tolist() for row in rows]  # Python floats: the same doubles, cheaper to index
         self._n_size = size
 
-    def _parallel_bw(self, units):
-        """Launch-size saturation: peak x utilisation x min(1, units / units to saturate)."""
+    def _parallel_bw(self, units, minimum):
+        """Launch-size saturation: peak x utilisation x min(1, units / units to saturate); ``minimum``
+        is ``min`` for numbers, ``np.minimum`` for arrays (the same doubles)."""
         if self.units_sat is None:
             return self.bw * (units * 0.0 + 1.0)
-        if isinstance(units, np.ndarray):
-            return self.bw * np.minimum(units / self.units_sat, 1.0)
-        par = units / self.units_sat
-        return self.bw * (par if par < 1.0 else 1.0)
-
-    def _combine(self, fixed, stream):
-        """time_layer before the dequant pass: launch + stream + fixed - overlap * min(stream, fixed),
-        the one definition both evaluation paths use (scalars or arrays)."""
-        if isinstance(fixed, np.ndarray) or isinstance(stream, np.ndarray):
-            hidden = np.minimum(stream, fixed)
-        else:
-            hidden = stream if stream < fixed else fixed
-        return self._launch + (stream + fixed - self._overlap * hidden)
+        return self.bw * minimum(units / self.units_sat, 1.0)
 
     def _pages(self, num_seqs, kv_tokens, kv_pages):
         """Pages a launch fetches (numbers or arrays): one per sequence for a contiguous kernel, the
@@ -419,7 +417,7 @@ class KernelModel:
                 splits = cap if cap < want else want
             units = base * splits
             unit = self._unit_oh * units
-            bwpar = self._parallel_bw(units)
+            bwpar = self._parallel_bw(units, min)
         else:
             if n1 >= self._n_size:
                 self._grow_n_table(n1)
@@ -434,7 +432,7 @@ class KernelModel:
             den = bwpar * eff
         else:
             den = self._n_lists[2][n1]
-        t = self._combine(unit + self._page_oh * (P * self._kvh), sb / den)
+        t = overlapped_time(self._launch, unit + self._page_oh * (P * self._kvh), sb / den, self._overlap, min)
         if self._dequant_bytes is not None:
             t = t + (self._launch + T * self._dequant_bytes / self.bw)
         return self._L * t
@@ -470,7 +468,7 @@ class KernelModel:
             splits = self._v2_splits(base, cap, ctx) if self._v2 else np.minimum(want, cap)
             units = base * splits
             unit = self._unit_oh * units
-            bwpar = self._parallel_bw(units)
+            bwpar = self._parallel_bw(units, np.minimum)
         else:
             n1 = np.maximum(n, 1)
             try:
@@ -486,13 +484,13 @@ class KernelModel:
             den = bwpar * eff
         else:
             den = rows[2]
-        fixed = unit.copy()
+        fixed = unit
         if self._page_oh != 0.0:  # else the term is +0.0, which leaves fixed (>= +0.0) unchanged
             if counted and self._page_oh_per_page is not None:
-                fixed += P * self._page_oh_per_page
+                fixed = fixed + P * self._page_oh_per_page
             else:
-                fixed += self._page_oh * (np.asarray(P, dtype=np.float64) * self._kvh)
-        t = self._combine(fixed, sb / den)
+                fixed = fixed + self._page_oh * (np.asarray(P, dtype=np.float64) * self._kvh)
+        t = overlapped_time(self._launch, fixed, sb / den, self._overlap, np.minimum)
         if self._dequant_bytes is not None:
             t += self._launch + Tf * self._dequant_bytes / self.bw
         if len(T) and np.minimum.reduce(T) <= 0:

@@ -13,7 +13,6 @@ from pathlib import Path
 import yaml
 
 from kvsim.errors import ConfigError, did_you_mean, format_choices
-from kvsim.yamlio import load_yaml
 
 BACKENDS_PACKAGE = "kvsim.timing.backends"
 # old names of built-in backends that keep working in scenarios and on the command line
@@ -128,12 +127,9 @@ def parse_profile(data, where: str) -> BackendProfile:
 
 
 def load_profile_file(path: str | Path) -> BackendProfile:
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read backend profile ({e.strerror})") from None
-    data = load_yaml(text, str(path))
+    from kvsim.timing.profile_file import read_yaml_file
+
+    path, data = read_yaml_file(path, "backend profile")
     return parse_profile(data, str(path))
 
 

@@ -84,9 +84,10 @@ class AnalyticalTimingConfig(StrictModel):
         64e9, gt=0, description="GPU<->host link for swaps (PCIe Gen5 x16 ~ 64 GB/s)"
     )
     attention_backend: str = Field(
-        "auto", description="decode-attention kernel profile: auto (paged allocators: vllm-2023-paged; "
-                            "contiguous/buddy: contiguous), a built-in name (contiguous, flashinfer-paged, "
-                            "vllm-2023-paged), a profile .yaml path (e.g. from `kvsim calibrate fit`), or "
+        "auto", description="decode-attention kernel profile: auto (paged allocators: vllm-paged-v1; "
+                            "contiguous/buddy: contiguous), a built-in name (contiguous, flashattention-paged, "
+                            "flashinfer-paged, vllm-paged-v1 (old name vllm-2023-paged), vllm-paged-v2), a profile "
+                            ".yaml path (e.g. from `kvsim calibrate fit`), or "
                             "roofline (KV reads at bandwidth_efficiency, no kernel model)")
     gemm_model: Literal["fitted", "roofline"] = Field(
         "fitted", description="linear layers and prefill attention: fitted (per-GPU GEMM model fitted to "

@@ -9,7 +9,8 @@ import pytest
 from kvsim.config import Scenario, load_scenario
 from kvsim.errors import ConfigError
 from kvsim.hw import GPUS, MODELS
-from kvsim.models.parallel import kv_heads_per_gpu, layers_per_stage, plan
+from kvsim.models.geometry import KVGeometry
+from kvsim.models.parallel import layers_per_stage, plan
 from kvsim.simulate import build_allocator
 from kvsim.timing.analytical import AnalyticalTiming, AnalyticalTimingConfig
 from kvsim.timing.base import BatchShape
@@ -32,30 +33,31 @@ def test_layers_per_stage_as_vllm_splits_them():
 
 def test_kv_heads_split_then_replicated_and_mla_latent_on_every_gpu():
     llama = MODELS["Llama-3-70B"]  # 8 KV heads
-    assert [kv_heads_per_gpu(llama, t) for t in (1, 2, 4, 8, 16, 32)] == [8, 4, 2, 1, 1, 1]
-    assert kv_heads_per_gpu(MODELS["DeepSeek-V3"], 8) == 1
+    assert [KVGeometry.for_gpu(llama, "fp16", t).num_kv_heads for t in (1, 2, 4, 8, 16, 32)] == [8, 4, 2, 1, 1, 1]
+    assert [KVGeometry.for_gpu(llama, "fp16", t).num_query_heads for t in (1, 2, 4, 8)] == [64, 32, 16, 8]
+    assert KVGeometry.for_gpu(MODELS["DeepSeek-V3"], "fp8", 8).num_kv_heads == 1
 
 
 def test_tensor_parallel_divides_kv_and_weights_per_gpu():
     one = scenario().parallel_plan()
     for t in (2, 4, 8):
         p = scenario(parallel={"tensor": t}).parallel_plan()
-        assert p.kv_bytes_per_token_per_gpu == one.kv_bytes_per_token_per_gpu // t == 80 * 2 * (8 // t) * 128 * 2
+        assert p.kv.bytes_per_token == one.kv.bytes_per_token // t == 80 * 2 * (8 // t) * 128 * 2
         assert p.weight_bytes_per_gpu == int(70.55e9 * 2 / t)
-        assert p.kv_bytes_per_token_per_rank == p.kv_bytes_per_token_per_gpu  # one stage
+        assert p.kv.step_bytes_per_token == p.kv.bytes_per_token  # one stage
     # 16 GPUs, 8 KV heads: each GPU keeps a whole head, so per-GPU KV is twice 1/16th
     p16 = plan(MODELS["Llama-3-70B"], GPUS["H100-SXM-80GB"], "fp16", "fp16", tensor=16)
-    assert p16.kv_bytes_per_token_per_gpu == 80 * 2 * 1 * 128 * 2 == 2 * one.kv_bytes_per_token_per_gpu // 16
+    assert p16.kv.bytes_per_token == 80 * 2 * 1 * 128 * 2 == 2 * one.kv.bytes_per_token // 16
     # MLA: the latent is not split
     ds = plan(MODELS["DeepSeek-V3"], GPUS["H200-141GB"], "fp8", "fp8", tensor=8)
-    assert ds.kv_bytes_per_token_per_gpu == 61 * 576
+    assert ds.kv.bytes_per_token == 61 * 576
 
 
 def test_pipeline_stages_split_layers_and_the_biggest_stage_sizes_the_pool():
     p = scenario(parallel={"pipeline": 3}).parallel_plan()
-    assert p.layers_per_stage == (27, 27, 26)
-    assert p.kv_bytes_per_token_per_gpu == 27 * 2 * 8 * 128 * 2
-    assert p.kv_bytes_per_token_per_rank == 80 * 2 * 8 * 128 * 2  # stages run one after another
+    assert p.kv.layers_per_stage == (27, 27, 26)
+    assert p.kv.bytes_per_token == 27 * 2 * 8 * 128 * 2
+    assert p.kv.step_bytes_per_token == 80 * 2 * 8 * 128 * 2  # stages run one after another
     assert p.weight_bytes_per_gpu == int(70.55e9 * 2 / 3)
 
 
@@ -74,9 +76,8 @@ def test_communication_time_by_hand():
 
 def _timing(scn):
     p = scn.parallel_plan()
-    ctx = TimingContext(model=scn.model.spec(), gpu=scn.gpu.spec(), kv_dtype=scn.kv_dtype,
-                        kv_bytes_per_token=p.kv_bytes_per_token_per_rank, weight_bytes=p.weight_bytes_per_rank,
-                        block_size=16, base_dir=Path("."), tensor_parallel=p.tensor,
+    ctx = TimingContext(model=scn.model.spec(), gpu=scn.gpu.spec(), kv=p.kv.with_block_size(16),
+                        weight_bytes=p.weight_bytes_per_rank, base_dir=Path("."), tensor_parallel=p.tensor,
                         pipeline_parallel=p.pipeline, comm_s_per_step=p.comm_s_per_step,
                         comm_s_per_token=p.comm_s_per_token)
     return AnalyticalTiming(AnalyticalTimingConfig(), ctx), p
@@ -140,8 +141,8 @@ def test_vllm_paper_table1_setups_hold_the_papers_kv_slots():
     # Derived budgets (GPU memory x 0.9 - weights - 1 GiB per GPU) are smaller than the paper's.
     assert caps["opt-66b-tp4-derived"] < caps["opt-66b-tp4-paper"]
     assert caps["opt-175b-tp8-derived"] < caps["opt-175b-tp8-paper"]
-    assert loaded.runs["opt-66b-tp4-paper"].parallel_plan().kv_heads_per_gpu == 18  # 72 heads / 4
-    assert loaded.runs["opt-175b-tp8-paper"].parallel_plan().kv_bytes_per_token_per_gpu == 96 * 2 * 12 * 128 * 2
+    assert loaded.runs["opt-66b-tp4-paper"].parallel_plan().kv.num_kv_heads == 18  # 72 heads / 4
+    assert loaded.runs["opt-175b-tp8-paper"].parallel_plan().kv.bytes_per_token == 96 * 2 * 12 * 128 * 2
 
 
 def test_calibrated_timing_is_single_gpu_and_refuses_parallel(tmp_path):

@@ -153,12 +153,6 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
     dropped: dict[str, Dropped] = {}
     try:
         with atomic_out_dir(out, "run", force=force, protect=[loaded.path], log=log) as tmp:
-            write_yaml(tmp / "scenario.resolved.yaml", {
-                "kvsim_version": __version__,
-                "scenario_file": str(loaded.path),
-                "name": loaded.name,
-                "runs": {name: {"scenario": resolved_dict(s), "trace": built[name][1]} for name, s in runs.items()},
-            })
             summaries = {}
             for name, scn in runs.items():
                 d = tmp / name if loaded.variants else tmp
@@ -185,6 +179,15 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
                         + "".join(f"; {p}" for p in lost.parts())
                         + f", max concurrency {summary['concurrency']['max']}, "
                           f"token states {100 * summary['kv']['token_states_frac']:.1f}% of KV")
+            # written once every run has resolved its attention backend (``auto`` -> the kernel used)
+            write_yaml(tmp / "scenario.resolved.yaml", {
+                "kvsim_version": __version__,
+                "scenario_file": str(loaded.path),
+                "name": loaded.name,
+                "runs": {name: {"scenario": resolved_dict(s), "trace": built[name][1],
+                                "attention_backend": summaries[name]["kv_access"]["attention_backend"]}
+                         for name, s in runs.items()},
+            })
             if loaded.variants:
                 from kvsim.report.comparison import collect_runs, comparison_frame
 

@@ -115,6 +115,21 @@ def default_out_dir(loaded: LoadedScenario, reports: list[dict]) -> Path:
     return Path("results") / f"{loaded.name}-{h}"
 
 
+def _write_resolved(tmp: Path, loaded: LoadedScenario, built: dict, summaries: dict | None = None) -> None:
+    """``scenario.resolved.yaml``: every run's scenario with its defaults, its trace report and,
+    once the runs are done (``summaries``), the attention backend each one resolved."""
+    def entry(name: str, scn) -> dict:
+        e = {"scenario": resolved_dict(scn), "trace": built[name][1]}
+        if summaries is not None:
+            e["attention_backend"] = summaries[name]["kv_access"]["attention_backend"]
+        return e
+
+    write_yaml(tmp / "scenario.resolved.yaml", {
+        "kvsim_version": __version__, "scenario_file": str(loaded.path), "name": loaded.name,
+        "runs": {name: entry(name, scn) for name, scn in loaded.runs.items()},
+    })
+
+
 def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invariants: bool = False,
                progress: bool | None = None, plots: bool = True, log=None, warn=None, force: bool = False) -> Path:
     """Run every variant of ``loaded`` and write the result directory atomically. Returns its path.
@@ -153,6 +168,7 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
     dropped: dict[str, Dropped] = {}
     try:
         with atomic_out_dir(out, "run", force=force, protect=[loaded.path], log=log) as tmp:
+            _write_resolved(tmp, loaded, built)
             summaries = {}
             for name, scn in runs.items():
                 d = tmp / name if loaded.variants else tmp
@@ -179,15 +195,8 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
                         + "".join(f"; {p}" for p in lost.parts())
                         + f", max concurrency {summary['concurrency']['max']}, "
                           f"token states {100 * summary['kv']['token_states_frac']:.1f}% of KV")
-            # written once every run has resolved its attention backend (``auto`` -> the kernel used)
-            write_yaml(tmp / "scenario.resolved.yaml", {
-                "kvsim_version": __version__,
-                "scenario_file": str(loaded.path),
-                "name": loaded.name,
-                "runs": {name: {"scenario": resolved_dict(s), "trace": built[name][1],
-                                "attention_backend": summaries[name]["kv_access"]["attention_backend"]}
-                         for name, s in runs.items()},
-            })
+            # again, now with the attention backend each run resolved (``auto`` -> the kernel it used)
+            _write_resolved(tmp, loaded, built, summaries)
             if loaded.variants:
                 from kvsim.report.comparison import collect_runs, comparison_frame
 

@@ -88,6 +88,7 @@ class StepRecorder:
         import pyarrow as pa
 
         self.kv = kv  # the run's KV geometry: its bytes_per_token turns token counts into memory bytes
+        self._bytes_per_token = kv.bytes_per_token  # bound for the row builder (hot)
         self.path = path
         self.flush_every = flush_every
         self._rows: list[tuple] = []
@@ -122,7 +123,7 @@ class StepRecorder:
         ``step_durations_s`` / ``step_decode_tokens`` (each step's duration and decode tokens of a
         multi-step row) feed the inter-token latencies exactly; without them each step counts at
         the row's mean."""
-        bpt = self.kv.bytes_per_token
+        bpt = self._bytes_per_token
         if not idle:
             if step_durations_s is not None and step_decode_tokens is not None:
                 self.itl.add_many(step_durations_s, step_decode_tokens)

@@ -38,7 +38,9 @@ class KVGeometry:
     num_query_heads: int  # query heads on this GPU
     head_dim: int
     kv_dtype: str
-    kv_bytes_per_token_layer: float  # stored bytes per token per layer, K and V, this GPU's heads (with scales)
+    # stored bytes per token per layer, K and V, this GPU's heads (with scales); a float, as the
+    # kernel model's arithmetic takes it (a whole number of bytes)
+    kv_bytes_per_token_layer: float
     block_size: int | None = None  # the allocator's page size in tokens; None = contiguous KV (no page table)
     layers_per_stage: tuple[int, ...] = ()  # pipeline stages' layers; () = one stage
     tensor: int = 1  # GPUs sharing each layer (the heads above are one GPU's share)
@@ -64,7 +66,7 @@ class KVGeometry:
         must divide as :func:`kvsim.models.parallel.check_split` requires)."""
         kv_heads = 1 if model.attention == "mla" else max(1, model.num_kv_heads // tensor)
         return cls(model.num_layers, kv_heads, max(1, model.num_attention_heads // tensor), model.head_dim,
-                   kv_dtype, model.kv_bytes_per_token_layer(kv_dtype, kv_heads), block_size,
+                   kv_dtype, float(model.kv_bytes_per_token_layer(kv_dtype, kv_heads)), block_size,
                    tuple(layers_per_stage), tensor)
 
     @classmethod

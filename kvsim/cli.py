@@ -26,11 +26,11 @@ def file_kind(path: str | Path) -> str | None:
     """"sweep" for a YAML mapping with a top-level ``grid:``/``points:``/``base:``/``base_file:`` and
     no scenario keys, "scenario" for one with scenario keys and none of those; None otherwise
     (unreadable files are left to the loaders, which say what is wrong)."""
-    import yaml
+    from kvsim.yamlio import load_yaml
 
     try:
-        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        doc = load_yaml(Path(path).read_text(encoding="utf-8"), str(path))
+    except (OSError, UnicodeDecodeError, KvsimError):
         return None
     if not isinstance(doc, dict):
         return None

@@ -22,6 +22,7 @@ import kvsim.kv  # noqa: F401  (registers allocator kinds)
 import kvsim.timing  # noqa: F401  (registers timing kinds)
 from kvsim.config_base import StrictModel, reject_non_finite
 from kvsim.errors import ConfigError, did_you_mean, format_choices
+from kvsim.yamlio import YAMLSyntaxError, load_yaml
 from kvsim.metrics.summarize import DEFAULT_PERCENTILES
 from kvsim.hw import GPUS, KV_DTYPES, MODELS, WEIGHT_DTYPE_BYTES, GPUSpec, ModelSpec
 from kvsim.models import hf
@@ -471,9 +472,9 @@ def parse_set(expr: str) -> tuple[str, Any]:
         raise ConfigError(f"--set {expr!r}: expected path.to.key=value")
     key, raw = expr.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
+        value = load_yaml(raw, f"--set {expr}", loader=yaml.SafeLoader) if raw.strip() else ""
+    except YAMLSyntaxError:
+        value = raw  # not YAML: the string as typed
     reject_non_finite(value, f"--set {expr}", prefix=key.strip())
     return key.strip(), value
 
@@ -623,21 +624,6 @@ def format_validation_error(err: ValidationError, file: str, prefix: str = "") -
     return f"{file}: " + "; ".join(msgs)
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """safe_load that rejects a key given twice in one mapping (PyYAML silently keeps the last)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
 def read_yaml_mapping(path: Path, what: str = "scenario") -> dict:
     if not path.exists():
         raise ConfigError(f"{path}: {what} file not found")
@@ -647,13 +633,7 @@ def read_yaml_mapping(path: Path, what: str = "scenario") -> dict:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: cannot read {what} file: {e}") from None
-    try:
-        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
+    raw = load_yaml(text, str(path))
     if raw is None:
         raise ConfigError(f"{path}: the {what} file is empty")
     if not isinstance(raw, dict):

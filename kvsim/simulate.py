@@ -52,6 +52,9 @@ def resolved_dict(scn: Scenario) -> dict:
     d.pop("variants", None)
     if d.get("host_link") is None:
         d.pop("host_link", None)  # absent = legacy link: old scenarios keep their resolved form and hash
+    timing = d.get("timing")
+    if isinstance(timing, dict) and "overhead" in timing and timing["overhead"] is None:
+        timing.pop("overhead")  # absent = no batch-dependent CPU overhead: old resolved forms and hashes stay
     return d
 
 

@@ -35,7 +35,7 @@ PACKAGE = ROOT / "kvsim"
 # docs/architecture.md ("Layers") lists the same order (checked by test_docs_list_the_declared_layers).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("kvsim.errors", "kvsim.version", "kvsim.hw", "kvsim.record"),  # leaf utilities: import no kvsim module
-    ("kvsim.config_base",),
+    ("kvsim.config_base", "kvsim.yamlio"),
     ("kvsim.registry", "kvsim.outdir"),
     ("kvsim.models", "kvsim.trace", "kvsim.calibration_data"),  # inputs: models, traces, calibration files
     ("kvsim.timing",),

@@ -51,6 +51,7 @@ import yaml
 
 from kvsim.errors import ConfigError, did_you_mean, format_choices
 from kvsim.models.geometry import KVGeometry
+from kvsim.yamlio import load_yaml
 
 BACKENDS_PACKAGE = "kvsim.timing.backends"
 # ``attention_backend: auto``: one kernel generation for every layout (paged, radix, contiguous,
@@ -159,11 +160,10 @@ def parse_profile(data, where: str) -> BackendProfile:
 def load_profile_file(path: str | Path) -> BackendProfile:
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
     except OSError as e:
         raise ConfigError(f"{path}: cannot read backend profile ({e.strerror})") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    data = load_yaml(text, str(path))
     return parse_profile(data, str(path))
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from kvsim.errors import ConfigError
+from kvsim.yamlio import load_yaml
 
 
 def read_params_file(path: str | Path, what: str) -> tuple[Path, dict, dict]:
@@ -15,9 +14,10 @@ def read_params_file(path: str | Path, what: str) -> tuple[Path, dict, dict]:
     file or a missing ``params`` mapping is a one-line ConfigError naming the file."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
+        text = path.read_text()
+    except OSError as e:
         raise ConfigError(f"{path}: cannot read {what} ({e.__class__.__name__})") from None
+    raw = load_yaml(text, str(path))
     if not isinstance(raw, dict) or not isinstance(raw.get("params"), dict):
         raise ConfigError(f"{path}: expected a mapping with a 'params' mapping")
     return path, raw, raw["params"]

@@ -172,23 +172,19 @@ def cmd_convert(args) -> int:
 
 def load_spec(path: str | Path):
     """Read a SyntheticTraceSpec YAML file; problems raise ConfigError naming file and key."""
-    import yaml
     from pydantic import ValidationError
 
     from kvsim.trace.spec import SyntheticTraceSpec
+    from kvsim.yamlio import load_yaml
 
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: spec file does not exist")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}: " if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{path}: {where}not valid YAML: {problem}") from None
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text") from None
+    data = load_yaml(text, str(path))
     if isinstance(data, dict) and set(data) == {"synthetic"}:
         data = data["synthetic"]  # accept a file holding just a scenario's synthetic: section
     if not isinstance(data, dict):

@@ -199,6 +199,13 @@ XFAIL_HUGE_BUDGET = (
 XFAIL_VALIDATE_TRACE = (
     "kvsim validate says 'ok' for a scenario whose trace file does not exist; only kvsim run notices")
 
+# A "billion laughs" document: 9 levels of 9 aliases, ~3.9e8 nodes once expanded, ~600 bytes of text.
+BILLION_LAUGHS_DEFS = "lol:\n  a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"  {n}: &{n} [{', '.join(['*' + p] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi"))
+BILLION_LAUGHS = BILLION_LAUGHS_DEFS
+BILLION_LAUGHS_FLOW = "[&a [1,1,1,1,1,1,1,1,1], " + ", ".join(
+    f"&{n} [{','.join(['*' + p] * 9)}]" for p, n in zip("abcdefgh", "bcdefghi")) + "]"
+
 CASES: list[Case] = [
     # -- malformed YAML -------------------------------------------------------------------------
     config_case("yaml-syntax-error", "name: tiny\ntrace: {file: a.csv\nmodel: OPT-13B\n",
@@ -214,6 +221,22 @@ CASES: list[Case] = [
     config_case("yaml-duplicate-key", scenario() + "allocator: {kind: contiguous}\n",
                 ["s.yaml:", "duplicate key 'allocator'"]),
     config_case("yaml-not-utf8", b"name: \xff\xfe tiny\n", ["cannot read", "utf-8"]),
+    # -- hostile YAML: refused in well under a second (the corpus' 60 s timeout and 4 GiB cap catch a hang)
+    config_case("yaml-alias-bomb", scenario() + BILLION_LAUGHS, ["s.yaml", "refused", "expands to more than"]),
+    config_case("yaml-alias-bomb-run", scenario() + BILLION_LAUGHS, ["s.yaml", "refused", "expands to more than"],
+                argv=RUN),
+    config_case("yaml-alias-bomb-in-variant", BILLION_LAUGHS_DEFS + scenario() + "variants:\n  v: {seed: *i}\n",
+                ["s.yaml", "refused", "expands to more than"]),
+    config_case("yaml-recursive-alias", scenario() + "loop: &loop [*loop]\n", ["s.yaml", "refused", "recursive"]),
+    config_case("yaml-nested-too-deeply", scenario() + "deep: " + "[" * 20000 + "]" * 20000 + "\n",
+                ["s.yaml", "refused", "nested too deeply"]),
+    Case("yaml-alias-bomb-sweep", {"t.yaml": scenario(), "sw.yaml": BILLION_LAUGHS_DEFS + "base_file: t.yaml\n"
+                                   "grid: {seed: *i}\n"}, ("sweep", "sw.yaml", "--out", "out"),
+         ("sw.yaml", "refused", "expands to more than"), tags=("config",)),
+    Case("yaml-alias-bomb-generator-spec", {"g.yaml": "num_requests: 5\n" + BILLION_LAUGHS},
+         ("trace", "generate", "g.yaml", "o.jsonl"), ("g.yaml", "refused", "expands to more than"), tags=("config",)),
+    config_case("yaml-alias-bomb-set", scenario(), ["--set", "refused", "expands to more than"],
+                argv=("validate", "s.yaml", "--set", "seed=" + BILLION_LAUGHS_FLOW), where="--set seed="),
     # -- unknown keys at several depths ("did you mean") ---------------------------------------------
     config_case("unknown-key-top", scenario({"sed": 1}), ["sed", "did you mean 'seed'", "valid keys"]),
     config_case("unknown-key-allocator", scenario({"allocator.blocksize": 8}),

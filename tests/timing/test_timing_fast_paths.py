@@ -152,11 +152,12 @@ def test_kernel_tables_grow_and_stay_exact():
 
 # -- AnalyticalTiming: decode_durations == step_time, part by part ---------------------------------
 def _timing(model="Llama-2-7B", block=16, gemm_model="fitted", backend="auto", comm=(0.0, 0.0), tp=1, dtype="fp16",
-            gpu="A100-80GB"):
+            gpu="A100-80GB", overhead=None):
     m = MODELS[model]
     ctx = TimingContext(m, GPUS[gpu], KVGeometry.for_gpu(m, dtype, tp, block_size=block), m.weight_bytes() // tp,
                         Path("."), tensor_parallel=tp, comm_s_per_step=comm[0], comm_s_per_token=comm[1])
-    return AnalyticalTiming(AnalyticalTimingConfig(gemm_model=gemm_model, attention_backend=backend), ctx)
+    return AnalyticalTiming(AnalyticalTimingConfig(gemm_model=gemm_model, attention_backend=backend,
+                                                   overhead=overhead), ctx)
 
 
 TIMINGS = {
@@ -170,6 +171,11 @@ TIMINGS = {
     "roofline-paged": dict(gemm_model="roofline"),
     "roofline-comm": dict(gemm_model="roofline", comm=(1e-5, 0.0)),
     "moe-roofline": dict(model="Mixtral-8x7B", gpu="H200-141GB", tp=2, comm=(1e-5, 1e-9)),
+    # the engine's CPU overhead per sequence (kvsim.timing.overhead): a decode-table row, with and without comm
+    "fitted-overhead": dict(overhead={"per_seq_s": 3.7e-6, "per_prefill_token_s": 1.1e-8}),
+    "fitted-overhead-comm": dict(model="Llama-3-70B", gpu="H100-SXM-80GB", tp=4, comm=(2.1e-5, 3.3e-9),
+                                 overhead={"per_seq_s": 2.9e-6}),
+    "roofline-overhead": dict(gemm_model="roofline", overhead={"per_seq_s": 5e-6}),
 }
 
 

@@ -130,7 +130,7 @@ def test_generate_empirical_path_relative_to_spec(tmp_path):
     [
         ("num_requests: 10\npreset: sharegpt\narrival: {rate_per_s: 1}\nrate: 3\n", "rate: unknown key"),
         ("num_requests: 10\npreset: sharegpt\narrival: {rate_per_s: -1}\n", "arrival.rate_per_s: Input should be greater than 0"),
-        ("num_requests: [10\n", "line 2"),
+        ("num_requests: [10\n", "bad.yaml:2:1: YAML syntax error"),
         ("- 1\n- 2\n", "expected a mapping"),
         ("num_requests: 10\npreset: sharegpt\narrival: {rate_per_s: 1}\nprompt_tokens: {kind: normal, mean: 3}\n",
          "prompt_tokens"),

@@ -173,6 +173,21 @@ def _interrupted_message(tmp: Path | None, done: list[str], total: int) -> str:
             f"{tmp.resolve()}; rerun the same command to resume: they are skipped unless the scenario changed")
 
 
+def _write_resolved(tmp: Path, loaded: LoadedScenario, built: dict, summaries: dict | None = None) -> None:
+    """``scenario.resolved.yaml``: every run's scenario with its defaults, its trace report and,
+    once the runs are done (``summaries``), the attention backend each one resolved."""
+    def entry(name: str, scn) -> dict:
+        e = {"scenario": resolved_dict(scn), "trace": built[name][1]}
+        if summaries is not None:
+            e["attention_backend"] = summaries[name]["kv_access"]["attention_backend"]
+        return e
+
+    write_yaml(tmp / "scenario.resolved.yaml", {
+        "kvsim_version": __version__, "scenario_file": str(loaded.path), "name": loaded.name,
+        "runs": {name: entry(name, scn) for name, scn in loaded.runs.items()},
+    })
+
+
 def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invariants: bool = False,
                progress: bool | None = None, plots: bool = True, log=None, warn=None, force: bool = False) -> Path:
     """Run every variant of ``loaded`` and write the result directory atomically. Returns its path.
@@ -219,12 +234,7 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
             done.update({n: fps[n] for n in kept})
             if kept and log:
                 log(f"resuming an interrupted run: {len(kept)} finished variant(s) kept ({', '.join(kept)})")
-            write_yaml(tmp / "scenario.resolved.yaml", {
-                "kvsim_version": __version__,
-                "scenario_file": str(loaded.path),
-                "name": loaded.name,
-                "runs": {name: {"scenario": resolved_dict(s), "trace": built[name][1]} for name, s in runs.items()},
-            })
+            _write_resolved(tmp, loaded, built)
             summaries = {}
             for name, scn in runs.items():
                 d = tmp / name if loaded.variants else tmp
@@ -258,6 +268,8 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
                 dropped[name] = Dropped.from_summary(summary, report)
                 if log:
                     log(_variant_line(name, summary, dropped[name]))
+            # again, now with the attention backend each run resolved (``auto`` -> the kernel it used)
+            _write_resolved(tmp, loaded, built, summaries)
             if loaded.variants:
                 from kvsim.report.comparison import collect_runs, comparison_frame
 

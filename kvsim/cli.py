@@ -105,7 +105,7 @@ def _cmd_validate(args) -> int:
         gpus = (f"{par.tensor * par.pipeline} x {scn.gpu.name}, tensor {par.tensor} x pipeline {par.pipeline}"
                 if many else scn.gpu.name)
         print(f"{name}: ok ({scn.model.name} on {gpus}, {scn.kv_dtype} KV, allocator {scn.allocator.kind}, "
-              f"KV capacity {alloc.capacity_tokens} tokens x {scn.kv_bytes_per_token:,} bytes/token{' per GPU' * many} "
+              f"KV capacity {alloc.capacity_tokens} tokens x {par.kv.bytes_per_token:,} bytes/token{' per GPU' * many} "
               f"<= {budget / 2**30:.2f} GiB{' per GPU' * many}; {served})")
         m = scn.model
         if m.sliding_window_layers:

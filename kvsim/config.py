@@ -28,6 +28,7 @@ from kvsim.hw import GPUS, KV_DTYPES, MODELS, WEIGHT_DTYPE_BYTES, GPUSpec, Model
 from kvsim.models import hf
 from kvsim.models.names import did_you_mean_preset, lookup
 from kvsim.models.parallel import ParallelPlan, plan
+from kvsim.models.geometry import KVGeometry
 from kvsim.kv.eviction import EVICTION_POLICIES
 from kvsim.kv.beam import DEFAULT_FORK_PROB
 from kvsim.registry import (ALLOCATORS, RESERVATIONS, ROUTERS, TIMING_MODELS, VICTIMS, plugin_registry, plugin_union,
@@ -374,9 +375,9 @@ class Scenario(StrictModel):
         if need > fits:
             gpus = f"{p.tensor * p.pipeline} x " if p.tensor * p.pipeline > 1 else ""
             if b.tokens is not None:
-                what = (f"kv_budget.tokens: {b.tokens:,} tokens x {p.kv_bytes_per_token_per_gpu:,} bytes per GPU = "
+                what = (f"kv_budget.tokens: {b.tokens:,} tokens x {p.kv.bytes_per_token:,} bytes per GPU = "
                         f"{need / 2**30:.2f} GiB per GPU")
-                limit = f" (at most {max(fits, 0) // p.kv_bytes_per_token_per_gpu:,} tokens)"
+                limit = f" (at most {max(fits, 0) // p.kv.bytes_per_token:,} tokens)"
             else:
                 what, limit = f"kv_budget.bytes: {need / 2**30:.2f} GiB per GPU", ""
             raise ValueError(
@@ -393,10 +394,11 @@ class Scenario(StrictModel):
         return plan(self.model.spec(), self.gpu.spec(), self.kv_dtype, self.weight_dtype,
                     self.parallel.tensor, self.parallel.pipeline)
 
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """KV bytes a token takes on one GPU (all of it without parallelism): sizes the KV pool."""
-        return self.parallel_plan().kv_bytes_per_token_per_gpu
+    def kv_geometry(self) -> KVGeometry:
+        """One GPU's KV geometry (kvsim/models/geometry.py), without the allocator's page size: a run
+        builds it once and completes it with ``with_block_size(allocator.block_size)``. Its
+        ``bytes_per_token`` (the fullest pipeline stage, this GPU's KV heads) sizes the KV pool."""
+        return self.parallel_plan().kv
 
     @property
     def weight_bytes(self) -> int:
@@ -412,7 +414,7 @@ class Scenario(StrictModel):
         """The KV budget of one GPU (given, or derived)."""
         b = self.kv_budget
         if b.tokens is not None:
-            return b.tokens * self.kv_bytes_per_token
+            return b.tokens * self.kv_geometry().bytes_per_token
         if b.bytes is not None:
             return b.bytes
         return self.derived_kv_budget_bytes()

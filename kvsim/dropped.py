@@ -117,7 +117,7 @@ def predict_rejections(scn, trace, where: str = "scenario") -> dict[str, int]:
 
     allocator, _ = build_allocator(scn, where)
     max_len = scn.model.max_model_len_tokens
-    sched = Scheduler(scn.scheduler, allocator, max_len, kv_bytes_per_token=scn.kv_bytes_per_token,
+    sched = Scheduler(scn.scheduler, allocator, max_len, kv=scn.kv_geometry().with_block_size(allocator.block_size),
                       request_log=RequestLog())
     samples = getattr(trace, "num_samples", None)
     keys = getattr(trace, "prefix_keys", None)

@@ -1,6 +1,7 @@
 """``kvsim kernel``: what-if for one decode-attention launch under the kernel model.
 
     kvsim kernel --gpu A100-80GB --model Llama-2-13B --batch 32 --context 1024 --block-size 16 --json
+    kvsim kernel --gpu H100-SXM-80GB --model path/to/config.json --tensor 4 --batch 32 --context 2000
     kvsim kernel --check            # the model's error on the public kernel corpus, per backend and GPU
 """
 
@@ -11,17 +12,19 @@ import json
 
 from kvsim.errors import ConfigError, did_you_mean, format_choices
 
-JSON_KEYS = ("backend", "gpu", "model", "kv_dtype", "batch", "context_tokens", "block_size", "time_s",
-             "time_per_layer_s", "bytes_read", "kv_bytes", "pages_fetched", "bandwidth_utilisation",
-             "time_per_page_s")
+JSON_KEYS = ("backend", "gpu", "model", "kv_dtype", "tensor", "kv_heads_per_gpu", "batch", "context_tokens",
+             "block_size", "time_s", "time_per_layer_s", "bytes_read", "kv_bytes", "pages_fetched",
+             "bandwidth_utilisation", "kv_load_latency_ns", "time_per_page_s")
 
 DESCRIPTION = f"""Predict one decode-attention launch per layer (all layers summed) with the kernel model of
-docs/kernel_model.md: BATCH sequences of CONTEXT KV tokens each. JSON keys: {', '.join(JSON_KEYS)}.
+docs/kernel_model.md: BATCH sequences of CONTEXT KV tokens each, on one GPU of a --tensor T group (its
+KV and query heads, as vLLM splits them). JSON keys: {', '.join(JSON_KEYS)}.
 time_s: all layers' kernel time (s); bytes_read: HBM bytes the kernel reads (whole last pages where the backend
 reads them; plus the dequantisation pass of an unfused quantised KV); kv_bytes: the KV bytes of the tokens
-attended (useful bytes); pages_fetched: (page, KV head, layer) fetches -- contiguous KV counts one run per
-(sequence, KV head, layer); bandwidth_utilisation: kv_bytes / time_s / peak HBM bandwidth; time_per_page_s:
-time_s / pages_fetched (the mean KV access latency of docs/metrics.md).
+attended on this GPU (useful bytes); pages_fetched: (page, KV head, layer) fetches -- contiguous KV counts one
+run per (sequence, KV head, layer); bandwidth_utilisation: kv_bytes / time_s / peak HBM bandwidth;
+kv_load_latency_ns: time_s / (tokens x layers) x 1e9, the KV access latency of docs/metrics.md;
+time_per_page_s: time_s / pages_fetched (its page-fetch time).
 
 --check instead compares the built-in backends with the public kernel measurement corpus
 (kvsim/timing/data/kernels/kernel_corpus.csv, or --corpus FILE; docs/kernel_model.md): the mean and
@@ -45,7 +48,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("kernel", help="predict one decode-attention launch (time, bytes, bandwidth, "
                                              "time per page)", description=DESCRIPTION)
     p.add_argument("--gpu", help="GPU preset (kvsim models); required unless --check")
-    p.add_argument("--model", help="model preset (kvsim models); required unless --check")
+    p.add_argument("--model", help="model preset (kvsim models) or a Hugging Face config.json; required unless --check")
+    p.add_argument("--tensor", type=_positive_int, default=1,
+                   help="tensor-parallel GPUs sharing each layer (default 1): the launch is one GPU's heads")
     p.add_argument("--batch", type=_positive_int, help="sequences in the launch; required unless --check")
     p.add_argument("--context", type=_positive_int, help="KV tokens per sequence; required unless --check")
     g = p.add_mutually_exclusive_group()
@@ -53,8 +58,9 @@ def register(subparsers) -> None:
     g.add_argument("--contiguous", action="store_true", help="contiguous KV (no page table)")
     p.add_argument("--backend", default="auto", help="built-in backend (contiguous, flashattention-paged, "
                                                     "flashinfer-paged, vllm-paged-v1 (old name vllm-2023-paged), "
-                                                    "vllm-paged-v2) or a profile .yaml; auto: the allocator's default "
-                                                    "(docs/kernel_model.md)")
+                                                    "vllm-paged-v2) or a profile .yaml; auto: what a scenario's "
+                                                    "auto uses (flashinfer-paged for every layout); auto-2023: "
+                                                    "vllm-paged-v1 for pages, contiguous for --contiguous")
     p.add_argument("--kv-dtype", default="fp16", choices=sorted(KV_DTYPES))
     p.add_argument("--json", action="store_true", help="print one JSON object (--check: one per error row)")
     p.add_argument("--check", action="store_true", help="print the model's error on the public kernel corpus "
@@ -63,32 +69,50 @@ def register(subparsers) -> None:
     p.set_defaults(func=handle)
 
 
+def _model(name: str):
+    from kvsim.hw import MODELS, ModelSpec
+    from kvsim.models.hf import is_config_path, load_model_file
+
+    if is_config_path(name):
+        try:
+            return ModelSpec(**load_model_file(name, None))
+        except ConfigError as e:
+            raise ConfigError(f"--model: {e}") from None
+    if name not in MODELS:
+        raise ConfigError(f"--model: unknown model {name!r}{did_you_mean(name, MODELS)}; "
+                          f"valid: {format_choices(MODELS)}, or a Hugging Face config.json")
+    return MODELS[name]
+
+
 def predict(gpu: str, model: str, batch: int, context: int, block_size: int | None, backend: str = "auto",
-            kv_dtype: str = "fp16") -> dict:
+            kv_dtype: str = "fp16", tensor: int = 1) -> dict:
     from pathlib import Path
 
-    from kvsim.hw import GPUS, MODELS
-    from kvsim.timing.kernel import KernelModel, KVLayout, default_backend, load_backend
+    from kvsim.hw import GPUS
+    from kvsim.models.geometry import KVGeometry
+    from kvsim.models.parallel import check_split
+    from kvsim.timing.kernel import KernelModel, load_backend, resolve_backend
 
     if gpu not in GPUS:
         raise ConfigError(f"--gpu: unknown GPU {gpu!r}{did_you_mean(gpu, GPUS)}; valid: {format_choices(GPUS)}")
-    if model not in MODELS:
-        raise ConfigError(f"--model: unknown model {model!r}{did_you_mean(model, MODELS)}; "
-                          f"valid: {format_choices(MODELS)}")
-    g, m = GPUS[gpu], MODELS[model]
-    name = default_backend(block_size) if backend == "auto" else backend
-    prof = load_backend(name, Path.cwd(), where="--backend")
-    layout = KVLayout.from_model(m, kv_dtype, block_size)
-    km = KernelModel(prof, layout, g.hbm_bandwidth_bytes_per_s, g.num_sms)
+    g, m = GPUS[gpu], _model(model)
+    why = check_split(m, tensor, 1)
+    if why:
+        raise ConfigError(f"--tensor: {why.removeprefix('parallel.tensor: ')}")
+    prof = load_backend(resolve_backend(backend, block_size), Path.cwd(), where="--backend")
+    geometry = KVGeometry.for_gpu(m, kv_dtype, tensor, block_size=block_size)
+    km = KernelModel(prof, geometry, g.hbm_bandwidth_bytes_per_s, g.num_sms)
     pages = batch * -(-context // block_size) if block_size else batch
     r = km.result(batch, batch * context, pages)
+    t = float(r.time_s)
     return {
-        "backend": prof.name, "gpu": gpu, "model": model, "kv_dtype": kv_dtype, "batch": batch,
-        "context_tokens": context, "block_size": block_size, "time_s": float(r.time_s),
-        "time_per_layer_s": float(r.time_s) / m.num_layers, "bytes_read": float(r.bytes_read),
-        "kv_bytes": int(batch * context * m.kv_bytes_per_token(kv_dtype)), "pages_fetched": int(r.pages_fetched),
-        "bandwidth_utilisation": float(r.bandwidth_utilisation),
-        "time_per_page_s": float(r.time_s) / int(r.pages_fetched),
+        "backend": prof.name, "gpu": gpu, "model": m.name, "kv_dtype": kv_dtype, "tensor": tensor,
+        "kv_heads_per_gpu": geometry.num_kv_heads, "batch": batch, "context_tokens": context,
+        "block_size": block_size, "time_s": t, "time_per_layer_s": t / geometry.num_layers,
+        "bytes_read": float(r.bytes_read), "kv_bytes": int(batch * context * geometry.step_bytes_per_token),
+        "pages_fetched": int(r.pages_fetched), "bandwidth_utilisation": float(r.bandwidth_utilisation),
+        "kv_load_latency_ns": t / (batch * context * geometry.num_layers) * 1e9,
+        "time_per_page_s": t / int(r.pages_fetched),
     }
 
 
@@ -127,15 +151,17 @@ def handle(args: argparse.Namespace) -> int:
         if getattr(args, flag) is None:
             raise ConfigError(f"--{flag} is required (or use --check for the corpus comparison)")
     block = None if args.contiguous else (args.block_size or 16)
-    out = predict(args.gpu, args.model, args.batch, args.context, block, args.backend, args.kv_dtype)
+    out = predict(args.gpu, args.model, args.batch, args.context, block, args.backend, args.kv_dtype, args.tensor)
     if args.json:
         print(json.dumps(out))
         return 0
     layout = "contiguous" if block is None else f"{block}-token pages"
-    print(f"{out['backend']} on {out['gpu']}, {out['model']} ({out['kv_dtype']} KV, {layout}): "
+    tp = f", tensor {out['tensor']} ({out['kv_heads_per_gpu']} KV heads per GPU)" if out["tensor"] > 1 else ""
+    print(f"{out['backend']} on {out['gpu']}, {out['model']} ({out['kv_dtype']} KV, {layout}{tp}): "
           f"batch {out['batch']} x {out['context_tokens']} tokens")
     print(f"  time             {out['time_s'] * 1e6:,.1f} us ({out['time_per_layer_s'] * 1e6:,.2f} us per layer)")
     print(f"  bytes read       {out['bytes_read'] / 2**20:,.1f} MiB (KV attended {out['kv_bytes'] / 2**20:,.1f} MiB)")
     print(f"  bandwidth        {out['bandwidth_utilisation']:.1%} of peak HBM")
+    print(f"  KV load latency  {out['kv_load_latency_ns']:,.4f} ns per token and layer")
     print(f"  pages fetched    {out['pages_fetched']:,} ({out['time_per_page_s'] * 1e9:,.2f} ns per page)")
     return 0

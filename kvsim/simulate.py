@@ -24,6 +24,7 @@ from kvsim.kv.beam import BeamModel
 from kvsim.kv.protocol import BeamCounters
 from kvsim.registry import ALLOCATORS, TIMING_MODELS
 from kvsim.sched.scheduler import Scheduler
+from kvsim.timing.base import AttentionBackendNamed
 from kvsim.timing.context import TimingContext
 from kvsim.timing.transfer import HostTransfers
 from kvsim.kv.protocol import HostLinkTiers
@@ -98,7 +99,7 @@ def _beam_counts(trace, allocators) -> tuple[int, int] | None:
 
 def build_allocator(scn: Scenario, where: str = "scenario"):
     budget = scn.kv_budget_bytes()
-    bpt = scn.kv_bytes_per_token
+    bpt = scn.kv_geometry().bytes_per_token
     if budget <= 0:
         raise ConfigError(
             f"{where}: kv_budget: derived KV budget is {budget / 2**30:.2f} GiB: GPU memory "
@@ -137,11 +138,13 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
         trace, trace_report = build_trace(scn, base_dir)
     max_len = scn.model.max_model_len_tokens
     rcfg = scn.replicas
+    par = scn.parallel_plan()  # one GPU: the whole model's KV and weights, no communication
+    geometry = None  # the run's one KV geometry: the plan's, with the allocator's page size
     store = None
     if rcfg.shared_prefix_store is not None:
         from kvsim.kv.paged import LowerTier
 
-        block_bytes = scn.kv_bytes_per_token * scn.allocator.block_size
+        block_bytes = par.kv.bytes_per_token * scn.allocator.block_size
         store = LowerTier("remote", rcfg.shared_prefix_store.capacity_bytes // block_bytes,
                           rcfg.shared_prefix_store.bandwidth_bytes_per_s, shared=True)
     replicas = []
@@ -153,11 +156,11 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
             allocator.use_host_link(transfers)  # CPU-tier loads over the same link as swaps
         if store is not None:
             allocator.attach_shared_store(store)
-        par = scn.parallel_plan()  # one GPU: whole-model bytes, no communication
+        if geometry is None:  # every replica's allocator has the same page size
+            geometry = par.kv.with_block_size(allocator.block_size)
         ctx = TimingContext(
-            model=scn.model.spec(), gpu=scn.gpu.spec(), kv_dtype=scn.kv_dtype,
-            kv_bytes_per_token=par.kv_bytes_per_token_per_rank, weight_bytes=par.weight_bytes_per_rank,
-            block_size=allocator.block_size, base_dir=base_dir,
+            model=scn.model.spec(), gpu=scn.gpu.spec(), kv=geometry, weight_bytes=par.weight_bytes_per_rank,
+            base_dir=base_dir,
             tensor_parallel=par.tensor, pipeline_parallel=par.pipeline,
             comm_s_per_step=par.comm_s_per_step, comm_s_per_token=par.comm_s_per_token,
             host_transfers=transfers,
@@ -168,7 +171,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
             raise type(e)(f"{where}: {e}") from None
         sched = Scheduler(scn.scheduler, allocator, max_len,
                           want_context_lens=bool(getattr(timing, "needs_context_lens", False)),
-                          kv_bytes_per_token=scn.kv_bytes_per_token,
+                          kv=geometry,
                           host_link_bandwidth_bytes_per_s=getattr(scn.timing, "host_link_bandwidth_bytes_per_s", 64e9),
                           host_transfers=transfers, request_log=request_log, replica_index=i)
         replicas.append(Replica(i, sched, timing))
@@ -182,7 +185,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     # In memory, step rows wait in Python lists until a flush turns them into a compact Arrow chunk:
     # smaller flushes keep that buffer (~1.3 kB a row) small. Streamed to a file, the flush size is
     # the parquet row-group size, which stays as it was (the file must not change).
-    recorder = StepRecorder(scn.kv_bytes_per_token, path=steps_path,
+    recorder = StepRecorder(geometry, path=steps_path,
                             **({} if steps_path is not None else {"flush_every": IN_MEMORY_FLUSH_ROWS}))
     engine = Engine(trace, recorder=recorder, max_model_len_tokens=max_len, check_invariants=check_invariants,
                     limits=EngineLimits(scn.limits.max_sim_time_s, scn.limits.max_wall_time_s),
@@ -204,12 +207,11 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
         prefix_caching=bool(getattr(allocator, "prefix_caching", False)),
         offloaded_blocks=sum(getattr(r.scheduler.allocator, "offloaded_blocks", 0) for r in replicas),
         copy_bandwidth_bytes_per_s=getattr(timing, "copy_bandwidth_bytes_per_s", None),
-        bytes_per_token=scn.kv_bytes_per_token, block_size=allocator.block_size,
+        kv=geometry, attention_backend=_attention_backend(timing),
         budget_bytes=budget, end_s=engine.end_s, start_s=float(trace.arrival_s[0]) if len(trace) else 0.0,
         itl=recorder.itl, slo=scn.slo.as_dict() if scn.slo is not None else None,
         percentiles=tuple(scn.metrics.percentiles),
         hbm_bandwidth_bytes_per_s=scn.gpu.hbm_bandwidth_bytes_per_s,
-        page_fetches_per_page=scn.model.num_layers * scn.model.num_kv_heads,
         beam=_beam_counts(trace, [r.scheduler.allocator for r in replicas]))
     engine_rows = recorder.num_rows
     # Finished and rejected requests are rows of ``request_log`` already; a run that ends normally
@@ -225,7 +227,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
         del table  # the box holds the only reference: the Arrow columns are freed as they are copied
         steps = steps_frame(_table_columns(box))
     summary = summarize(reqs, steps, **summary_args)
-    _add_prefix_ideal(summary, trace, summary_args["block_size"])
+    _add_prefix_ideal(summary, trace, geometry.block_size)
     return RunResult(name=str(scn.name), scenario=scn, requests=reqs,
                      steps=None if steps_path is not None else steps, summary=summary,
                      trace_report=trace_report or {}, engine_wall_s=engine_wall, engine_rows=engine_rows)
@@ -243,6 +245,11 @@ def _add_prefix_ideal(summary: dict, trace: Trace, block_size: int | None) -> No
     if ideal is not None:
         pc["ideal_hit_ratio_tokens"] = ideal["hit_ratio_tokens"]
         pc["ideal_hit_ratio_blocks"] = ideal["hit_ratio_blocks"]
+
+
+def _attention_backend(timing) -> str | None:
+    """The attention backend the timing model resolved (AttentionBackendNamed), else None."""
+    return timing.attention_backend if isinstance(timing, AttentionBackendNamed) else None
 
 
 def _unfinished(sched: Scheduler):

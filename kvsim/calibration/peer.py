@@ -115,10 +115,11 @@ def analytical_step_per_layer(model: ModelSpec, gpu: GPUSpec, tokens: int) -> fl
     (no attention, no step overhead)."""
     from kvsim.timing.analytical import AnalyticalTiming, AnalyticalTimingConfig
     from kvsim.timing.base import BatchShape
+    from kvsim.models.geometry import KVGeometry
     from kvsim.timing.context import TimingContext
 
-    ctx = TimingContext(model=model, gpu=gpu, kv_dtype="fp16", kv_bytes_per_token=model.kv_bytes_per_token("fp16"),
-                        weight_bytes=model.weight_bytes("fp16"), block_size=16, base_dir=Path("."))
+    ctx = TimingContext(model=model, gpu=gpu, kv=KVGeometry.for_gpu(model, "fp16", block_size=16),
+                        weight_bytes=model.weight_bytes("fp16"), base_dir=Path("."))
     t = AnalyticalTiming(AnalyticalTimingConfig(step_overhead_s=0.0), ctx)
     shape = BatchShape(num_seqs=1, num_prefill_seqs=1, num_decode_seqs=0, num_prefill_tokens=tokens,
                        num_decode_tokens=0, kv_tokens_read=0, attention_pairs=0)

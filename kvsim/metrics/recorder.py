@@ -21,6 +21,7 @@ from kvsim.metrics.itl import ITLAccumulator
 if TYPE_CHECKING:  # pyarrow is imported where used (import cost: tests/test_import_cost.py)
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from kvsim.models.geometry import KVGeometry
 
 STEP_COLUMNS: dict[str, str] = {
     # name -> numpy dtype; order is the file's column order
@@ -83,10 +84,11 @@ class StepRecorder:
     A row is kept as a tuple in ``STEP_COLUMNS`` order until the flush turns the buffer into typed
     columns: one tuple per row is the cheapest thing to build while the engine runs."""
 
-    def __init__(self, bytes_per_token: int, path: Path | None = None, flush_every: int = 32768):
+    def __init__(self, kv: KVGeometry, path: Path | None = None, flush_every: int = 32768):
         import pyarrow as pa
 
-        self.bytes_per_token = bytes_per_token
+        self.kv = kv  # the run's KV geometry: its bytes_per_token turns token counts into memory bytes
+        self._bytes_per_token = kv.bytes_per_token  # bound for the row builder (hot)
         self.path = path
         self.flush_every = flush_every
         self._rows: list[tuple] = []
@@ -121,7 +123,7 @@ class StepRecorder:
         ``step_durations_s`` / ``step_decode_tokens`` (each step's duration and decode tokens of a
         multi-step row) feed the inter-token latencies exactly; without them each step counts at
         the row's mean."""
-        bpt = self.bytes_per_token
+        bpt = self._bytes_per_token
         if not idle:
             if step_durations_s is not None and step_decode_tokens is not None:
                 self.itl.add_many(step_durations_s, step_decode_tokens)

@@ -14,6 +14,7 @@ import numpy as np
 from kvsim.metrics.itl import ITLAccumulator, pkey
 
 if TYPE_CHECKING:  # pandas is imported where used (import cost: tests/test_import_cost.py)
+    from kvsim.models.geometry import KVGeometry
     import pandas as pd
 
 DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
@@ -36,17 +37,21 @@ def time_weighted_mean(values: pd.Series, weights: pd.Series) -> float:
     return float((values.to_numpy(dtype=float) * weights.to_numpy(dtype=float)).sum() / total)
 
 
-def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: int, bytes_per_token: int,
+def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: int, kv: KVGeometry,
               prefix_caching: bool = False, offloaded_blocks: int = 0,
               copy_bandwidth_bytes_per_s: float | None = None, num_replicas: int = 1,
-              block_size: int | None, budget_bytes: int, end_s: float, start_s: float,
+              budget_bytes: int, end_s: float, start_s: float,
               itl: ITLAccumulator | None = None, slo: dict[str, float] | None = None,
               percentiles: tuple[float, ...] = DEFAULT_PERCENTILES,
-              hbm_bandwidth_bytes_per_s: float | None = None, page_fetches_per_page: int = 1,
+              hbm_bandwidth_bytes_per_s: float | None = None, attention_backend: str | None = None,
               beam: tuple[int, int] | None = None) -> dict:
-    """``hbm_bandwidth_bytes_per_s``: the GPU's peak (datasheet) HBM bandwidth, for
-    ``kv_access.hbm_bandwidth_utilisation``; ``page_fetches_per_page``: layers x KV heads -- one
-    page of a sequence is fetched once per layer and KV head (``kv_access.pages_fetched``)."""
+    """``kv``: the run's KV geometry (bytes per token, page size, fetches per page: one page of a
+    sequence is fetched once per layer and KV head, ``kv_access.pages_fetched``);
+    ``hbm_bandwidth_bytes_per_s``: the GPU's peak (datasheet) HBM bandwidth, for
+    ``kv_access.hbm_bandwidth_utilisation``; ``attention_backend``: the backend the timing model
+    resolved (None: it has no attention kernel)."""
+    geometry = kv
+    bytes_per_token, block_size = geometry.bytes_per_token, geometry.block_size
     # only the columns used below: a filtered copy of the whole table would cost its size again
     status = requests["status"]
     fin = requests.loc[status == "finished", ["output_tokens", "ttft_s", "tpot_s", "e2e_s"]]
@@ -63,6 +68,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: i
         "capacity_tokens": int(capacity_tokens),
         "bytes_per_token": int(bytes_per_token),
         "block_size": block_size,
+        "geometry": geometry.to_dict(),
     }
     for part in MEMORY_PARTS:
         frac = steps[f"{part}_bytes"] / capacity_bytes if capacity_bytes else steps[f"{part}_bytes"] * 0.0
@@ -129,7 +135,9 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: i
         "kv_bytes_read_total": int(steps["kv_bytes_read"].sum()),
         "step_time_breakdown_s": breakdown,
         "kv_bandwidth_utilisation": _bandwidth(steps, copy_bandwidth_bytes_per_s),
-        "kv_access": kv_access(steps, hbm_bandwidth_bytes_per_s, page_fetches_per_page),
+        "kv_access": {**kv_access(steps, hbm_bandwidth_bytes_per_s, geometry.fetches_per_page,
+                                  geometry.kv_bytes_per_token_layer),
+                      "attention_backend": attention_backend},
         "replicas": {
             "count": num_replicas,
             "requests": [int((requests["replica"] == i).sum()) for i in range(num_replicas)],
@@ -270,17 +278,27 @@ def _bandwidth(steps: pd.DataFrame, copy_bw: float | None) -> float | None:
     return float(steps["kv_bytes_read"].sum()) / att / copy_bw
 
 
-def kv_access(steps: pd.DataFrame, peak_bw: float | None, fetches_per_page: int) -> dict:
-    """How the attention kernels read the KV cache over the run (docs/metrics.md, "kv_access")."""
+def kv_access(steps: pd.DataFrame, peak_bw: float | None, fetches_per_page: int,
+              bytes_per_token_layer: float) -> dict:
+    """How the attention kernels read the KV cache over the run (docs/metrics.md, "kv_access").
+
+    ``kv_load_latency_ns`` (the headline's access latency): attention-kernel time per (token,
+    layer) of KV read, ``Σ attention_s / (Σ kv_bytes_read / bytes_per_token_layer)``, comparable
+    across layouts and page sizes; ``page_fetch_time_ns`` (= the older ``mean_access_latency_ns``):
+    time per (page, KV head, layer) fetch."""
     att = float(steps["attention_s"].sum())
     kv_bytes = int(steps["kv_bytes_read"].sum())
     pages = int(steps["kv_pages_read"].sum()) * int(fetches_per_page) if "kv_pages_read" in steps else 0
+    token_layers = kv_bytes / bytes_per_token_layer if bytes_per_token_layer > 0 else 0.0
+    per_page = att / pages * 1e9 if att > 0 and pages > 0 else None
     return {
         "attention_kernel_s": att,
         "kv_bytes_read": kv_bytes,
         "pages_fetched": pages,
         "hbm_bandwidth_utilisation": kv_bytes / att / peak_bw if att > 0 and peak_bw else None,
-        "mean_access_latency_ns": att / pages * 1e9 if att > 0 and pages > 0 else None,
+        "kv_load_latency_ns": att / token_layers * 1e9 if att > 0 and token_layers > 0 else None,
+        "page_fetch_time_ns": per_page,
+        "mean_access_latency_ns": per_page,  # deprecated name of page_fetch_time_ns (before issue 23)
     }
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvsim.hw import WEIGHT_DTYPE_BYTES, GPUSpec, ModelSpec
+from kvsim.models.geometry import KVGeometry
 
 ACTIVATION_BYTES = 2  # fp16/bf16 activations, whatever the weight/KV dtype
 
@@ -40,9 +41,7 @@ def layers_per_stage(num_layers: int, pipeline: int) -> tuple[int, ...]:
 
 
 def kv_heads_per_gpu(model: ModelSpec, tensor: int) -> int:
-    if model.attention == "mla":
-        return 1
-    return max(1, model.num_kv_heads // tensor)
+    return KVGeometry.for_gpu(model, "fp16", tensor).num_kv_heads
 
 
 def check_split(model: ModelSpec, tensor: int, pipeline: int) -> str | None:
@@ -63,10 +62,7 @@ def check_split(model: ModelSpec, tensor: int, pipeline: int) -> str | None:
 class ParallelPlan:
     tensor: int
     pipeline: int
-    kv_heads_per_gpu: int
-    layers_per_stage: tuple[int, ...]
-    kv_bytes_per_token_per_gpu: int  # on the stage with the most layers: what sizes the KV pool
-    kv_bytes_per_token_per_rank: int  # one tensor rank's share summed over the stages (timing)
+    kv: KVGeometry  # one GPU's KV (no page size yet: the allocator owns it; KVGeometry.with_block_size)
     weight_bytes_per_gpu: int
     weight_bytes_per_rank: int  # one tensor rank's share summed over the stages (timing)
     comm_s_per_step: float  # fixed latency of a step's all-reduces and stage sends
@@ -83,9 +79,7 @@ def plan(model: ModelSpec, gpu: GPUSpec, kv_dtype: str, weight_dtype: str, tenso
     why = check_split(model, tensor, pipeline)
     if why:
         raise ValueError(why)
-    stages = layers_per_stage(model.num_layers, pipeline)
-    heads = kv_heads_per_gpu(model, tensor)
-    per_layer = model.kv_bytes_per_token_layer(kv_dtype, heads)
+    kv = KVGeometry.for_gpu(model, kv_dtype, tensor, layers_per_stage(model.num_layers, pipeline))
     weights = model.num_params * WEIGHT_DTYPE_BYTES[weight_dtype]
     comm_step = comm_token = 0.0
     if tensor > 1 or pipeline > 1:
@@ -99,9 +93,7 @@ def plan(model: ModelSpec, gpu: GPUSpec, kv_dtype: str, weight_dtype: str, tenso
         comm_token = (allreduces * ring + (pipeline - 1)) * act / bw
         comm_step = (allreduces + (pipeline - 1)) * gpu.allreduce_latency_s
     return ParallelPlan(
-        tensor=tensor, pipeline=pipeline, kv_heads_per_gpu=heads, layers_per_stage=stages,
-        kv_bytes_per_token_per_gpu=max(stages) * per_layer,
-        kv_bytes_per_token_per_rank=model.num_layers * per_layer,
+        tensor=tensor, pipeline=pipeline, kv=kv,
         weight_bytes_per_gpu=int(weights / (tensor * pipeline)),
         weight_bytes_per_rank=int(weights / tensor),
         comm_s_per_step=comm_step, comm_s_per_token=comm_token,

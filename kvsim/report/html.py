@@ -237,7 +237,21 @@ def _headline_section(summaries: dict[str, dict], baseline: str | None = None) -
         out.append(f'<p class="meta">Showing the baseline and {len(shown) - 1} of {len(labels) - 1} other runs; '
                    "every run is in compare/headline.csv.</p>")
     out.append(headline_html(h))
+    out.append(_backends_line({lab: summaries[lab] for lab in shown}))
     return out
+
+
+def _backends_line(summaries: dict[str, dict]) -> str:
+    """Which attention-kernel backend each run used (``kv_access.attention_backend``): a layout or
+    page-size comparison read by different kernels is also a kernel comparison."""
+    by: dict[str, list[str]] = {}
+    for lab, s in summaries.items():
+        name = (s.get("kv_access") or {}).get("attention_backend") or "none (no kernel model)"
+        by.setdefault(str(name), []).append(lab)
+    if len(by) == 1:
+        return f'<p class="meta">Attention backend: {_esc(next(iter(by)))} (every run).</p>'
+    parts = "; ".join(f"{_esc(b)}: {_esc(', '.join(labs))}" for b, labs in by.items())
+    return f'<p class="meta">Attention backends differ between runs (a kernel comparison too): {parts}.</p>'
 
 
 def _findings_section(summaries: dict[str, dict], baseline: str | None = None) -> list[str]:

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvsim.models.geometry import KVGeometry
 from kvsim.kv.base import KVRequest
 from kvsim.kv.protocol import KVAllocator, allocator_capabilities
 from kvsim.sched.config import SchedulerConfig
@@ -70,13 +71,14 @@ class _Step:
 
 
 REJECT_TOO_LONG = "exceeds_max_model_len"
+_NO_KV = KVGeometry(1, 1, 1, 1, "fp16", 0)  # a scheduler built without a geometry counts no swap bytes
 REJECT_KV = "exceeds_kv_capacity"
 REJECT_BUDGET = "exceeds_batch_token_budget"
 
 
 class Scheduler:
     def __init__(self, cfg: SchedulerConfig, allocator: KVAllocator, max_model_len_tokens: int,
-                 want_context_lens: bool = False, kv_bytes_per_token: int = 0,
+                 want_context_lens: bool = False, kv: KVGeometry | None = None,
                  host_link_bandwidth_bytes_per_s: float = 64e9, host_transfers: HostTransfers | None = None,
                  *, request_log: RequestSink, replica_index: int = 0):
         self.cfg = cfg
@@ -88,9 +90,11 @@ class Scheduler:
         self.token_budget = cfg.token_budget(max_model_len_tokens)
         self.chunked_prefill = cfg.chunked_prefill
         self.want_context_lens = want_context_lens
-        self.kv_bytes_per_token = kv_bytes_per_token
+        # the run's KV geometry: its bytes_per_token (this GPU's share) sizes swaps; None: no bytes
+        self.kv = kv if kv is not None else _NO_KV
         self.swap_mode = cfg.preemption_mode == "swap"
-        self.swap_capacity_tokens = cfg.swap_space_bytes // kv_bytes_per_token if kv_bytes_per_token else 0
+        bpt = self.kv.bytes_per_token
+        self.swap_capacity_tokens = cfg.swap_space_bytes // bpt if bpt else 0
         self.swap_used_tokens = 0
         self.caps = allocator_capabilities(allocator)  # checked once: the optional allocator calls used
         self._peek = allocator.peek_cached_tokens if self.caps.prefix_peek else None
@@ -243,7 +247,7 @@ class Scheduler:
             keys = [r.admit_seq for r in self.swapped]
             self.swapped.insert(bisect.bisect(keys, victim.admit_seq), victim)
             self.preemptions_by_mode["swap"] += 1
-            nbytes = computed * self.kv_bytes_per_token
+            nbytes = computed * self.kv.bytes_per_token
             self.swapped_out_bytes += nbytes
             step.swap_out_bytes += nbytes
             step.swap_out_copies += out_copies
@@ -396,7 +400,7 @@ class Scheduler:
             n = min(n, req.num_uncomputed_tokens)
             self.swap_used_tokens -= req.swapped_tokens
             req.swapped_tokens = 0
-            nbytes = transfer * self.kv_bytes_per_token
+            nbytes = transfer * self.kv.bytes_per_token
             self.swapped_in_bytes += nbytes
             if self.transfers.legacy:
                 unhidden_s = self._hide(req, nbytes / self.host_link_bandwidth + got.load_s)

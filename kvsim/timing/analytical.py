@@ -27,11 +27,12 @@ MoE and MLA models keep the roofline for their linear layers (the fitted shapes 
 :func:`gemm_model_unsupported`). GPUs without a fitted profile use the generic one at this config's
 ``compute_efficiency`` / ``bandwidth_efficiency`` (docs/gemm_model.md).
 
-The attention kernel (backend ``timing.attention_backend``; ``auto``: the allocator's default, see
-:func:`kvsim.timing.kernel.default_backend`) prices every scheduled sequence's KV read in one launch
-per layer, decode and prefill alike: a prefill chunk reads its cached context and its new tokens
-through the same paged layout. ``decode_attention_s`` / ``prefill_attention_s`` split the KV time
-in proportion to the KV tokens each group reads; under ``fitted`` a prefill chunk costs the larger
+The attention kernel (backend ``timing.attention_backend``, resolved by
+:func:`kvsim.timing.kernel.resolve_backend`; ``auto`` is one kernel for every layout) reads the
+run's KV geometry (this GPU's KV and query heads under tensor parallelism) and prices every
+scheduled sequence's KV read in one launch per layer, decode and prefill alike: a prefill chunk
+reads its cached context and its new tokens through the same paged layout. ``decode_attention_s`` /
+``prefill_attention_s`` split the KV time in proportion to the KV tokens each group reads; under ``fitted`` a prefill chunk costs the larger
 of its KV-read share and the fitted prefill-attention FLOP time (BatchShape's sums, equal chunks
 assumed: :meth:`_FittedLinear.prefill_attention_s`). The KV writes of new tokens stream at
 ``bandwidth_efficiency``. ``attention_backend: roofline`` prices KV reads at
@@ -60,8 +61,8 @@ from kvsim.timing.context import TimingContext
 from kvsim.timing.overhead import EngineOverheadConfig, StepOverhead
 from kvsim.timing.transfer import step_transfers
 from kvsim.errors import did_you_mean, format_choices
-from kvsim.timing.kernel import (KernelModel, KVLayout, builtin_backends, default_backend, load_backend,
-                                 pages_or_estimate)
+from kvsim.timing.kernel import (AUTO_NAMES, KernelModel, backend_choices, load_backend, pages_or_estimate,
+                                 resolve_backend)
 
 ROOFLINE = "roofline"
 # decode_durations' matrix rows (fitted GEMM model); without parallelism the comm part is the float 0.0
@@ -84,8 +85,10 @@ class AnalyticalTimingConfig(StrictModel):
         64e9, gt=0, description="GPU<->host link for swaps (PCIe Gen5 x16 ~ 64 GB/s)"
     )
     attention_backend: str = Field(
-        "auto", description="decode-attention kernel profile: auto (paged allocators: vllm-paged-v1; "
-                            "contiguous/buddy: contiguous), a built-in name (contiguous, flashattention-paged, "
+        "auto", description="decode-attention kernel profile: auto (flashinfer-paged for every layout: one "
+                            "kernel generation, so layouts and page sizes compare on their own), auto-2023 "
+                            "(the old auto: vllm-paged-v1 for paged allocators, contiguous for "
+                            "contiguous/buddy), a built-in name (contiguous, flashattention-paged, "
                             "flashinfer-paged, vllm-paged-v1 (old name vllm-2023-paged), vllm-paged-v2), a profile "
                             ".yaml path (e.g. from `kvsim calibrate fit`), or "
                             "roofline (KV reads at bandwidth_efficiency, no kernel model)")
@@ -97,7 +100,7 @@ class AnalyticalTimingConfig(StrictModel):
     @field_validator("attention_backend")
     @classmethod
     def _known_backend(cls, v: str) -> str:
-        names = ["auto", ROOFLINE, *builtin_backends()]
+        names = [*AUTO_NAMES, ROOFLINE, *backend_choices()]
         if v in names or v.endswith((".yaml", ".yml")):
             return v
         raise ValueError(f"unknown attention backend {v!r}{did_you_mean(v, names)}; valid: "
@@ -129,15 +132,15 @@ class AnalyticalTiming:
         self.attention_flops_per_pair = 4.0 * m.num_layers * m.num_attention_heads * m.head_dim
         self.block_size = ctx.block_size
         self.peak_hbm_bandwidth_bytes_per_s = ctx.gpu.hbm_bandwidth_bytes_per_s
-        name = cfg.attention_backend
-        if name == "auto":
-            name = default_backend(ctx.block_size)
-        self.backend_name = name
+        name = resolve_backend(cfg.attention_backend, ctx.block_size)
         self.kernel: KernelModel | None = None
         if name != ROOFLINE:
             profile = load_backend(name, ctx.base_dir)
-            layout = KVLayout.from_model(m, ctx.kv_dtype, ctx.block_size)
-            self.kernel = KernelModel(profile, layout, ctx.gpu.hbm_bandwidth_bytes_per_s, ctx.gpu.num_sms)
+            # the run's geometry: this GPU's KV and query heads, every stage's layers, the page size
+            self.kernel = KernelModel(profile, ctx.kv, ctx.gpu.hbm_bandwidth_bytes_per_s, ctx.gpu.num_sms)
+            if name.endswith((".yaml", ".yml")):
+                name = f"{profile.name} ({name})"
+        self.attention_backend = name  # AttentionBackendNamed (kvsim.timing.base): the summary's record
         # -- linear layers: the fitted GEMM model (docs/gemm_model.md) or the roofline ------------
         self.gemm_model = cfg.gemm_model
         self.gemm_fallback_reason = gemm_model_unsupported(m) if cfg.gemm_model == "fitted" else None
@@ -401,8 +404,7 @@ class _FittedLinear:
 
         m, t = ctx.model, ctx.tensor_parallel
         if t > 1:
-            m = replace(m, num_attention_heads=max(1, m.num_attention_heads // t),
-                        num_kv_heads=max(1, m.num_kv_heads // t),
+            m = replace(m, num_attention_heads=ctx.kv.num_query_heads, num_kv_heads=ctx.kv.num_kv_heads,
                         intermediate_size=-(-m.intermediate_size // t), vocab_size=-(-m.vocab_size // t))
         self.model, self.gpu = m, ctx.gpu
         prof = gemm.profile_for(ctx.gpu)

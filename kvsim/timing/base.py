@@ -117,6 +117,15 @@ class VectorisedDecodeTiming(Protocol):
                          kv_pages_read: np.ndarray): ...
 
 
+@runtime_checkable
+class AttentionBackendNamed(Protocol):
+    """Optional capability: the attention-kernel backend the model resolved for this run (a
+    built-in profile name, ``NAME (PATH)`` for a profile file, or ``roofline``): written to
+    ``summary.json`` (``kv_access.attention_backend``), ``scenario.resolved.yaml`` and the report."""
+
+    attention_backend: str
+
+
 class DecodeStepPricer(Protocol):
     """What :class:`ScalarDecodeSteps` hands out: decode steps priced one at a time.
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvsim.hw import GPUSpec, ModelSpec
+from kvsim.models.geometry import KVGeometry
 from kvsim.timing.transfer import HostTransfers
 
 
@@ -13,15 +14,12 @@ from kvsim.timing.transfer import HostTransfers
 class TimingContext:
     model: ModelSpec
     gpu: GPUSpec
-    kv_dtype: str
-    # Under tensor/pipeline parallelism (kvsim/models/parallel.py) these two are ONE tensor rank's
-    # share summed over the pipeline stages, which run one after another within a step: the bytes
-    # one GPU of each stage reads, in sequence. Without parallelism: the whole model's.
-    kv_bytes_per_token: int
+    # The run's one KV geometry (kvsim/models/geometry.py): this GPU's KV heads, the layers of
+    # every stage, the KV dtype and the allocator's page size (None = contiguous KV, no page table)
+    kv: KVGeometry
+    # Under tensor/pipeline parallelism (kvsim/models/parallel.py) ONE tensor rank's share summed
+    # over the pipeline stages, which run one after another within a step. Without parallelism: all.
     weight_bytes: int
-    # The allocator's page size in tokens (one owner: the allocator); None = contiguous KV (the
-    # attention kernel has no page table)
-    block_size: int | None
     base_dir: Path  # the scenario file's folder, for resolving relative paths
     # -- parallelism (docs/models.md#parallelism) --------------------------------------------------
     tensor_parallel: int = 1  # GPUs sharing each layer: FLOPs split this many ways
@@ -31,6 +29,20 @@ class TimingContext:
     # -- host link (docs/transfer_model.md) -------------------------------------------------------
     # None or legacy: swaps cost (bytes in + out) / the timing model's host_link_bandwidth_bytes_per_s
     host_transfers: HostTransfers | None = None
+
+    # -- read-only views of the geometry (the names timing plugins know) ---------------------------
+    @property
+    def kv_dtype(self) -> str:
+        return self.kv.kv_dtype
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes per token a step reads (or writes) along one tensor rank's stages."""
+        return self.kv.step_bytes_per_token
+
+    @property
+    def block_size(self) -> int | None:
+        return self.kv.block_size
 
     def comm_s(self, num_tokens):
         """Communication time of a step of ``num_tokens`` (an int, or an array of them)."""

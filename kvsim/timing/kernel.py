@@ -60,38 +60,45 @@ from fractions import Fraction
 
 import numpy as np
 
+from kvsim.models.geometry import KVGeometry
 from kvsim.timing.backend_profile import (  # noqa: F401  (re-exported: callers import them from here)
     BACKEND_ALIASES, BACKENDS_PACKAGE, SPLIT_RULES, BackendProfile, backend_choices, builtin_backends, load_backend,
     load_profile_file, parse_profile)
 
-DEFAULT_PAGED_BACKEND = "vllm-paged-v1"
-DEFAULT_CONTIGUOUS_BACKEND = "contiguous"
 FP16_BYTES = 2
 V2_MAX_UNITS_FOR_SPLIT = 512  # vLLM: use_v1 when num_seqs * num_heads > 512 (PR #1348)
 V2_ALWAYS_SPLIT_ABOVE_TOKENS = 8192  # vLLM >= 0.3: contexts over 8,192 tokens always take v2
 
+# ``attention_backend: auto``: one kernel generation for every layout (paged, radix, contiguous,
+# buddy), so an allocator or page-size comparison is not a kernel comparison (docs/kernel_model.md,
+# "Selecting a backend", gives the sources for the choice).
+AUTO = "auto"
+AUTO_BACKEND = "flashinfer-paged"
+# ``attention_backend: auto-2023``: the rule ``auto`` followed before issue 23 -- paged layouts read
+# by the vLLM paper's 2023 kernel, contiguous ones by FlashAttention-2 (a kernel comparison).
+AUTO_2023 = "auto-2023"
+PAGED_2023_BACKEND = "vllm-paged-v1"  # the 2023 kernel (old name vllm-2023-paged)
+CONTIGUOUS_BACKEND = "contiguous"
+AUTO_NAMES = (AUTO, AUTO_2023)
+
+# The static geometry one launch reads is the run's KV geometry (one GPU's heads and layers).
+KVLayout = KVGeometry
+
+
+def resolve_backend(name: str, block_size: int | None) -> str:
+    """The backend a run uses for ``timing.attention_backend: name`` on a layout of ``block_size``
+    (None: contiguous KV): ``auto`` -> :data:`AUTO_BACKEND` for every layout; ``auto-2023`` -> the
+    2023 paged kernel for paged layouts and ``contiguous`` for contiguous ones; else ``name``."""
+    if name == AUTO:
+        return AUTO_BACKEND
+    if name == AUTO_2023:
+        return PAGED_2023_BACKEND if block_size else CONTIGUOUS_BACKEND
+    return name
+
 
 def default_backend(block_size: int | None) -> str:
-    """Paged allocators -> the vLLM-paper-era paged kernel; contiguous/buddy -> a contiguous kernel."""
-    return DEFAULT_PAGED_BACKEND if block_size else DEFAULT_CONTIGUOUS_BACKEND
-
-
-@dataclass(frozen=True)
-class KVLayout:
-    """Static geometry of the KV cache one launch reads."""
-
-    num_layers: int
-    num_kv_heads: int
-    num_query_heads: int
-    head_dim: int
-    kv_dtype: str
-    kv_bytes_per_token_layer: float  # stored bytes per token per layer, K and V, all kv heads (with scales)
-    block_size: int | None  # tokens per page; None = contiguous KV (one run per sequence)
-
-    @classmethod
-    def from_model(cls, model, kv_dtype: str, block_size: int | None) -> KVLayout:
-        return cls(model.num_layers, model.num_kv_heads, model.num_attention_heads, model.head_dim, kv_dtype,
-                   model.kv_bytes_per_token(kv_dtype) / model.num_layers, block_size)
+    """What ``auto`` resolves to on a layout of ``block_size`` (the same for every layout)."""
+    return resolve_backend(AUTO, block_size)
 
 
 def pages_or_estimate(num_seqs, kv_tokens, kv_pages, block_size: int | None):

@@ -16,6 +16,7 @@ import argparse
 from pathlib import Path
 
 from kvsim.hw import GPUS, MODELS
+from kvsim.models.geometry import KVGeometry
 from kvsim.timing.analytical import AnalyticalTiming, AnalyticalTimingConfig
 from kvsim.timing.base import BatchShape
 from kvsim.timing.context import TimingContext
@@ -39,7 +40,7 @@ def main() -> None:
         copies = blocks * copies_per_unit("per_layer_kv", model.num_layers)
         out_s = transfer_time_s(n * bpt, copies, link, "d2h")
         in_s = transfer_time_s(n * bpt, copies, link, "h2d")
-        ctx = TimingContext(model, gpu, "fp16", bpt, model.weight_bytes(), block, Path("."))
+        ctx = TimingContext(model, gpu, KVGeometry.from_model(model, "fp16", block), model.weight_bytes(), Path("."))
         t = AnalyticalTiming(AnalyticalTimingConfig(), ctx)
         prefill = t.step_time(BatchShape(num_seqs=1, num_prefill_seqs=1, num_decode_seqs=0, num_prefill_tokens=n,
                                          num_decode_tokens=0, kv_tokens_read=n, attention_pairs=n * (n + 1) // 2,

@@ -12,11 +12,12 @@ CPU_EXAMPLE = REPO / "calibration" / "cpu-example"
 def timing_context(model_name: str = "Llama-3-8B", kv_dtype: str = "fp16", block_size: int | None = 16,
                    gpu: str = "H200-141GB", base_dir: Path | None = None):
     from kvsim.hw import GPUS, MODELS
+    from kvsim.models.geometry import KVGeometry
     from kvsim.timing.context import TimingContext
 
     m = MODELS[model_name]
-    return TimingContext(model=m, gpu=GPUS[gpu], kv_dtype=kv_dtype, kv_bytes_per_token=m.kv_bytes_per_token(kv_dtype),
-                         weight_bytes=m.weight_bytes("bf16"), block_size=block_size,
+    return TimingContext(model=m, gpu=GPUS[gpu], kv=KVGeometry.from_model(m, kv_dtype, block_size),
+                         weight_bytes=m.weight_bytes("bf16"),
                          base_dir=base_dir if base_dir is not None else REPO)
 
 

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from helpers import make_scenario, make_trace
+from kvsim.models.geometry import KVGeometry
 from kvsim.kv.paged import CountingPagedAllocator, PagedAllocator, PagedAllocatorConfig
 from kvsim.kv.contiguous import ContiguousAllocator
 from kvsim.kv.protocol import (
@@ -158,9 +159,8 @@ def test_default_vectorisation_is_step_time_element_by_element():
     from kvsim.config import Scenario
 
     scn = make_scenario()
-    ctx = TimingContext(model=scn.model.spec(), gpu=scn.gpu.spec(), kv_dtype=scn.kv_dtype,
-                        kv_bytes_per_token=scn.kv_bytes_per_token, weight_bytes=scn.weight_bytes,
-                        block_size=16, base_dir=".")
+    ctx = TimingContext(model=scn.model.spec(), gpu=scn.gpu.spec(), kv=scn.kv_geometry().with_block_size(16),
+                        weight_bytes=scn.weight_bytes, base_dir=".")
     assert isinstance(scn, Scenario)
     native = AnalyticalTiming(AnalyticalTimingConfig(), ctx)
     pricer, is_native = decode_pricer(native)

@@ -198,6 +198,6 @@ def test_kv_bytes_read_total_counts_recompute_reads():
     r = res.requests[res.requests["status"] == "finished"]
     p, o = r["prompt_tokens"].to_numpy(), r["output_tokens"].to_numpy()
     tokens = int((p + (o - 1) * p + (o - 1) * o // 2).sum())
-    assert res.summary["kv_bytes_read_total"] == tokens * scn.kv_bytes_per_token
+    assert res.summary["kv_bytes_read_total"] == tokens * scn.kv_geometry().step_bytes_per_token
     fast = run(make_scenario(kv_budget={"tokens": 600}, timing=TIMING), trace=make_trace(rows))
     assert fast.summary["kv_bytes_read_total"] == res.summary["kv_bytes_read_total"]

@@ -79,7 +79,7 @@ def test_model_config_json_relative_to_the_scenario_file(tmp_path, monkeypatch):
     loaded = load_scenario(f)
     ds = loaded.variants["short"]
     assert ds.model.attention == "mla" and ds.model.max_model_len_tokens == 4096
-    assert ds.kv_bytes_per_token == 61 * 576  # fp8 latent, replicated on every tensor rank
+    assert ds.kv_geometry().bytes_per_token == 61 * 576  # fp8 latent, replicated on every tensor rank
     assert loaded.variants["mistral"].model.sliding_window_layers == 32
     assert loaded.variants["mistral"].model.name == "mistral"  # the file's name (a config.json: its folder's)
     assert "models/config.json" in ds.model.source
@@ -132,7 +132,7 @@ def test_cli_validate_with_a_config_json(tmp_path):
 
 def test_budget_beyond_the_gpu_is_refused_with_the_limit(tmp_path):
     s = Scenario.model_validate(base())
-    fits = s.derived_kv_budget_bytes() // s.kv_bytes_per_token
+    fits = s.derived_kv_budget_bytes() // s.kv_geometry().bytes_per_token
     Scenario.model_validate(base(kv_budget={"tokens": fits}))  # exactly what fits: accepted
     msg = error(write(tmp_path, base(kv_budget={"tokens": fits + 1})))
     assert "kv_budget.tokens" in msg and f"at most {fits:,} tokens" in msg and "H100-SXM-80GB" in msg

@@ -27,7 +27,7 @@ def summary(frag=None, bw=None, lat=None, conc=None, **extra) -> dict:
         if bw is not None:
             s["kv_access"]["hbm_bandwidth_utilisation"] = bw
         if lat is not None:
-            s["kv_access"]["mean_access_latency_ns"] = lat
+            s["kv_access"]["kv_load_latency_ns"] = lat
     if conc is not None:
         s["concurrency"]["max"] = conc
     s.update(extra)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from kvsim.models.geometry import KVGeometry
 from kvsim.hw import GPUS, MODELS
 from kvsim.timing import gemm
 from kvsim.timing.analytical import AnalyticalTiming, AnalyticalTimingConfig
@@ -17,8 +18,8 @@ MODEL = MODELS["Llama-2-7B"]
 
 
 def _ctx(model=MODEL, gpu=GPU, tensor=1, block=16):
-    return TimingContext(model, gpu, "fp16", model.kv_bytes_per_token("fp16") // tensor,
-                         model.weight_bytes() // tensor, block, Path("."), tensor_parallel=tensor)
+    return TimingContext(model, gpu, KVGeometry.for_gpu(model, "fp16", tensor, block_size=block),
+                         model.weight_bytes() // tensor, Path("."), tensor_parallel=tensor)
 
 
 def _decode(n, ctx_tokens):

@@ -17,9 +17,11 @@ def _run(capsys, *args) -> dict:
 
 
 def test_json_keys_and_consistency(capsys):
-    out = _run(capsys, "--block-size", "16")
+    out = _run(capsys, "--block-size", "16", "--backend", "auto-2023")
     assert tuple(out) == JSON_KEYS
     assert out["backend"] == "vllm-paged-v1" and out["block_size"] == 16
+    assert out["kv_load_latency_ns"] == pytest.approx(out["time_s"] / (32 * 1024 * 40) * 1e9)
+    assert _run(capsys, "--block-size", "16")["backend"] == "flashinfer-paged"  # auto
     assert out["pages_fetched"] == 32 * 64 * 40 * 40  # pages x kv heads x layers
     assert out["time_per_page_s"] == pytest.approx(out["time_s"] / out["pages_fetched"])
     assert out["bandwidth_utilisation"] == pytest.approx(out["kv_bytes"] / out["time_s"] / 2.039e12)
@@ -27,9 +29,9 @@ def test_json_keys_and_consistency(capsys):
 
 
 def test_contiguous_and_page_size_directions(capsys):
-    paged1 = _run(capsys, "--block-size", "1")
-    paged16 = _run(capsys, "--block-size", "16")
-    cont = _run(capsys, "--contiguous")
+    paged1 = _run(capsys, "--block-size", "1", "--backend", "auto-2023")
+    paged16 = _run(capsys, "--block-size", "16", "--backend", "auto-2023")
+    cont = _run(capsys, "--contiguous", "--backend", "auto-2023")
     assert cont["backend"] == "contiguous" and cont["block_size"] is None
     assert paged1["time_s"] > paged16["time_s"] > cont["time_s"]
     fi1 = _run(capsys, "--block-size", "1", "--backend", "flashinfer-paged")
@@ -45,8 +47,37 @@ def test_help_lists_json_keys(capsys):
         assert key in text
 
 
+def test_tensor_parallel_launch_is_one_gpus_heads(capsys):
+    one = _run(capsys, "--block-size", "16", "--backend", "vllm-2023-paged")
+    assert one["tensor"] == 1 and one["kv_heads_per_gpu"] == 40
+    prev = one
+    for t in (2, 4, 8):
+        out = _run(capsys, "--block-size", "16", "--backend", "vllm-2023-paged", "--tensor", str(t))
+        assert out["kv_heads_per_gpu"] == 40 // t and out["kv_bytes"] * t == one["kv_bytes"]
+        assert out["pages_fetched"] * t == one["pages_fetched"]
+        assert out["time_s"] < prev["time_s"]  # each GPU reads 1/T of the heads
+        prev = out
+    assert prev["time_s"] < 0.25 * one["time_s"]  # T = 8: launch costs keep it above 1/8
+
+
+def test_model_from_a_config_json(capsys, tmp_path):
+    import json as _json
+
+    cfg = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+           "max_position_embeddings": 8192}
+    f = tmp_path / "config.json"
+    f.write_text(_json.dumps(cfg))
+    assert main(["kernel", "--gpu", "H100-SXM-80GB", "--model", str(f), "--tensor", "2", "--batch", "8",
+                 "--context", "512", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kv_heads_per_gpu"] == 4 and out["kv_bytes"] == 8 * 512 * 32 * 2 * 4 * 128 * 2
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--gpu", "A100"], "did you mean 'A100-80GB'"),
+    (["--tensor", "3"], "--tensor: 3 does not divide"),
+    (["--model", "missing/config.json"], "--model:"),
     (["--model", "llama"], "valid:"),
     (["--backend", "flashinfer"], "--backend: unknown attention backend"),
 ])

@@ -20,15 +20,18 @@ def _steps(**cols):
 
 def test_kv_access_formulas():
     steps = _steps(attention_s=[0.001, 0.003], kv_bytes_read=[1_000_000, 3_000_000], kv_pages_read=[10, 30])
-    got = kv_access(steps, 2e12, fetches_per_page=4)
+    got = kv_access(steps, 2e12, fetches_per_page=4, bytes_per_token_layer=250)
     assert got["pages_fetched"] == 160
     assert got["hbm_bandwidth_utilisation"] == pytest.approx(4e6 / 0.004 / 2e12)
-    assert got["mean_access_latency_ns"] == pytest.approx(0.004 / 160 * 1e9)
+    # 4e6 bytes of 250 per (token, layer): 16,000 token-layers read in 4 ms
+    assert got["kv_load_latency_ns"] == pytest.approx(0.004 / 16_000 * 1e9)
+    assert got["page_fetch_time_ns"] == got["mean_access_latency_ns"] == pytest.approx(0.004 / 160 * 1e9)
 
 
 def test_kv_access_without_attention_time_reports_null():
-    got = kv_access(_steps(kv_bytes_read=[100], kv_pages_read=[3]), 2e12, 1)
+    got = kv_access(_steps(kv_bytes_read=[100], kv_pages_read=[3]), 2e12, 1, 10)
     assert got["hbm_bandwidth_utilisation"] is None and got["mean_access_latency_ns"] is None
+    assert got["kv_load_latency_ns"] is None and got["page_fetch_time_ns"] is None
     assert got["pages_fetched"] == 3
 
 
@@ -38,7 +41,10 @@ def test_every_timing_kind_has_the_headline_fields(timing):
     scn = make_scenario(timing=timing, kv_budget={"tokens": 96})
     s = run(scn, trace=TRACE, trace_report={}).summary
     assert set(s["kv_access"]) == {"attention_kernel_s", "kv_bytes_read", "pages_fetched",
-                                   "hbm_bandwidth_utilisation", "mean_access_latency_ns"}
+                                   "hbm_bandwidth_utilisation", "kv_load_latency_ns", "page_fetch_time_ns",
+                                   "mean_access_latency_ns", "attention_backend"}
+    want = {"constant": None, "analytical": timing.get("attention_backend", "flashinfer-paged")}
+    assert s["kv_access"]["attention_backend"] == want[timing["kind"]]
     assert s["kv_access"]["kv_bytes_read"] == s["kv_bytes_read_total"] > 0
     if timing["kind"] == "constant":
         assert s["kv_access"]["hbm_bandwidth_utilisation"] is None
@@ -58,3 +64,21 @@ def test_fragmentation_frac_is_waste_over_allocated():
     assert fc["fragmentation_frac"] > 0.5
     waste = fc["reservation_frac"] + fc["internal_frag_frac"] + fc["external_frag_frac"]
     assert fc["fragmentation_frac"] == pytest.approx(waste / (waste + fc["token_states_frac"]))
+
+
+def test_kv_load_latency_compares_layouts_and_page_sizes_the_right_way():
+    """The headline access latency is time per (token, layer) read: under the 2023 kernel block 1
+    is slower than block 16 per token, although its time per page fetch is far smaller."""
+    runs = {}
+    for label, alloc in {"b1": {"kind": "paged", "block_size": 1}, "b16": {"kind": "paged", "block_size": 16},
+                         "cont": {"kind": "contiguous", "reservation": "max"}}.items():
+        scn = make_scenario(allocator=alloc, kv_budget={"tokens": 4096},
+                            timing={"kind": "analytical", "attention_backend": "auto-2023"})
+        runs[label] = run(scn, trace=TRACE, trace_report={}).summary["kv_access"]
+    b1, b16, cont = runs["b1"], runs["b16"], runs["cont"]
+    assert b1["page_fetch_time_ns"] < b16["page_fetch_time_ns"]  # the old row: smaller pages look faster
+    assert b1["kv_load_latency_ns"] > b16["kv_load_latency_ns"] > cont["kv_load_latency_ns"]
+    assert [r["attention_backend"] for r in (b1, b16, cont)] == ["vllm-paged-v1"] * 2 + ["contiguous"]
+    for r in runs.values():  # lower latency per token-layer <=> higher bandwidth utilisation (same bytes)
+        assert r["kv_load_latency_ns"] * r["hbm_bandwidth_utilisation"] == pytest.approx(
+            b16["kv_load_latency_ns"] * b16["hbm_bandwidth_utilisation"], rel=1e-9)

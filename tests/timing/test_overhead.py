@@ -13,14 +13,14 @@ from kvsim.hw import GPUS, MODELS
 from kvsim.simulate import resolved_dict
 from kvsim.timing.analytical import AnalyticalTiming, AnalyticalTimingConfig
 from kvsim.timing.base import BatchShape, decode_shape
+from kvsim.models.geometry import KVGeometry
 from kvsim.timing.context import TimingContext
 from kvsim.timing.overhead import EngineOverheadConfig, StepOverhead
 
 
 def _timing(gemm_model="fitted", **overhead):
     m = MODELS["Llama-3-8B"]
-    ctx = TimingContext(m, GPUS["H100-SXM-80GB"], "bf16", m.kv_bytes_per_token("bf16"), m.weight_bytes(), 16,
-                        Path("."))
+    ctx = TimingContext(m, GPUS["H100-SXM-80GB"], KVGeometry.from_model(m, "bf16", 16), m.weight_bytes(), Path("."))
     cfg = AnalyticalTimingConfig(gemm_model=gemm_model, step_overhead_s=0.003,
                                  overhead=overhead or None)
     return AnalyticalTiming(cfg, ctx)

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from helpers import make_scenario, make_trace
+from kvsim.models.geometry import KVGeometry
 from kvsim.errors import ConfigError
 from kvsim.kv.paged import OffloadConfig, PagedAllocator, TierConfig
 from kvsim.kv.protocol import allocator_capabilities
@@ -69,9 +70,8 @@ def test_contiguous_layout_takes_fewer_copies_so_swaps_cost_less():
 
 
 def _ctx(scn, transfers=None):
-    return TimingContext(model=scn.model.spec(), gpu=scn.gpu.spec(), kv_dtype=scn.kv_dtype,
-                         kv_bytes_per_token=scn.kv_bytes_per_token, weight_bytes=scn.weight_bytes,
-                         block_size=16, base_dir=Path("."), host_transfers=transfers)
+    return TimingContext(model=scn.model.spec(), gpu=scn.gpu.spec(), kv=scn.kv_geometry().with_block_size(16),
+                         weight_bytes=scn.weight_bytes, base_dir=Path("."), host_transfers=transfers)
 
 
 def _shape(in_b, in_c, out_b, out_c, tier_s=0.0):

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvsim.models.geometry import KVGeometry
 from kvsim.hw import GPUS, MODELS
 from kvsim.timing.analytical import AnalyticalTiming, AnalyticalTimingConfig
 from kvsim.timing.base import SMALL_SUM_STEPS, DecodeParts, decode_shape, decode_totals
@@ -167,7 +168,7 @@ def test_kernel_tables_grow_and_stay_exact():
 def _timing(model="Llama-2-7B", block=16, gemm_model="fitted", backend="auto", comm=(0.0, 0.0), tp=1, dtype="fp16",
             gpu="A100-80GB", overhead=None):
     m = MODELS[model]
-    ctx = TimingContext(m, GPUS[gpu], dtype, m.kv_bytes_per_token(dtype) // tp, m.weight_bytes() // tp, block,
+    ctx = TimingContext(m, GPUS[gpu], KVGeometry.for_gpu(m, dtype, tp, block_size=block), m.weight_bytes() // tp,
                         Path("."), tensor_parallel=tp, comm_s_per_step=comm[0], comm_s_per_token=comm[1])
     return AnalyticalTiming(AnalyticalTimingConfig(gemm_model=gemm_model, attention_backend=backend,
                                                    overhead=overhead), ctx)

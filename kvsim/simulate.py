@@ -139,7 +139,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     rcfg = scn.replicas
     store = None
     if rcfg.shared_prefix_store is not None:
-        from kvsim.kv.paged import LowerTier
+        from kvsim.kv.tiers import LowerTier
 
         block_bytes = scn.kv_bytes_per_token * scn.allocator.block_size
         store = LowerTier("remote", rcfg.shared_prefix_store.capacity_bytes // block_bytes,

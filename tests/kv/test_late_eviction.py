@@ -209,7 +209,7 @@ def test_capabilities_are_checked_once_at_construction(late_policies):
     assert (caps.history_depth, caps.self_check, caps.reuse_order) == (4, True, False)
 
     alloc = PagedAllocator(8, 16, prefix_caching=True, eviction=ListLRUConfig())
-    assert alloc.pool_caps.history_depth == 1
+    assert alloc.blocks.caps.history_depth == 1
     alloc.check_invariants()  # runs without the pool's own check
     with pytest.raises(TypeError, match="cannot list its reuse order"):
         alloc.free_block_order()
@@ -217,7 +217,7 @@ def test_capabilities_are_checked_once_at_construction(late_policies):
         alloc.free_queue
     builtin = PagedAllocator(8, 16, prefix_caching=True)
     assert builtin.free_block_order() == list(range(8))
-    assert builtin.pool_caps.self_check and builtin.pool_caps.reuse_order
+    assert builtin.blocks.caps.self_check and builtin.blocks.caps.reuse_order
 
 
 def test_an_object_that_is_not_a_policy_is_refused_when_built():

@@ -344,11 +344,12 @@ class Scenario(StrictModel):
 
     def link_profile(self):
         """The host link copies are priced on: ``host_link``, else the legacy size-independent rate."""
-        from kvsim.timing.transfer import legacy_link
+        from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, legacy_link
 
         if self.host_link is not None:
             return self.host_link.link()
-        return legacy_link(getattr(self.timing, "host_link_bandwidth_bytes_per_s", 64e9))
+        rate = getattr(self.timing, "host_link_bandwidth_bytes_per_s", DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S)
+        return legacy_link(rate)
 
     @model_validator(mode="after")
     def _store_needs_prefix_cache(self):

@@ -25,7 +25,7 @@ from kvsim.kv.protocol import BeamCounters
 from kvsim.registry import ALLOCATORS, TIMING_MODELS
 from kvsim.sched.scheduler import Scheduler
 from kvsim.timing.context import TimingContext
-from kvsim.timing.transfer import HostTransfers
+from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, HostTransfers
 from kvsim.kv.protocol import HostLinkTiers
 from kvsim.trace.schema import Trace
 
@@ -169,7 +169,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
         sched = Scheduler(scn.scheduler, allocator, max_len,
                           want_context_lens=bool(getattr(timing, "needs_context_lens", False)),
                           kv_bytes_per_token=scn.kv_bytes_per_token,
-                          host_link_bandwidth_bytes_per_s=getattr(scn.timing, "host_link_bandwidth_bytes_per_s", 64e9),
+                          host_link_bandwidth_bytes_per_s=getattr(scn.timing, "host_link_bandwidth_bytes_per_s", DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S),
                           host_transfers=transfers, request_log=request_log, replica_index=i)
         replicas.append(Replica(i, sched, timing))
     scheduler = replicas[0].scheduler

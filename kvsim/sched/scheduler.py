@@ -50,7 +50,7 @@ from kvsim.sched.request import Request, RequestStatus, WaitingQueue, batch_toke
 from kvsim.sched.sink import RequestSink
 from kvsim.sched.victim import build_victim_policy
 from kvsim.timing.base import BatchShape
-from kvsim.timing.transfer import HostTransfers, legacy_transfers
+from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, HostTransfers, legacy_transfers
 
 @dataclass(slots=True)
 class _Step:
@@ -77,7 +77,7 @@ REJECT_BUDGET = "exceeds_batch_token_budget"
 class Scheduler:
     def __init__(self, cfg: SchedulerConfig, allocator: KVAllocator, max_model_len_tokens: int,
                  want_context_lens: bool = False, kv_bytes_per_token: int = 0,
-                 host_link_bandwidth_bytes_per_s: float = 64e9, host_transfers: HostTransfers | None = None,
+                 host_link_bandwidth_bytes_per_s: float = DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, host_transfers: HostTransfers | None = None,
                  *, request_log: RequestSink, replica_index: int = 0):
         self.cfg = cfg
         self.replica_index = replica_index  # the engine replica this scheduler plans for

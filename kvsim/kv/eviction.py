@@ -44,9 +44,12 @@ from pydantic import Field
 
 from kvsim.config_base import StrictModel
 from kvsim.kv.block_pool import FreeBlockQueue
-from kvsim.registry import Registry
+from kvsim.registry import Registry, policy_field
 
 EVICTION_POLICIES = Registry("eviction")
+# ``eviction:`` of an allocator: any kind registered in EVICTION_POLICIES when the scenario is
+# validated; a bare kind is shorthand for {kind: NAME}.
+EvictionConfig = policy_field(EVICTION_POLICIES, "lru")
 
 
 class BlockStats:
@@ -106,6 +109,12 @@ class LRUFreePool:
 
     def order(self) -> list[int]:
         return self.queue.all_free_blocks()
+
+    @staticmethod
+    def score(stats: BlockStats) -> tuple:
+        """LRU as a score (ScoredEviction), for a cache that orders by access history rather than by
+        a free queue: the radix tree, which refreshes a node's ``last_access`` when it is released."""
+        return (stats.last_access,)
 
     def check_invariants(self) -> None:
         self.queue.check_invariants()

@@ -46,20 +46,18 @@ from pydantic import Field, model_validator
 from kvsim.config_base import StrictModel
 from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, SampleGeometry, UsageSums, cdiv
 from kvsim.kv.beam import BeamTables
-from kvsim.kv.eviction import EVICTION_POLICIES, LRUEvictionConfig, LRUFreePool
+from kvsim.kv.eviction import EvictionConfig, LRUEvictionConfig, LRUFreePool
 from kvsim.kv.paged_counting import CountingPagedAllocator
 from kvsim.kv.paged_pool import BlockPool
 from kvsim.kv.paged_seqs import PagedCore
 from kvsim.kv.protocol import EvictionPolicy
 from kvsim.kv.tiers import LowerTier, LowerTiers, OffloadConfig, TierConfig
-from kvsim.registry import ALLOCATORS, policy_field
+from kvsim.registry import ALLOCATORS
 from kvsim.timing.transfer import HostTransfers, count_runs
 
 __all__ = ["CountingPagedAllocator", "LowerTier", "OffloadConfig", "PagedAllocator", "PagedAllocatorConfig",
            "TierConfig"]
 
-# Any kind registered in EVICTION_POLICIES when the scenario is validated; a bare kind is shorthand.
-EvictionConfig = policy_field(EVICTION_POLICIES, "lru")
 
 
 class PagedAllocatorConfig(StrictModel):

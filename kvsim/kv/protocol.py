@@ -263,6 +263,16 @@ class ReuseOrder(Protocol):
     def order(self) -> list[int]: ...
 
 
+@runtime_checkable
+class ScoredEviction(Protocol):
+    """``score(stats) -> tuple``: the policy's order as a key over a cached block's
+    :class:`~kvsim.kv.eviction.BlockStats` (lowest evicted first; ties by id). A tree-structured
+    cache (the radix allocator) orders its evictable leaves by it; without it the radix allocator
+    refuses the policy when it is built."""
+
+    def score(self, stats: BlockStats) -> tuple: ...
+
+
 @dataclass(frozen=True)
 class EvictionCapabilities:
     """What an eviction policy offers beyond :class:`EvictionPolicy`, checked once per allocator."""
@@ -270,6 +280,7 @@ class EvictionCapabilities:
     history_depth: int  # AccessHistoryDepth, else 1
     self_check: bool  # SelfCheckingPool
     reuse_order: bool  # ReuseOrder
+    scored: bool  # ScoredEviction
 
 
 _EVICTION_MEMBERS = ("num_free", "__contains__", "pop", "remove", "add")
@@ -285,4 +296,4 @@ def eviction_capabilities(pool: object) -> EvictionCapabilities:
     if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
         raise TypeError(f"{type(pool).__name__}.history_depth must be an int >= 1, got {depth!r}")
     return EvictionCapabilities(history_depth=depth, self_check=isinstance(pool, SelfCheckingPool),
-                                reuse_order=isinstance(pool, ReuseOrder))
+                                reuse_order=isinstance(pool, ReuseOrder), scored=isinstance(pool, ScoredEviction))

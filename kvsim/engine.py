@@ -45,6 +45,8 @@ from kvsim.fast.window import (
     window_means,
 )
 from kvsim.timing.base import (
+    TimingCapabilities,
+    timing_capabilities,
     DecodeStepPricer,
     ScalarDecodeSteps,
     TimingModel,
@@ -81,10 +83,13 @@ class Replica:
     """One serving engine in the model: its scheduler, timing model and clock. With a single
     replica this is simply "the engine"."""
 
-    def __init__(self, index: int, scheduler: Scheduler, timing: TimingModel):
+    def __init__(self, index: int, scheduler: Scheduler, timing: TimingModel,
+                 timing_caps: TimingCapabilities | None = None):
         self.index = index
         self.scheduler = scheduler
         self.timing = timing
+        # the timing model's optional members the build and summary use, checked once
+        self.timing_caps = timing_caps if timing_caps is not None else timing_capabilities(timing)
         self.now_s = 0.0  # this replica's exact clock (see Engine._advance_to)
         self.end_s = 0.0
         self.wakeup: simpy.Event | None = None
@@ -176,11 +181,10 @@ class Engine:
         self.max_window_steps = max_window_steps
         self._next_arrival_idx = 0
         self._block_keys = None
-        alloc = replicas[0].scheduler.allocator
-        if getattr(alloc, "prefix_caching", False) and trace.prefix_keys is not None:
+        if replicas[0].caps.prefix_caching and trace.prefix_keys is not None:
             from kvsim.trace.prefix import block_keys
 
-            self._block_keys = block_keys(trace, alloc.block_size)
+            self._block_keys = block_keys(trace, replicas[0].scheduler.allocator.block_size)
         self._priority = trace.priority
         self._samples = trace.num_samples
         self._arrivals_done = False

@@ -79,6 +79,18 @@ def _int_sum(values: np.ndarray) -> int:
     return sum(values.tolist()) if len(values) <= 64 else int(np.add.reduce(values))
 
 
+class UrgentTimeout(simpy.Event):
+    """A timeout scheduled at URGENT priority (``simpy.Timeout`` is always NORMAL): an arrival at the
+    same time as a step boundary is seen by that step's plan. It triggers itself as
+    ``simpy.Timeout`` does: already successful (value None) when scheduled."""
+
+    def __init__(self, env: simpy.Environment, delay: float):
+        super().__init__(env)
+        self._ok = True
+        self._value = None
+        env.schedule(self, URGENT, delay)
+
+
 class Replica:
     """One serving engine in the model: its scheduler, timing model and clock. With a single
     replica this is simply "the engine"."""
@@ -263,11 +275,7 @@ class Engine:
         for i in range(len(self.trace)):
             t = float(arr[i])
             if t > env.now:
-                # URGENT: at a tie with a step boundary the arrival is seen by that step's plan.
-                ev = env.event()
-                ev._ok, ev._value = True, None  # a plain scheduled event, as simpy.Timeout builds one
-                env.schedule(ev, URGENT, t - env.now)
-                yield ev
+                yield UrgentTimeout(env, t - env.now)
             rep, accepted = self._arrive(i)
             if accepted and rep.wakeup is not None and not rep.wakeup.triggered:
                 rep.wakeup.succeed()

@@ -40,7 +40,7 @@ def run(scenario: Scenario | LoadedScenario | str | Path, *, base_dir: Path | st
 
 
 def _run_all(loaded: LoadedScenario, base_dir: Path, check_invariants: bool) -> dict[str, RunResult]:
-    traces = _TraceCache(base_dir, str(loaded.path))
+    traces = TraceCache(base_dir, str(loaded.path))
     out = {}
     for name, scn in loaded.runs.items():
         trace, report = traces.get(scn)
@@ -49,7 +49,7 @@ def _run_all(loaded: LoadedScenario, base_dir: Path, check_invariants: bool) -> 
     return out
 
 
-class _TraceCache:
+class TraceCache:
     """Variants share one trace when their trace section, seed and max length agree."""
 
     def __init__(self, base_dir: Path, where: str = "scenario"):
@@ -209,7 +209,7 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
     runs = loaded.runs
     if out is not None:  # refuse a bad --out before the (possibly slow) trace loading
         check_out_dir(Path(out), "run", force=force, protect=[loaded.path])
-    traces = _TraceCache(base_dir, str(loaded.path))
+    traces = TraceCache(base_dir, str(loaded.path))
     built = {name: traces.get(scn) for name, scn in runs.items()}
     if out is None:
         out = default_out_dir(loaded, [r for _, r in built.values()])

@@ -82,14 +82,14 @@ def where_to_look(out: Path, plots: bool = True) -> str:
 
 
 def _cmd_validate(args) -> int:
-    from kvsim.api import _TraceCache
+    from kvsim.api import TraceCache
     from kvsim.config import load_scenario
     from kvsim.dropped import Dropped, predict_rejections, warnings_for
     from kvsim.simulate import build_allocator
 
     check_command_fits_file("validate", args.file)
     loaded = load_scenario(args.file, args.set or [])
-    traces = _TraceCache(loaded.path.parent, str(loaded.path))
+    traces = TraceCache(loaded.path.parent, str(loaded.path))
     dropped = {}
     for name, scn in loaded.runs.items():
         alloc, budget = build_allocator(scn, str(loaded.path))

@@ -343,13 +343,20 @@ class Scenario(StrictModel):
                              "(host_link replaces it with a per-copy latency and per-direction rates)")
         return self
 
+    def legacy_host_link_bandwidth(self) -> float:
+        """The size-independent host-link rate of a scenario without ``host_link:`` (the timing
+        config's ``host_link_bandwidth_bytes_per_s``, where its kind has one, else the default)."""
+        from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S
+
+        return getattr(self.timing, "host_link_bandwidth_bytes_per_s", DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S)
+
     def link_profile(self):
         """The host link copies are priced on: ``host_link``, else the legacy size-independent rate."""
         from kvsim.timing.transfer import legacy_link
 
         if self.host_link is not None:
             return self.host_link.link()
-        return legacy_link(getattr(self.timing, "host_link_bandwidth_bytes_per_s", 64e9))
+        return legacy_link(self.legacy_host_link_bandwidth())
 
     @model_validator(mode="after")
     def _store_needs_prefix_cache(self):

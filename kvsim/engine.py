@@ -45,6 +45,8 @@ from kvsim.fast.window import (
     window_means,
 )
 from kvsim.timing.base import (
+    TimingCapabilities,
+    timing_capabilities,
     DecodeStepPricer,
     ScalarDecodeSteps,
     TimingModel,
@@ -77,14 +79,29 @@ def _int_sum(values: np.ndarray) -> int:
     return sum(values.tolist()) if len(values) <= 64 else int(np.add.reduce(values))
 
 
+class UrgentTimeout(simpy.Event):
+    """A timeout scheduled at URGENT priority (``simpy.Timeout`` is always NORMAL): an arrival at the
+    same time as a step boundary is seen by that step's plan. It triggers itself as
+    ``simpy.Timeout`` does: already successful (value None) when scheduled."""
+
+    def __init__(self, env: simpy.Environment, delay: float):
+        super().__init__(env)
+        self._ok = True
+        self._value = None
+        env.schedule(self, URGENT, delay)
+
+
 class Replica:
     """One serving engine in the model: its scheduler, timing model and clock. With a single
     replica this is simply "the engine"."""
 
-    def __init__(self, index: int, scheduler: Scheduler, timing: TimingModel):
+    def __init__(self, index: int, scheduler: Scheduler, timing: TimingModel,
+                 timing_caps: TimingCapabilities | None = None):
         self.index = index
         self.scheduler = scheduler
         self.timing = timing
+        # the timing model's optional members the build and summary use, checked once
+        self.timing_caps = timing_caps if timing_caps is not None else timing_capabilities(timing)
         self.now_s = 0.0  # this replica's exact clock (see Engine._advance_to)
         self.end_s = 0.0
         self.wakeup: simpy.Event | None = None
@@ -176,11 +193,10 @@ class Engine:
         self.max_window_steps = max_window_steps
         self._next_arrival_idx = 0
         self._block_keys = None
-        alloc = replicas[0].scheduler.allocator
-        if getattr(alloc, "prefix_caching", False) and trace.prefix_keys is not None:
+        if replicas[0].caps.prefix_caching and trace.prefix_keys is not None:
             from kvsim.trace.prefix import block_keys
 
-            self._block_keys = block_keys(trace, alloc.block_size)
+            self._block_keys = block_keys(trace, replicas[0].scheduler.allocator.block_size)
         self._priority = trace.priority
         self._samples = trace.num_samples
         self._arrivals_done = False
@@ -259,11 +275,7 @@ class Engine:
         for i in range(len(self.trace)):
             t = float(arr[i])
             if t > env.now:
-                # URGENT: at a tie with a step boundary the arrival is seen by that step's plan.
-                ev = env.event()
-                ev._ok, ev._value = True, None  # a plain scheduled event, as simpy.Timeout builds one
-                env.schedule(ev, URGENT, t - env.now)
-                yield ev
+                yield UrgentTimeout(env, t - env.now)
             rep, accepted = self._arrive(i)
             if accepted and rep.wakeup is not None and not rep.wakeup.triggered:
                 rep.wakeup.succeed()

@@ -20,14 +20,14 @@ from kvsim.metrics.recorder import StepRecorder
 from kvsim.metrics.request_log import RequestLog
 from kvsim.metrics.requests import log_table
 from kvsim.metrics.summarize import summarize
+from kvsim.models.geometry import KVGeometry
 from kvsim.kv.beam import BeamModel
-from kvsim.kv.protocol import BeamCounters
 from kvsim.registry import ALLOCATORS, TIMING_MODELS
 from kvsim.sched.scheduler import Scheduler
 from kvsim.timing.base import AttentionBackendNamed
 from kvsim.timing.context import TimingContext
+from kvsim.timing.base import timing_capabilities
 from kvsim.timing.transfer import HostTransfers
-from kvsim.kv.protocol import HostLinkTiers
 from kvsim.trace.schema import Trace
 
 if TYPE_CHECKING:  # pandas is imported where used (import cost: tests/test_import_cost.py)
@@ -88,12 +88,12 @@ def host_transfers(scn: Scenario, where: str = "scenario") -> HostTransfers:
                          num_layers=scn.model.spec().num_layers, legacy=False)
 
 
-def _beam_counts(trace, allocators) -> tuple[int, int] | None:
+def _beam_counts(trace, replicas) -> tuple[int, int] | None:
     """(forks, copied tokens) summed over the replicas' allocators when the trace has beam-search
     requests (the summary's kv.beam_* keys), else None."""
     if trace.beam is None or not trace.beam.any():
         return None
-    counters = [a for a in allocators if isinstance(a, BeamCounters)]
+    counters = [r.scheduler.allocator for r in replicas if r.caps.beam_counters]
     return sum(a.beam_forks for a in counters), sum(a.beam_copied_tokens for a in counters)
 
 
@@ -128,6 +128,100 @@ def build_allocator(scn: Scenario, where: str = "scenario"):
     return ALLOCATORS.build(scn.allocator, capacity_tokens, bytes_per_token=bpt), budget
 
 
+def _shared_store(scn: Scenario):
+    """The prefix store all replicas share (``replicas.shared_prefix_store``), or None."""
+    cfg = scn.replicas.shared_prefix_store
+    if cfg is None:
+        return None
+    from kvsim.kv.tiers import LowerTier
+
+    block_bytes = scn.kv_geometry().bytes_per_token * scn.allocator.block_size
+    return LowerTier("remote", cfg.capacity_bytes // block_bytes, cfg.bandwidth_bytes_per_s, shared=True)
+
+
+def build_replica(scn: Scenario, index: int, base_dir: Path, transfers: HostTransfers, store, request_log: RequestLog,
+                  where: str) -> tuple[Replica, int, KVGeometry]:
+    """One engine replica (allocator, timing model, scheduler), its KV budget in bytes and the run's
+    KV geometry (the parallel plan's, with the allocator's page size; the same for every replica). The
+    plugins' capabilities are checked once here (``Scheduler.caps``, :func:`timing_capabilities`)."""
+    allocator, budget = build_allocator(scn, where)
+    par = scn.parallel_plan()  # one GPU: whole-model bytes, no communication
+    geometry = par.kv.with_block_size(allocator.block_size)
+    ctx = TimingContext(
+        model=scn.model.spec(), gpu=scn.gpu.spec(), kv=geometry, weight_bytes=par.weight_bytes_per_rank,
+        base_dir=base_dir,
+        tensor_parallel=par.tensor, pipeline_parallel=par.pipeline,
+        comm_s_per_step=par.comm_s_per_step, comm_s_per_token=par.comm_s_per_token,
+        host_transfers=transfers,
+    )
+    try:
+        timing = TIMING_MODELS.build(scn.timing, ctx)
+    except KvsimError as e:
+        raise type(e)(f"{where}: {e}") from None
+    timing_caps = timing_capabilities(timing)
+    sched = Scheduler(scn.scheduler, allocator, scn.model.max_model_len_tokens,
+                      want_context_lens=timing_caps.needs_context_lens,
+                      kv=geometry,
+                      host_link_bandwidth_bytes_per_s=scn.legacy_host_link_bandwidth(),
+                      host_transfers=transfers, request_log=request_log, replica_index=index)
+    if not transfers.legacy and sched.caps.host_link_tiers:
+        allocator.use_host_link(transfers)  # CPU-tier loads over the same link as swaps
+    if store is not None:
+        if not sched.caps.shared_store:
+            raise ConfigError(f"{where}: replicas.shared_prefix_store: allocator kind '{scn.allocator.kind}' "
+                              f"cannot use a shared prefix store (use kind paged with prefix_caching: true)")
+        allocator.attach_shared_store(store)
+    return Replica(index, sched, timing, timing_caps=timing_caps), budget, geometry
+
+
+def _check_token_budget(scn: Scenario, sched: Scheduler, where: str) -> None:
+    max_len = scn.model.max_model_len_tokens
+    if not scn.scheduler.chunked_prefill and sched.token_budget < max_len:
+        raise ConfigError(
+            f"{where}: scheduler.max_num_batched_tokens ({sched.token_budget}) is smaller than the model's "
+            f"max length ({max_len}); without chunked_prefill a long prompt could never be scheduled: raise it "
+            f"or set scheduler.chunked_prefill: true"
+        )
+
+
+def summary_inputs(scn: Scenario, trace: Trace, replicas: list[Replica], budgets: list[int], engine: Engine,
+                   recorder: StepRecorder, geometry: KVGeometry) -> dict:
+    """Everything :func:`summarize` needs besides the two tables, from all replicas at once (they
+    are built from one scenario: capacity, block size, budget and timing capabilities agree)."""
+    allocs = [r.scheduler.allocator for r in replicas]
+    per_replica = {(a.capacity_tokens, a.block_size, b, r.timing_caps) for a, b, r in zip(allocs, budgets, replicas)}
+    if len(per_replica) != 1:
+        raise RuntimeError(f"replicas of one scenario disagree on capacity/block size/budget/timing: {per_replica}")
+    capacity_tokens, block_size, budget, timing_caps = per_replica.pop()
+    return dict(
+        capacity_tokens=capacity_tokens, num_replicas=len(replicas),
+        prefix_caching=any(r.caps.prefix_caching for r in replicas),
+        offloaded_blocks=sum(a.offloaded_blocks for a, r in zip(allocs, replicas) if r.caps.offload_counter),
+        copy_bandwidth_bytes_per_s=timing_caps.copy_bandwidth_bytes_per_s,
+        kv=geometry, attention_backend=_attention_backend(replicas[0].timing),
+        budget_bytes=budget, end_s=engine.end_s, start_s=float(trace.arrival_s[0]) if len(trace) else 0.0,
+        itl=recorder.itl, slo=scn.slo.as_dict() if scn.slo is not None else None,
+        percentiles=tuple(scn.metrics.percentiles),
+        hbm_bandwidth_bytes_per_s=scn.gpu.hbm_bandwidth_bytes_per_s,
+        beam=_beam_counts(trace, replicas))
+
+
+def _step_recorder(geometry: KVGeometry, steps_path: Path | None) -> StepRecorder:
+    # In memory, step rows wait in Python lists until a flush turns them into a compact Arrow chunk:
+    # smaller flushes keep that buffer (~1.3 kB a row) small. Streamed to a file, the flush size is
+    # the parquet row-group size, which stays as it was (the file must not change).
+    return StepRecorder(geometry, path=steps_path,
+                        **({} if steps_path is not None else {"flush_every": IN_MEMORY_FLUSH_ROWS}))
+
+
+def _steps_table(box: list, steps_path: Path | None):
+    """The step table as a DataFrame, from the recorder's Arrow table (``box[0]``; the box holds the
+    only reference, so the Arrow columns are freed as they are copied) or, if None, the streamed file."""
+    if box[0] is None:
+        return steps_frame(_file_columns(steps_path))
+    return steps_frame(_table_columns(box))
+
+
 def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None, trace_report: dict | None = None,
         steps_path: Path | None = None, check_invariants: bool = False,
         progress: Callable[[int], None] | None = None, event_log: list | None = None,
@@ -136,62 +230,21 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     base_dir = Path(base_dir)
     if trace is None:
         trace, trace_report = build_trace(scn, base_dir)
-    max_len = scn.model.max_model_len_tokens
-    rcfg = scn.replicas
-    par = scn.parallel_plan()  # one GPU: the whole model's KV and weights, no communication
-    geometry = None  # the run's one KV geometry: the plan's, with the allocator's page size
-    store = None
-    if rcfg.shared_prefix_store is not None:
-        from kvsim.kv.paged import LowerTier
-
-        block_bytes = par.kv.bytes_per_token * scn.allocator.block_size
-        store = LowerTier("remote", rcfg.shared_prefix_store.capacity_bytes // block_bytes,
-                          rcfg.shared_prefix_store.bandwidth_bytes_per_s, shared=True)
-    replicas = []
     request_log = RequestLog()  # every replica writes each request's row here when it ends
     transfers = host_transfers(scn, where)
-    for i in range(rcfg.count):
-        allocator, budget = build_allocator(scn, where)
-        if not transfers.legacy and isinstance(allocator, HostLinkTiers):
-            allocator.use_host_link(transfers)  # CPU-tier loads over the same link as swaps
-        if store is not None:
-            allocator.attach_shared_store(store)
-        if geometry is None:  # every replica's allocator has the same page size
-            geometry = par.kv.with_block_size(allocator.block_size)
-        ctx = TimingContext(
-            model=scn.model.spec(), gpu=scn.gpu.spec(), kv=geometry, weight_bytes=par.weight_bytes_per_rank,
-            base_dir=base_dir,
-            tensor_parallel=par.tensor, pipeline_parallel=par.pipeline,
-            comm_s_per_step=par.comm_s_per_step, comm_s_per_token=par.comm_s_per_token,
-            host_transfers=transfers,
-        )
-        try:
-            timing = TIMING_MODELS.build(scn.timing, ctx)
-        except KvsimError as e:
-            raise type(e)(f"{where}: {e}") from None
-        sched = Scheduler(scn.scheduler, allocator, max_len,
-                          want_context_lens=bool(getattr(timing, "needs_context_lens", False)),
-                          kv=geometry,
-                          host_link_bandwidth_bytes_per_s=getattr(scn.timing, "host_link_bandwidth_bytes_per_s", 64e9),
-                          host_transfers=transfers, request_log=request_log, replica_index=i)
-        replicas.append(Replica(i, sched, timing))
-    scheduler = replicas[0].scheduler
-    if not scn.scheduler.chunked_prefill and scheduler.token_budget < max_len:
-        raise ConfigError(
-            f"{where}: scheduler.max_num_batched_tokens ({scheduler.token_budget}) is smaller than the model's "
-            f"max length ({max_len}); without chunked_prefill a long prompt could never be scheduled: raise it "
-            f"or set scheduler.chunked_prefill: true"
-        )
-    # In memory, step rows wait in Python lists until a flush turns them into a compact Arrow chunk:
-    # smaller flushes keep that buffer (~1.3 kB a row) small. Streamed to a file, the flush size is
-    # the parquet row-group size, which stays as it was (the file must not change).
-    recorder = StepRecorder(geometry, path=steps_path,
-                            **({} if steps_path is not None else {"flush_every": IN_MEMORY_FLUSH_ROWS}))
-    engine = Engine(trace, recorder=recorder, max_model_len_tokens=max_len, check_invariants=check_invariants,
+    store = _shared_store(scn)
+    built = [build_replica(scn, i, base_dir, transfers, store, request_log, where) for i in range(scn.replicas.count)]
+    replicas, budgets = [r for r, _, _ in built], [b for _, b, _ in built]
+    geometry = built[0][2]  # the run's one KV geometry: the plan's, with the allocator's page size
+    del built
+    _check_token_budget(scn, replicas[0].scheduler, where)
+    recorder = _step_recorder(geometry, steps_path)
+    engine = Engine(trace, recorder=recorder, max_model_len_tokens=scn.model.max_model_len_tokens,
+                    check_invariants=check_invariants,
                     limits=EngineLimits(scn.limits.max_sim_time_s, scn.limits.max_wall_time_s),
                     progress=progress, event_log=event_log, mode=scn.engine.mode,
                     max_window_steps=scn.engine.max_window_steps, replicas=replicas,
-                    router=Router(rcfg.router, [r.scheduler for r in replicas]), shared_store=store is not None,
+                    router=Router(scn.replicas.router, [r.scheduler for r in replicas]), shared_store=store is not None,
                     beam_model=BeamModel(scn.beam_search.fork_prob, scn.seed))
     wall0 = time.perf_counter()
     try:
@@ -202,30 +255,18 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     # Take what the summary needs from the engine, build the request table, then let the engine go
     # (schedulers, allocators, queues, the recorder's step chunks) before the step table is
     # converted: at a million requests each of these is tens to hundreds of MB.
-    summary_args = dict(
-        capacity_tokens=allocator.capacity_tokens, num_replicas=rcfg.count,
-        prefix_caching=bool(getattr(allocator, "prefix_caching", False)),
-        offloaded_blocks=sum(getattr(r.scheduler.allocator, "offloaded_blocks", 0) for r in replicas),
-        copy_bandwidth_bytes_per_s=getattr(timing, "copy_bandwidth_bytes_per_s", None),
-        kv=geometry, attention_backend=_attention_backend(timing),
-        budget_bytes=budget, end_s=engine.end_s, start_s=float(trace.arrival_s[0]) if len(trace) else 0.0,
-        itl=recorder.itl, slo=scn.slo.as_dict() if scn.slo is not None else None,
-        percentiles=tuple(scn.metrics.percentiles),
-        hbm_bandwidth_bytes_per_s=scn.gpu.hbm_bandwidth_bytes_per_s,
-        beam=_beam_counts(trace, [r.scheduler.allocator for r in replicas]))
+    summary_args = summary_inputs(scn, trace, replicas, budgets, engine, recorder, geometry)
     engine_rows = recorder.num_rows
     # Finished and rejected requests are rows of ``request_log`` already; a run that ends normally
     # leaves no other request (a limit stops it with an error).
     unfinished = [r for rep in replicas for r in _unfinished(rep.scheduler)]
-    del engine, replicas, scheduler, sched, allocator, timing, recorder, store
+    del engine, replicas, recorder, store
     reqs = log_table(request_log, unfinished)
     del unfinished, request_log
-    if table is None:
-        steps = steps_frame(_file_columns(steps_path))
-    else:
-        box = [table]
-        del table  # the box holds the only reference: the Arrow columns are freed as they are copied
-        steps = steps_frame(_table_columns(box))
+    box = [table]
+    del table
+    steps = _steps_table(box, steps_path)
+    del box
     summary = summarize(reqs, steps, **summary_args)
     _add_prefix_ideal(summary, trace, geometry.block_size)
     return RunResult(name=str(scn.name), scenario=scn, requests=reqs,

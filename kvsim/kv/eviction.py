@@ -44,9 +44,12 @@ from pydantic import Field
 
 from kvsim.config_base import StrictModel
 from kvsim.kv.block_pool import FreeBlockQueue
-from kvsim.registry import Registry
+from kvsim.registry import Registry, policy_field
 
 EVICTION_POLICIES = Registry("eviction")
+# ``eviction:`` of an allocator: any kind registered in EVICTION_POLICIES when the scenario is
+# validated; a bare kind is shorthand for {kind: NAME}.
+EvictionConfig = policy_field(EVICTION_POLICIES, "lru")
 
 
 class BlockStats:
@@ -106,6 +109,12 @@ class LRUFreePool:
 
     def order(self) -> list[int]:
         return self.queue.all_free_blocks()
+
+    @staticmethod
+    def score(stats: BlockStats) -> tuple:
+        """LRU as a score (ScoredEviction), for a cache that orders by access history rather than by
+        a free queue: the radix tree, which refreshes a node's ``last_access`` when it is released."""
+        return (stats.last_access,)
 
     def check_invariants(self) -> None:
         self.queue.check_invariants()
@@ -198,27 +207,21 @@ class PriorityEvictionConfig(StrictModel):
 NEG_INF = float("-inf")
 
 
-def make_pool(cfg, num_blocks: int):
-    """The factory of the built-in kinds: the free pool (an EvictionPolicy) for an eviction config."""
-    kind = cfg.kind
-    if kind == "lru":
-        return LRUFreePool(num_blocks)
-    if kind == "fifo":
-        return PolicyFreePool(num_blocks, lambda s: (s.first_cached,))
-    if kind == "lfu":
-        return PolicyFreePool(num_blocks, lambda s: (s.accesses, s.last_access))
-    if kind == "lru-k":
-        k = cfg.k
+def _lru_k_pool(cfg: LRUKEvictionConfig, num_blocks: int) -> PolicyFreePool:
+    k = cfg.k
 
-        def lru_k(s: BlockStats):
-            kth = s.history[0] if len(s.history) >= k else NEG_INF
-            return (kth, s.last_access)
+    def lru_k(s: BlockStats):
+        kth = s.history[0] if len(s.history) >= k else NEG_INF
+        return (kth, s.last_access)
 
-        return PolicyFreePool(num_blocks, lru_k, history_depth=k)
-    if kind == "priority":
-        return PolicyFreePool(num_blocks, lambda s: (s.max_priority, s.users, s.last_access))
-    raise ValueError(f"unknown eviction kind {kind!r}")
+    return PolicyFreePool(num_blocks, lru_k, history_depth=k)
 
 
-for _cls in (LRUEvictionConfig, FIFOEvictionConfig, LFUEvictionConfig, LRUKEvictionConfig, PriorityEvictionConfig):
-    EVICTION_POLICIES.register(_cls.model_fields["kind"].default, _cls, make_pool)
+# The built-in kinds: each registered with the factory of its own pool (the registry chose the kind).
+for _cls, _factory in (
+        (LRUEvictionConfig, lambda cfg, n: LRUFreePool(n)),
+        (FIFOEvictionConfig, lambda cfg, n: PolicyFreePool(n, lambda s: (s.first_cached,))),
+        (LFUEvictionConfig, lambda cfg, n: PolicyFreePool(n, lambda s: (s.accesses, s.last_access))),
+        (LRUKEvictionConfig, _lru_k_pool),
+        (PriorityEvictionConfig, lambda cfg, n: PolicyFreePool(n, lambda s: (s.max_priority, s.users, s.last_access)))):
+    EVICTION_POLICIES.register(_cls.model_fields["kind"].default, _cls, _factory)

@@ -158,6 +158,31 @@ class BeamCounters(Protocol):
     beam_copied_tokens: int
 
 
+@runtime_checkable
+class PrefixCaching(Protocol):
+    """``prefix_caching``: whether the allocator reuses cached blocks by content (the engine then
+    computes each request's block keys, and the summary reports the prefix cache)."""
+
+    prefix_caching: bool
+
+
+@runtime_checkable
+class OffloadCounter(Protocol):
+    """``offloaded_blocks``: evicted blocks whose content went to a lower tier (the summary's
+    ``prefix_cache.offloaded_blocks``)."""
+
+    offloaded_blocks: int
+
+
+@runtime_checkable
+class SharedStoreTiers(Protocol):
+    """``attach_shared_store(store)``: add a prefix store shared by replicas (a
+    :class:`kvsim.kv.tiers.LowerTier`) as the last tier; called once at build time when
+    ``replicas.shared_prefix_store`` is given."""
+
+    def attach_shared_store(self, store) -> None: ...
+
+
 @dataclass(frozen=True)
 class AllocatorCapabilities:
     """What an allocator offers beyond :class:`KVAllocator`, checked once per run."""
@@ -169,10 +194,16 @@ class AllocatorCapabilities:
     eviction_counter: bool  # EvictionCounter
     block_runs: bool = False  # BlockRuns
     decode_steps: bool = False  # BulkDecodeSteps (with decode_group): window runs in one call
+    prefix_caching: bool = False  # PrefixCaching, and its prefix_caching is true
+    offload_counter: bool = False  # OffloadCounter
+    shared_store: bool = False  # SharedStoreTiers
+    host_link_tiers: bool = False  # HostLinkTiers
+    beam_counters: bool = False  # BeamCounters
 
     def describe(self) -> str:
         on = [name for name in ("windows", "decode_group", "bulk_slots", "prefix_peek", "eviction_counter",
-                                                "block_runs", "decode_steps")
+                                "block_runs", "decode_steps", "prefix_caching", "offload_counter", "shared_store",
+                                "host_link_tiers", "beam_counters")
               if getattr(self, name)]
         return ", ".join(on) or "none"
 
@@ -198,6 +229,11 @@ def allocator_capabilities(alloc: object) -> AllocatorCapabilities:
         eviction_counter=isinstance(alloc, EvictionCounter),
         block_runs=isinstance(alloc, BlockRuns),
         decode_steps=decode_group and isinstance(alloc, BulkDecodeSteps),
+        prefix_caching=isinstance(alloc, PrefixCaching) and bool(alloc.prefix_caching),
+        offload_counter=isinstance(alloc, OffloadCounter),
+        shared_store=isinstance(alloc, SharedStoreTiers),
+        host_link_tiers=isinstance(alloc, HostLinkTiers),
+        beam_counters=isinstance(alloc, BeamCounters),
     )
     log.debug("allocator %s capabilities: %s", type(alloc).__name__, caps.describe())
     return caps
@@ -263,6 +299,16 @@ class ReuseOrder(Protocol):
     def order(self) -> list[int]: ...
 
 
+@runtime_checkable
+class ScoredEviction(Protocol):
+    """``score(stats) -> tuple``: the policy's order as a key over a cached block's
+    :class:`~kvsim.kv.eviction.BlockStats` (lowest evicted first; ties by id). A tree-structured
+    cache (the radix allocator) orders its evictable leaves by it; without it the radix allocator
+    refuses the policy when it is built."""
+
+    def score(self, stats: BlockStats) -> tuple: ...
+
+
 @dataclass(frozen=True)
 class EvictionCapabilities:
     """What an eviction policy offers beyond :class:`EvictionPolicy`, checked once per allocator."""
@@ -270,6 +316,7 @@ class EvictionCapabilities:
     history_depth: int  # AccessHistoryDepth, else 1
     self_check: bool  # SelfCheckingPool
     reuse_order: bool  # ReuseOrder
+    scored: bool  # ScoredEviction
 
 
 _EVICTION_MEMBERS = ("num_free", "__contains__", "pop", "remove", "add")
@@ -285,4 +332,4 @@ def eviction_capabilities(pool: object) -> EvictionCapabilities:
     if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
         raise TypeError(f"{type(pool).__name__}.history_depth must be an int >= 1, got {depth!r}")
     return EvictionCapabilities(history_depth=depth, self_check=isinstance(pool, SelfCheckingPool),
-                                reuse_order=isinstance(pool, ReuseOrder))
+                                reuse_order=isinstance(pool, ReuseOrder), scored=isinstance(pool, ScoredEviction))

@@ -31,9 +31,14 @@ Semantics:
 * **Free.** A request's path nodes are unlocked and stamped with the release time (SGLang's
   ``cache_finished_req`` inserts, refreshing ``last_access_time`` along the path); its pages
   beyond the tree (the partial last page, unwritten reservation) go to the free list, tail first.
-* **Eviction (LRU).** A new page comes from the free pages first (never-used pages in id order,
-  then freed pages in the order they were freed); when none is left, pages are evicted from the
-  unlocked *leaf* with the oldest last access (ties: lower node id), from the tail of its edge.
+* **Eviction (LRU by default).** A new page comes from the free pages first (never-used pages in
+  id order, then freed pages in the order they were freed); when none is left, pages are evicted
+  from the unlocked *leaf* with the lowest eviction score (ties: lower node id), from the tail of
+  its edge. The score is the eviction policy's (``eviction:``, the same registry and seam as the
+  paged allocator's, :mod:`kvsim.kv.eviction`; the ScoredEviction capability) over the node's
+  :class:`~kvsim.kv.eviction.BlockStats`: LRU = oldest last access, and so on. A node's history
+  counts the admissions that used it (the one that inserted it included) and its last access is
+  refreshed when a request releases it (SGLang's ``cache_finished_req``).
   A leaf whose edge empties is removed and its parent becomes a candidate. SGLang frees a whole
   leaf node at once (over-evicting up to one edge); here eviction is page-granular, so exactly as
   many pages are evicted as are needed. "Time" is a logical counter advanced by every admission
@@ -51,13 +56,14 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections import deque
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import AliasChoices, BeforeValidator, Field
+from pydantic import AliasChoices, Field
 
 from kvsim.config_base import StrictModel
 from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, SlotLedger, UsageSums, cdiv
-from kvsim.kv.eviction import LRUEvictionConfig
+from kvsim.kv.eviction import EVICTION_POLICIES, BlockStats, EvictionConfig, LRUEvictionConfig
+from kvsim.kv.protocol import eviction_capabilities
 from kvsim.registry import ALLOCATORS
 
 _UNIQUE_BASE = 1 << 64  # unique keys live above the int64 range of trace keys
@@ -69,41 +75,40 @@ def unique_key(request_id: int, k: int) -> int:
     return _UNIQUE_BASE + (request_id << 32) + k
 
 
-def _lru_only(value):
-    """``eviction:`` of the radix allocator: ``lru`` (shorthand, as for the paged allocator) or
-    ``{kind: lru}``; any other kind is refused with a message saying why."""
-    kind = value if isinstance(value, str) else value.get("kind", "lru") if isinstance(value, dict) else None
-    if kind is not None and kind != "lru":
-        raise ValueError(f"the radix allocator supports eviction kind 'lru' only (its tree evicts least "
-                         f"recently used leaves), got {kind!r}")
-    return {"kind": value} if isinstance(value, str) else value
-
-
 class RadixAllocatorConfig(StrictModel):
     kind: Literal["radix"] = "radix"
     block_size: int = Field(1, ge=1, le=512, validation_alias=AliasChoices("block_size", "page_size"),
                             description="tokens per page (SGLang: 1; page_size: deprecated alias)")
     watermark: float = Field(0.0, ge=0, lt=1, description="fraction of pages kept free at admission")
-    eviction: Annotated[LRUEvictionConfig, BeforeValidator(_lru_only)] = Field(
-        default_factory=LRUEvictionConfig, description="cached pages: least recently used leaves first "
-                                                       "(lru or {kind: lru}, the only kind)")
+    eviction: EvictionConfig = Field(  # type: ignore[valid-type]
+        default_factory=LRUEvictionConfig,
+        description="which unlocked leaf is evicted first: lru | fifo | lfu | lru-k | priority, or any registered "
+                    "kind with a score (kvsim/kv/eviction.py); {kind: NAME, ...} or NAME")
 
 
 class _Node:
-    __slots__ = ("id", "parent", "children", "keys", "pages", "lock", "last_access", "alive")
+    __slots__ = ("id", "parent", "children", "keys", "pages", "lock", "stats", "alive")
 
-    def __init__(self, nid: int, parent, keys: list, pages: array, lock: int, last_access: int):
+    def __init__(self, nid: int, parent, keys: list, pages: array, lock: int, stats: BlockStats):
         self.id = nid
         self.parent = parent
         self.children: dict = {}
         self.keys = keys
         self.pages = pages
         self.lock = lock
-        self.last_access = last_access
+        self.stats = stats  # access history of the node's content (what the eviction score reads)
         self.alive = True
 
     def __repr__(self) -> str:
-        return f"_Node(id={self.id}, pages={list(self.pages)}, lock={self.lock}, t={self.last_access})"
+        return f"_Node(id={self.id}, pages={list(self.pages)}, lock={self.lock}, t={self.stats.last_access})"
+
+
+def _copy_stats(s: BlockStats) -> BlockStats:
+    """The upper half of a split edge has the same content history as the whole edge had."""
+    c = BlockStats(s.first_cached, s.history.maxlen)
+    c.accesses, c.last_access, c.max_priority, c.users = s.accesses, s.last_access, s.max_priority, s.users
+    c.history.extend(s.history)
+    return c
 
 
 class _ReqState:
@@ -139,20 +144,25 @@ class RadixAllocator:
         if not 1 <= block_size <= 512:
             raise ValueError(f"block_size must be in [1, 512], got {block_size}")
         eviction = eviction or LRUEvictionConfig()
-        if eviction.kind != "lru":
-            raise ValueError(f"the radix allocator supports eviction kind 'lru' only, got {eviction.kind!r}")
+        policy = EVICTION_POLICIES.build(eviction, 0)  # the tree keeps no free queue: only the score is used
+        caps = eviction_capabilities(policy)  # checked once; TypeError if not a policy
+        if not caps.scored:
+            raise ValueError(f"eviction kind {eviction.kind!r} has no score(stats) (ScoredEviction), which the "
+                             f"radix allocator orders its evictable leaves by")
+        self._score = policy.score
+        self._history_k = caps.history_depth
         self.num_pages = num_pages
         self.block_size = block_size  # tokens per page (SGLang's page_size)
         self.capacity_tokens = num_pages * block_size
         self.watermark = watermark
         self.watermark_pages = int(watermark * num_pages)
-        self.eviction_kind = "lru"
+        self.eviction_kind = eviction.kind
         self._next_id = 1
         self._num_nodes = 0  # tree nodes, root excluded
-        self.root = _Node(0, None, [], array("q"), 0, 0)
+        self.root = _Node(0, None, [], array("q"), 0, BlockStats(0, self._history_k))
         self._fresh = 0  # pages >= _fresh were never used (free, in id order)
         self._recycled: deque[int] = deque()  # freed pages without content, in free order
-        self._heap: list[tuple[int, int, _Node]] = []  # (last_access, node id, node): leaf candidates
+        self._heap: list[tuple[tuple, int, _Node]] = []  # (score, node id, node): leaf candidates
         self._state: dict[int, _ReqState] = {}
         self._qcache: dict[int, tuple[object, list]] = {}  # request -> (block_keys object, key list)
         self._memo = None  # last match: (request id, max_hit, version, result)
@@ -217,7 +227,8 @@ class RadixAllocator:
     def eviction_order(self) -> list[int]:
         """Cached unlocked pages in the order they would be evicted, without evicting (for tests)."""
         order: list[int] = []
-        heap = [(n.last_access, n.id, n) for n in self._iter_nodes() if self._evictable_leaf(n)]
+        score = self._score
+        heap = [(score(n.stats), n.id, n) for n in self._iter_nodes() if self._evictable_leaf(n)]
         heapq.heapify(heap)
         remaining_children = {}
         while heap:
@@ -228,7 +239,7 @@ class RadixAllocator:
                 left = remaining_children.get(p.id, len(p.children)) - 1
                 remaining_children[p.id] = left
                 if left == 0:
-                    heapq.heappush(heap, (p.last_access, p.id, p))
+                    heapq.heappush(heap, (score(p.stats), p.id, p))
         return order
 
     def tree_paths(self) -> list[tuple[list[int], int]]:
@@ -317,8 +328,10 @@ class RadixAllocator:
         else:
             self._shared_extra -= len(node.pages)
 
-    def _new_node(self, parent: _Node, keys: list, pages: array, lock: int) -> _Node:
-        node = _Node(self._next_id, parent, keys, pages, lock, self._tick)
+    def _new_node(self, parent: _Node, keys: list, pages: array, lock: int, priority: int) -> _Node:
+        stats = BlockStats(self._tick, self._history_k)
+        stats.touch(self._tick, priority)  # the inserting request's use
+        node = _Node(self._next_id, parent, keys, pages, lock, stats)
         self._next_id += 1
         self._num_nodes += 1
         parent.children[keys[0]] = node
@@ -327,7 +340,7 @@ class RadixAllocator:
     def _split(self, node: _Node, j: int) -> _Node:
         """Split ``node``'s edge after ``j`` pages; returns the new upper node (``node`` keeps its
         identity, children and heap entries as the lower part). Totals do not change."""
-        upper = _Node(self._next_id, node.parent, node.keys[:j], node.pages[:j], node.lock, node.last_access)
+        upper = _Node(self._next_id, node.parent, node.keys[:j], node.pages[:j], node.lock, _copy_stats(node.stats))
         self._next_id += 1
         self._num_nodes += 1
         node.parent.children[upper.keys[0]] = upper
@@ -343,7 +356,7 @@ class RadixAllocator:
 
     def _push_if_leaf(self, node: _Node) -> None:
         if self._evictable_leaf(node):
-            heapq.heappush(self._heap, (node.last_access, node.id, node))
+            heapq.heappush(self._heap, (self._score(node.stats), node.id, node))
 
     def _evict(self, n: int) -> list[int]:
         """Evict ``n`` cached pages (LRU leaves, tail first); the caller checked they exist."""
@@ -351,7 +364,7 @@ class RadixAllocator:
         heap = self._heap
         while len(out) < n:
             t, _, leaf = heap[0]
-            if not self._evictable_leaf(leaf) or leaf.last_access != t:
+            if not self._evictable_leaf(leaf) or self._score(leaf.stats) != t:
                 heapq.heappop(heap)
                 continue
             size = len(leaf.pages)
@@ -374,7 +387,8 @@ class RadixAllocator:
         return out
 
     def _compact_heap(self) -> None:
-        self._heap = [e for e in self._heap if self._evictable_leaf(e[2]) and e[2].last_access == e[0]]
+        score = self._score
+        self._heap = [e for e in self._heap if self._evictable_leaf(e[2]) and score(e[2].stats) == e[0]]
         heapq.heapify(self._heap)
 
     def _take(self, n: int) -> list[int]:
@@ -410,7 +424,7 @@ class RadixAllocator:
                 path[-1] = (self._split(last, j), j)
             for node, _ in path:
                 self._lock(node)
-                node.last_access = self._tick
+                node.stats.touch(self._tick, req.priority)
                 table.extend(node.pages)
         table.extend(self._take(total - m))  # hits are locked first: eviction cannot take them
         self._state[rid] = _ReqState(req, table, node, m)
@@ -458,7 +472,7 @@ class RadixAllocator:
                     self._recycled.append(table[k + t])
                     table[k + t] = child.pages[t]
                 self._lock(child)
-                child.last_access = self._tick
+                child.stats.touch(self._tick, st.req.priority)
                 st.node = child
                 k += j
             else:
@@ -466,7 +480,7 @@ class RadixAllocator:
                     node.keys.extend(q[k:full])  # the request's own leaf grows
                     node.pages.extend(table[k:full])
                 else:
-                    st.node = self._new_node(node, q[k:full], array("q", table[k:full]), 1)
+                    st.node = self._new_node(node, q[k:full], array("q", table[k:full]), 1, st.req.priority)
                 k = full
         st.plen = full
 
@@ -483,7 +497,7 @@ class RadixAllocator:
         node = st.node
         deepest = node
         while node.parent is not None:
-            node.last_access = self._tick
+            node.stats.last_access = self._tick  # released: a refresh, not a use
             self._unlock(node)
             node = node.parent
         self._push_if_leaf(deepest)
@@ -574,7 +588,7 @@ class RadixAllocator:
             f"pages leaked: {len(where)} cached + {len(private)} private + {self.num_empty_pages} free "
             f"!= {self.num_pages}")
         # every evictable leaf is reachable from the eviction heap
-        live = {e[2].id for e in self._heap if self._evictable_leaf(e[2]) and e[2].last_access == e[0]}
+        live = {e[2].id for e in self._heap if self._evictable_leaf(e[2]) and self._score(e[2].stats) == e[0]}
         for n in nodes:
             if self._evictable_leaf(n):
                 assert n.id in live, f"evictable leaf {n.id} missing from the eviction heap"

@@ -43,7 +43,7 @@ import numpy as np
 
 from kvsim.models.geometry import KVGeometry
 from kvsim.kv.base import KVRequest
-from kvsim.kv.protocol import KVAllocator, allocator_capabilities
+from kvsim.kv.protocol import KVAllocator, WindowAllocator, allocator_capabilities
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.fastpath import DecodeFastPath
 from kvsim.sched.plan import StepPlan
@@ -51,7 +51,7 @@ from kvsim.sched.request import Request, RequestStatus, WaitingQueue, batch_toke
 from kvsim.sched.sink import RequestSink
 from kvsim.sched.victim import build_victim_policy
 from kvsim.timing.base import BatchShape
-from kvsim.timing.transfer import HostTransfers, legacy_transfers
+from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, HostTransfers, legacy_transfers
 
 @dataclass(slots=True)
 class _Step:
@@ -79,7 +79,8 @@ REJECT_BUDGET = "exceeds_batch_token_budget"
 class Scheduler:
     def __init__(self, cfg: SchedulerConfig, allocator: KVAllocator, max_model_len_tokens: int,
                  want_context_lens: bool = False, kv: KVGeometry | None = None,
-                 host_link_bandwidth_bytes_per_s: float = 64e9, host_transfers: HostTransfers | None = None,
+                 host_link_bandwidth_bytes_per_s: float = DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S,
+                 host_transfers: HostTransfers | None = None,
                  *, request_log: RequestSink, replica_index: int = 0):
         self.cfg = cfg
         self.replica_index = replica_index  # the engine replica this scheduler plans for
@@ -98,6 +99,8 @@ class Scheduler:
         self.swap_used_tokens = 0
         self.caps = allocator_capabilities(allocator)  # checked once: the optional allocator calls used
         self._peek = allocator.peek_cached_tokens if self.caps.prefix_peek else None
+        # the allocator as a WindowAllocator (decode windows ask it whether the head could fit), else None
+        self._window_alloc: WindowAllocator | None = allocator if self.caps.windows else None  # type: ignore[assignment]
         # Requests admitted at least once and not finished (running, swapped, preempted back to
         # waiting). Requests that end are written to ``log`` (a RequestSink, kvsim.sched.sink; the run
         # hands in kvsim.metrics.request_log.RequestLog) and dropped;
@@ -260,7 +263,10 @@ class Scheduler:
 
     def head_might_fit(self, num_running: int) -> bool:
         """Could a schedule() with ``num_running`` decoding requests admit the waiting head, if the
-        running requests took no more memory? (Decode windows: False means it surely stays blocked.)"""
+        running requests took no more memory? (Decode windows: False means it surely stays blocked.
+        Needs the WindowAllocator capability, which decode windows are built on.)"""
+        if self._window_alloc is None:
+            raise TypeError(f"{type(self.allocator).__name__} lacks the WindowAllocator capability (can_allocate)")
         req = self.waiting.head
         if req is None or self.swapped or num_running + req.num_samples > self.max_num_seqs:
             return False
@@ -269,7 +275,7 @@ class Scheduler:
             return False
         if req.num_tokens - self.cached_prefix_tokens(req) > budget and not self.chunked_prefill:
             return False
-        return self.allocator.can_allocate(req.kv, req.num_tokens)
+        return self._window_alloc.can_allocate(req.kv, req.num_tokens)
 
     def prefetch_target(self) -> Request | None:
         """The request whose KV prefetch loads while the link is idle: the next to be swapped in,

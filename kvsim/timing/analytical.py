@@ -59,7 +59,7 @@ from kvsim.registry import TIMING_MODELS
 from kvsim.timing.base import BatchShape, DecodeParts, StepTiming, split_kv_tokens
 from kvsim.timing.context import TimingContext
 from kvsim.timing.overhead import EngineOverheadConfig, StepOverhead
-from kvsim.timing.transfer import step_transfers
+from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, step_transfers
 from kvsim.errors import did_you_mean, format_choices
 from kvsim.timing.kernel import (AUTO_NAMES, KernelModel, backend_choices, load_backend, pages_or_estimate,
                                  resolve_backend)
@@ -82,7 +82,7 @@ class AnalyticalTimingConfig(StrictModel):
                           "step), per_prefill_token_s (per prompt token computed); absent: none "
                           "(docs/engine_overhead.md)")
     host_link_bandwidth_bytes_per_s: float = Field(
-        64e9, gt=0, description="GPU<->host link for swaps (PCIe Gen5 x16 ~ 64 GB/s)"
+        DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, gt=0, description="GPU<->host link for swaps (PCIe Gen5 x16 ~ 64 GB/s)"
     )
     attention_backend: str = Field(
         "auto", description="decode-attention kernel profile: auto (flashinfer-paged for every layout: one "

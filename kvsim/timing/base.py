@@ -7,7 +7,7 @@ tested directly and evaluated vectorised by a fast engine.
 from __future__ import annotations
 
 import logging
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -153,6 +153,41 @@ class ScalarDecodeSteps(Protocol):
     that of dozens of steps priced one by one. Checked once, when a run is built."""
 
     def decode_step_pricer(self) -> DecodeStepPricer | None: ...
+
+
+@runtime_checkable
+class NeedsContextLens(Protocol):
+    """Optional: ``needs_context_lens`` -- true when ``step_time`` reads
+    ``BatchShape.context_lens`` (each sequence's length; the scheduler builds it only then, and
+    decode groups, which keep no per-sequence lengths, are off)."""
+
+    needs_context_lens: bool
+
+
+@runtime_checkable
+class CopyBandwidth(Protocol):
+    """Optional: ``copy_bandwidth_bytes_per_s`` -- the device's measured copy rate (bytes read +
+    written per second), the summary's reference for ``kv_bandwidth_utilisation``."""
+
+    copy_bandwidth_bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class TimingCapabilities:
+    """What a timing model offers beyond :class:`TimingModel` that the build and the summary use,
+    checked once per run (:func:`timing_capabilities`)."""
+
+    needs_context_lens: bool = False
+    copy_bandwidth_bytes_per_s: float | None = None
+
+
+def timing_capabilities(model: object) -> TimingCapabilities:
+    if not isinstance(model, TimingModel):
+        raise TypeError(f"{type(model).__name__} is not a timing model: missing step_time")
+    return TimingCapabilities(
+        needs_context_lens=isinstance(model, NeedsContextLens) and bool(model.needs_context_lens),
+        copy_bandwidth_bytes_per_s=(float(model.copy_bandwidth_bytes_per_s)
+                                    if isinstance(model, CopyBandwidth) else None))
 
 
 def decode_shape(num_seqs: int, kv_tokens_read: int, kv_pages_read: int) -> BatchShape:

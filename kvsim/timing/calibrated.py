@@ -52,7 +52,7 @@ from kvsim.registry import TIMING_MODELS
 from kvsim.timing.base import BatchShape, StepTiming, split_kv_tokens  # noqa: F401  (re-exported)
 from kvsim.timing.context import TimingContext
 from kvsim.timing.overhead import EngineOverheadConfig, StepOverhead
-from kvsim.timing.transfer import step_transfers
+from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, step_transfers
 
 if TYPE_CHECKING:  # pandas is imported where used (import cost: tests/test_import_cost.py)
     import pandas as pd
@@ -67,7 +67,7 @@ class CalibratedTimingConfig(StrictModel):
     overhead: EngineOverheadConfig | None = Field(
         None, description="CPU overhead that scales with the batch: per_seq_s, per_prefill_token_s; absent: "
                           "none (docs/engine_overhead.md)")
-    host_link_bandwidth_bytes_per_s: float = Field(64e9, gt=0, description="GPU<->host link for swaps")
+    host_link_bandwidth_bytes_per_s: float = Field(DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, gt=0, description="GPU<->host link for swaps")
     decode_impl: Literal["best", "triton", "triton_splitk", "torch_reference", "triton_interpreter"] = Field(
         "best", description="decode implementation to price; best = fastest measured per point")
     include_lm_head: bool = True

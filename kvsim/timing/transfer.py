@@ -49,6 +49,11 @@ Layout = Literal["per_layer_kv", "per_layer", "contiguous"]
 GRANULARITIES = ("block", "run")
 LAYOUTS = ("per_layer_kv", "per_layer", "contiguous")
 
+# The one default GPU<->host rate, for a scenario without ``host_link:`` (the legacy size-independent
+# link, ``timing.host_link_bandwidth_bytes_per_s``) and for the CPU offload tier's load rate: 64 GB/s,
+# PCIe Gen5 x16's nominal unidirectional rate (docs/transfer_model.md).
+DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S = 64e9
+
 
 @dataclass(frozen=True)
 class LinkProfile:

@@ -64,7 +64,7 @@ def test_fork_shares_full_blocks_and_copies_partial_block():
     req = beam_req(prompt=10, output=30, events=ev)
     alloc.allocate(req, 10)
     alloc.ensure_slots(0, 19)
-    bt = alloc._beams[0]
+    bt = alloc.seqs.beams[0]
     before = [list(t) for t in bt.tables]
     alloc.ensure_slots(0, 20)
     alloc.check_invariants()

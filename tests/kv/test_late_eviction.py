@@ -209,7 +209,7 @@ def test_capabilities_are_checked_once_at_construction(late_policies):
     assert (caps.history_depth, caps.self_check, caps.reuse_order) == (4, True, False)
 
     alloc = PagedAllocator(8, 16, prefix_caching=True, eviction=ListLRUConfig())
-    assert alloc.pool_caps.history_depth == 1
+    assert alloc.blocks.caps.history_depth == 1
     alloc.check_invariants()  # runs without the pool's own check
     with pytest.raises(TypeError, match="cannot list its reuse order"):
         alloc.free_block_order()
@@ -217,7 +217,7 @@ def test_capabilities_are_checked_once_at_construction(late_policies):
         alloc.free_queue
     builtin = PagedAllocator(8, 16, prefix_caching=True)
     assert builtin.free_block_order() == list(range(8))
-    assert builtin.pool_caps.self_check and builtin.pool_caps.reuse_order
+    assert builtin.blocks.caps.self_check and builtin.blocks.caps.reuse_order
 
 
 def test_an_object_that_is_not_a_policy_is_refused_when_built():
@@ -306,10 +306,12 @@ def test_bare_eviction_kind_is_shorthand_and_written_back_as_a_mapping(bare, map
     radix = validate_scenario({"trace": {"file": "unused.csv"}, "model": "OPT-13B",
                                "allocator": {"kind": "radix", "eviction": "lru"}}, "s.yaml")
     assert resolved_dict(radix)["allocator"]["eviction"] == {"kind": "lru"}
-    with pytest.raises(ConfigError, match=r"^s.yaml: allocator.eviction: the radix allocator supports eviction "
-                                          r"kind 'lru' only .*got 'lfu'$"):
+    lfu = validate_scenario({"trace": {"file": "unused.csv"}, "model": "OPT-13B",
+                             "allocator": {"kind": "radix", "eviction": "lfu"}}, "s.yaml")
+    assert resolved_dict(lfu)["allocator"]["eviction"] == {"kind": "lfu"}  # the radix tree takes any scored kind
+    with pytest.raises(ConfigError, match=r"^s.yaml: allocator.eviction: .*valid kinds: fifo, lfu, lru, lru-k"):
         validate_scenario({"trace": {"file": "unused.csv"}, "model": "OPT-13B",
-                           "allocator": {"kind": "radix", "eviction": "lfu"}}, "s.yaml")
+                           "allocator": {"kind": "radix", "eviction": "nope"}}, "s.yaml")
 
 
 def test_variants_and_set_merge_into_the_shorthand(tmp_path):

@@ -145,7 +145,7 @@ def test_priority_policy_keeps_high_priority_and_widely_shared_blocks():
 
 
 def test_evicted_blocks_go_to_the_cpu_tier_and_load_back_with_a_cost():
-    from kvsim.kv.paged import OffloadConfig, TierConfig
+    from kvsim.kv.tiers import OffloadConfig, TierConfig
 
     bpt = 1000  # bytes per token; a 4-token block is 4000 bytes
     off = OffloadConfig(cpu=TierConfig(capacity_bytes=2 * 4000, bandwidth_bytes_per_s=4e6))
@@ -164,7 +164,7 @@ def test_evicted_blocks_go_to_the_cpu_tier_and_load_back_with_a_cost():
 
 
 def test_cpu_tier_overflow_demotes_to_ssd():
-    from kvsim.kv.paged import OffloadConfig, TierConfig
+    from kvsim.kv.tiers import OffloadConfig, TierConfig
 
     off = OffloadConfig(cpu=TierConfig(capacity_bytes=4, bandwidth_bytes_per_s=1e9),
                         ssd=TierConfig(capacity_bytes=40, bandwidth_bytes_per_s=1e8))

@@ -104,7 +104,7 @@ def drive(alloc, ops, on_alloc=None, on_free=None, keys_for=None):
         check_capacity_sums(alloc, KVRequest(10**6, a, b, MAX_LEN))
         u = alloc.usage()
         # shared prefix blocks are physical once (check_invariants verified the shared-owner count)
-        shared = getattr(alloc, "_shared_extra", 0) * (getattr(alloc, "block_size", 1) or 1)
+        shared = alloc.usage_parts().shared_tokens
         assert u.token_states_tokens == sum(written.values()) - shared
         assert u.num_requests == len(written)
 

@@ -47,12 +47,67 @@ def test_config_defaults_registration_and_validation():
     assert isinstance(a, RadixAllocator)
     assert (a.num_pages, a.block_size, a.capacity_tokens, a.watermark_pages) == (62, 16, 992, 6)
     assert a.prefix_caching and a.num_free_blocks == 62
-    for bad in ({"page_size": 0}, {"page_size": 513}, {"watermark": 1.0}, {"eviction": {"kind": "fifo"}},
+    for bad in ({"page_size": 0}, {"page_size": 513}, {"watermark": 1.0}, {"eviction": {"kind": "nope"}},
                 {"block_size": 0}, {"block_size": 16, "page_size": 16}):  # page_size: deprecated alias
         with pytest.raises(ValidationError):
             RadixAllocatorConfig.model_validate({"kind": "radix", **bad})
     with pytest.raises(ValueError):
         RadixAllocator(0, 1)
+
+
+def test_eviction_policies_order_the_leaves_through_the_same_seam():
+    """``eviction:`` chooses the leaf order by the policy's score over each node's access history:
+    LRU takes the least recently released leaf, LFU the least used one."""
+    from kvsim.kv.eviction import LFUEvictionConfig
+
+    orders, tables = {}, {}
+    for name, cfg in (("lru", None), ("lfu", LFUEvictionConfig())):
+        a = RadixAllocator(8, block_size=1, eviction=cfg)
+        assert a.eviction_kind == name
+        admit(a, req(0, 3, [1, 2, 3]))
+        a.free(0)
+        assert admit(a, req(1, 3, [1, 2, 3])) == 2  # [1, 2] hit; page 3 recomputed, the tree's copy reused
+        a.free(1)  # [1, 2] and [3] each used by 2 admissions
+        admit(a, req(2, 2, [10, 11]))
+        a.free(2)  # [10, 11] used once, released last
+        orders[name] = a.eviction_order()
+        admit(a, req(3, 5, [20, 21, 22, 23, 24]))  # 3 empty pages (6, 7, recycled 3), then 2 evicted
+        tables[name] = a.block_table(3)
+    assert orders == {"lru": [2, 1, 0, 5, 4], "lfu": [5, 4, 2, 1, 0]}
+    assert tables == {"lru": [6, 7, 3, 2, 1], "lfu": [6, 7, 3, 5, 4]}
+
+
+def test_an_eviction_policy_without_a_score_is_refused_when_built():
+    from kvsim.config_base import StrictModel
+    from kvsim.kv.eviction import EVICTION_POLICIES, LRUFreePool
+    from typing import Literal
+
+    class QueueOnly:  # a free queue without score(): fine for the paged allocator, not for a tree
+        def __init__(self, n):
+            self.q = LRUFreePool(n)
+            self.num_free = n
+
+        def __contains__(self, b):
+            return b in self.q
+
+        def pop(self):
+            return self.q.pop()
+
+        def remove(self, b):
+            self.q.remove(b)
+
+        def add(self, b, stats):
+            self.q.add(b, stats)
+
+    class QueueOnlyConfig(StrictModel):
+        kind: Literal["queue-only-radix-test"] = "queue-only-radix-test"
+
+    EVICTION_POLICIES.register("queue-only-radix-test", QueueOnlyConfig, lambda cfg, n: QueueOnly(n))
+    try:
+        with pytest.raises(ValueError, match=r"eviction kind 'queue-only-radix-test' has no score\(stats\)"):
+            RadixAllocator(8, 1, eviction=QueueOnlyConfig())
+    finally:
+        EVICTION_POLICIES.unregister("queue-only-radix-test")
 
 
 def test_scenario_schema_accepts_the_radix_kind():

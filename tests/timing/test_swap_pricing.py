@@ -9,7 +9,8 @@ import pytest
 from helpers import make_scenario, make_trace
 from kvsim.models.geometry import KVGeometry
 from kvsim.errors import ConfigError
-from kvsim.kv.paged import OffloadConfig, PagedAllocator, TierConfig
+from kvsim.kv.paged import PagedAllocator
+from kvsim.kv.tiers import OffloadConfig, TierConfig
 from kvsim.kv.protocol import allocator_capabilities
 from kvsim.simulate import host_transfers, run
 from kvsim.timing import transfer as T

@@ -30,10 +30,8 @@ import pandas as pd
 
 from kvsim.errors import KvsimError
 from kvsim.plots import plot_concurrency_comparison, plot_fragmentation_bars, plot_latency_cdfs
-from kvsim.report.comparison_plots import (  # noqa: F401 -- PLOT_CAPTIONS, capacity_levels: public path
-    PLOT_CAPTIONS,
-    _bandwidth_pct,
-    capacity_levels,
+from kvsim.report.comparison_plots import (
+    bandwidth_pct,
     plot_bandwidth_vs_block_size,
     plot_concurrency_vs_block_size,
     plot_latency_vs_block_size,
@@ -42,25 +40,8 @@ from kvsim.report.comparison_plots import (  # noqa: F401 -- PLOT_CAPTIONS, capa
     plot_vs_rate,
 )
 from kvsim.report.comparison_table import comparison_frame, table_text, vllm_frame, vllm_metrics
-from kvsim.report.runs import (  # noqa: F401 -- Run, baseline_of, in_memory_runs, variant_order: public path
-    Run,
-    baseline_choice,
-    baseline_of,
-    collect_runs,
-    in_memory_runs,
-    variant_order,
-)
-from kvsim.report.series import (  # noqa: F401 -- KNEE_FACTOR, knee_of, series_of, short_keys: public path
-    BLOCK_KEY,
-    KNEE_FACTOR,
-    _distinct,
-    _pick,
-    knee_of,
-    knees_frame,
-    rate_key,
-    series_of,
-    short_keys,
-)
+from kvsim.report.runs import baseline_choice, collect_runs
+from kvsim.report.series import BLOCK_KEY, distinct_values, knees_frame, pick_runs, rate_key
 from kvsim.report.tables import prefix_hit_value
 from kvsim.results import write_text_atomic
 
@@ -142,11 +123,11 @@ def _write_comparison(runs, meta, out: Path, say, *, metric_names: str, base_lab
 
     def cdfs(p: Path) -> None:
         reqs = {r.label: pd.read_parquet(r.path / "requests.parquet", columns=["status", "ttft_s", "tpot_s", "e2e_s"])
-                for r in _pick(runs) if (r.path / "requests.parquet").exists()}
+                for r in pick_runs(runs) if (r.path / "requests.parquet").exists()}
         plot_latency_cdfs(reqs, p, total_runs=len(runs))
 
     attempt("latency_cdf.png", cdfs)
-    if len(_distinct(runs, BLOCK_KEY)) > 1:
+    if len(distinct_values(runs, BLOCK_KEY)) > 1:
         attempt("concurrency_vs_block_size.png", lambda p: plot_concurrency_vs_block_size(runs, p))
     else:
         say("compare: block size does not vary: no concurrency_vs_block_size.png")
@@ -166,11 +147,11 @@ def _write_comparison(runs, meta, out: Path, say, *, metric_names: str, base_lab
 
     if any(step_time_shares(s) is not None for s in summaries.values()):
         attempt("step_time_breakdown.png", lambda p: plot_step_time_breakdown(summaries, p))
-    if any(_bandwidth_pct(r) is not None for r in runs):
+    if any(bandwidth_pct(r) is not None for r in runs):
         attempt("bandwidth_utilisation.png", lambda p: plot_bandwidth_utilisation(summaries, p))
-    if len(_distinct(runs, BLOCK_KEY)) > 1:
+    if len(distinct_values(runs, BLOCK_KEY)) > 1:
         attempt("latency_vs_block_size.png", lambda p: plot_latency_vs_block_size(runs, p))
-        if any(_bandwidth_pct(r) is not None for r in runs):
+        if any(bandwidth_pct(r) is not None for r in runs):
             attempt("bandwidth_vs_block_size.png", lambda p: plot_bandwidth_vs_block_size(runs, p))
     if meta["failed"]:
         say(f"compare: left out {len(meta['failed'])} failed point(s): {', '.join(meta['failed'][:5])}")

@@ -22,8 +22,8 @@ from kvsim.report.runs import Run
 from kvsim.report.series import (
     BLOCK_KEY,
     KNEE_FACTOR,
-    _fmt_val,
-    _pick,
+    value_text,
+    pick_runs,
     knee_of,
     rate_series,
     series_of,
@@ -63,7 +63,7 @@ def _log2_axis(ax, values) -> None:
     if ticks:
         ax.xaxis.set_major_locator(FixedLocator(ticks))
         ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xticklabels([_fmt_val(t) for t in ticks])
+        ax.set_xticklabels([value_text(t) for t in ticks])
 
 
 def _legend(ax, n: int) -> None:
@@ -92,7 +92,7 @@ def _draw_series(ax, groups: dict[str, list[Run]], xfn, yfn, *, suffix: str = ""
 
 def plot_memory_over_time(runs: list[Run], path: Path, bins: int = 400) -> Path:
     fig, ax = plt.subplots(figsize=(10 + 2 * (len(runs) > 20), 4.5))
-    shown = _pick(runs)
+    shown = pick_runs(runs)
     for i, r in enumerate(shown):
         steps_path = r.path / "steps.parquet"
         if not steps_path.exists():
@@ -238,7 +238,7 @@ def plot_prefix_hit_vs_capacity(runs: list[Run], path: Path) -> Path:
     return _save(fig, path)
 
 
-def _bandwidth_pct(r: Run) -> float | None:
+def bandwidth_pct(r: Run) -> float | None:
     """kv_access.hbm_bandwidth_utilisation (every timing model with an attention kernel), else
     calibrated timing's kv_bandwidth_utilisation, in %."""
     from kvsim.report.access import bandwidth_values
@@ -250,13 +250,13 @@ def _bandwidth_pct(r: Run) -> float | None:
 
 def plot_bandwidth_vs_block_size(runs: list[Run], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(10, 4.8))
-    have = [r for r in runs if _bandwidth_pct(r) is not None]
+    have = [r for r in runs if bandwidth_pct(r) is not None]
 
     def bs(r: Run):
         return get_path(r.summary, ("kv", "block_size")) or r.params.get(BLOCK_KEY) or 1
 
     groups = series_of(have, (BLOCK_KEY,), x=bs)
-    shown = _draw_series(ax, groups, bs, _bandwidth_pct)
+    shown = _draw_series(ax, groups, bs, bandwidth_pct)
     _log2_axis(ax, [bs(r) for r in have])
     ax.set_xlabel("block size (tokens)")
     ax.set_ylabel("KV-read bandwidth utilisation (% of peak HBM)")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from kvsim.report.runs import Run, _py
+from kvsim.report.runs import Run, py_value
 from kvsim.report.series import varying_params
 from kvsim.report.tables import get_path, is_missing, summary_metrics
 
@@ -71,7 +71,7 @@ def vllm_frame(runs: list[Run], meta: dict) -> pd.DataFrame:
 
 def _fixed2(v: Any) -> str:
     """vLLM's console format: integers as they are, other numbers with 2 decimals."""
-    v = _py(v)
+    v = py_value(v)
     if is_missing(v):
         return "n/a"
     if isinstance(v, float) and not v.is_integer():

@@ -76,7 +76,7 @@ def collect_runs(paths: list[str | Path]) -> tuple[list[Run], dict]:
                     continue
                 pid = str(row["point_id"])
                 variant = row.get("variant") if isinstance(row.get("variant"), str) else None
-                ov = {k: (None if is_missing(row[k]) else _py(row[k])) for k in keys}
+                ov = {k: (None if is_missing(row[k]) else py_value(row[k])) for k in keys}
                 runs.append(_load_run(p / str(row["run_dir"]), label, point_id=pid, variant=variant, overrides=ov))
         elif (p / "summary.json").exists():
             s = json.loads((p / "summary.json").read_text())
@@ -100,7 +100,7 @@ def collect_runs(paths: list[str | Path]) -> tuple[list[Run], dict]:
     return runs, meta
 
 
-def _py(v):
+def py_value(v):
     return v.item() if hasattr(v, "item") else v
 
 

@@ -45,7 +45,7 @@ def varying_params(runs: list[Run]) -> list[str]:
     return out
 
 
-def _distinct(runs: list[Run], key: str) -> list:
+def distinct_values(runs: list[Run], key: str) -> list:
     vals = []
     for r in runs:
         v = r.params.get(key)
@@ -55,7 +55,7 @@ def _distinct(runs: list[Run], key: str) -> list:
 
 
 def rate_key(runs: list[Run]) -> str | None:
-    cands = [k for k in RATE_KEYS if len(_distinct(runs, k)) > 1]
+    cands = [k for k in RATE_KEYS if len(distinct_values(runs, k)) > 1]
     if not cands:
         cands = [k for k in varying_params(runs) if k.endswith(("rate_scale", "rate_per_s"))]
     return cands[0] if cands else None
@@ -113,7 +113,7 @@ def series_of(runs: list[Run], exclude: tuple[str, ...], x=None) -> dict[str, li
     out: dict[str, list[Run]] = {}
     for rs in groups.values():
         r0 = rs[0]
-        parts = [f"{names[k]}={_fmt_val(r0.params.get(k))}" for k in keys if r0.params.get(k) is not None]
+        parts = [f"{names[k]}={value_text(r0.params.get(k))}" for k in keys if r0.params.get(k) is not None]
         label = ", ".join(parts)
         if len(rs) == 1 and r0.point_id is None and r0.label != label:
             label = f"{r0.label}: {label}" if label else r0.label
@@ -124,13 +124,13 @@ def series_of(runs: list[Run], exclude: tuple[str, ...], x=None) -> dict[str, li
     return out
 
 
-def _fmt_val(v: Any) -> str:
+def value_text(v: Any) -> str:
     if isinstance(v, float) and v == int(v):
         return str(int(v))
     return str(v)
 
 
-def _pick(runs: list[Run], n: int = MAX_LINES) -> list[Run]:
+def pick_runs(runs: list[Run], n: int = MAX_LINES) -> list[Run]:
     return pick_evenly(runs, n)
 
 

@@ -271,7 +271,8 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
             # again, now with the attention backend each run resolved (``auto`` -> the kernel it used)
             _write_resolved(tmp, loaded, built, summaries)
             if loaded.variants:
-                from kvsim.report.comparison import collect_runs, comparison_frame
+                from kvsim.report.comparison_table import comparison_frame
+                from kvsim.report.runs import collect_runs
 
                 cruns, cmeta = collect_runs([tmp])
                 cruns = [r for r in cruns if r.label in summaries]  # this run's variants only
@@ -300,9 +301,10 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
 
 def comparison_table(results: dict) -> pd.DataFrame:
     """The ``comparison.csv`` table (one layout for ``kvsim run`` and ``kvsim compare``:
-    kvsim.report.comparison.comparison_frame) of in-memory results: ``{name: RunResult}`` as
+    kvsim.report.comparison_table.comparison_frame) of in-memory results: ``{name: RunResult}`` as
     ``kvsim.run`` returns them (parameter columns and offered rate included), or ``{name: summary}``."""
-    from kvsim.report.comparison import comparison_frame, in_memory_runs
+    from kvsim.report.comparison_table import comparison_frame
+    from kvsim.report.runs import in_memory_runs
 
     return comparison_frame(in_memory_runs(results))
 

@@ -194,7 +194,7 @@ def _access_plots(summaries: dict[str, dict], tmp: Path, name: str) -> list[str]
     breakdown and bandwidth utilisation by run."""
     from kvsim.report.access import (bandwidth_values, plot_bandwidth_utilisation, plot_step_time_breakdown,
                                      step_time_shares)
-    from kvsim.report.comparison import PLOT_CAPTIONS
+    from kvsim.report.comparison_plots import PLOT_CAPTIONS
 
     sub = tmp / f"access-{name}"
     sub.mkdir(parents=True, exist_ok=True)
@@ -329,7 +329,7 @@ def _single_run_body(run_dir: Path, tmp: Path, shown_name: str | None = None) ->
 
 
 def _variants_body(run_dir: Path, tmp: Path, shown_name: str | None = None) -> tuple[str, list[str]]:
-    from kvsim.report.comparison import variant_order
+    from kvsim.report.runs import variant_order
 
     subs = [run_dir / n for n in variant_order(run_dir)]  # scenario order, baseline first: everywhere
     summaries = {p.name: json.loads((p / "summary.json").read_text()) for p in subs}
@@ -371,7 +371,8 @@ def _variants_body(run_dir: Path, tmp: Path, shown_name: str | None = None) -> t
 
 
 def _sweep_body(sweep_dir: Path, tmp: Path) -> tuple[str, list[str]]:
-    from kvsim.report.comparison import PLOT_CAPTIONS, compare
+    from kvsim.report.comparison import compare
+    from kvsim.report.comparison_plots import PLOT_CAPTIONS
 
     idx = pd.read_parquet(sweep_dir / "index.parquet")
     doc = {}

@@ -114,7 +114,7 @@ def test_compare_prints_headline_first_and_writes_csv(tmp_path, capsys):
 
 
 def test_baseline_resolution(tmp_path):
-    from kvsim.report.comparison import baseline_of, collect_runs
+    from kvsim.report.runs import baseline_of, collect_runs
 
     runs, _ = collect_runs([_variants_dir(tmp_path / "a")])
     assert [r.label for r in runs] == ["contiguous", "a-paged"]  # the scenario's order, not the names'

@@ -11,8 +11,10 @@ import pandas as pd
 import pytest
 
 import kvsim.plots as plots
-from kvsim.report.comparison import Run, comparison_frame, series_of, short_keys
+from kvsim.report.comparison_table import comparison_frame
 from kvsim.report.findings import key_findings
+from kvsim.report.runs import Run
+from kvsim.report.series import series_of, short_keys
 
 
 def _summary(name, *, conc=10, ttft=1.0, thr=1.0, frag=0.1, hit=None, cap=1000, cached=0.0):
@@ -178,7 +180,7 @@ def test_concurrency_that_is_queueing_is_no_win():
 
 
 def test_prefix_hit_plot_capacities_that_differ_only_by_block_rounding(tmp_path, captured):
-    from kvsim.report.comparison import capacity_levels, plot_prefix_hit_vs_capacity
+    from kvsim.report.comparison_plots import capacity_levels, plot_prefix_hit_vs_capacity
 
     runs = issue_runs()
     for r, cap in zip(runs, (14496, 14496, 14480, 14464)):  # one budget, rounded to blocks of 16 / 32

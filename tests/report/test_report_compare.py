@@ -13,7 +13,8 @@ from report_helpers import BLOCKS, RATES, kvsim_main
 
 from kvsim.errors import KvsimError
 from kvsim.report import compare
-from kvsim.report.comparison import KNEE_FACTOR, collect_runs, knee_of
+from kvsim.report.runs import collect_runs
+from kvsim.report.series import KNEE_FACTOR, knee_of
 
 ALWAYS = ["fragmentation_breakdown.png", "concurrency_comparison.png", "memory_over_time.png", "latency_cdf.png"]
 

@@ -10,7 +10,9 @@
 
 ``timing.gemm_model: roofline`` -- the model before the GEMM fit (one roofline over the step)::
 
-    weights_s  = weight_bytes / (hbm_bandwidth * bandwidth_efficiency)
+    weights_s  = weight_bytes_read(num_tokens) / (hbm_bandwidth * bandwidth_efficiency)
+                 (dense: weight_bytes; MoE: the routed experts the step's tokens touch under uniform
+                 routing, kvsim.timing.moe, docs/models.md "MoE weight reads")
     attention_s = kernel.time_s(num_seqs, kv_tokens_read, kv_pages_read)     (kvsim.timing.kernel)
     kv_read_s  = attention_s + num_tokens * kv_bytes_per_token / (hbm_bandwidth * bandwidth_efficiency)
     compute_s  = (2 * params_per_token * num_tokens + 4 * layers * heads * head_dim * attention_pairs)
@@ -58,6 +60,7 @@ from kvsim.hw import ModelSpec
 from kvsim.registry import TIMING_MODELS
 from kvsim.timing.base import BatchShape, DecodeParts, StepTiming, split_kv_tokens
 from kvsim.timing.context import TimingContext
+from kvsim.timing.moe import WeightReads
 from kvsim.timing.overhead import EngineOverheadConfig, StepOverhead
 from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, step_transfers
 from kvsim.errors import did_you_mean, format_choices
@@ -112,8 +115,8 @@ class AnalyticalTiming:
         m = ctx.model
         self.cfg = cfg
         self.kv_bytes_per_token = ctx.kv_bytes_per_token
-        self.weight_bytes = ctx.weight_bytes
         self.bandwidth_bytes_per_s = ctx.gpu.hbm_bandwidth_bytes_per_s * cfg.bandwidth_efficiency
+        self.weights = WeightReads(m, ctx.weight_bytes, self.bandwidth_bytes_per_s)  # roofline weights_s(n)
         self.flops_per_s = ctx.gpu.bf16_flops_per_s * cfg.compute_efficiency * ctx.tensor_parallel
         self.linear_flops_per_token = 2.0 * m.params_per_token  # MoE: the active experts only
         self.comm_s = ctx.comm_s  # tensor/pipeline parallel communication (0.0 on one GPU)
@@ -232,7 +235,7 @@ class AnalyticalTiming:
         if self.gemm is not None:
             return self._fitted_step(shape, num_tokens, seqs, kv_read, kv_write, attn_kv_s, pre_kv, pre_att,
                                      swap_s, comm_s, overhead_s)
-        weights_s = self.weight_bytes / self.bandwidth_bytes_per_s
+        weights_s = self.weights.scalar_s(num_tokens)
         kv_s = attn_kv_s + kv_write / self.bandwidth_bytes_per_s
         linear_s = self.linear_flops_per_token * num_tokens / self.flops_per_s
         attn_s = self.attention_flops_per_pair * shape.attention_pairs / self.flops_per_s
@@ -348,7 +351,7 @@ class AnalyticalTiming:
             overhead_s = self.overhead.decode_row(num_seqs)
         if not no_comm:
             comm_s = self._comm_s_per_step + self._comm_s_per_token * num_seqs
-        weights_s = self.weight_bytes / self.bandwidth_bytes_per_s
+        weights_s = self.weights.array_s(num_seqs)
         kv_s = attn_kv_s + num_seqs * kvb / self.bandwidth_bytes_per_s
         linear_s = self.linear_flops_per_token * num_seqs / self.flops_per_s
         attn_s = self.attention_flops_per_pair * kv_tokens_read / self.flops_per_s

@@ -185,6 +185,7 @@ TIMINGS = {
     "roofline-paged": dict(gemm_model="roofline"),
     "roofline-comm": dict(gemm_model="roofline", comm=(1e-5, 0.0)),
     "moe-roofline": dict(model="Mixtral-8x7B", gpu="H200-141GB", tp=2, comm=(1e-5, 1e-9)),
+    "moe-mla-roofline": dict(model="DeepSeek-V3", gpu="H200-141GB", tp=8, comm=(1e-5, 1e-9)),
     # the engine's CPU overhead per sequence (kvsim.timing.overhead): a decode-table row, with and without comm
     "fitted-overhead": dict(overhead={"per_seq_s": 3.7e-6, "per_prefill_token_s": 1.1e-8}),
     "fitted-overhead-comm": dict(model="Llama-3-70B", gpu="H100-SXM-80GB", tp=4, comm=(2.1e-5, 3.3e-9),

@@ -18,7 +18,7 @@ from kvsim.timing.moe import WeightReads, experts_touched, routed_expert_params
 def _timing(model: str, tp: int = 1, weight_dtype: str = "bf16", gpu: str = "H200-141GB"):
     m = MODELS[model]
     p = plan(m, GPUS[gpu], "bf16", weight_dtype, tensor=tp)
-    ctx = TimingContext(m, GPUS[gpu], "bf16", p.kv_bytes_per_token_per_rank, p.weight_bytes_per_rank, 16,
+    ctx = TimingContext(m, GPUS[gpu], p.kv.with_block_size(16), p.weight_bytes_per_rank,
                         Path("."), tensor_parallel=tp, comm_s_per_step=p.comm_s_per_step,
                         comm_s_per_token=p.comm_s_per_token)
     return AnalyticalTiming(AnalyticalTimingConfig(), ctx)

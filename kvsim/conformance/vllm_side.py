@@ -61,12 +61,13 @@ def build_scheduler(case: Case):
     """A vLLM v1 Scheduler configured as ``case`` says."""
     vllm_version()
     logging.getLogger("vllm").setLevel(logging.ERROR)
-    import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE  # (torch itself stays in kvsim.calibration)
     from vllm.v1.structured_output import StructuredOutputManager
 
+    float32 = STR_DTYPE_TO_TORCH_DTYPE["float32"]
     sc = SchedulerConfig(max_num_seqs=case.max_num_seqs, max_num_batched_tokens=case.max_num_batched_tokens,
                          max_model_len=case.max_model_len, enable_chunked_prefill=case.chunked_prefill,
                          is_encoder_decoder=False, policy=case.policy,
@@ -77,7 +78,7 @@ def build_scheduler(case: Case):
     vc = VllmConfig(scheduler_config=sc, model_config=mc, cache_config=cc)
     blocks = case.num_blocks + 1  # + the null block
     kcc = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
-        ["layer"], FullAttentionSpec(block_size=case.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32))])
+        ["layer"], FullAttentionSpec(block_size=case.block_size, num_kv_heads=1, head_size=1, dtype=float32))])
     cc.num_gpu_blocks = blocks
     return Scheduler(vllm_config=vc, kv_cache_config=kcc, block_size=case.block_size,
                      structured_output_manager=StructuredOutputManager(vc), log_stats=False)

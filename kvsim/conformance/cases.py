@@ -22,13 +22,11 @@ import numpy as np
 # Named, documented exceptions: places where kvsim deliberately does not follow vLLM 0.32.
 EXCEPTIONS: dict[str, str] = {
     "prompt-blocks-at-admission": (
-        "kvsim takes the blocks for a request's whole prompt when it admits it; vLLM 0.32 checks that "
-        "the whole prompt fits (scheduler_reserve_full_isl) but takes blocks chunk by chunk. Every "
-        "decision is the same; kvsim's kv_blocks_used is higher by the blocks of the prompt chunks not "
-        "yet scheduled, and the comparison checks exactly that (applies to every case)."),
-    "reserve-full-isl-always": (
-        "kvsim always admits as vLLM does with scheduler_reserve_full_isl=true (the default since "
-        "vLLM 0.32); with false vLLM admits a chunked prompt when its first chunk fits."),
+        "with scheduler.prompt_blocks: at_admission (kvsim's default) kvsim takes the blocks for a "
+        "request's whole prompt when it admits it; vLLM 0.32 checks that the whole prompt fits "
+        "(scheduler_reserve_full_isl) but takes blocks chunk by chunk (kvsim's per_chunk). The decisions "
+        "are the same; kvsim's kv_blocks_used is higher by the blocks of the prompt chunks not yet "
+        "scheduled, and the comparison checks exactly that."),
     "priority-waiting-queue": (
         "kvsim's waiting queue is FCFS; a trace's priority only chooses preemption victims "
         "(scheduler.victim: lowest_priority) and eviction order. vLLM's priority policy also orders the "
@@ -64,8 +62,14 @@ class Case:
     prefix_caching: bool = False
     reserve_full_isl: bool = True
     policy: str = "fcfs"  # or "priority"
+    prompt_blocks: str = "per_chunk"  # kvsim's scheduler.prompt_blocks (at_admission: the exception below)
     step_s: float = 0.01  # the fixed step time on both sides
     exceptions: tuple[str, ...] = ()  # named exceptions that change decisions: a difference is expected
+
+    @property
+    def blocks_ahead(self) -> bool:
+        """kvsim holds whole prompts from admission (exception prompt-blocks-at-admission)."""
+        return self.prompt_blocks == "at_admission"
 
     def __post_init__(self):
         unknown = set(self.exceptions) - set(EXCEPTIONS)
@@ -155,6 +159,10 @@ def builtin_cases() -> list[Case]:
                       max_num_seqs=4))
     cases.append(Case("long_prompts", "prompts of 1000-1900 tokens, chunked by 256",
                       r(6, 10, (1000, 1900), (1, 10)), num_blocks=300, max_num_batched_tokens=256))
+    cases.append(Case("prompt_blocks_at_admission", "long prompts, kvsim's scheduler.prompt_blocks: at_admission "
+                      "(exception prompt-blocks-at-admission: blocks checked with the allowance)",
+                      r(6, 10, (1000, 1900), (1, 10)), num_blocks=300, max_num_batched_tokens=256,
+                      prompt_blocks="at_admission"))
     cases.append(Case("arrivals", "Poisson arrivals at 30/s (0.01 s steps), idle gaps",
                       r(7, 40, (10, 200), (1, 40), rate_per_s=30.0), num_blocks=150))
     cases.append(Case("prefix_on", "prefix caching, 3 groups sharing 100-token prefixes (ends inside a block)",
@@ -170,7 +178,7 @@ def builtin_cases() -> list[Case]:
                           r(10, 30, (20, 400), (5, 80)), num_blocks=max(8, 2400 // bs), block_size=bs))
     cases.append(Case("reserve_full_isl_off", "scheduler_reserve_full_isl false, chunks of 128",
                       r(11, 20, (100, 800), (5, 40)), num_blocks=80, max_num_batched_tokens=128, max_num_seqs=64,
-                      reserve_full_isl=False, exceptions=("reserve-full-isl-always",)))
+                      reserve_full_isl=False))
     cases.append(Case("reserve_full_isl_on", "scheduler_reserve_full_isl true, chunks of 128",
                       r(11, 20, (100, 800), (5, 40)), num_blocks=80, max_num_batched_tokens=128, max_num_seqs=64))
     cases.append(Case("priority", "priority policy (exception: FCFS waiting queue in kvsim)",

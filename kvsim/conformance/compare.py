@@ -21,10 +21,12 @@ class Difference:
                 f"vllm={self.expected!r} kvsim={self.got!r}")
 
 
-def compare(case: str, ref: Timeline, got: Timeline) -> list[Difference]:
+def compare(case: str, ref: Timeline, got: Timeline, blocks_ahead: bool = False) -> list[Difference]:
     """Differences of ``got`` (a kvsim side) from ``ref`` (vLLM): the first differing step (every
     field that differs there), each fast-mode window whose sums differ (first only), and every
-    request field that differs (first request only)."""
+    request field that differs (first request only). ``blocks_ahead``: kvsim ran with
+    ``scheduler.prompt_blocks: at_admission`` (exception ``prompt-blocks-at-admission``), so its
+    ``kv_blocks_used`` is vLLM's plus the blocks of the prompt chunks vLLM has not scheduled yet."""
     diffs: list[Difference] = []
 
     def add(where, fld, a, b):
@@ -36,8 +38,8 @@ def compare(case: str, ref: Timeline, got: Timeline) -> list[Difference]:
         if b is None:
             continue  # inside a fast-mode window: checked by its sums below
         want = dict(a)
-        # exception prompt-blocks-at-admission: kvsim holds the rest of each running prefill's prompt
-        want["kv_blocks_used"] = a["kv_blocks_used"] + a.get("kv_blocks_ahead", 0)
+        if blocks_ahead:  # kvsim holds the rest of each running prefill's prompt
+            want["kv_blocks_used"] = a["kv_blocks_used"] + a.get("kv_blocks_ahead", 0)
         bad = [f for f in STEP_FIELDS if want[f] != b[f]]
         if bad:
             for f in bad:

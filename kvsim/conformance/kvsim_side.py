@@ -86,7 +86,8 @@ def run_kvsim(case: Case, mode: str) -> Timeline:
     alloc_cfg = PagedAllocatorConfig(block_size=case.block_size, watermark=0.0, prefix_caching=case.prefix_caching)
     allocator = ALLOCATORS.build(alloc_cfg, case.num_blocks * case.block_size, bytes_per_token=1)
     sched_cfg = SchedulerConfig(max_num_seqs=case.max_num_seqs, max_num_batched_tokens=case.max_num_batched_tokens,
-                                chunked_prefill=case.chunked_prefill,
+                                chunked_prefill=case.chunked_prefill, prompt_blocks=case.prompt_blocks,
+                                reserve_full_isl=case.reserve_full_isl,
                                 victim="lowest_priority" if case.policy == "priority" else "latest_admitted")
     log = RequestLog()
     sched = ProbedScheduler(sched_cfg, allocator, case.max_model_len, kv_bytes_per_token=1, request_log=log)

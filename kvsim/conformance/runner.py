@@ -17,7 +17,7 @@ class Outcome:
     steps: int  # vLLM's engine steps
     preemptions: int  # vLLM's, over the run
     prefix_hit_tokens: int  # vLLM's, over the run
-    kv_blocks_ahead_steps: int  # steps where kvsim holds prompt blocks ahead (prompt-blocks-at-admission)
+    kv_blocks_ahead_steps: int  # steps where vLLM holds fewer blocks than a whole-prompt admission would
     diffs: dict[str, list[Difference]]  # mode -> differences
 
     @property
@@ -48,7 +48,7 @@ def run_case(case: Case) -> Outcome:
     from kvsim.conformance.vllm_side import run_vllm
 
     ref = run_vllm(case)
-    diffs = {mode: compare(case.name, ref, run_kvsim(case, mode)) for mode in MODES}
+    diffs = {mode: compare(case.name, ref, run_kvsim(case, mode), blocks_ahead=case.blocks_ahead) for mode in MODES}
     return Outcome(case, len(ref.steps), sum(s["preemptions"] for s in ref.steps),
                    sum(s["prefix_hit_tokens"] for s in ref.steps),
                    sum(1 for s in ref.steps if s["kv_blocks_ahead"]), diffs)

@@ -22,8 +22,8 @@ def test_cases_are_distinct_and_name_only_known_exceptions():
     cases = builtin_cases()
     names = [c.name for c in cases]
     assert len(names) == len(set(names))
-    assert {"priority-waiting-queue", "parallel-samples-as-group", "reserve-full-isl-always"} <= \
-        {e for c in cases for e in c.exceptions}
+    assert {"priority-waiting-queue", "parallel-samples-as-group"} <= {e for c in cases for e in c.exceptions}
+    assert [c.name for c in cases if c.blocks_ahead] == ["prompt_blocks_at_admission"]
     with pytest.raises(ValueError, match="unknown exception"):
         Case("x", "", (), num_blocks=1, exceptions=("no-such",))
     assert set(EXCEPTIONS) >= {e for c in cases for e in c.exceptions}
@@ -78,9 +78,10 @@ def test_kv_blocks_ahead_is_the_only_allowance():
     ahead = Timeline("vllm", [dict(s) for s in ref.steps], ref.requests)
     ahead.steps[0]["kv_blocks_used"] -= 2
     ahead.steps[0]["kv_blocks_ahead"] = 2  # vLLM holds 2 blocks fewer, kvsim holds them ahead: equal
-    assert compare("c", ahead, ref) == []
+    assert compare("c", ahead, ref, blocks_ahead=True) == []
+    assert [d.field for d in compare("c", ahead, ref)] == ["kv_blocks_used"]  # per_chunk: no allowance
     ahead.steps[0]["kv_blocks_ahead"] = 1
-    assert [d.field for d in compare("c", ahead, ref)] == ["kv_blocks_used"]
+    assert [d.field for d in compare("c", ahead, ref, blocks_ahead=True)] == ["kv_blocks_used"]
 
 
 def test_select_names_the_valid_cases():
@@ -119,5 +120,4 @@ def test_exception_cases_change_only_what_they_name():
     assert any(q.priority for q in by["priority"].requests)
     assert all(q.n == 3 for q in by["parallel_sampling"].requests)
     assert not any(q.priority or q.n > 1 for c in by.values() if not c.exceptions for q in c.requests)
-    assert replace(by["reserve_full_isl_off"], reserve_full_isl=True, exceptions=()).requests == \
-        by["reserve_full_isl_on"].requests
+    assert replace(by["reserve_full_isl_off"], reserve_full_isl=True).requests == by["reserve_full_isl_on"].requests

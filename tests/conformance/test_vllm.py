@@ -24,7 +24,9 @@ def test_case_against_vllm(case):
 
 def test_the_suite_exercises_what_it_claims():
     """Preemptions, prefix hits and chunked prompts held ahead all happen somewhere in the suite."""
-    outs = {c.name: run_case(c) for c in CASES if c.name in ("pressure", "prefix_on_pressure", "long_prompts")}
+    outs = {c.name: run_case(c) for c in CASES if c.name in ("pressure", "prefix_on_pressure", "long_prompts",
+                                                                "reserve_full_isl_off")}
     assert outs["pressure"].preemptions > 5
     assert outs["prefix_on_pressure"].prefix_hit_tokens > 0 and outs["prefix_on_pressure"].preemptions > 0
     assert outs["long_prompts"].kv_blocks_ahead_steps > 10
+    assert outs["reserve_full_isl_off"].preemptions > outs["pressure"].preemptions

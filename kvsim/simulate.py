@@ -51,6 +51,12 @@ def resolved_dict(scn: Scenario) -> dict:
     d.pop("variants", None)
     if d.get("host_link") is None:
         d.pop("host_link", None)  # absent = legacy link: old scenarios keep their resolved form and hash
+    # likewise the defaults added by issue 22 (engine_profile, scheduler.prompt_blocks / reserve_full_isl)
+    if d.get("engine_profile") == "kvsim":
+        d.pop("engine_profile")
+    sched = d.get("scheduler") or {}
+    if sched.get("prompt_blocks") == "at_admission" and sched.get("reserve_full_isl") is True:
+        del sched["prompt_blocks"], sched["reserve_full_isl"]
     return d
 
 

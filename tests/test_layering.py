@@ -49,7 +49,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kvsim.results", "kvsim.plots"),
     ("kvsim.dropped",),
     ("kvsim.report",),
-    ("kvsim.api", "kvsim.capacity", "kvsim.calibration", "kvsim.kernel_cli"),  # tools over the run
+    ("kvsim.api", "kvsim.capacity", "kvsim.calibration", "kvsim.kernel_cli", "kvsim.conformance"),  # tools over the run
     ("kvsim.sweep",),
     ("kvsim.cli", "kvsim"),  # the command line; the package root's lazy facade
     ("kvsim.__main__",),

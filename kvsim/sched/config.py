@@ -21,6 +21,13 @@ class SchedulerConfig(StrictModel):
         description="token budget per step; default max(max_model_len, 2048), or 2048 with chunked prefill",
     )
     chunked_prefill: bool = False
+    prompt_blocks: Literal["at_admission", "per_chunk"] = Field(
+        "at_admission",
+        description="at_admission: a request takes blocks for its whole prompt when admitted; per_chunk: "
+                    "blocks for each prefill chunk as it is scheduled (vLLM v1)")
+    reserve_full_isl: bool = Field(
+        True, description="per_chunk only: admit a request only if its whole prompt fits now "
+                          "(vLLM's scheduler_reserve_full_isl); false: if its first chunk fits")
     preemption_mode: Literal["recompute", "swap"] = Field(
         "recompute", description="recompute: drop the victim's KV; swap: move it to the host tier")
     swap_space_bytes: int = Field(4 << 30, ge=0, description="host (CPU DRAM) capacity for swapped KV")

@@ -19,7 +19,9 @@ tokens, within a per-step token budget. The phases of one ``schedule()`` call:
    out no new request is admitted (vLLM v0).
 3. waiting requests, FCFS, only if nothing was preempted in this call: the head is admitted only if
    the allocator can hold its whole current prompt at once (all or nothing) and ``max_num_seqs`` and
-   the token budget allow. Leading prompt blocks found in the prefix cache count as computed (at
+   the token budget allow. It takes the blocks for the whole prompt then (``prompt_blocks:
+   at_admission``), or only for the first chunk (``per_chunk``, vLLM v1: later chunks take theirs
+   when scheduled, in phase 1; ``reserve_full_isl: false`` admits once the first chunk fits). Leading prompt blocks found in the prefix cache count as computed (at
    least the last token is always computed). Without chunked prefill the rest of the prompt is
    scheduled whole or not at all; with it, the head may take the remaining budget.
 
@@ -42,6 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvsim.models.geometry import KVGeometry
+from kvsim.errors import ConfigError
 from kvsim.kv.base import KVRequest
 from kvsim.kv.protocol import KVAllocator, WindowAllocator, allocator_capabilities
 from kvsim.sched.config import SchedulerConfig
@@ -90,6 +93,9 @@ class Scheduler:
         self.max_num_seqs = cfg.max_num_seqs
         self.token_budget = cfg.token_budget(max_model_len_tokens)
         self.chunked_prefill = cfg.chunked_prefill
+        # per_chunk: blocks for each scheduled chunk only (vLLM v1), after the reserve_full_isl check
+        self.per_chunk = cfg.prompt_blocks == "per_chunk"
+        self.reserve_full_isl = cfg.reserve_full_isl
         self.want_context_lens = want_context_lens
         # the run's KV geometry: its bytes_per_token (this GPU's share) sizes swaps; None: no bytes
         self.kv = kv if kv is not None else _NO_KV
@@ -101,6 +107,9 @@ class Scheduler:
         self._peek = allocator.peek_cached_tokens if self.caps.prefix_peek else None
         # the allocator as a WindowAllocator (decode windows ask it whether the head could fit), else None
         self._window_alloc: WindowAllocator | None = allocator if self.caps.windows else None  # type: ignore[assignment]
+        if self.per_chunk and not self.caps.windows:
+            raise ConfigError(f"scheduler.prompt_blocks: per_chunk needs an allocator with can_allocate "
+                             f"(the WindowAllocator capability), not {type(allocator).__name__}")
         # Requests admitted at least once and not finished (running, swapped, preempted back to
         # waiting). Requests that end are written to ``log`` (a RequestSink, kvsim.sched.sink; the run
         # hands in kvsim.metrics.request_log.RequestLog) and dropped;
@@ -273,9 +282,12 @@ class Scheduler:
         budget = self.token_budget - num_running
         if budget <= 0:
             return False
-        if req.num_tokens - self.cached_prefix_tokens(req) > budget and not self.chunked_prefill:
+        cached = self.cached_prefix_tokens(req)
+        if req.num_tokens - cached > budget and not self.chunked_prefill:
             return False
-        return self._window_alloc.can_allocate(req.kv, req.num_tokens)
+        # per_chunk without reserve_full_isl admits once the first chunk fits: one token is a lower bound
+        hold = cached + 1 if self.per_chunk and not self.reserve_full_isl else req.num_tokens
+        return self._window_alloc.can_allocate(req.kv, hold)
 
     def prefetch_target(self) -> Request | None:
         """The request whose KV prefetch loads while the link is idle: the next to be swapped in,
@@ -455,7 +467,12 @@ class Scheduler:
                 if not n:
                     break
                 cost = req.batch_tokens(n, computed=cached)
-            got = alloc.allocate(req.kv, req.num_tokens)
+            hold = req.num_tokens
+            if self.per_chunk:  # vLLM v1: check the whole prompt fits (reserve_full_isl), hold one chunk
+                if self.reserve_full_isl and not alloc.can_allocate(req.kv, req.num_tokens):
+                    break
+                hold = cached + n
+            got = alloc.allocate(req.kv, hold)
             if got is None:
                 break
             if got.cached_tokens != cached:

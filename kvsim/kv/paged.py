@@ -38,7 +38,7 @@ from collections import OrderedDict
 
 from pydantic import Field, model_validator
 
-from kvsim.config_base import StrictModel
+from kvsim.config_base import Bytes, ByteRate, StrictModel, Tokens
 from kvsim.kv.beam import BeamTables
 from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, SampleGeometry, SlotLedger, UsageSums, cdiv
 from kvsim.kv.eviction import EVICTION_POLICIES, BlockStats, LRUEvictionConfig, LRUFreePool
@@ -51,8 +51,8 @@ EvictionConfig = policy_field(EVICTION_POLICIES, "lru")
 
 
 class TierConfig(StrictModel):
-    capacity_bytes: int = Field(gt=0)
-    bandwidth_bytes_per_s: float = Field(gt=0, description="load bandwidth back to GPU memory")
+    capacity_bytes: Bytes = Field(gt=0)
+    bandwidth_bytes_per_s: ByteRate = Field(gt=0, description="load bandwidth back to GPU memory")
 
 
 class OffloadConfig(StrictModel):
@@ -64,7 +64,7 @@ class OffloadConfig(StrictModel):
 
 class PagedAllocatorConfig(StrictModel):
     kind: Literal["paged"] = "paged"
-    block_size: int = Field(16, ge=1, le=512, description="tokens per block")
+    block_size: Tokens = Field(16, ge=1, le=512, description="tokens per block")
     watermark: float = Field(0.01, ge=0, lt=1, description="fraction of blocks kept free at admission")
     prefix_caching: bool = Field(False, description="reuse full blocks across requests (vLLM v1 semantics)")
     track_block_ids: Literal["auto", "always"] = Field(

@@ -55,7 +55,7 @@ from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BeforeValidator, Field
 
-from kvsim.config_base import StrictModel
+from kvsim.config_base import StrictModel, Tokens
 from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, SlotLedger, UsageSums, cdiv
 from kvsim.kv.eviction import LRUEvictionConfig
 from kvsim.registry import ALLOCATORS
@@ -81,7 +81,7 @@ def _lru_only(value):
 
 class RadixAllocatorConfig(StrictModel):
     kind: Literal["radix"] = "radix"
-    block_size: int = Field(1, ge=1, le=512, validation_alias=AliasChoices("block_size", "page_size"),
+    block_size: Tokens = Field(1, ge=1, le=512, validation_alias=AliasChoices("block_size", "page_size"),
                             description="tokens per page (SGLang: 1; page_size: deprecated alias)")
     watermark: float = Field(0.0, ge=0, lt=1, description="fraction of pages kept free at admission")
     eviction: Annotated[LRUEvictionConfig, BeforeValidator(_lru_only)] = Field(

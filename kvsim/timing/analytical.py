@@ -49,7 +49,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, field_validator
 
-from kvsim.config_base import StrictModel
+from kvsim.config_base import ByteRate, StrictModel
 from kvsim.hw import ModelSpec
 from kvsim.registry import TIMING_MODELS
 from kvsim.timing.base import BatchShape, DecodeParts, StepTiming, split_kv_tokens
@@ -72,7 +72,7 @@ class AnalyticalTimingConfig(StrictModel):
     bandwidth_efficiency: float = Field(0.85, gt=0, le=1, description="achieved / peak HBM bandwidth for the "
                                         "weights and KV writes (KV reads: the attention kernel model)")
     step_overhead_s: float = Field(0.002, ge=0, description="fixed CPU/launch cost per step")
-    host_link_bandwidth_bytes_per_s: float = Field(
+    host_link_bandwidth_bytes_per_s: ByteRate = Field(
         64e9, gt=0, description="GPU<->host link for swaps (PCIe Gen5 x16 ~ 64 GB/s)"
     )
     attention_backend: str = Field(

@@ -43,7 +43,7 @@ from pydantic import Field
 from kvsim.calibration_data import interp
 from kvsim.calibration_data import schema as S
 from kvsim.calibration_data.loader import CalibrationData, load_calibration_dir  # noqa: F401  (re-exported)
-from kvsim.config_base import StrictModel
+from kvsim.config_base import ByteRate, StrictModel
 from kvsim.errors import CalibrationError
 from kvsim.hw import GPUS, ModelSpec
 from kvsim.registry import TIMING_MODELS
@@ -61,7 +61,7 @@ class CalibratedTimingConfig(StrictModel):
                                        "resolve against the scenario file's folder, then the working directory")
     step_overhead_s: float = Field(0.002, ge=0, description="fixed CPU/scheduling cost per step (kernel times "
                                                              "are measured without launch gaps)")
-    host_link_bandwidth_bytes_per_s: float = Field(64e9, gt=0, description="GPU<->host link for swaps")
+    host_link_bandwidth_bytes_per_s: ByteRate = Field(64e9, gt=0, description="GPU<->host link for swaps")
     decode_impl: Literal["best", "triton", "triton_splitk", "torch_reference", "triton_interpreter"] = Field(
         "best", description="decode implementation to price; best = fastest measured per point")
     include_lm_head: bool = True

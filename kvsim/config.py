@@ -629,12 +629,12 @@ def _set_blamed(e: dict, sets: tuple[str, ...]) -> str | None:
 
 
 def format_validation_error(err: ValidationError, file: str, prefix: str = "", sets: tuple[str, ...] = ()) -> str:
-    """One line for every problem: ``FILE: key: why`` (``--set KEY=VALUE: key: why`` where a
-    ``--set`` argument gave the value)."""
+    """One line for every problem: ``FILE: key: why`` (``--set KEY=VALUE (applied to FILE): key: why``
+    where a ``--set`` argument gave the value)."""
     msgs: list[tuple[str, str]] = []
     for e in err.errors():
         expr = _set_blamed(e, sets)
-        m = (f"--set {expr}", _one_error(e, "")) if expr else (file, _one_error(e, prefix))
+        m = (f"--set {expr} (applied to {file})", _one_error(e, "")) if expr else (file, _one_error(e, prefix))
         if m not in msgs:
             msgs.append(m)
     msgs.sort(key=lambda m: m[0] == file)  # what --set gave first: the user's last word

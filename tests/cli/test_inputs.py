@@ -80,8 +80,8 @@ def test_a_bad_set_value_names_the_set_argument(scenario, expr, key, hint):
     with pytest.raises(ConfigError) as e:
         load_scenario(scenario, over)
     msg = str(e.value)
-    assert msg.startswith(f"--set {expr}: {key}"), msg
-    assert hint in msg and str(scenario) not in msg and "\n" not in msg
+    assert msg.startswith(f"--set {expr} (applied to {scenario}): {key}"), msg
+    assert hint in msg and "\n" not in msg
 
 
 def test_a_bad_file_value_still_names_the_file(scenario):
@@ -94,7 +94,7 @@ def test_cli_exit_2_one_line(scenario):
     out = kvsim("validate", str(scenario), "--set", "kv_budget.bytes=16 GX")
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("kvsim: error: --set kv_budget.bytes=16 GX: kv_budget.bytes:")
+    assert len(lines) == 1 and lines[0].startswith(f"kvsim: error: --set kv_budget.bytes=16 GX (applied to {scenario}): kv_budget.bytes:")
     assert "unknown unit 'GX'" in lines[0] and "Traceback" not in out.stderr
 
 
@@ -123,5 +123,5 @@ def test_sweep_grid_takes_units(scenario, tmp_path):
     sweep.write_text(f"base_file: {scenario}\ngrid:\n  kv_budget.bytes: [8 GiB, 16.5 B]\n")
     with pytest.raises(ConfigError, match=r"kv_budget.bytes: '16.5 B' is not a whole number of bytes"):
         load_sweep(sweep, check_capacity=False)
-    with pytest.raises(ConfigError, match=r"^--set kv_budget.bytes=1.5: kv_budget.bytes"):
+    with pytest.raises(ConfigError, match=r"^--set kv_budget.bytes=1.5 \(applied to .*\): kv_budget.bytes"):
         load_sweep(sweep, overrides=["kv_budget.bytes=1.5"], check_capacity=False)

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvsim.errors import ConfigError, did_you_mean, format_choices
+from kvsim.units import SET_HELP_UNITS
 
 if TYPE_CHECKING:  # pandas is imported where used (import cost: tests/test_import_cost.py)
     import pandas as pd
@@ -377,7 +378,8 @@ def register(subparsers) -> None:
     c.add_argument("--tol", type=float, default=0.05,
                    help="stop when the failing scale is within this fraction above the passing one (default 0.05)")
     c.add_argument("--variant", action="append", metavar="NAME", help="search only this variant (repeatable)")
-    c.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a scenario key (repeatable)")
+    c.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a scenario key (repeatable); " + SET_HELP_UNITS)
     c.add_argument("--out", help="directory for capacity.csv / capacity.json (default results/<name>-capacity)")
     c.add_argument("-q", "--quiet", action="store_true",
                    help="no progress lines on stderr (default: one per bisection step, with its wall time)")

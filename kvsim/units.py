@@ -41,6 +41,7 @@ BYTE_FORMS = "an integer, 16e9, 1.0e12, or a number with a unit: 16GB, 16 GiB, 5
 TOKEN_FORMS = "an integer, 1.28e5, or 128k (k/m/g = 1e3/1e6/1e9) or 128K (K/M/G = 2^10/2^20/2^30, whole numbers only)"
 RATE_FORMS = "a number (64e9) or a number of bytes per second: 25 GB/s, 2 TiB/s (units as for bytes)"
 NUMBER_FORMS = "a finite number: 12, 0.5, 989e12"
+SET_HELP_UNITS = "sizes and counts take units: kv_budget.bytes=16GiB, model.max_model_len_tokens=128K (docs/scenario.md)"
 
 _NUM = r"[+-]?(?:\d[\d_]*(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 _WITH_UNIT = re.compile(rf"\s*({_NUM})\s*([A-Za-z]*)\s*")
@@ -78,19 +79,24 @@ def _plain(value: Any, what: str, forms: str) -> Decimal | None:
     raise ValueError(f"expected {what}, got {type(value).__name__} {value!r}; give {forms}")
 
 
+def _byte_amount(value: Any, pattern: re.Pattern, what: str, forms: str) -> Decimal:
+    """A number with an optional byte unit (``pattern``: group 1 the number, group 2 the unit)."""
+    d = _plain(value, what, forms)
+    if d is not None:
+        return d
+    m = pattern.fullmatch(value)
+    unit = (m.group(2) or "").lower() if m else ""
+    if not m or (unit and unit not in BYTE_UNITS):
+        why = f"unknown unit {m.group(2)!r}" if m else f"not {what}"
+        raise ValueError(f"{value!r}: {why}; give {forms}")
+    return _decimal(m.group(1)) * BYTE_UNITS[unit or "b"]
+
+
 def parse_bytes(value: Any) -> Any:
     """A byte count (see the module docstring) -> int. None passes through (optional fields)."""
     if value is None:
         return None
-    d = _plain(value, "a byte count", BYTE_FORMS)
-    if d is None:
-        m = _WITH_UNIT.fullmatch(value)
-        unit = m.group(2).lower() if m else ""
-        if not m or (unit and unit not in BYTE_UNITS):
-            why = f"unknown unit {m.group(2)!r}" if m else "not a byte count"
-            raise ValueError(f"{value!r}: {why}; give {BYTE_FORMS}")
-        d = _decimal(m.group(1)) * BYTE_UNITS[unit or "b"]
-    return _whole(d, "bytes", value, BYTE_FORMS)
+    return _whole(_byte_amount(value, _WITH_UNIT, "a byte count", BYTE_FORMS), "bytes", value, BYTE_FORMS)
 
 
 def parse_tokens(value: Any) -> Any:
@@ -116,15 +122,7 @@ def parse_byte_rate(value: Any) -> Any:
     """Bytes per second (see the module docstring) -> float. None passes through."""
     if value is None:
         return None
-    d = _plain(value, "a rate in bytes per second", RATE_FORMS)
-    if d is None:
-        m = _WITH_RATE_UNIT.fullmatch(value)
-        unit = (m.group(2) or "").lower() if m else ""
-        if not m or (unit and unit not in BYTE_UNITS):
-            why = f"unknown unit {m.group(2)!r}" if m else "not a rate"
-            raise ValueError(f"{value!r}: {why}; give {RATE_FORMS}")
-        d = _decimal(m.group(1)) * BYTE_UNITS[unit or "b"]
-    return float(d)
+    return float(_byte_amount(value, _WITH_RATE_UNIT, "a rate in bytes per second", RATE_FORMS))
 
 
 def parse_number(value: Any) -> Any:

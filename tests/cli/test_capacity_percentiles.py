@@ -14,18 +14,8 @@ from kvsim.cli import main
 from kvsim.config import load_scenario
 from kvsim.errors import ConfigError
 from kvsim.simulate import build_trace
+from test_capacity import SCENARIO  # the small synthetic two-variant scenario
 
-SCENARIO = """
-name: cap-pct
-trace:
-  synthetic: {preset: sharegpt, num_requests: 60, arrival: {process: poisson, rate_per_s: 2.0}}
-  length_policy: cap
-model: OPT-13B
-gpu: A100-40GB
-variants:
-  paged-16: {allocator: {kind: paged, block_size: 16}}
-  contiguous-max: {allocator: {kind: contiguous, reservation: max}}
-"""
 
 
 def test_parse_percentile_objectives():

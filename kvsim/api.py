@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,9 +16,9 @@ from typing import TYPE_CHECKING
 
 from kvsim.version import __version__
 from kvsim.config import LoadedScenario, Scenario, load_scenario
-from kvsim.errors import SimulationLimitError, TraceError
+from kvsim.errors import Interrupted, SimulationLimitError, TraceError
 from kvsim.dropped import Dropped, warnings_for
-from kvsim.outdir import atomic_out_dir, check_out_dir
+from kvsim.outdir import MARKER, RESUME_FILE, atomic_out_dir, check_out_dir
 from kvsim.results import write_json, write_parquet, write_text_atomic, write_yaml
 from kvsim.simulate import RunResult, build_trace, resolved_dict
 from kvsim.simulate import run as run_scenario
@@ -115,6 +116,63 @@ def default_out_dir(loaded: LoadedScenario, reports: list[dict]) -> Path:
     return Path("results") / f"{loaded.name}-{h}"
 
 
+VARIANT_FILES = ("summary.json", "requests.parquet", "steps.parquet")  # a finished variant has them all
+
+
+def _fingerprint(scn: Scenario, report: dict, plots: bool, check_invariants: bool) -> dict:
+    """What a finished variant was made from (its resolved scenario, trace, kvsim version, flags):
+    an interrupted run's variant is reused only when this is unchanged."""
+    doc = {"kvsim_version": __version__, "scenario": resolved_dict(scn), "trace": report, "plots": plots,
+           "check_invariants": check_invariants}
+    return json.loads(json.dumps(doc, sort_keys=True, default=str))
+
+
+def _write_resume(tmp: Path, done: dict[str, dict]) -> None:
+    if done:
+        write_text_atomic(tmp / RESUME_FILE, json.dumps(done, sort_keys=True) + "\n")
+    else:
+        (tmp / RESUME_FILE).unlink(missing_ok=True)
+
+
+def _keep_finished(tmp: Path, fingerprints: dict[str, dict]) -> list[str]:
+    """The variants an interrupted run left finished in ``tmp`` (listed in its RESUME_FILE with
+    an unchanged fingerprint, their files all there), in scenario order; everything else in ``tmp``
+    (kvsim's own temporary directory) is cleared."""
+    try:
+        record = json.loads((tmp / RESUME_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        record = {}
+    record = record if isinstance(record, dict) else {}
+    kept = [n for n, fp in fingerprints.items()
+            if record.get(n) == fp and all((tmp / n / f).is_file() for f in VARIANT_FILES)]
+    for e in tmp.iterdir():
+        if e.name in (MARKER, RESUME_FILE) or e.name in kept:
+            continue
+        if e.is_dir() and not e.is_symlink():
+            shutil.rmtree(e)
+        else:
+            e.unlink()
+    _write_resume(tmp, {n: fingerprints[n] for n in kept})
+    return kept
+
+
+def _variant_line(name: str, summary: dict, lost: Dropped) -> str:
+    """The console line of one finished variant."""
+    return (f"{name}: {summary['requests_finished']}/{summary['requests_total']} finished"
+            + "".join(f"; {p}" for p in lost.parts())
+            + f", max concurrency {summary['concurrency']['max']}, "
+              f"token states {100 * summary['kv']['token_states_frac']:.1f}% of KV")
+
+
+def _interrupted_message(tmp: Path | None, done: list[str], total: int) -> str:
+    if not done or tmp is None or not tmp.exists():
+        what = "variant" if total > 1 else "result"
+        gone = f" (kvsim removed its temporary directory {tmp.name})" if tmp is not None else ""
+        return f"interrupted before any {what} was finished{gone}; no result directory was written"
+    return (f"interrupted; kept the {len(done)} of {total} variants that had finished ({', '.join(done)}) in "
+            f"{tmp.resolve()}; rerun the same command to resume: they are skipped unless the scenario changed")
+
+
 def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invariants: bool = False,
                progress: bool | None = None, plots: bool = True, log=None, warn=None, force: bool = False) -> Path:
     """Run every variant of ``loaded`` and write the result directory atomically. Returns its path.
@@ -151,8 +209,16 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
     bar = _Progress(total, progress, extra=stages)
     log = bar.wrap(log)
     dropped: dict[str, Dropped] = {}
+    fps = {name: _fingerprint(s, built[name][1], plots, check_invariants) for name, s in runs.items()}
+    where: dict[str, Path] = {}
+    done: dict[str, dict] = {}  # finished variants: kept from an interrupted run, or run now
     try:
-        with atomic_out_dir(out, "run", force=force, protect=[loaded.path], log=log) as tmp:
+        with atomic_out_dir(out, "run", force=force, protect=[loaded.path], log=log, resume=True) as tmp:
+            where["tmp"] = tmp
+            kept = _keep_finished(tmp, fps) if loaded.variants else []
+            done.update({n: fps[n] for n in kept})
+            if kept and log:
+                log(f"resuming an interrupted run: {len(kept)} finished variant(s) kept ({', '.join(kept)})")
             write_yaml(tmp / "scenario.resolved.yaml", {
                 "kvsim_version": __version__,
                 "scenario_file": str(loaded.path),
@@ -162,9 +228,16 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
             summaries = {}
             for name, scn in runs.items():
                 d = tmp / name if loaded.variants else tmp
+                trace, report = built[name]
+                if name in kept:
+                    summary = summaries[name] = json.loads((d / "summary.json").read_text(encoding="utf-8"))
+                    bar(len(trace) + (stage if plots else 0))
+                    dropped[name] = Dropped.from_summary(summary, report)
+                    if log:
+                        log(_variant_line(name, summary, dropped[name]) + " (kept from the interrupted run)")
+                    continue
                 d.mkdir(exist_ok=True)
                 bar.set_description(name)
-                trace, report = built[name]
                 try:
                     res = run_scenario(scn, base_dir, trace=trace, trace_report=report,
                                        steps_path=d / "steps.parquet", check_invariants=check_invariants,
@@ -179,12 +252,12 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
                     bar.set_description(f"plotting {name}")
                     plotting.plot_run_dir(d)
                     bar(stage)
-                lost = dropped[name] = Dropped.from_summary(summary, report)
+                if loaded.variants:
+                    done[name] = fps[name]
+                    _write_resume(tmp, done)
+                dropped[name] = Dropped.from_summary(summary, report)
                 if log:
-                    log(f"{name}: {summary['requests_finished']}/{summary['requests_total']} finished"
-                        + "".join(f"; {p}" for p in lost.parts())
-                        + f", max concurrency {summary['concurrency']['max']}, "
-                          f"token states {100 * summary['kv']['token_states_frac']:.1f}% of KV")
+                    log(_variant_line(name, summary, dropped[name]))
             if loaded.variants:
                 from kvsim.report.comparison import collect_runs, comparison_frame
 
@@ -204,6 +277,8 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
                 bar.set_description("writing report.html")
                 write_run_report(tmp, shown_name=out.name)
                 bar(stage)
+    except KeyboardInterrupt:
+        raise Interrupted(_interrupted_message(where.get("tmp"), list(done), len(runs))) from None
     finally:
         bar.close()
     for w in warnings_for(dropped):

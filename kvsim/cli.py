@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from kvsim.version import __version__
-from kvsim.errors import KvsimError
+from kvsim.errors import Interrupted, KvsimError
 from kvsim.units import SET_HELP_UNITS
 
 
@@ -236,6 +236,9 @@ def _main(argv: list[str]) -> int:
             raise
         print(f"kvsim: error: {e}", file=sys.stderr)
         return 2
+    except Interrupted as e:  # says what was kept (kvsim run, kvsim sweep)
+        print(f"kvsim: {e}", file=sys.stderr)
+        return 130
     except KeyboardInterrupt:
         print("kvsim: interrupted; no complete result directory was written "
               "(partial output, if any, is marked INCOMPLETE)", file=sys.stderr)

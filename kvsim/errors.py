@@ -36,6 +36,10 @@ class SimulationLimitError(KvsimError):
     """A run exceeded a configured simulated-time or wall-time limit."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with what was kept: ``str()`` is the one-line message the CLI prints (exit 130)."""
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """Return `` (did you mean 'x'?)`` for the closest choice, or an empty string."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)

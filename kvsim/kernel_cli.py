@@ -1,6 +1,7 @@
 """``kvsim kernel``: what-if for one decode-attention launch under the kernel model.
 
     kvsim kernel --gpu A100-80GB --model Llama-2-13B --batch 32 --context 1024 --block-size 16 --json
+    kvsim kernel --check            # the model's error on the public kernel corpus, per backend and GPU
 """
 
 from __future__ import annotations
@@ -20,7 +21,12 @@ time_s: all layers' kernel time (s); bytes_read: HBM bytes the kernel reads (who
 reads them; plus the dequantisation pass of an unfused quantised KV); kv_bytes: the KV bytes of the tokens
 attended (useful bytes); pages_fetched: (page, KV head, layer) fetches -- contiguous KV counts one run per
 (sequence, KV head, layer); bandwidth_utilisation: kv_bytes / time_s / peak HBM bandwidth; time_per_page_s:
-time_s / pages_fetched (the mean KV access latency of docs/metrics.md)."""
+time_s / pages_fetched (the mean KV access latency of docs/metrics.md).
+
+--check instead compares the built-in backends with the public kernel measurement corpus
+(kvsim/timing/data/kernels/kernel_corpus.csv, or --corpus FILE; docs/kernel_model.md): the mean and
+largest relative error of the kernel time per backend and GPU, the fit and held-out rows apart, and
+the largest utilisation error (points) on rows measured at >= 40 % of peak bandwidth."""
 
 
 def _positive_int(text: str) -> int:
@@ -38,18 +44,22 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("kernel", help="predict one decode-attention launch (time, bytes, bandwidth, "
                                              "time per page)", description=DESCRIPTION)
-    p.add_argument("--gpu", required=True, help="GPU preset (kvsim models)")
-    p.add_argument("--model", required=True, help="model preset (kvsim models)")
-    p.add_argument("--batch", type=_positive_int, required=True, help="sequences in the launch")
-    p.add_argument("--context", type=_positive_int, required=True, help="KV tokens per sequence")
+    p.add_argument("--gpu", help="GPU preset (kvsim models); required unless --check")
+    p.add_argument("--model", help="model preset (kvsim models); required unless --check")
+    p.add_argument("--batch", type=_positive_int, help="sequences in the launch; required unless --check")
+    p.add_argument("--context", type=_positive_int, help="KV tokens per sequence; required unless --check")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--block-size", type=_positive_int, help="page size in tokens (default 16)")
     g.add_argument("--contiguous", action="store_true", help="contiguous KV (no page table)")
-    p.add_argument("--backend", default="auto", help="built-in backend (contiguous, flashinfer-paged, "
-                                                    "vllm-2023-paged) or a profile .yaml; auto: vllm-2023-paged "
-                                                    "for pages, contiguous for --contiguous")
+    p.add_argument("--backend", default="auto", help="built-in backend (contiguous, flashattention-paged, "
+                                                    "flashinfer-paged, vllm-paged-v1 (old name vllm-2023-paged), "
+                                                    "vllm-paged-v2) or a profile .yaml; auto: the allocator's default "
+                                                    "(docs/kernel_model.md)")
     p.add_argument("--kv-dtype", default="fp16", choices=sorted(KV_DTYPES))
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--json", action="store_true", help="print one JSON object (--check: one per error row)")
+    p.add_argument("--check", action="store_true", help="print the model's error on the public kernel corpus "
+                                                       "per backend and GPU (fit and held-out rows apart)")
+    p.add_argument("--corpus", help="with --check: a corpus CSV of the same columns instead of the built-in one")
     p.set_defaults(func=handle)
 
 
@@ -82,7 +92,40 @@ def predict(gpu: str, model: str, batch: int, context: int, block_size: int | No
     }
 
 
+def check(corpus: str | None, as_json: bool) -> int:
+    """``kvsim kernel --check``: the built-in profiles against the corpus."""
+    import math
+
+    from kvsim.timing.kernel import builtin_backends, load_backend
+    from kvsim.timing.kernel_corpus import BUILTIN, corpus_summary, error_table, evaluable, load_corpus
+
+    points = load_corpus(corpus)
+    profiles = {b: load_backend(b) for b in builtin_backends()}
+    rows = error_table(points, profiles)
+    if as_json:
+        for r in rows:
+            print(json.dumps({k: (None if isinstance(v, float) and math.isnan(v) else v)
+                              for k, v in r.__dict__.items()}))
+        return 0
+    sources = corpus_summary(points)
+    used = evaluable(points, profiles)
+    print(f"kernel corpus {corpus or BUILTIN}: {len(points)} rows from {len(sources)} sources; {len(used)} on a "
+          f"kvsim GPU preset and a built-in backend (the others are listed, not evaluated)")
+    print(f"  {'backend':22s} {'gpu':14s} {'split':8s} {'rows':>5s} {'mean err':>9s} {'max err':>8s} "
+          f"{'rows>=40%':>9s} {'util err mean/max':>18s}")
+    for r in rows:
+        u = "-" if math.isnan(r.util_max_abs) else f"{r.util_mean_abs * 100:.1f}/{r.util_max_abs * 100:.1f} pts"
+        print(f"  {r.backend:22s} {r.gpu:14s} {r.split:8s} {r.points:5d} {r.mape:9.1%} {r.max_rel:8.1%} "
+              f"{r.util_points:9d} {u:>18s}")
+    return 0
+
+
 def handle(args: argparse.Namespace) -> int:
+    if args.check:
+        return check(args.corpus, args.json)
+    for flag in ("gpu", "model", "batch", "context"):
+        if getattr(args, flag) is None:
+            raise ConfigError(f"--{flag} is required (or use --check for the corpus comparison)")
     block = None if args.contiguous else (args.block_size or 16)
     out = predict(args.gpu, args.model, args.batch, args.context, block, args.backend, args.kv_dtype)
     if args.json:

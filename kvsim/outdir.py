@@ -40,6 +40,7 @@ from kvsim.errors import ConfigError
 MARKER = ".kvsim-output.json"
 MARKER_FORMAT = "kvsim output directory"
 INCOMPLETE_FILE = "INCOMPLETE"
+RESUME_FILE = ".kvsim-resume.json"  # in a temp directory: the parts finished so far (kvsim run's variants)
 
 
 @dataclass(frozen=True)
@@ -311,6 +312,7 @@ def commit(tmp: Path, out: Path, command: str, *, force: bool = False, flag: str
     """Mark ``tmp`` complete and put it at ``out``, keeping the files in ``out`` kvsim did not write."""
     tmp, out = Path(tmp), Path(out)
     (tmp / INCOMPLETE_FILE).unlink(missing_ok=True)
+    (tmp / RESUME_FILE).unlink(missing_ok=True)
     write_marker(tmp, Marker(command, True, tuple(tree(tmp))))
     # Check again: the directory may have changed while we were running.
     old_marker = check_out_dir(out, command, force=force, flag=flag, legacy=legacy)
@@ -341,25 +343,63 @@ def commit(tmp: Path, out: Path, command: str, *, force: bool = False, flag: str
     return out
 
 
+def adopt_interrupted(out: str | Path, command: str) -> Path | None:
+    """The temp directory of an interrupted ``command`` into ``out`` that holds finished parts
+    (a :data:`RESUME_FILE`; its process gone, or this process), renamed to this process's temp
+    name to be written on; None if there is none. The newest wins; :func:`clean_leftovers` removes
+    the others."""
+    out = Path(out)
+    if not out.parent.is_dir():
+        return None
+    found = []
+    for tmp in out.parent.glob(f".{out.name}.tmp-*"):
+        pid = _pid_of(tmp)
+        if pid is None or tmp.is_symlink() or not tmp.is_dir() or (pid != os.getpid() and _pid_alive(pid)):
+            continue
+        marker = _is_ours(tmp)
+        if marker is not None and marker.command == command and not marker.complete and (tmp / RESUME_FILE).is_file():
+            found.append(tmp)
+    if not found:
+        return None
+    best = max(found, key=lambda p: (p.stat().st_mtime_ns, p.name))
+    mine = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    if best != mine:
+        if mine.exists():
+            if _is_ours(mine) is None:
+                raise ConfigError(f"{mine}: exists and was not written by kvsim; move it away")
+            shutil.rmtree(mine)
+        os.replace(best, mine)
+    (mine / INCOMPLETE_FILE).unlink(missing_ok=True)
+    return mine
+
+
 @contextlib.contextmanager
 def atomic_out_dir(out: str | Path, command: str, *, force: bool = False, flag: str = "--out",
                    protect: Iterable[str | Path] = (), legacy: Callable[[Path], Marker | None] | None = None,
-                   log: Callable[[str], None] | None = None) -> Iterator[Path]:
+                   log: Callable[[str], None] | None = None, resume: bool = False) -> Iterator[Path]:
     """Yield a temporary directory to write ``command``'s output into; on success it replaces ``out``.
 
     Refused (before anything is written) per :func:`check_out_dir`. On an exception the temp
     directory stays, marked incomplete (``INCOMPLETE`` says why), and a later run removes it.
+    ``resume``: the yielded directory may be an interrupted run's (:func:`adopt_interrupted`: the
+    caller keeps what its :data:`RESUME_FILE` lists and still holds, and clears the rest); on Ctrl-C
+    a temp directory with no :data:`RESUME_FILE` (nothing finished) is removed at once.
     """
     out = Path(out)
     check_out_dir(out, command, force=force, flag=flag, protect=protect, legacy=legacy)
     out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = adopt_interrupted(out, command) if resume else None
     for note in clean_leftovers(out):
         if log:
             log(note)
-    tmp = _new_temp(out, command)
+    if tmp is None:
+        tmp = _new_temp(out, command)
     try:
         yield tmp
     except BaseException as e:
+        if resume and isinstance(e, KeyboardInterrupt) and not (tmp / RESUME_FILE).exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         with contextlib.suppress(OSError):
             (tmp / INCOMPLETE_FILE).write_text(f"run stopped before completion: {type(e).__name__}: {e}\n")
         raise

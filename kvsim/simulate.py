@@ -51,6 +51,9 @@ def resolved_dict(scn: Scenario) -> dict:
     d.pop("variants", None)
     if d.get("host_link") is None:
         d.pop("host_link", None)  # absent = legacy link: old scenarios keep their resolved form and hash
+    timing = d.get("timing")
+    if isinstance(timing, dict) and "overhead" in timing and timing["overhead"] is None:
+        timing.pop("overhead")  # absent = no batch-dependent CPU overhead: old resolved forms and hashes stay
     return d
 
 
@@ -222,9 +225,24 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
         del table  # the box holds the only reference: the Arrow columns are freed as they are copied
         steps = steps_frame(_table_columns(box))
     summary = summarize(reqs, steps, **summary_args)
+    _add_prefix_ideal(summary, trace, summary_args["block_size"])
     return RunResult(name=str(scn.name), scenario=scn, requests=reqs,
                      steps=None if steps_path is not None else steps, summary=summary,
                      trace_report=trace_report or {}, engine_wall_s=engine_wall, engine_rows=engine_rows)
+
+
+def _add_prefix_ideal(summary: dict, trace: Trace, block_size: int | None) -> None:
+    """Beside the hit ratio the run reached, the trace's ideal at the run's block size (an
+    unbounded cache, :func:`kvsim.trace.stats.paged_ideal_hit_ratio`): ``prefix_cache.ideal_*``."""
+    pc = summary.get("prefix_cache")
+    if not isinstance(pc, dict) or not block_size:
+        return
+    from kvsim.trace.stats import paged_ideal_hit_ratio
+
+    ideal = paged_ideal_hit_ratio(trace, block_size)
+    if ideal is not None:
+        pc["ideal_hit_ratio_tokens"] = ideal["hit_ratio_tokens"]
+        pc["ideal_hit_ratio_blocks"] = ideal["hit_ratio_blocks"]
 
 
 def _unfinished(sched: Scheduler):

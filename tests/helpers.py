@@ -39,3 +39,37 @@ def vidur_dir():
     if env:
         return Path(env)
     return Path(__file__).resolve().parents[1].parent / "shared" / "peer-data" / "vidur"
+
+
+# Runs `kvsim ARGS...` and sends itself SIGINT as call number $KVSIM_TEST_SIGINT_AT of
+# kvsim.api.run_scenario starts (a variant of `kvsim run`, a point of an inline sweep): Ctrl-C at a
+# deterministic place, never after a timed wait.
+SIGINT_DRIVER = """
+import os, signal, sys
+import kvsim.api as api
+from kvsim import cli
+real, calls = api.run_scenario, []
+def run_scenario(*a, **k):
+    calls.append(1)
+    if len(calls) == int(os.environ.get("KVSIM_TEST_SIGINT_AT", "0")):
+        os.kill(os.getpid(), signal.SIGINT)
+    return real(*a, **k)
+api.run_scenario = run_scenario
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def kvsim_with_sigint(cwd, args: list[str], sigint_at: int = 0):
+    """``kvsim ARGS`` in a subprocess in ``cwd`` (SIGINT at run_scenario call ``sigint_at``; 0: never);
+    returns the CompletedProcess (text)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    driver = Path(cwd) / "sigint_driver.py"
+    driver.write_text(SIGINT_DRIVER)
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo), "KVSIM_TEST_SIGINT_AT": str(sigint_at)}
+    return subprocess.run([sys.executable, str(driver), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)

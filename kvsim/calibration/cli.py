@@ -76,9 +76,10 @@ def register(subparsers) -> None:
                                     "timing.attention_backend. Prints the fitted values and the fit's MAPE as JSON.")
     ft.add_argument("dir", metavar="DIR")
     ft.add_argument("--out", dest="fit_out", metavar="PROFILE.yaml", required=True)
-    ft.add_argument("--template", default="vllm-2023-paged",
-                    help="backend whose flags, min_split_tokens and dram_chunk_half_bytes are kept (default "
-                         "vllm-2023-paged: no split-KV, like our Triton kernel's single-pass form)")
+    ft.add_argument("--template", default="vllm-paged-v1",
+                    help="backend whose flags, min_split_tokens, dram_chunk_half_bytes and query_head_reads are "
+                         "kept (default vllm-paged-v1, old name vllm-2023-paged: no split-KV, like our Triton "
+                         "kernel's single-pass form); the fit is additive (overlap 0)")
     ft.add_argument("--gpu", dest="fit_gpu", help="GPU preset for peak bandwidth and SMs (default: meta.json gpu_name)")
     ft.add_argument("--kv-dtype", dest="fit_kv_dtype", help="KV dtype rows to fit (default: first fp16/bf16)")
     ft.add_argument("--impl", dest="fit_impl", help="decode implementation (default: fastest per point)")

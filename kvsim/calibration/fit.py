@@ -7,7 +7,9 @@ What is fitted, per layer (rows are one layer each)::
            + stream_bytes / (peak * max_bandwidth_utilisation * parallelism * dram_eff)
 
 For a fixed ``units_per_sm_to_saturate`` the model is linear in (launch_overhead_s, unit_overhead_s,
-page_overhead_s, 1 / max_bandwidth_utilisation): those are solved by least squares on relative error
+page_overhead_s, 1 / max_bandwidth_utilisation) -- the additive form, so the written profile has
+``overlap: 0`` whatever the template's (the corpus fit, kvsim.calibration.kernel_corpus_fit, fits
+the overlap) -- those are solved by least squares on relative error
 (each row divided by its measured time, so short and long launches weigh alike), constrained >= 0.
 ``units_per_sm_to_saturate`` is found by a log-grid search refined by golden section on the
 relative residual. The flags (split_kv, gqa_grouped, whole_page_reads), ``min_split_tokens`` and
@@ -50,7 +52,7 @@ def _design(profile, rows: pd.DataFrame, geom: dict, kv_dtype: str, peak_bw: flo
     from kvsim.timing.kernel import KernelModel
 
     prof = replace(profile, units_per_sm_to_saturate=units_per_sm, launch_overhead_s=0.0, unit_overhead_s=0.0,
-                   page_overhead_s=0.0, max_bandwidth_utilisation=1.0)
+                   page_overhead_s=0.0, max_bandwidth_utilisation=1.0, overlap=0.0)
     cols = []
     for (bs, contiguous), grp in rows.groupby(["block_size", "contiguous"], sort=True):
         lay = _layout(geom, kv_dtype, None if contiguous else int(bs))
@@ -135,7 +137,7 @@ def fit_rows(rows: pd.DataFrame, geom: dict, kv_dtype: str, template, peak_bw: f
     if umax > 1.0:
         raise CalibrationError(f"fitted max_bandwidth_utilisation {umax:.3f} exceeds 1 (faster than peak HBM "
                                f"bandwidth {peak_bw:.3g} B/s): wrong GPU (--gpu) or rows that hit the L2 cache")
-    prof = replace(template, name=name, reference_gpu=reference_gpu, launch_overhead_s=float(x[0]),
+    prof = replace(template, name=name, reference_gpu=reference_gpu, overlap=0.0, launch_overhead_s=float(x[0]),
                    unit_overhead_s=float(x[1]), page_overhead_s=float(x[2]), max_bandwidth_utilisation=float(umax),
                    units_per_sm_to_saturate=float(best_u),
                    description=f"fitted by kvsim calibrate fit from {len(rows)} decode rows "
@@ -156,7 +158,7 @@ def decode_rows(df: pd.DataFrame, kv_dtype: str, impl: str | None) -> pd.DataFra
     return sel.sort_values(["contiguous", "block_size", "batch", "context_len"]).reset_index(drop=True)
 
 
-def run_fit(dir_: str, out: str, *, template: str = "vllm-2023-paged", gpu: str | None = None,
+def run_fit(dir_: str, out: str, *, template: str = "vllm-paged-v1", gpu: str | None = None,
             kv_dtype: str | None = None, impl: str | None = None, name: str | None = None,
             force: bool = False) -> dict:
     """Fit, write the profile YAML to ``out``; returns the stats (printed by the CLI)."""

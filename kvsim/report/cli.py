@@ -27,12 +27,14 @@ def _cmd_report(args) -> int:
 def register(subparsers) -> None:
     c = subparsers.add_parser(
         "compare", help="comparison tables and plots over run, variants or sweep directories",
-        description="Print the headline table (fragmentation, HBM bandwidth utilisation, KV access latency, max "
-                    "concurrency: baseline vs each run with the % change) and write headline.csv, "
-                    "comparison.csv and comparison plots (fragmentation breakdown, concurrency, memory over "
-                    "time, latency CDFs, and when the inputs vary them: concurrency vs block size, throughput and "
-                    "normalized latency vs request rate with the knee, prefix hit ratio vs capacity, bandwidth vs "
-                    "block size). See docs/report.md.")
+        description="Print key findings and the headline table (fragmentation, HBM bandwidth utilisation, KV "
+                    "access latency, max concurrency, throughput, TTFT, TPOT, normalized latency: baseline vs each "
+                    "run with the % change; the first line says which run is the baseline and why) and write "
+                    "headline.csv, comparison.csv and comparison plots (fragmentation breakdown, concurrency, "
+                    "memory over time, latency CDFs, step-time breakdown, bandwidth utilisation, and when the "
+                    "inputs vary them: concurrency, latency and bandwidth vs block size, throughput and "
+                    "normalized latency vs request rate with the knee, prefix hit ratio vs capacity). "
+                    "See docs/report.md.")
     c.add_argument("paths", nargs="+", metavar="PATH", help="run dir, variants dir or sweep dir (several allowed)")
     c.add_argument("--out", help="output directory (default PATH/compare for one input; required for several): new, "
                                  "empty or an earlier `kvsim compare` output (replaced, keeping files kvsim did not "
@@ -43,7 +45,7 @@ def register(subparsers) -> None:
                         "units (mean/median/std/pNN of ttft, tpot, itl, e2el; request/output/total token throughput, "
                         "request_goodput)")
     c.add_argument("--baseline", metavar="RUN",
-                   help="the headline table's baseline run (label or variant name; default: the scenario's "
+                   help="the headline table's and key findings' baseline run (label or variant name; default: the scenario's "
                         "baseline: key, else the first run)")
     c.add_argument("-q", "--quiet", action="store_true", help="no notes on stderr")
     c.set_defaults(func=_cmd_compare)

@@ -14,7 +14,11 @@ Inputs: single-run directories (``summary.json``), variants directories (subdire
   request-rate key (``trace.rate_scale``, ``trace.synthetic.arrival.rate_per_s``, any key ending in
   ``rate_scale`` / ``rate_per_s``) takes 2+ values;
 * ``prefix_hit_ratio_vs_capacity.png`` -- when a summary has ``prefix_cache.hit_ratio_tokens``;
-* ``bandwidth_vs_block_size.png`` -- when a summary has ``kv_bandwidth_utilisation``.
+* ``step_time_breakdown.png``, ``bandwidth_utilisation.png`` -- when a summary has the step-time
+  breakdown / a bandwidth utilisation (:mod:`kvsim.report.access`);
+* ``latency_vs_block_size.png`` and ``bandwidth_vs_block_size.png`` -- when ``allocator.block_size``
+  takes 2+ values (bandwidth: ``kv_access.hbm_bandwidth_utilisation``, any timing model with an
+  attention kernel; calibrated timing's ``kv_bandwidth_utilisation`` where that is missing).
 
 **Series.** Plots against a parameter draw one line per *series*: for a sweep, the points that
 agree on every override except the x-axis key(s) (and on the variant); for plain run directories,
@@ -58,10 +62,10 @@ from kvsim.plots import (
     plt,
 )
 from kvsim.report.tables import (
-    bandwidth_value,
     flatten,
     get_path,
     is_missing,
+    point_labels,
     prefix_hit_value,
     resolved_scenario,
     summary_metrics,
@@ -85,7 +89,10 @@ PLOT_CAPTIONS = {
     "normalized_latency_vs_rate.png": "Normalized latency (mean E2E / output tokens) vs offered request rate; "
                                       f"knee = highest rate within {KNEE_FACTOR:g}x of the lowest-rate value",
     "prefix_hit_ratio_vs_capacity.png": "Prefix-cache hit ratio (tokens) vs KV cache capacity",
-    "bandwidth_vs_block_size.png": "KV bandwidth utilisation vs block size (calibrated timing)",
+    "bandwidth_vs_block_size.png": "Attention's KV-read bandwidth utilisation (% of peak HBM) vs block size",
+    "latency_vs_block_size.png": "TTFT and TPOT (p50 solid, p99 dashed) vs block size",
+    "step_time_breakdown.png": "Step time by part: attention, GEMMs, overhead, swaps (% of busy time)",
+    "bandwidth_utilisation.png": "Attention's KV-read bandwidth utilisation by run",
 }
 
 
@@ -145,15 +152,13 @@ def collect_runs(paths: list[str | Path]) -> tuple[list[Run], dict]:
                 keys = (yaml.safe_load((p / "sweep.resolved.yaml").read_text()) or {}).get("override_keys") or []
             keys = [k for k in keys if k in idx.columns]
             meta["override_keys"] += [k for k in keys if k not in meta["override_keys"]]
-            for _, row in idx.iterrows():
+            labels = point_labels([row.to_dict() for _, row in idx.iterrows()])
+            for label, (_, row) in zip(labels, idx.iterrows()):
                 if row["status"] != "ok":
                     meta["failed"].append(str(row["point_id"]))
                     continue
                 pid = str(row["point_id"])
-                label = row.get("point_name") if isinstance(row.get("point_name"), str) else pid.rsplit("-", 1)[0]
                 variant = row.get("variant") if isinstance(row.get("variant"), str) else None
-                if variant and not isinstance(row.get("point_name"), str) and not label.startswith(variant):
-                    label = f"{variant}_{label}"
                 ov = {k: (None if is_missing(row[k]) else _py(row[k])) for k in keys}
                 runs.append(_load_run(p / str(row["run_dir"]), label, point_id=pid, variant=variant, overrides=ov))
         elif (p / "summary.json").exists():
@@ -169,6 +174,10 @@ def collect_runs(paths: list[str | Path]) -> tuple[list[Run], dict]:
         for r in runs:
             if labels.count(r.label) > 1:
                 r.label = f"{r.path.parent.name}/{r.label}" if r.point_id is None else (r.point_id or r.label)
+        twice = [r.label for r in runs]
+        for r in runs:  # inputs with the same directory name (a/study, b/study): one more level
+            if twice.count(r.label) > 1 and r.point_id is None:
+                r.label = f"{r.path.parent.parent.name}/{r.label}"
     if not runs:
         raise KvsimError("nothing to compare: no complete runs in " + ", ".join(str(p) for p in paths))
     return runs, meta
@@ -387,16 +396,28 @@ def table_text(df: pd.DataFrame, key: str = "label", fmt=_fixed2) -> str:
 def baseline_of(runs: list[Run], baseline: str | None = None) -> str:
     """The headline's baseline label: ``baseline`` (a label, or a run/variant name), else the
     scenario's ``baseline:`` key, else the first run."""
+    return baseline_choice(runs, baseline)[0]
+
+
+def baseline_choice(runs: list[Run], baseline: str | None = None) -> tuple[str, str]:
+    """(baseline label, why it is the baseline): as :func:`baseline_of`, with the reason in words
+    ("--baseline X", the ``baseline:`` key of which run's scenario, or "the first run")."""
     labels = [r.label for r in runs]
-    wanted = [baseline] if baseline is not None else []
-    wanted += [v for r in runs if isinstance(v := r.params.get("baseline"), str)]
-    for w in wanted:
-        for r in runs:
-            if w in (r.label, r.name, r.variant):
-                return r.label
     if baseline is not None:
+        for r in runs:
+            if baseline in (r.label, r.name, r.variant):
+                return r.label, f"--baseline {baseline}"
         raise KvsimError(f"compare: --baseline {baseline!r} names no run; runs: {', '.join(labels)}")
-    return labels[0]
+    for src in runs:
+        w = src.params.get("baseline")
+        if not isinstance(w, str):
+            continue
+        home = lambda r: None if r.path is None else r.path.parent  # noqa: E731 -- the input directory
+        for r in sorted(runs, key=lambda r: home(r) != home(src)):  # a run of the same input first
+            if w in (r.label, r.name, r.variant):
+                where = f" ({src.path.parent if src.point_id is None else src.path.parent.parent})" if src.path else ""
+                return r.label, f"the scenario's baseline: {w} key{where}"
+    return labels[0], "the first run (no --baseline, no baseline: key)"
 
 
 def comparison_frame(runs: list[Run], meta: dict | None = None, *, source_root: Path | None = None) -> pd.DataFrame:
@@ -631,26 +652,97 @@ def plot_vs_rate(runs: list[Run], key: str, metric: str, ylabel: str, title: str
 CAPACITY_KEYS = ("kv_budget", "gpu", "kv_dtype", "model", "parallel")
 
 
+CAPACITY_SAME_WITHIN = 0.02  # capacities this close (relative), or within one block, are one capacity
+
+
+def _capacity_tokens(r: Run):
+    return (get_path(r.summary, ("prefix_cache", "capacity_tokens"))
+            or get_path(r.summary, ("kv", "capacity_tokens")))
+
+
+def capacity_levels(runs: list[Run]) -> dict[str, float]:
+    """{run label: its KV capacity level}: capacities that differ by at most one block (the largest
+    block size of the runs) or ``CAPACITY_SAME_WITHIN`` are one level (the smallest of them) --
+    variants with the same budget differ only by block rounding, not in capacity."""
+    caps = {r.label: float(c) for r in runs if (c := _capacity_tokens(r))}
+    block = max([float(get_path(r.summary, ("kv", "block_size")) or 1) for r in runs] or [1.0])
+    levels: dict[str, float] = {}
+    start = None
+    for lab, c in sorted(caps.items(), key=lambda kv: kv[1]):
+        if start is None or (c - start > block and c > start * (1 + CAPACITY_SAME_WITHIN)):
+            start = c
+        levels[lab] = start
+    return levels
+
+
 def plot_prefix_hit_vs_capacity(runs: list[Run], path: Path) -> Path:
+    """Hit ratio against capacity where capacities really differ (a line per series, one x tick
+    per capacity level); a bar per run where they do not (:func:`capacity_levels`)."""
     fig, ax = plt.subplots(figsize=(10, 4.8))
     have = [r for r in runs if prefix_hit_value(r.summary) is not None]
-
-    def cap(r: Run):
-        return (get_path(r.summary, ("prefix_cache", "capacity_tokens"))
-                or get_path(r.summary, ("kv", "capacity_tokens")))
-
-    groups = series_of(have, CAPACITY_KEYS, x=cap)
-    shown = _draw_series(ax, groups, cap, lambda r: 100 * prefix_hit_value(r.summary))
-    caps = sorted({c for r in have if (c := cap(r))})
-    if len(caps) > 1:
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("KV cache capacity (tokens, log scale)")
+    levels = capacity_levels(have)
+    distinct = sorted(set(levels.values()))
+    if len(distinct) <= 1:
+        shown = pick_evenly(have, 3 * MAX_LINES)
+        xs = range(len(shown))
+        ax.bar(xs, [100 * prefix_hit_value(r.summary) for r in shown],
+               color=[line_style(i)["color"] for i in xs])
+        ax.set_xticks(list(xs), [r.label for r in shown], rotation=20 if len(shown) > 4 else 0, ha="right"
+                      if len(shown) > 4 else "center")
+        cap = f"{distinct[0]:,.0f} tokens" if distinct else "unknown"
+        ax.set_xlabel(f"run (KV cache capacity {cap} in every run, up to block rounding)")
+        n_series = len(have)
+        ideals = {v for r in shown if (v := get_path(r.summary, ("prefix_cache", "ideal_hit_ratio_tokens"))) is not None}
+        if len(ideals) == 1:
+            ax.axhline(100 * ideals.pop(), color="black", linestyle="--", linewidth=1,
+                       label="the trace's ideal (unbounded cache)")
+            ax.legend(loc="lower right", fontsize=8)
     else:
-        ax.set_xticks(caps, [f"{c:,}" for c in caps])
-        ax.set_xlabel("KV cache capacity (tokens; the same for every run)")
+        from matplotlib.ticker import FixedLocator, NullLocator
+
+        lv = lambda r: levels.get(r.label)  # noqa: E731
+        groups = series_of(have, CAPACITY_KEYS, x=lv)
+        shown = _draw_series(ax, groups, lv, lambda r: 100 * prefix_hit_value(r.summary))
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(FixedLocator(distinct))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticklabels([f"{c:,.0f}" for c in distinct])
+        ax.set_xlabel("KV cache capacity (tokens, log scale)")
+        n_series = len(groups)
+        _legend(ax, len(shown))
     ax.set_ylabel("prefix-cache hit ratio (% of prompt tokens)")
     ax.set_ylim(bottom=0)
-    ax.set_title("Prefix-cache hit ratio vs capacity")
+    ax.set_title("Prefix-cache hit ratio vs capacity" if len(distinct) > 1 else
+                 "Prefix-cache hit ratio by run (one KV capacity)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    note_dropped(fig, len(shown), n_series)
+    return _save(fig, path)
+
+
+def _bandwidth_pct(r: Run) -> float | None:
+    """kv_access.hbm_bandwidth_utilisation (every timing model with an attention kernel), else
+    calibrated timing's kv_bandwidth_utilisation, in %."""
+    from kvsim.report.access import bandwidth_values
+
+    v = bandwidth_values(r.summary)
+    got = v.get("hbm", v.get("copy"))
+    return None if got is None else 100 * got
+
+
+def plot_bandwidth_vs_block_size(runs: list[Run], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    have = [r for r in runs if _bandwidth_pct(r) is not None]
+
+    def bs(r: Run):
+        return get_path(r.summary, ("kv", "block_size")) or r.params.get(BLOCK_KEY) or 1
+
+    groups = series_of(have, (BLOCK_KEY,), x=bs)
+    shown = _draw_series(ax, groups, bs, _bandwidth_pct)
+    _log2_axis(ax, [bs(r) for r in have])
+    ax.set_xlabel("block size (tokens)")
+    ax.set_ylabel("KV-read bandwidth utilisation (% of peak HBM)")
+    ax.set_title("Attention's KV-read bandwidth utilisation vs block size")
     ax.grid(alpha=0.3)
     _legend(ax, len(shown))
     fig.tight_layout()
@@ -658,21 +750,24 @@ def plot_prefix_hit_vs_capacity(runs: list[Run], path: Path) -> Path:
     return _save(fig, path)
 
 
-def plot_bandwidth_vs_block_size(runs: list[Run], path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(10, 4.8))
-    have = [r for r in runs if bandwidth_value(r.summary) is not None]
-
-    def bs(r: Run):
-        return get_path(r.summary, ("kv", "block_size")) or r.params.get(BLOCK_KEY) or 1
-
-    groups = series_of(have, (BLOCK_KEY,), x=bs)
-    shown = _draw_series(ax, groups, bs, lambda r: 100 * bandwidth_value(r.summary))
-    _log2_axis(ax, [bs(r) for r in have])
-    ax.set_xlabel("block size (tokens)")
-    ax.set_ylabel("KV bandwidth utilisation (%)")
-    ax.set_title("KV-read bandwidth utilisation vs block size")
-    ax.grid(alpha=0.3)
-    _legend(ax, len(shown))
+def plot_latency_vs_block_size(runs: list[Run], path: Path) -> Path:
+    """TTFT and TPOT (p50 solid, p99 dashed) against the block size, one line per series."""
+    have = [r for r in runs if r.params.get(BLOCK_KEY) is not None]
+    groups = series_of(have, (BLOCK_KEY,), x=lambda r: r.params[BLOCK_KEY])
+    bs = lambda r: r.params[BLOCK_KEY]  # noqa: E731
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    for ax, key, name in ((axes[0], "ttft_s", "time to first token"), (axes[1], "tpot_s", "time per output token")):
+        p50 = lambda r, k=key: get_path(r.summary, (k, "p50"))  # noqa: E731
+        p99 = lambda r, k=key: get_path(r.summary, (k, "p99"))  # noqa: E731
+        shown = _draw_series(ax, groups, bs, p50, suffix=" (p50)", linestyle="-")
+        _draw_series(ax, {g: groups[g] for g in shown}, bs, p99, suffix=" (p99)", linestyle="--", marker="s")
+        _log2_axis(ax, [bs(r) for r in have])
+        ax.set_yscale("log")
+        ax.set_xlabel("block size (tokens)")
+        ax.set_ylabel(f"{name} (s, log scale)")
+        ax.set_title(f"{name[0].upper()}{name[1:]} vs block size")
+        ax.grid(alpha=0.3, which="both")
+    legend_outside(axes[1], 2 * len(shown))
     fig.tight_layout()
     note_dropped(fig, len(shown), len(groups))
     return _save(fig, path)
@@ -706,15 +801,16 @@ def compare(paths: list[str | Path], out: str | Path | None = None, log=None, *,
         raise KvsimError(f"compare: --metric-names {metric_names!r}: valid choices are {', '.join(METRIC_NAMES)}")
     say = log or (lambda m: None)
     runs, meta = collect_runs(paths)
-    base_label = baseline_of(runs, baseline)
+    base_label, why = baseline_choice(runs, baseline)
     final = Path(out) if out is not None else default_compare_dir(paths)
     with atomic_out_dir(final, "compare", force=force, protect=paths, log=say) as tmp:
         written = _write_comparison(runs, meta, tmp, say, metric_names=metric_names, base_label=base_label,
-                                    show=show)
+                                    show=show, why=why)
     return {name: final / name for name in written}
 
 
-def _write_comparison(runs, meta, out: Path, say, *, metric_names: str, base_label, show) -> dict[str, Path]:
+def _write_comparison(runs, meta, out: Path, say, *, metric_names: str, base_label, show,
+                      why: str = "") -> dict[str, Path]:
     from kvsim.report.headline import headline, headline_frame, headline_text
 
     written: dict[str, Path] = {}
@@ -728,7 +824,8 @@ def _write_comparison(runs, meta, out: Path, say, *, metric_names: str, base_lab
         findings = key_findings({r.label: r.summary for r in runs}, base_label)
         if findings:
             show("Key findings\n" + "\n".join(f"- {f}" for f in findings))
-        show(f"Headline (baseline: {head.baseline})\n{headline_text(head)}")
+        reason = f" -- {why}; another: --baseline LABEL" if why else ""
+        show(f"Headline (baseline: {head.baseline}{reason})\n{headline_text(head)}")
     table = comparison_frame(runs, meta)
     write_text_atomic(out / "comparison.csv", table.to_csv(index=False))
     written["comparison.csv"] = out / "comparison.csv"
@@ -776,8 +873,16 @@ def _write_comparison(runs, meta, out: Path, say, *, metric_names: str, base_lab
         say("compare: request rate does not vary: no throughput/latency-vs-rate plots")
     if any(prefix_hit_value(r.summary) is not None for r in runs):
         attempt("prefix_hit_ratio_vs_capacity.png", lambda p: plot_prefix_hit_vs_capacity(runs, p))
-    if any(bandwidth_value(r.summary) is not None for r in runs):
-        attempt("bandwidth_vs_block_size.png", lambda p: plot_bandwidth_vs_block_size(runs, p))
+    from kvsim.report.access import plot_bandwidth_utilisation, plot_step_time_breakdown, step_time_shares
+
+    if any(step_time_shares(s) is not None for s in summaries.values()):
+        attempt("step_time_breakdown.png", lambda p: plot_step_time_breakdown(summaries, p))
+    if any(_bandwidth_pct(r) is not None for r in runs):
+        attempt("bandwidth_utilisation.png", lambda p: plot_bandwidth_utilisation(summaries, p))
+    if len(_distinct(runs, BLOCK_KEY)) > 1:
+        attempt("latency_vs_block_size.png", lambda p: plot_latency_vs_block_size(runs, p))
+        if any(_bandwidth_pct(r) is not None for r in runs):
+            attempt("bandwidth_vs_block_size.png", lambda p: plot_bandwidth_vs_block_size(runs, p))
     if meta["failed"]:
         say(f"compare: left out {len(meta['failed'])} failed point(s): {', '.join(meta['failed'][:5])}")
     return written

@@ -4,12 +4,18 @@ printed by ``kvsim compare`` above the headline table.
 Each sentence is derived from ``summary.json`` numbers only (docs/metrics.md defines them):
 
 * requests served: finished / total per run when any run left requests unserved;
-* concurrency: the run with the highest ``concurrency.max`` (ties named together), against the baseline;
-* latency: the run with the lowest ``ttft_s.p50``, against the baseline;
 * throughput: the run with the highest ``throughput_requests_per_s``, against the baseline;
+* latency: the runs with the lowest ``ttft_s.p50`` and the lowest ``tpot_s.p50``, against the baseline;
+* concurrency: the run with the highest ``concurrency.max`` (ties named together), against the
+  baseline -- called a gain only when that run's throughput, median TTFT and normalized latency are
+  equal (within ``SAME_WITHIN``, relative) or better than the baseline's; otherwise the sentence
+  says which of them got worse (more requests in the batch served more slowly is no gain). TPOT is
+  not among them: a larger batch lengthens every decode step, the price of concurrency, not a loss;
 * fragmentation: ``kv.fragmentation_frac`` (share of *allocated* KV memory) of the baseline and the
   change of each extreme against it, in percentage points;
-* prefix caching: the highest ``prefix_cache.hit_ratio_tokens`` when a run has prefix caching.
+* prefix caching: the highest ``prefix_cache.hit_ratio_tokens`` when a run has prefix caching,
+  beside the trace's ideal (``prefix_cache.ideal_hit_ratio_tokens``), and the runs below
+  ``FAR_BELOW`` (half) of their ideal, with why and what raises it.
 
 With one run the sentences describe that run. A metric every run lacks is left out; a metric on
 which every run agrees is said once ("all runs: ...").
@@ -21,6 +27,10 @@ import math
 from collections.abc import Callable
 
 from kvsim.report.tables import get_path
+
+SAME_WITHIN = 0.01  # |change| <= 1 % of the baseline counts as "equal" for the concurrency caveat
+SERVICE = ((("throughput_requests_per_s",), True, "throughput"), (("ttft_s", "p50"), False, "median TTFT"),
+           (("normalized_latency_s_per_token",), False, "normalized latency"))
 
 
 def _num(v) -> float | None:
@@ -64,6 +74,8 @@ def _extreme(name: str, values: dict[str, float | None], baseline: str, higher: 
     if len(values) == 1:
         return f"{name}: {fmt(best)}."
     if len(set(have)) == 1:
+        if len(have) < len(values):  # runs without the metric (no prefix caching) are not "every run"
+            return f"{name}: {fmt(best)} in every run that has it ({_names(labels)})."
         return f"{name}: {fmt(best)} in every run."
     base = values.get(baseline)
     tail = ""
@@ -73,6 +85,35 @@ def _extreme(name: str, values: dict[str, float | None], baseline: str, higher: 
     elif baseline in labels:
         tail = " (the baseline)"
     return f"{what} {fmt(best)} with {_names(labels)}{tail}."
+
+
+def _worse_service(s: dict, b: dict) -> list[str]:
+    """What of throughput / median TTFT / normalized latency is worse in ``s`` than in ``b`` (beyond
+    ``SAME_WITHIN``), as "throughput -20.0 %"; metrics either summary lacks are skipped."""
+    worse = []
+    for path, higher, name in SERVICE:
+        v, w = _get(s, path), _get(b, path)
+        if v is None or w is None or w == 0:
+            continue
+        change = (v - w) / abs(w)
+        if (change < -SAME_WITHIN) if higher else (change > SAME_WITHIN):
+            worse.append(f"{name} {100 * change:+.1f} %")
+    return worse
+
+
+def _concurrency(summaries: dict[str, dict], base: str) -> str | None:
+    """The most-requests-at-once sentence; a gain only with equal or better service (module doc)."""
+    conc = {lab: _get(s, ("concurrency", "max")) for lab, s in summaries.items()}
+    text = _extreme("Maximum concurrent requests", conc, base, True, lambda v: f"{v:.0f}", "Most requests at once:")
+    got = _best(conc, True)
+    if text is None or got is None or base in got[0] or base not in summaries:
+        return text
+    worse = {lab: w for lab in got[0] if (w := _worse_service(summaries[lab], summaries[base]))}
+    if not worse:
+        return text
+    why = "; ".join(f"{lab}: {', '.join(w)}" for lab, w in worse.items())
+    return (text[:-1] + f", but no gain: against the baseline {why} -- the extra requests in the batch "
+            "are served more slowly.")
 
 
 def key_findings(summaries: dict[str, dict], baseline: str | None = None) -> list[str]:
@@ -97,13 +138,13 @@ def key_findings(summaries: dict[str, dict], baseline: str | None = None) -> lis
             out.append("Not every request was served (finished/total): " + ", ".join(lost)
                        + "; see \"Requests not served\".")
 
-    conc = {lab: _get(s, ("concurrency", "max")) for lab, s in summaries.items()}
-    out.append(_extreme("Maximum concurrent requests", conc, base, True, lambda v: f"{v:.0f}",
-                        "Most requests at once:"))
-    ttft = {lab: _get(s, ("ttft_s", "p50")) for lab, s in summaries.items()}
-    out.append(_extreme("Median time to first token", ttft, base, False, _seconds, "Lowest median TTFT:"))
     thr = {lab: _get(s, ("throughput_requests_per_s",)) for lab, s in summaries.items()}
     out.append(_extreme("Throughput", thr, base, True, lambda v: f"{v:.3g} req/s", "Highest throughput:"))
+    ttft = {lab: _get(s, ("ttft_s", "p50")) for lab, s in summaries.items()}
+    out.append(_extreme("Median time to first token", ttft, base, False, _seconds, "Lowest median TTFT:"))
+    tpot = {lab: _get(s, ("tpot_s", "p50")) for lab, s in summaries.items()}
+    out.append(_extreme("Median time per output token", tpot, base, False, _seconds, "Lowest median TPOT:"))
+    out.append(_concurrency(summaries, base))
 
     frag = {lab: _get(s, ("kv", "fragmentation_frac")) for lab, s in summaries.items()}
     have = {k: v for k, v in frag.items() if v is not None}
@@ -123,8 +164,30 @@ def key_findings(summaries: dict[str, dict], baseline: str | None = None) -> lis
                     parts.append(f"{k} {_pct(have[k])} ({100 * (have[k] - b):+.1f} points)")
             out.append("KV fragmentation (share of allocated KV): " + "; ".join(parts) + ".")
 
-    hit = {lab: _get(s, ("prefix_cache", "hit_ratio_tokens")) for lab, s in summaries.items()}
-    if any(v is not None for v in hit.values()):
-        out.append(_extreme("Prefix-cache hit ratio (prompt tokens)", hit, base, True, _pct,
-                            "Highest prefix-cache hit ratio (prompt tokens):"))
+    out += _prefix_findings(summaries, base)
     return [s for s in out if s]
+
+
+FAR_BELOW = 0.5  # a hit ratio under half the trace's ideal gets the explanation
+
+
+def _prefix_findings(summaries: dict[str, dict], base: str) -> list[str | None]:
+    """The highest prefix-cache hit ratio, beside the trace's ideal (``prefix_cache.ideal_hit_ratio_tokens``:
+    an unbounded cache), and one line on the runs far below the ideal."""
+    hit = {lab: _get(s, ("prefix_cache", "hit_ratio_tokens")) for lab, s in summaries.items()}
+    if all(v is None for v in hit.values()):
+        return []
+    ideal = {lab: _get(s, ("prefix_cache", "ideal_hit_ratio_tokens")) for lab, s in summaries.items()}
+    text = _extreme("Prefix-cache hit ratio (prompt tokens)", hit, base, True, _pct,
+                    "Highest prefix-cache hit ratio (prompt tokens):")
+    got = _best(hit, True)
+    if text and got and (best_ideal := ideal.get(got[0][0])) is not None:
+        text = text[:-1] + f"; the trace's ideal (an unbounded cache): {_pct(best_ideal)}."
+    far = [f"{lab} {_pct(v)} vs {_pct(ideal[lab])}" for lab, v in hit.items()
+           if v is not None and ideal.get(lab) and v < FAR_BELOW * ideal[lab]]
+    note = None
+    if far:
+        note = ("Far below the trace's ideal prefix hit ratio: " + ", ".join(far) + ". The KV cache is too small "
+                "to keep shared prefixes until they are reused; a larger KV budget (kv_budget) or offload "
+                "tiers (allocator.offload) would raise it.")
+    return [text, note]

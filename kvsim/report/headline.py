@@ -9,6 +9,11 @@ KV fragmentation                       ``kv.fragmentation_frac``               %
 HBM bandwidth utilisation (attention)  ``kv_access.hbm_bandwidth_utilisation``  % of peak
 Average KV access latency              ``kv_access.mean_access_latency_ns``     ns
 Maximum concurrent requests            ``concurrency.max``                     requests
+Throughput                             ``throughput_requests_per_s``            requests/s
+Output token throughput                ``throughput_output_tokens_per_s``       tokens/s
+Median / p99 time to first token       ``ttft_s.p50`` / ``ttft_s.p99``          s (ms below 1 s)
+Median time per output token           ``tpot_s.p50``                          s (ms below 1 s)
+Normalized latency                     ``normalized_latency_s_per_token``       s/token
 =====================================  ======================================  ===========
 
 A value a summary lacks (a run from an older kvsim, or a timing model without the section) is
@@ -35,7 +40,7 @@ NA = "n/a"
 class HeadlineMetric:
     label: str
     path: tuple[str, ...]
-    unit: str  # "%" (a fraction shown x100), "ns" or "requests"
+    unit: str  # "%" (a fraction shown x100), "ns", "requests", "s", "s/token", "requests/s", "tokens/s"
     better: str  # "lower" or "higher"
 
 
@@ -45,6 +50,12 @@ HEADLINE: tuple[HeadlineMetric, ...] = (
                    ("kv_access", "hbm_bandwidth_utilisation"), "%", "higher"),
     HeadlineMetric("Average KV access latency (ns)", ("kv_access", "mean_access_latency_ns"), "ns", "lower"),
     HeadlineMetric("Maximum concurrent requests", ("concurrency", "max"), "requests", "higher"),
+    HeadlineMetric("Throughput (requests/s)", ("throughput_requests_per_s",), "requests/s", "higher"),
+    HeadlineMetric("Output token throughput (tokens/s)", ("throughput_output_tokens_per_s",), "tokens/s", "higher"),
+    HeadlineMetric("Median time to first token (TTFT)", ("ttft_s", "p50"), "s", "lower"),
+    HeadlineMetric("p99 time to first token (TTFT)", ("ttft_s", "p99"), "s", "lower"),
+    HeadlineMetric("Median time per output token (TPOT)", ("tpot_s", "p50"), "s", "lower"),
+    HeadlineMetric("Normalized latency (s/token)", ("normalized_latency_s_per_token",), "s/token", "lower"),
 )
 
 
@@ -116,6 +127,8 @@ def _fmt_value(v: float | None, unit: str) -> str:
         return f"{v * 100:.1f} %"
     if unit == "requests":
         return f"{v:.0f}"
+    if unit == "s":
+        return f"{v * 1000:.3g} ms" if abs(v) < 1 else f"{v:.3g} s"
     return f"{v:.4g}"
 
 
@@ -146,15 +159,32 @@ def headline_text(h: Headline) -> str:
     return "\n".join(lines)
 
 
+def _change_class(m: HeadlineMetric, c: float | None) -> str:
+    """``better``/``worse`` for a change in the metric's good/bad direction (none when 0 or n/a)."""
+    if c is None or c == 0:
+        return ""
+    return "better" if (c > 0) == (m.better == "higher") else "worse"
+
+
 def headline_html(h: Headline, table_id: str = "headline") -> str:
-    """The table as HTML (escaped), with a caption saying what the change means."""
-    header, rows = headline_cells(h)
+    """The table as HTML (escaped), with a caption saying what the change means: one column per run
+    (the value, the change against the baseline below it), so that a handful of runs fits a
+    1280 px window without a horizontal scroll (docs/report.md)."""
     esc = lambda s: html.escape(str(s), quote=True)  # noqa: E731
-    head = "".join(f'<th class="{"k" if i == 0 else ""}">{esc(c)}</th>' for i, c in enumerate(header))
-    body = "".join("<tr>" + "".join(f'<td class="{"k" if i == 0 else ""}">{esc(c)}</td>' for i, c in enumerate(r))
-                   + "</tr>" for r in rows)
-    caption = ("Change = (variant &minus; baseline) / baseline. Lower is better for fragmentation and access "
-               "latency, higher for bandwidth utilisation and concurrency. n/a: the summary lacks the key "
-               "(docs/report.md, headline table).")
-    return (f'<div class="scroll"><table id="{esc(table_id)}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody>'
-            f'</table></div><p class="meta">{caption}</p>')
+    head = '<th class="k">metric</th><th class="k">better</th>' + f"<th>{esc(h.baseline)} (baseline)</th>"
+    head += "".join(f"<th>{esc(lab)}</th>" for lab in h.others)
+    body = []
+    for m in HEADLINE:
+        cells = [f'<td class="k">{esc(m.label)}</td><td class="k">{esc(m.better)}</td>',
+                 f"<td>{esc(_fmt_value(h.values[h.baseline][m.label], m.unit))}</td>"]
+        for lab in h.others:
+            c = h.changes[lab][m.label]
+            cls = _change_class(m, c)
+            cells.append(f"<td>{esc(_fmt_value(h.values[lab][m.label], m.unit))}<br>"
+                         f'<span class="chg {cls}">{esc(_fmt_change(c))}</span></td>')
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    caption = ("Each run's value, and below it the change = (run &minus; baseline) / |baseline| "
+               "(green: better, red: worse, in the direction of the \"better\" column). n/a: the summary "
+               "lacks the key (docs/report.md, headline table).")
+    return (f'<div class="scroll"><table id="{esc(table_id)}" class="headline"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table></div><p class="meta">{caption}</p>')

@@ -43,7 +43,7 @@ VARIANT_PLOTS = {
 }
 
 CSS = """
-body{font-family:-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;margin:24px auto;max-width:1180px;
+body{font-family:-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;margin:24px auto;max-width:1800px;
 color:#212529;background:#fff;line-height:1.4;padding:0 16px}
 h1{font-size:1.6em;border-bottom:2px solid #dee2e6;padding-bottom:6px}
 h2{font-size:1.3em;margin-top:1.8em;border-bottom:1px solid #dee2e6;padding-bottom:4px}
@@ -55,6 +55,12 @@ td.k,th.k{text-align:left}
 tr:nth-child(even) td{background:#f8f9fa}
 .failed td{background:#ffe3e3 !important}
 .scroll{overflow-x:auto;max-width:100%}
+table.headline th{white-space:normal;max-width:12em;vertical-align:bottom}
+table.headline td.k{white-space:normal}
+.chg{font-size:11px;color:#495057}
+.chg.better{color:#2b8a3e}
+.chg.worse{color:#c92a2a}
+p,ul{max-width:1180px}
 figure{margin:12px 0 24px 0}
 figure img{max-width:100%;border:1px solid #e9ecef}
 figcaption{font-size:13px;color:#495057}
@@ -183,6 +189,26 @@ def _run_plots(run_dir: Path, tmp: Path) -> list[str]:
     return [_img(p, cap) for n, cap in RUN_PLOTS.items() if (p := src[n]).exists()]
 
 
+def _access_plots(summaries: dict[str, dict], tmp: Path, name: str) -> list[str]:
+    """The access side (kvsim/report/access.py), drawn from the summaries into ``tmp``: step-time
+    breakdown and bandwidth utilisation by run."""
+    from kvsim.report.access import (bandwidth_values, plot_bandwidth_utilisation, plot_step_time_breakdown,
+                                     step_time_shares)
+    from kvsim.report.comparison import PLOT_CAPTIONS
+
+    sub = tmp / f"access-{name}"
+    sub.mkdir(parents=True, exist_ok=True)
+    out = []
+    for fname, has, plot in (("step_time_breakdown.png", step_time_shares, plot_step_time_breakdown),
+                             ("bandwidth_utilisation.png", bandwidth_values, plot_bandwidth_utilisation)):
+        if any(has(s) for s in summaries.values()):
+            try:
+                out.append(_img(plot(summaries, sub / fname), PLOT_CAPTIONS[fname]))
+            except Exception as e:  # noqa: BLE001 -- the rest of the report stands
+                out.append(_warn(f"could not draw {fname}: {type(e).__name__}: {e}"))
+    return out
+
+
 def _warn(text: str) -> str:
     return f'<p class="warn">{_esc(text)}</p>'
 
@@ -283,6 +309,7 @@ def _single_run_body(run_dir: Path, tmp: Path, shown_name: str | None = None) ->
     body += _dropped_section({summary.get("name", run_dir.name): summary}, _trace_reports(run_dir))
     body += ['<h2 id="summary-heading">Summary</h2>', _summary_table(summary, "summary")]
     body += ['<h2 id="plots">Plots</h2>'] + _run_plots(run_dir, tmp)
+    body += _access_plots({str(summary.get("name", run_dir.name)): summary}, tmp, "run")
     body.append(_scenario_section(run_dir))
     return title, body
 
@@ -319,6 +346,7 @@ def _variants_body(run_dir: Path, tmp: Path, shown_name: str | None = None) -> t
         for n in missing:
             src[n] = sub / n
     body += ['<h2 id="plots">Plots</h2>'] + [_img(src[n], cap) for n, cap in VARIANT_PLOTS.items() if src[n].exists()]
+    body += _access_plots(summaries, tmp, "variants")
     for p in subs:
         body += [f'<h2 id="variant-{_esc(p.name)}">Variant {_esc(p.name)}</h2>',
                  f"<details><summary>summary.json of {_esc(p.name)}</summary>{_summary_table(summaries[p.name], None)}"
@@ -343,21 +371,26 @@ def _sweep_body(sweep_dir: Path, tmp: Path) -> tuple[str, list[str]]:
     ok = int((idx["status"] == "ok").sum())
     body.append(f'<p class="meta">{len(idx)} points: {ok} ok, {len(idx) - ok} not ok. Source: '
                 f"<code>{_esc(Path(str(doc.get('sweep_file', ''))).name)}</code></p>")
+    from kvsim.report.tables import point_labels
+
+    idx.insert(0, "label", point_labels([r.to_dict() for _, r in idx.iterrows()]))
     heads = {}
     for _, r in idx.iterrows():
         f = sweep_dir / str(r["run_dir"]) / "summary.json"
         if r["status"] == "ok" and f.exists():
-            heads[str(r["point_id"])] = json.loads(f.read_text())
+            heads[str(r["label"])] = json.loads(f.read_text())
     body += _findings_section(heads)
     body += _headline_section(heads)
     keys = [k for k in (doc.get("override_keys") or []) if k in idx.columns]
-    cols = ["point_id"] + (["variant"] if "variant" in idx.columns else []) + keys + ["status"]
+    cols = ["label"] + (["variant"] if "variant" in idx.columns else []) + keys + ["status"]
     metric_cols = ["throughput_requests_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "e2e_p50_s", "e2e_p99_s",
                    "normalized_latency_s_per_token", "concurrency_max", "concurrency_mean", "kv_token_states_frac",
                    "kv_internal_frag_frac", "kv_external_frag_frac", "preemptions", "requests_finished",
                    "requests_rejected"]
-    cols += [c for c in metric_cols if c in idx.columns] + ["error"]
+    cols += [c for c in metric_cols if c in idx.columns] + ["error", "point_id"]
     body += ['<h2 id="summary-heading">Points</h2>',
+             '<p class="meta">label: the point\'s name without the hash that keeps its directory '
+             "(points/&lt;point_id&gt;) unique.</p>",
              _table(idx[cols], "summary", key_cols=1 + len(keys) + ("variant" in idx.columns),
                     row_class=lambda r: "failed" if r["status"] != "ok" else "")]
     compare_dir = sweep_dir / "compare"
@@ -377,7 +410,7 @@ def _sweep_body(sweep_dir: Path, tmp: Path) -> tuple[str, list[str]]:
     if len(idx) <= MAX_POINT_SECTIONS:
         for _, r in idx.iterrows():
             pdir = sweep_dir / str(r["run_dir"])
-            body.append(f'<h2 id="point-{_esc(r["point_id"])}">Point {_esc(r["point_id"])}</h2>')
+            body.append(f'<h2 id="point-{_esc(r["point_id"])}">Point {_esc(r["label"])}</h2>')
             if r["status"] != "ok" or not (pdir / "summary.json").exists():
                 body.append(f"<p>status {_esc(r['status'])}: {_esc(r['error'])}</p>")
                 continue

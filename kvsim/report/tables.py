@@ -111,14 +111,6 @@ def summary_metrics(summary: dict) -> dict[str, Any]:
     return row
 
 
-def bandwidth_value(summary: dict) -> float | None:
-    """``kv_bandwidth_utilisation`` as one number (a mapping gives its ``mean``), or None."""
-    bw = summary.get(BANDWIDTH_KEY)
-    if isinstance(bw, dict):
-        bw = bw.get("mean", bw.get("value"))
-    return float(bw) if isinstance(bw, (int, float)) and not isinstance(bw, bool) else None
-
-
 def prefix_hit_value(summary: dict) -> float | None:
     v = get_path(summary, PREFIX_HIT_KEY)
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
@@ -154,6 +146,21 @@ def resolved_scenario(run_dir: Path) -> dict | None:
         if name is not None and name in runs:
             return runs[name].get("scenario")
     return None
+
+
+def point_labels(rows: list[dict]) -> list[str]:
+    """Display labels of sweep points (index rows with ``point_id``, ``point_name``, ``variant``):
+    the point's ``name:`` if it has one, else its id without the trailing hash (``block_size-8``
+    for ``block_size-8-5a1ffe33``), prefixed by the variant when the id does not already say it.
+    Directories keep the hash (it makes ids unique); a label that would repeat falls back to the id."""
+    out = []
+    for r in rows:
+        pid, name, variant = str(r["point_id"]), r.get("point_name"), r.get("variant")
+        label = name if isinstance(name, str) else pid.rsplit("-", 1)[0]
+        if isinstance(variant, str) and not isinstance(name, str) and not label.startswith(variant):
+            label = f"{variant}_{label}"
+        out.append(label)
+    return [lab if out.count(lab) == 1 else str(r["point_id"]) for lab, r in zip(out, rows)]
 
 
 def is_missing(v: Any) -> bool:

@@ -26,6 +26,11 @@ def _cmd_sweep(args) -> int:
                    report=not args.no_report, force=args.force, progress=False if args.quiet else None,
                    log=log)
     info = df.attrs["sweep"]
+    if not args.quiet:
+        from kvsim.sweep.index import result_table_text
+
+        print(result_table_text(df) + "\n(point: the label; points/<id>/ adds a hash that keeps directories "
+              "unique; every metric: index.csv, report.html)", file=sys.stderr)
     print(info["sweep_dir"])
     if info["failed"]:
         bad = df.loc[df["status"] != "ok", "point_id"].tolist()

@@ -85,6 +85,35 @@ def write_index(df: pd.DataFrame, sweep_dir: Path) -> None:
     write_text_atomic(sweep_dir / "index.csv", df.to_csv(index=False))
 
 
+RESULT_COLUMNS = (  # (index column, console header, scale): the sweep's closing table
+    ("throughput_requests_per_s", "req/s", 1.0), ("ttft_p50_s", "TTFT p50 s", 1.0),
+    ("tpot_p50_s", "TPOT p50 ms", 1000.0), ("normalized_latency_s_per_token", "norm lat s/tok", 1.0),
+    ("concurrency_max", "max conc", 1.0), ("kv_fragmentation_frac", "frag %", 100.0),
+    ("preemptions", "preempt", 1.0),
+)
+
+
+def result_table_text(df: pd.DataFrame) -> str:
+    """The compact table ``kvsim sweep`` prints at the end: one line per point (its label without
+    the directory's hash, :func:`kvsim.report.tables.point_labels`), its status and key metrics."""
+    from kvsim.report.tables import fmt, is_missing, point_labels
+
+    labels = point_labels([r.to_dict() for _, r in df.iterrows()])
+    cols = [c for c in RESULT_COLUMNS if c[0] in df.columns]
+    header = ["point", "status"] + [h for _, h, _ in cols]
+    rows = []
+    for lab, (_, r) in zip(labels, df.iterrows()):
+        cells = [lab, str(r["status"])]
+        for c, _, scale in cols:
+            v = r[c]
+            cells.append("" if is_missing(v) or v is pd.NA else fmt(float(v) * scale if scale != 1.0 else
+                                                                    (v.item() if hasattr(v, "item") else v)))
+        rows.append(cells)
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+                     for row in [header, *rows])
+
+
 def load_index(sweep_dir: str | Path) -> pd.DataFrame:
     """Read ``SWEEP_DIR/index.parquet``."""
     from kvsim.errors import KvsimError

@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from kvsim.errors import ConfigError
+from kvsim.errors import ConfigError, Interrupted
 from kvsim.outdir import clean_leftovers, finish_killed_commit, open_in_place, set_complete
 from kvsim.results import is_complete_run_dir, write_text_atomic, write_yaml
 from kvsim.sweep.executors import EXECUTORS, Outcome, execute
@@ -184,6 +184,11 @@ def run_sweep(sweep_file_or_spec: str | Path | dict | LoadedSweep, out_dir: str 
     try:
         execute(tasks, on_outcome, executor=executor, jobs=jobs, retries=retries, address=address,
                 on_retry=on_retry)
+    except KeyboardInterrupt:
+        ok = sum(point_state(sweep, out, p) == "complete" for p in sweep.points)  # on disk: what a rerun skips
+        raise Interrupted(f"interrupted; {ok} of {len(sweep.points)} points are complete in {out / 'points'} "
+                          f"(index.csv lists the rest as pending); rerun the same command to resume: complete "
+                          "points are skipped") from None
     finally:
         if bar is not None:
             bar.close()

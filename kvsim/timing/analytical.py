@@ -6,7 +6,7 @@
                   weights are read inside each GEMM's memory term, so there is no separate weights term)
     attention_s = max(decode kernel KV time, decode FLOPs) + max(prefill kernel KV time, fitted prefill attention)
     kv_write_s  = num_tokens * kv_bytes_per_token / (hbm_bandwidth * bandwidth_efficiency)
-    duration    = linear_s + attention_s + kv_write_s + step_overhead_s + swap_s + parallel_comm_s
+    duration    = linear_s + attention_s + kv_write_s + overhead_s + swap_s + parallel_comm_s
 
 ``timing.gemm_model: roofline`` -- the model before the GEMM fit (one roofline over the step)::
 
@@ -15,9 +15,12 @@
     kv_read_s  = attention_s + num_tokens * kv_bytes_per_token / (hbm_bandwidth * bandwidth_efficiency)
     compute_s  = (2 * params_per_token * num_tokens + 4 * layers * heads * head_dim * attention_pairs)
                  / (peak_flops * compute_efficiency)
-    duration   = max(weights_s + kv_read_s, compute_s) + step_overhead_s + swap_s + parallel_comm_s
+    duration   = max(weights_s + kv_read_s, compute_s) + overhead_s + swap_s + parallel_comm_s
 
-with, in both, ``swap_s = (swap_in_bytes + swap_out_bytes) / host_link_bandwidth + tier_load_s``
+with, in both, the engine's CPU time ``overhead_s = step_overhead_s + overhead.per_seq_s * num_seqs
++ overhead.per_prefill_token_s * num_prefill_tokens`` (kvsim.timing.overhead; without
+``overhead:``, ``step_overhead_s``) and
+``swap_s = (swap_in_bytes + swap_out_bytes) / host_link_bandwidth + tier_load_s``
 without ``host_link:``, and with it ``transfer_time_s(in bytes, in copies, h2d) +
 transfer_time_s(out bytes, out copies, d2h) + tier_load_s`` (docs/transfer_model.md).
 MoE and MLA models keep the roofline for their linear layers (the fitted shapes are dense layers;
@@ -54,6 +57,7 @@ from kvsim.hw import ModelSpec
 from kvsim.registry import TIMING_MODELS
 from kvsim.timing.base import BatchShape, DecodeParts, StepTiming, split_kv_tokens
 from kvsim.timing.context import TimingContext
+from kvsim.timing.overhead import EngineOverheadConfig, StepOverhead
 from kvsim.timing.transfer import step_transfers
 from kvsim.errors import did_you_mean, format_choices
 from kvsim.timing.kernel import (KernelModel, KVLayout, builtin_backends, default_backend, load_backend,
@@ -72,13 +76,18 @@ class AnalyticalTimingConfig(StrictModel):
     bandwidth_efficiency: float = Field(0.85, gt=0, le=1, description="achieved / peak HBM bandwidth for the "
                                         "weights and KV writes (KV reads: the attention kernel model)")
     step_overhead_s: float = Field(0.002, ge=0, description="fixed CPU/launch cost per step")
+    overhead: EngineOverheadConfig | None = Field(
+        None, description="CPU overhead that scales with the batch: per_seq_s (per scheduled sequence per "
+                          "step), per_prefill_token_s (per prompt token computed); absent: none "
+                          "(docs/engine_overhead.md)")
     host_link_bandwidth_bytes_per_s: ByteRate = Field(
         64e9, gt=0, description="GPU<->host link for swaps (PCIe Gen5 x16 ~ 64 GB/s)"
     )
     attention_backend: str = Field(
-        "auto", description="decode-attention kernel profile: auto (paged allocators: vllm-2023-paged; "
-                            "contiguous/buddy: contiguous), a built-in name (contiguous, flashinfer-paged, "
-                            "vllm-2023-paged), a profile .yaml path (e.g. from `kvsim calibrate fit`), or "
+        "auto", description="decode-attention kernel profile: auto (paged allocators: vllm-paged-v1; "
+                            "contiguous/buddy: contiguous), a built-in name (contiguous, flashattention-paged, "
+                            "flashinfer-paged, vllm-paged-v1 (old name vllm-2023-paged), vllm-paged-v2), a profile "
+                            ".yaml path (e.g. from `kvsim calibrate fit`), or "
                             "roofline (KV reads at bandwidth_efficiency, no kernel model)")
     gemm_model: Literal["fitted", "roofline"] = Field(
         "fitted", description="linear layers and prefill attention: fitted (per-GPU GEMM model fitted to "
@@ -108,6 +117,14 @@ class AnalyticalTiming:
         self._comm_s_per_step = ctx.comm_s_per_step  # comm_s(n) = per_step + per_token * n, inlined
         self._comm_s_per_token = ctx.comm_s_per_token
         self._no_comm = ctx.comm_s_per_step == 0.0 and ctx.comm_s_per_token == 0.0
+        # the engine's CPU time per step (kvsim.timing.overhead: its one definition); a constant stays
+        # the float step_overhead_s, else it is a row of the decode table after the comm row
+        self.overhead = StepOverhead(cfg.step_overhead_s, cfg.overhead)
+        self._overhead_row = None if self.overhead.constant else (7 if self._no_comm else 8)
+        rows = dict(_FITTED_ROWS_NO_COMM if self._no_comm else _FITTED_ROWS)
+        if self._overhead_row is not None:
+            rows["overhead_s"] = self._overhead_row
+        self._fitted_rows = rows
         self.transfers = step_transfers(ctx.host_transfers, cfg.host_link_bandwidth_bytes_per_s)
         self.attention_flops_per_pair = 4.0 * m.num_layers * m.num_attention_heads * m.head_dim
         self.block_size = ctx.block_size
@@ -145,10 +162,10 @@ class AnalyticalTiming:
             "attention_s": matrix[5],
             "decode_attention_s": matrix[5],
             "prefill_attention_s": 0.0,
-            "overhead_s": self.cfg.step_overhead_s,
+            "overhead_s": self.cfg.step_overhead_s if self._overhead_row is None else matrix[self._overhead_row],
             "swap_s": 0.0,
             "parallel_comm_s": 0.0 if no_comm else matrix[7],
-        }, matrix, _FITTED_ROWS_NO_COMM if no_comm else _FITTED_ROWS)
+        }, matrix, self._fitted_rows)
 
     def decode_step_pricer(self) -> FittedDecodeSteps | None:
         """:class:`~kvsim.timing.base.ScalarDecodeSteps`: decode steps priced one at a time, in
@@ -158,8 +175,9 @@ class AnalyticalTiming:
     def _grow_decode_table(self, top: int) -> None:
         """Per-batch-size rows for decode_durations (fitted GEMM model), n = 0 .. at least ``top``:
         the rows of :data:`_FITTED_ROWS` (placeholders where a part depends on the KV read), then
-        the KV-write time ``n * kv_bytes_per_token / bandwidth`` and, under parallelism, the
-        communication ``comm_s(n)``; each the double step_time computes for a batch of n."""
+        the KV-write time ``n * kv_bytes_per_token / bandwidth``, under parallelism the
+        communication ``comm_s(n)`` and, with a batch-dependent overhead, ``overhead.time_s(n, 0)``;
+        each the double step_time computes for a batch of n."""
         g = self.gemm
         size = max(top + 1, 2 * self._decode_table.shape[1], 1024)
         if size > g._size:
@@ -170,6 +188,8 @@ class AnalyticalTiming:
                 n * self.kv_bytes_per_token / self.bandwidth_bytes_per_s]
         if not self._no_comm:
             rows.append(self._comm_s_per_step + self._comm_s_per_token * n)
+        if self._overhead_row is not None:
+            rows.append(self.overhead.decode_row(n))
         self._decode_table = np.array(rows)
 
     def _attention_s(self, num_seqs, kv_tokens, kv_pages):
@@ -197,6 +217,10 @@ class AnalyticalTiming:
                                        shape.swap_out_bytes, shape.swap_out_copies) + shape.tier_load_s
         # parallelism: TimingContext.comm_s (the same expression in decode_durations)
         comm_s = self._comm_s_per_step + self._comm_s_per_token * num_tokens
+        if self._overhead_row is None:
+            overhead_s = self.cfg.step_overhead_s
+        else:
+            overhead_s = self.overhead.time_s(seqs, shape.num_prefill_tokens)
         if num_pre and T:
             pre_kv, _ = split_kv_tokens(shape)
             pre_att = attn_kv_s * (pre_kv / T)
@@ -204,12 +228,12 @@ class AnalyticalTiming:
             pre_kv, pre_att = 0.0, 0.0
         if self.gemm is not None:
             return self._fitted_step(shape, num_tokens, seqs, kv_read, kv_write, attn_kv_s, pre_kv, pre_att,
-                                     swap_s, comm_s)
+                                     swap_s, comm_s, overhead_s)
         weights_s = self.weight_bytes / self.bandwidth_bytes_per_s
         kv_s = attn_kv_s + kv_write / self.bandwidth_bytes_per_s
         linear_s = self.linear_flops_per_token * num_tokens / self.flops_per_s
         attn_s = self.attention_flops_per_pair * shape.attention_pairs / self.flops_per_s
-        duration = max(weights_s + kv_s, linear_s + attn_s) + self.cfg.step_overhead_s + swap_s
+        duration = max(weights_s + kv_s, linear_s + attn_s) + overhead_s + swap_s
         duration = duration + comm_s
         return StepTiming(
             duration_s=duration,
@@ -221,7 +245,7 @@ class AnalyticalTiming:
                 "attention_s": attn_kv_s,
                 "decode_attention_s": attn_kv_s - pre_att,
                 "prefill_attention_s": pre_att,
-                "overhead_s": self.cfg.step_overhead_s,
+                "overhead_s": overhead_s,
                 "swap_s": swap_s,
                 "parallel_comm_s": comm_s,
             },
@@ -229,7 +253,7 @@ class AnalyticalTiming:
         )
 
     def _fitted_step(self, shape, num_tokens, seqs, kv_read, kv_write, attn_kv_s, pre_kv, pre_att, swap_s,
-                     comm_s) -> StepTiming:
+                     comm_s, overhead_s) -> StepTiming:
         g = self.gemm
         # LM head: one row per scheduled sequence (every sample of a parallel-sampling request)
         if (num_tokens if num_tokens > seqs else seqs) >= g._size:
@@ -250,7 +274,6 @@ class AnalyticalTiming:
             attn_flops_s = dec_flops_s
         attention_s = dec_s + pre_s
         kv_write_s = kv_write / self.bandwidth_bytes_per_s
-        overhead_s = self.cfg.step_overhead_s
         duration = linear_s + attention_s + kv_write_s + overhead_s + swap_s
         duration = duration + comm_s
         return StepTiming(
@@ -297,6 +320,7 @@ class AnalyticalTiming:
         no_comm = self._no_comm
         comm_s = 0.0
         overhead_s = self.cfg.step_overhead_s
+        ov_row = self._overhead_row
         if self.gemm is not None:
             # One lookup in the per-batch-size table gives a matrix whose rows are the per-step
             # parts (decode_totals sums them in one reduction): the linear layers, the KV writes and
@@ -313,10 +337,12 @@ class AnalyticalTiming:
             np.add(attn_kv_s, kv_write_s, out=kv_read_s)
             duration = linear_s + dec_s
             duration += kv_write_s
-            duration += overhead_s
+            duration += overhead_s if ov_row is None else matrix[ov_row]
             if not no_comm:
                 duration += matrix[7]
             return duration, self._fitted_parts(matrix), kv_read
+        if ov_row is not None:
+            overhead_s = self.overhead.decode_row(num_seqs)
         if not no_comm:
             comm_s = self._comm_s_per_step + self._comm_s_per_token * num_seqs
         weights_s = self.weight_bytes / self.bandwidth_bytes_per_s
@@ -459,7 +485,7 @@ class FittedDecodeSteps:
     numpy call costs as much as dozens of steps priced here."""
 
     __slots__ = ("timing", "kernel", "rows", "size", "kv_bytes_per_token", "bandwidth_bytes_per_s",
-                 "attention_flops_per_pair", "flops_per_s", "overhead_s", "no_comm")
+                 "attention_flops_per_pair", "flops_per_s", "overhead_s", "overhead_row", "no_comm")
 
     def __init__(self, timing: AnalyticalTiming):
         self.timing = timing
@@ -469,6 +495,7 @@ class FittedDecodeSteps:
         self.attention_flops_per_pair = timing.attention_flops_per_pair
         self.flops_per_s = timing.flops_per_s
         self.overhead_s = timing.cfg.step_overhead_s
+        self.overhead_row = timing._overhead_row  # None: the constant overhead_s
         self.no_comm = timing._no_comm
         self._load()
 
@@ -481,7 +508,8 @@ class FittedDecodeSteps:
         """``(duration, parts)`` of one decode step: ``num_seqs`` sequences reading
         ``kv_tokens_read`` KV tokens in ``kv_pages_read`` pages (0: not known, estimated as
         decode_durations and step_time do). ``parts`` is the step's column of the matrix rows of
-        :data:`_FITTED_ROWS` plus the KV-write row."""
+        :data:`_FITTED_ROWS` plus the KV-write row (then the comm and the overhead rows, where the
+        decode table has them)."""
         n = num_seqs
         if n >= self.size:
             self.timing._grow_decode_table(n)
@@ -497,12 +525,19 @@ class FittedDecodeSteps:
         linear = r[1][n]
         duration = linear + dec
         duration += kv_write
-        duration += self.overhead_s
-        if self.no_comm:
-            return duration, (attn + kv_write, linear, r[2][n], r[3][n], flops, dec, kv_write)
-        comm = r[7][n]
-        duration += comm
-        return duration, (attn + kv_write, linear, r[2][n], r[3][n], flops, dec, kv_write, comm)
+        col = (attn + kv_write, linear, r[2][n], r[3][n], flops, dec, kv_write)
+        if self.overhead_row is None:
+            duration += self.overhead_s
+        else:
+            ov = r[self.overhead_row][n]
+            duration += ov
+        if not self.no_comm:
+            comm = r[7][n]
+            duration += comm
+            col = col + (comm,)
+        if self.overhead_row is not None:
+            col = col + (ov,)
+        return duration, col
 
     def parts(self, columns: list) -> DecodeParts:
         """decode_durations' breakdown of the steps whose :meth:`column` parts are ``columns``."""

@@ -9,7 +9,9 @@ Per step, with ``L`` layers (every table holds one layer's time at tensor-parall
     elementwise_s       = L * T_elementwise(num_tokens) (norms, RoPE, activation, adds; if measured)
     swap_s              = (swap_in_bytes + swap_out_bytes) / host_link_bandwidth + tier_load_s, or with
                           host_link: the transfer model per copy (docs/transfer_model.md)
-    duration            = attention_s + gemm_s + lm_head_s + elementwise_s + step_overhead_s + swap_s
+    duration            = attention_s + gemm_s + lm_head_s + elementwise_s + overhead_s + swap_s
+    (overhead_s: kvsim.timing.overhead -- step_overhead_s, plus the per-sequence and per-prompt-token
+    terms of ``overhead:`` when given)
 
 ``breakdown_s`` holds each term, the decode/prefill split of ``attention_s``, and ``compute_s`` =
 gemm + lm_head + elementwise (sub-totals repeat their parts; ``duration_s`` is authoritative).
@@ -49,6 +51,7 @@ from kvsim.hw import GPUS, ModelSpec
 from kvsim.registry import TIMING_MODELS
 from kvsim.timing.base import BatchShape, StepTiming, split_kv_tokens  # noqa: F401  (re-exported)
 from kvsim.timing.context import TimingContext
+from kvsim.timing.overhead import EngineOverheadConfig, StepOverhead
 from kvsim.timing.transfer import step_transfers
 
 if TYPE_CHECKING:  # pandas is imported where used (import cost: tests/test_import_cost.py)
@@ -61,6 +64,9 @@ class CalibratedTimingConfig(StrictModel):
                                        "resolve against the scenario file's folder, then the working directory")
     step_overhead_s: float = Field(0.002, ge=0, description="fixed CPU/scheduling cost per step (kernel times "
                                                              "are measured without launch gaps)")
+    overhead: EngineOverheadConfig | None = Field(
+        None, description="CPU overhead that scales with the batch: per_seq_s, per_prefill_token_s; absent: "
+                          "none (docs/engine_overhead.md)")
     host_link_bandwidth_bytes_per_s: ByteRate = Field(64e9, gt=0, description="GPU<->host link for swaps")
     decode_impl: Literal["best", "triton", "triton_splitk", "torch_reference", "triton_interpreter"] = Field(
         "best", description="decode implementation to price; best = fastest measured per point")
@@ -107,6 +113,7 @@ class CalibratedTiming:
 
     def __init__(self, cfg: CalibratedTimingConfig, ctx: TimingContext):
         self.cfg = cfg
+        self.overhead = StepOverhead(cfg.step_overhead_s, cfg.overhead)  # kvsim.timing.overhead
         self.transfers = step_transfers(ctx.host_transfers, cfg.host_link_bandwidth_bytes_per_s)
         path = resolve_calibration_path(cfg.file, ctx.base_dir)
         data = load_calibration_dir(path)
@@ -224,7 +231,9 @@ class CalibratedTiming:
         swap_s = self.transfers.swap_s(shape.swap_in_bytes, shape.swap_in_copies,
                                        shape.swap_out_bytes, shape.swap_out_copies) + shape.tier_load_s
         attn_s = dec_s + pre_s
-        duration = attn_s + gemm_s + lm_s + elem_s + self.cfg.step_overhead_s + swap_s
+        overhead_s = (self.cfg.step_overhead_s if self.overhead.constant else
+                      self.overhead.time_s(shape.num_prefill_seqs + shape.num_decode_seqs, shape.num_prefill_tokens))
+        duration = attn_s + gemm_s + lm_s + elem_s + overhead_s + swap_s
         return StepTiming(
             duration_s=duration,
             breakdown_s={
@@ -237,7 +246,7 @@ class CalibratedTiming:
                 # non-attention kernel time in one key (the step recorder's ``compute_s`` column);
                 # it repeats gemm_s + lm_head_s + elementwise_s, as the attention_s sub-keys repeat
                 "compute_s": gemm_s + lm_s + elem_s,
-                "overhead_s": self.cfg.step_overhead_s,
+                "overhead_s": overhead_s,
                 "swap_s": swap_s,
             },
             kv_bytes_read=shape.kv_tokens_read * self.kv_bytes_per_token,

@@ -8,6 +8,10 @@ docs/kernel_model.md)::
     per layer launch, for a batch of n sequences with T KV tokens and P pages (sum of ceil(c_i / block)):
       tokens_read  = P * block_size            if the backend reads whole last pages (and is paged)
                    = T                          otherwise
+      rereads      = 1 + query_head_reads * (query heads / kv heads - 1)   without gqa_grouped
+                     (each query head's work unit reads its KV head again; query_head_reads is the
+                     share of those extra reads that reach HBM rather than L2), 1 with gqa_grouped
+      bytes        = tokens_read * stream bytes per token * rereads
       heads_par    = kv_heads if gqa_grouped else query heads   (one CTA per head and sequence)
       splits       = split-KV partitions per (sequence, head): enough to give every SM
                      units_per_sm_to_saturate work units, at most ceil((T/n) / min_split_tokens)
@@ -19,11 +23,21 @@ docs/kernel_model.md)::
       dram_eff     = chunk_bytes / (chunk_bytes + dram_chunk_half_bytes)
       fetches      = P * kv_heads                                (page, kv head) pairs fetched
       stream_s     = bytes / (peak_hbm_bw * max_bandwidth_utilisation * parallelism * dram_eff)
-      time_layer   = launch_overhead_s + unit_overhead_s * units + page_overhead_s * fetches + stream_s
+      fixed_s      = unit_overhead_s * units + page_overhead_s * fetches   (per-unit and per-page work)
+      time_layer   = launch_overhead_s + (stream_s + fixed_s - overlap * min(stream_s, fixed_s))
                      [+ dequant_s: an unfused fp8/int8 KV is first converted to fp16 by a separate
                       pass reading the quantised bytes and writing fp16 ones; attention then streams
                       the fp16 bytes]
     kernel time = layers * time_layer
+
+``overlap`` in [0, 1] is how much of the per-unit and per-page work the kernel hides under its
+memory traffic: 0 adds it to the streaming time (the original form), 1 takes the larger of the two
+(a kernel whose loads are always in flight while it does the work). ``split_rule`` says how a
+split-KV backend partitions: ``fill`` (enough partitions to give every SM its work units, at most
+one per ``min_split_tokens``; Flash-Decoding / FlashInfer), ``partition`` (always partitions of
+``min_split_tokens`` tokens: the PagedAttention v2 kernel itself) or ``vllm-v2`` (the same
+partitions under vLLM's dispatch, which runs the unsplit v1 kernel instead when there is one
+partition, or when ``n * query heads > 512`` and the context is <= 8,192 tokens).
 
 Launch-size saturation is the sum of the fixed terms (launch, per unit) and the parallelism cap:
 achieved bandwidth ``bytes / time`` rises with the bytes one launch reads and saturates at
@@ -41,133 +55,20 @@ step engines fill ``kv_pages_read`` exactly, so the estimate is a fallback only.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from fractions import Fraction
-from dataclasses import dataclass, fields
-from importlib import resources
-from pathlib import Path
 
 import numpy as np
-import yaml
 
-from kvsim.errors import ConfigError, did_you_mean, format_choices
-from kvsim.yamlio import load_yaml
+from kvsim.timing.backend_profile import (  # noqa: F401  (re-exported: callers import them from here)
+    BACKEND_ALIASES, BACKENDS_PACKAGE, SPLIT_RULES, BackendProfile, backend_choices, builtin_backends, load_backend,
+    load_profile_file, parse_profile)
 
-BACKENDS_PACKAGE = "kvsim.timing.backends"
-DEFAULT_PAGED_BACKEND = "vllm-2023-paged"
+DEFAULT_PAGED_BACKEND = "vllm-paged-v1"
 DEFAULT_CONTIGUOUS_BACKEND = "contiguous"
 FP16_BYTES = 2
-
-
-@dataclass(frozen=True)
-class BackendProfile:
-    """One attention backend's kernel behaviour (a YAML file under kvsim/timing/backends/)."""
-
-    name: str
-    description: str
-    reference_gpu: str  # the GPU the time constants were measured/derived on (documentation)
-    split_kv: bool  # splits a sequence's KV into partitions (Flash-Decoding / FlashInfer)
-    gqa_grouped: bool  # one work unit per KV head (query heads of a group share it) vs per query head
-    whole_page_reads: bool  # reads every token slot of a sequence's last, partly filled page
-    fused_dequant_kv_dtypes: tuple[str, ...]  # quantised KV dtypes dequantised inside the kernel
-    launch_overhead_s: float  # fixed cost per launch (one launch per layer)
-    unit_overhead_s: float  # GPU-aggregate cost per work unit (sequence x head x split)
-    max_bandwidth_utilisation: float  # saturation: best achieved / peak HBM bandwidth, in (0, 1]
-    units_per_sm_to_saturate: float  # work units per SM needed to reach full bandwidth
-    min_split_tokens: int  # smallest split-KV partition (tokens); unused without split_kv
-    page_overhead_s: float  # GPU-aggregate cost per (page, kv head) fetch: block-table indirection
-    dram_chunk_half_bytes: float  # contiguous run length at which DRAM efficiency is 1/2
-    source: str = ""  # where the file came from (path), filled by the loader
-
-    NUMERIC = ("launch_overhead_s", "unit_overhead_s", "max_bandwidth_utilisation", "units_per_sm_to_saturate",
-               "min_split_tokens", "page_overhead_s", "dram_chunk_half_bytes")
-    FLAGS = ("split_kv", "gqa_grouped", "whole_page_reads")
-
-    def to_yaml_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
-        d["fused_dequant_kv_dtypes"] = list(self.fused_dequant_kv_dtypes)
-        return d
-
-
-def builtin_backends() -> list[str]:
-    root = resources.files(BACKENDS_PACKAGE)
-    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
-
-
-def _finite_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def parse_profile(data, where: str) -> BackendProfile:
-    """Validate a profile mapping; errors name ``where`` (the file) and the key."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where}: expected a mapping of backend parameters, got {type(data).__name__}")
-    known = {f.name for f in fields(BackendProfile)} - {"source"}
-    for key in data:
-        if key not in known:
-            raise ConfigError(f"{where}: unknown key {key!r}{did_you_mean(str(key), known)}; "
-                              f"valid keys: {format_choices(known)}")
-    for key in ("name", *BackendProfile.FLAGS, *BackendProfile.NUMERIC):
-        if key not in data:
-            raise ConfigError(f"{where}: key '{key}' is missing (every backend parameter must be given)")
-    for key in BackendProfile.FLAGS:
-        if not isinstance(data[key], bool):
-            raise ConfigError(f"{where}: key '{key}' must be true or false, got {data[key]!r}")
-    vals = {}
-    for key in BackendProfile.NUMERIC:
-        v = data[key]
-        if not _finite_number(v) or v < 0:
-            raise ConfigError(f"{where}: key '{key}' must be a number >= 0, got {v!r}")
-        vals[key] = v
-    u = vals["max_bandwidth_utilisation"]
-    if not 0 < u <= 1:
-        raise ConfigError(f"{where}: key 'max_bandwidth_utilisation' must be in (0, 1], got {u!r}")
-    for key in ("units_per_sm_to_saturate", "min_split_tokens"):
-        if vals[key] <= 0:
-            raise ConfigError(f"{where}: key '{key}' must be > 0, got {vals[key]!r}")
-    if vals["min_split_tokens"] != int(vals["min_split_tokens"]):
-        raise ConfigError(f"{where}: key 'min_split_tokens' must be a whole number of tokens")
-    fused = data.get("fused_dequant_kv_dtypes", [])
-    from kvsim.hw import KV_DTYPES
-
-    if not isinstance(fused, list) or any(d not in KV_DTYPES for d in fused):
-        raise ConfigError(f"{where}: key 'fused_dequant_kv_dtypes' must be a list of KV dtypes "
-                          f"({format_choices(KV_DTYPES)}), got {fused!r}")
-    return BackendProfile(
-        name=str(data["name"]), description=str(data.get("description", "")),
-        reference_gpu=str(data.get("reference_gpu", "")),
-        split_kv=data["split_kv"], gqa_grouped=data["gqa_grouped"], whole_page_reads=data["whole_page_reads"],
-        fused_dequant_kv_dtypes=tuple(fused),
-        launch_overhead_s=float(vals["launch_overhead_s"]), unit_overhead_s=float(vals["unit_overhead_s"]),
-        max_bandwidth_utilisation=float(u), units_per_sm_to_saturate=float(vals["units_per_sm_to_saturate"]),
-        min_split_tokens=int(vals["min_split_tokens"]), page_overhead_s=float(vals["page_overhead_s"]),
-        dram_chunk_half_bytes=float(vals["dram_chunk_half_bytes"]), source=where,
-    )
-
-
-def load_profile_file(path: str | Path) -> BackendProfile:
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read backend profile ({e.strerror})") from None
-    data = load_yaml(text, str(path))
-    return parse_profile(data, str(path))
-
-
-def load_backend(name: str, base_dir: Path | None = None, where: str = "timing.attention_backend") -> BackendProfile:
-    """A built-in backend by name, or a profile YAML by path (relative to ``base_dir``, then cwd)."""
-    if name in builtin_backends():
-        res = resources.files(BACKENDS_PACKAGE) / f"{name}.yaml"
-        return parse_profile(yaml.safe_load(res.read_text()), f"kvsim/timing/backends/{name}.yaml")
-    if name.endswith((".yaml", ".yml")):
-        p = Path(name).expanduser()
-        if not p.is_absolute() and base_dir is not None and (Path(base_dir) / p).exists():
-            p = Path(base_dir) / p
-        if p.exists():
-            return load_profile_file(p)
-        raise ConfigError(f"{where}: backend profile file {name!r} not found")
-    raise ConfigError(f"{where}: unknown attention backend {name!r}{did_you_mean(name, builtin_backends())}; "
-                      f"valid: {format_choices(builtin_backends())}, or a path to a profile .yaml")
+V2_MAX_UNITS_FOR_SPLIT = 512  # vLLM: use_v1 when num_seqs * num_heads > 512 (PR #1348)
+V2_ALWAYS_SPLIT_ABOVE_TOKENS = 8192  # vLLM >= 0.3: contexts over 8,192 tokens always take v2
 
 
 def default_backend(block_size: int | None) -> str:
@@ -203,6 +104,15 @@ def pages_or_estimate(num_seqs, kv_tokens, kv_pages, block_size: int | None):
     return kv_pages
 
 
+def overlapped_time(launch, fixed, stream, overlap: float, minimum):
+    """time_layer before a dequant pass: ``launch + (stream + fixed - overlap * min(stream, fixed))``,
+    the one definition the scalar and array paths use (``minimum``: ``min`` or ``np.minimum``). With
+    overlap 0 the subtracted term is +0.0, which leaves the sum unchanged: it is skipped."""
+    if overlap == 0.0:
+        return launch + (stream + fixed)
+    return launch + (stream + fixed - overlap * minimum(stream, fixed))
+
+
 def _exact_product(a: float, b: float) -> float | None:
     """``a * b`` when that double is the exact product, else None."""
     prod = float(a) * float(b)
@@ -230,10 +140,14 @@ class KernelModel:
         p, lay = profile, layout
         self.fused = lay.kv_dtype in p.fused_dequant_kv_dtypes or KV_DTYPES[lay.kv_dtype].bits >= 16
         fp16_layer = 2 * lay.num_kv_heads * lay.head_dim * FP16_BYTES  # per token per layer
-        # bytes per token the attention loop streams: stored bytes when fused, fp16 after a dequant pass
-        self.stream_bytes_per_token = lay.kv_bytes_per_token_layer if self.fused else float(fp16_layer)
+        # bytes per token the attention loop streams: stored bytes when fused, fp16 after a dequant pass,
+        # times the re-reads of a kernel with one work unit per query head
+        group = lay.num_query_heads / lay.num_kv_heads
+        self.rereads = 1.0 if p.gqa_grouped else 1.0 + p.query_head_reads * (group - 1.0)
+        once = lay.kv_bytes_per_token_layer if self.fused else float(fp16_layer)
+        self.stream_bytes_per_token = once * self.rereads
         self.dequant_bytes_per_token = 0.0 if self.fused else lay.kv_bytes_per_token_layer + fp16_layer
-        elem_bytes = self.stream_bytes_per_token / (2 * lay.num_kv_heads * lay.head_dim)
+        elem_bytes = once / (2 * lay.num_kv_heads * lay.head_dim)
         self.head_token_bytes = lay.head_dim * elem_bytes  # one head's K (or V) of one token
         self.heads_par = lay.num_kv_heads if p.gqa_grouped else lay.num_query_heads
         self.units_sat = None if num_sms is None else num_sms * p.units_per_sm_to_saturate
@@ -259,11 +173,14 @@ class KernelModel:
         self._block = lay.block_size
         self._tail_pages = None if lay.block_size is None else (lay.block_size - 1) / (2 * lay.block_size)
         self._kvh = lay.num_kv_heads
-        self._split = p.split_kv and self.units_sat is not None
+        self._v2 = p.split_kv and p.split_rule != "fill"  # fixed partitions (no SM count needed)
+        self._dispatch = p.split_rule == "vllm-v2"  # vLLM's v1/v2 choice on top of them
+        self._split = p.split_kv and (self._v2 or self.units_sat is not None)
         self._min_split = p.min_split_tokens
         self._launch = p.launch_overhead_s
         self._unit_oh = p.unit_overhead_s
         self._page_oh = p.page_overhead_s
+        self._overlap = p.overlap
         self._half = p.dram_chunk_half_bytes
         self._dequant_bytes = None if self.fused else self.dequant_bytes_per_token
         self._n_size = 0
@@ -284,9 +201,9 @@ class KernelModel:
         return self.time_scalar(num_seqs, kv_tokens, kv_pages)
 
     # Without split-KV the terms that depend on the batch size alone are tabulated by n (grown on
-    # demand, like the GEMM tables): head[n] = launch + unit_overhead * units(n), bwpar[n] =
-    # peak * utilisation * parallelism(n) and, with a fixed DRAM efficiency (paged), den[n] =
-    # bwpar[n] * dram_eff. A lookup returns the very double the formula gives.
+    # demand, like the GEMM tables): unit[n] = unit_overhead * units(n), bwpar[n] = peak *
+    # utilisation * parallelism(n) and, with a fixed DRAM efficiency (paged), den[n] = bwpar[n] *
+    # dram_eff. A lookup returns the very double the formula gives.
     def _grow_n_table(self, top: int) -> None:
         size = max(top + 1, 2 * self._n_size, 256)
         n1 = np.maximum(np.arange(size, dtype=np.float64), 1.0)
@@ -294,19 +211,24 @@ class KernelModel:
         if self._split:
             # split-KV: units depend on the tokens too; the batch-size terms are tabulated (the
             # same doubles _time_array computed from them: n1, base = n1 * heads_par and
-            # want = max(ceil(units_sat / base), 1))
-            self._n_table = np.array([n1, units, np.maximum(np.ceil(self.units_sat / units), 1.0)])
+            # want = max(ceil(units_sat / base), 1); vllm-v2 does not use want)
+            want = units if self._v2 else np.maximum(np.ceil(self.units_sat / units), 1.0)
+            self._n_table = np.array([n1, units, want])
             self._n_size = size
             return
-        head = self._launch + self._unit_oh * units
-        if self.units_sat is None:
-            bwpar = np.full(size, self.bw * 1.0)
-        else:
-            bwpar = self.bw * np.minimum(units / self.units_sat, 1.0)
-        rows = [head, bwpar] if self.dram_eff is None else [head, bwpar, bwpar * self.dram_eff]
+        unit = self._unit_oh * units
+        bwpar = self._parallel_bw(units, np.minimum)
+        rows = [unit, bwpar] if self.dram_eff is None else [unit, bwpar, bwpar * self.dram_eff]
         self._n_table = np.array(rows)
         self._n_lists = [row.tolist() for row in rows]  # Python floats: the same doubles, cheaper to index
         self._n_size = size
+
+    def _parallel_bw(self, units, minimum):
+        """Launch-size saturation: peak x utilisation x min(1, units / units to saturate); ``minimum``
+        is ``min`` for numbers, ``np.minimum`` for arrays (the same doubles)."""
+        if self.units_sat is None:
+            return self.bw * (units * 0.0 + 1.0)
+        return self.bw * minimum(units / self.units_sat, 1.0)
 
     def _pages(self, num_seqs, kv_tokens, kv_pages):
         """Pages a launch fetches (numbers or arrays): one per sequence for a contiguous kernel, the
@@ -317,6 +239,17 @@ class KernelModel:
         if kv_pages is None:
             return kv_tokens / bs + num_seqs * self._tail_pages
         return kv_pages
+
+    def _v2_splits(self, base, cap, ctx):
+        """vLLM's dispatch: v2 (``cap`` partitions) unless one partition suffices, or there are more than
+        512 (sequence, head) units and the context fits v1's 8,192 tokens."""
+        if not self._dispatch:  # split_rule partition: the v2 kernel, always
+            return cap
+        if isinstance(cap, np.ndarray):
+            use_v2 = (cap > 1.0) & ((base <= V2_MAX_UNITS_FOR_SPLIT) | (ctx > V2_ALWAYS_SPLIT_ABOVE_TOKENS))
+            return np.where(use_v2, cap, 1.0)
+        use_v2 = cap > 1.0 and (base <= V2_MAX_UNITS_FOR_SPLIT or ctx > V2_ALWAYS_SPLIT_ABOVE_TOKENS)
+        return cap if use_v2 else 1.0
 
     def time_scalar(self, num_seqs, kv_tokens, kv_pages) -> float:
         """``time_s`` of one launch (Python numbers): the engine's per-step hot path."""
@@ -330,24 +263,26 @@ class KernelModel:
             n1 = 1
         sb = (P * bs if self.whole_pages else T) * self.stream_bytes_per_token
         if self._split:
-            base = n1 * self.heads_par
-            want = float(math.ceil(self.units_sat / base))
-            cap = float(math.ceil((T / n1) / self._min_split))
+            base = float(n1 * self.heads_par)
+            ctx = T / n1
+            cap = float(math.ceil(ctx / self._min_split))
             if cap < 1.0:
                 cap = 1.0
-            if want < 1.0:
-                want = 1.0
-            units = base * (cap if cap < want else want)
-            par = units / self.units_sat
-            if par > 1.0:
-                par = 1.0
-            head = self._launch + self._unit_oh * units
-            bwpar = self.bw * par
+            if self._v2:
+                splits = self._v2_splits(base, cap, ctx)
+            else:
+                want = float(math.ceil(self.units_sat / base))
+                if want < 1.0:
+                    want = 1.0
+                splits = cap if cap < want else want
+            units = base * splits
+            unit = self._unit_oh * units
+            bwpar = self._parallel_bw(units, min)
         else:
             if n1 >= self._n_size:
                 self._grow_n_table(n1)
             lists = self._n_lists
-            head, bwpar = lists[0][n1], lists[1][n1]
+            unit, bwpar = lists[0][n1], lists[1][n1]
         eff = self.dram_eff
         if eff is None:
             r = T / n1
@@ -357,7 +292,7 @@ class KernelModel:
             den = bwpar * eff
         else:
             den = self._n_lists[2][n1]
-        t = head + self._page_oh * (P * self._kvh) + sb / den
+        t = overlapped_time(self._launch, unit + self._page_oh * (P * self._kvh), sb / den, self._overlap, min)
         if self._dequant_bytes is not None:
             t = t + (self._launch + T * self._dequant_bytes / self.bw)
         return self._L * t
@@ -388,10 +323,12 @@ class KernelModel:
             except IndexError:
                 self._grow_n_table(int(ni.max()))
                 n1, base, want = self._n_table.take(ni, axis=1)
-            cap = np.maximum(np.ceil((Tf / n1) / self._min_split), 1.0)
-            units = base * np.minimum(want, cap)
-            head = self._launch + self._unit_oh * units
-            bwpar = self.bw * np.minimum(units / self.units_sat, 1.0)
+            ctx = Tf / n1
+            cap = np.maximum(np.ceil(ctx / self._min_split), 1.0)
+            splits = self._v2_splits(base, cap, ctx) if self._v2 else np.minimum(want, cap)
+            units = base * splits
+            unit = self._unit_oh * units
+            bwpar = self._parallel_bw(units, np.minimum)
         else:
             n1 = np.maximum(n, 1)
             try:
@@ -399,7 +336,7 @@ class KernelModel:
             except IndexError:
                 self._grow_n_table(int(n1.max()))
                 rows = self._n_table.take(n1, axis=1)
-            head, bwpar = rows[0], rows[1]
+            unit, bwpar = rows[0], rows[1]
         if eff is None:
             chunk = np.maximum(Tf / n1, 1.0) * self.head_token_bytes
             den = bwpar * (chunk / (chunk + self._half))
@@ -407,13 +344,13 @@ class KernelModel:
             den = bwpar * eff
         else:
             den = rows[2]
-        t = head  # a fresh array (lookup or arithmetic): updated in place
-        if self._page_oh != 0.0:  # else the term is +0.0, which leaves t (>= +0.0) unchanged
+        fixed = unit
+        if self._page_oh != 0.0:  # else the term is +0.0, which leaves fixed (>= +0.0) unchanged
             if counted and self._page_oh_per_page is not None:
-                t += P * self._page_oh_per_page
+                fixed = fixed + P * self._page_oh_per_page
             else:
-                t += self._page_oh * (np.asarray(P, dtype=np.float64) * self._kvh)
-        t += sb / den
+                fixed = fixed + self._page_oh * (np.asarray(P, dtype=np.float64) * self._kvh)
+        t = overlapped_time(self._launch, fixed, sb / den, self._overlap, np.minimum)
         if self._dequant_bytes is not None:
             t += self._launch + Tf * self._dequant_bytes / self.bw
         if len(T) and np.minimum.reduce(T) <= 0:

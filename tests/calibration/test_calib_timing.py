@@ -80,6 +80,20 @@ def test_swap_and_overhead_config():
     assert st.breakdown_s["overhead_s"] == 0.0
 
 
+def test_engine_overhead_terms():
+    """timing.overhead (kvsim.timing.overhead): per scheduled sequence and per prompt token computed,
+    on top of step_overhead_s; everything else in the step unchanged."""
+    base = build(step_overhead_s=0.001)
+    loaded = build(step_overhead_s=0.001, overhead={"per_seq_s": 2e-5, "per_prefill_token_s": 1e-7})
+    shape = mixed_shape(64, 32, [100, 200, 300])
+    a, b = base.step_time(shape), loaded.step_time(shape)
+    want = 0.001 + 2e-5 * (shape.num_prefill_seqs + shape.num_decode_seqs) + 1e-7 * shape.num_prefill_tokens
+    assert a.breakdown_s["overhead_s"] == 0.001 and b.breakdown_s["overhead_s"] == want
+    assert {k: v for k, v in a.breakdown_s.items() if k != "overhead_s"} == \
+           {k: v for k, v in b.breakdown_s.items() if k != "overhead_s"}
+    assert b.duration_s - a.duration_s == pytest.approx(want - 0.001, rel=1e-9)
+
+
 def test_split_kv_tokens_exact_for_one_prefill_chunk():
     pre, dec = split_kv_tokens(mixed_shape(new=50, cached=200, decode_contexts=[10, 20, 30]))
     assert (pre, dec) == (250, 60)

@@ -31,6 +31,9 @@ CASES = {
                  scheduler={"preemption_mode": "swap", "swap_space_bytes": 2 * 10**9}),
     "roofline-attention": dict(allocator={"kind": "paged", "block_size": 16, "watermark": 0.0},
                                timing={"kind": "analytical", "attention_backend": "roofline"}),
+    "cpu-overhead": dict(allocator={"kind": "paged", "block_size": 16, "watermark": 0.0},
+                         timing={"kind": "analytical", "step_overhead_s": 0.001,
+                                 "overhead": {"per_seq_s": 2.5e-6, "per_prefill_token_s": 1e-8}}),
 }
 
 

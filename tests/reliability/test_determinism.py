@@ -22,6 +22,12 @@ from ._cli import CORPUS, REPO, finish, run_kvsim, start_kvsim
 
 # every scenario and sweep file; scenarios/studies/profiles/ holds attention-backend profiles, not scenarios
 SCENARIOS = sorted(p for p in (REPO / "scenarios").glob("**/*.yaml") if "profiles" not in p.relative_to(REPO).parts)
+# scenarios/validation/ holds one generated scenario per serving-corpus case, all of one form
+# (bench/validate_serving.py --write-scenarios); one of each model family stands for them here
+# (~9 s per scenario on 2 cores; tests/studies/test_validate_serving.py runs a case twice in-process)
+_VALIDATION = [p for p in SCENARIOS if p.parent.name == "validation"]
+_FAMILIES = {p.stem.split("-")[0]: p for p in reversed(_VALIDATION)}
+SCENARIOS = [p for p in SCENARIOS if p.parent.name != "validation" or p in _FAMILIES.values()]
 MAX_REQUESTS = 100
 COMPARED = ("requests.parquet", "steps.parquet", "summary.json")
 

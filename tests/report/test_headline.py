@@ -5,6 +5,9 @@ report.html; and `kvsim compare --metric-names vllm`."""
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import subprocess
 from html.parser import HTMLParser
 
 import pandas as pd
@@ -99,8 +102,9 @@ def test_compare_prints_headline_first_and_writes_csv(tmp_path, capsys):
                        "--baseline", "contiguous"]) == 0
     out = capsys.readouterr().out
     # key findings first, then the headline table
-    assert out.startswith("Key findings\n- Most requests at once: 30 with a-paged (baseline contiguous: 8, +275.0 %).")
-    assert out.index("Headline (baseline: contiguous)") < out.index("/cmp/")
+    assert out.startswith("Key findings\n")
+    assert "- Most requests at once: 30 with a-paged (baseline contiguous: 8, +275.0 %)." in out
+    assert out.index("Headline (baseline: contiguous -- --baseline contiguous") < out.index("/cmp/")
     assert "-90.0 %" in out  # fragmentation 50 % -> 5 %
     df = pd.read_csv(tmp_path / "cmp" / "headline.csv")
     assert "baseline:contiguous" in df.columns and df["a-paged change_pct"].iloc[3] == pytest.approx(275.0)
@@ -163,3 +167,71 @@ def test_report_opens_with_headline(tmp_path):
     p = _Tables()
     p.feed(single)
     assert p.ids[0] == "headline" and "a-paged (baseline)" in single
+
+
+def test_latency_and_throughput_rows():
+    lat = {"ttft_s": {"p50": 0.2, "p99": 3.0}, "tpot_s": {"p50": 0.03}, "throughput_requests_per_s": 2.0,
+           "throughput_output_tokens_per_s": 400.0, "normalized_latency_s_per_token": 0.5}
+    fast = {"ttft_s": {"p50": 0.1, "p99": 1.5}, "tpot_s": {"p50": 0.036}, "throughput_requests_per_s": 2.5,
+            "throughput_output_tokens_per_s": 500.0, "normalized_latency_s_per_token": 0.25}
+    h = headline({"base": summary(**lat), "fast": summary(**fast)})
+    ch = {m.summary_key if hasattr(m, "summary_key") else ".".join(m.path): h.changes["fast"][m.label]
+          for m in HEADLINE}
+    assert ch["ttft_s.p50"] == pytest.approx(-50.0) and ch["ttft_s.p99"] == pytest.approx(-50.0)
+    assert ch["tpot_s.p50"] == pytest.approx(20.0) and ch["throughput_requests_per_s"] == pytest.approx(25.0)
+    assert ch["normalized_latency_s_per_token"] == pytest.approx(-50.0)
+    text = headline_text(h)
+    assert "200 ms" in text and "1.5 s" in text and "36 ms" in text
+    out = headline_html(h)
+    # TTFT fell: better (green); TPOT rose: worse (red)
+    ttft_row = out[out.index("Median time to first token"):].split("</tr>")[0]
+    tpot_row = out[out.index("Median time per output token"):].split("</tr>")[0]
+    assert 'class="chg better">-50.0 %' in ttft_row and 'class="chg worse">+20.0 %' in tpot_row
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+LAYOUT_PROBE = """<script>
+const t = document.getElementById('headline'), s = t.parentElement;
+document.body.setAttribute('data-probe', [s.scrollWidth, s.clientWidth].join(','));
+</script>"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian package 'chromium')")
+@pytest.mark.parametrize("width", [1280, 1920])
+def test_headline_fits_the_window_in_chromium(tmp_path, width):
+    """The whole headline table of a four-variant report shows without a horizontal scroll (a real
+    browser lays it out; a script appended to a copy of the page measures it)."""
+    from kvsim.report.html import render_report
+
+    out = tmp_path / "study"
+    full = {"ttft_s": {"p50": 161.83, "p99": 286.0}, "tpot_s": {"p50": 0.0301}, "throughput_requests_per_s": 0.7771,
+            "throughput_output_tokens_per_s": 219.1, "normalized_latency_s_per_token": 1.278}
+    names = ["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged-16"]
+    for i, n in enumerate(names):
+        _run_dir(out / n, n, summary(0.427 - 0.1 * i, 0.76, 503.6, 7 + 4 * i, **full))
+    runs = {n: {"scenario": {"name": "study"}} for n in names}
+    (out / "scenario.resolved.yaml").write_text(yaml.safe_dump({"name": "study", "runs": runs}, sort_keys=False))
+    page = tmp_path / "probe.html"
+    page.write_text(render_report(out).replace("</body>", LAYOUT_PROBE + "</body>"))
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+           "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'p'}",
+           f"--window-size={width},1000", "--dump-dom", page.resolve().as_uri()]
+    dom = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120).stdout
+    m = re.search(r'data-probe="(\d+),(\d+)"', dom)
+    assert m, dom[:500]
+    scroll_w, client_w = int(m.group(1)), int(m.group(2))
+    assert 0 < scroll_w <= client_w, (scroll_w, client_w)
+
+
+def test_compare_says_which_run_is_the_baseline_and_why(tmp_path, capsys):
+    a = _variants_dir(tmp_path / "a")  # no baseline: key
+    b = _variants_dir(tmp_path / "b", baseline="a-paged")
+    assert kvsim_main(["compare", str(a), str(b), "--out", str(tmp_path / "c1"), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert f"Headline (baseline: b/study/a-paged -- the scenario's baseline: a-paged key ({b}); another: --baseline LABEL)" \
+        in out
+    assert kvsim_main(["compare", str(a), str(b), "--out", str(tmp_path / "c2"), "-q", "--baseline", "a/study/contiguous"]) == 0
+    assert "Headline (baseline: a/study/contiguous -- --baseline a/study/contiguous; another: --baseline LABEL)" \
+        in capsys.readouterr().out
+    assert kvsim_main(["compare", str(a), "--out", str(tmp_path / "c3"), "-q"]) == 0
+    assert "Headline (baseline: contiguous -- the first run (no --baseline, no baseline: key)" in capsys.readouterr().out

@@ -153,3 +153,62 @@ def test_run_and_compare_write_one_comparison_layout(variants_dir, tmp_path):
     assert ran["source"].tolist() == ran["label"].tolist()  # relative to the run directory
     pd.testing.assert_frame_equal(ran.drop(columns="source"), compared.drop(columns="source"))
     assert ran["label"].tolist() == ["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged-16"]
+
+
+def test_concurrency_that_is_queueing_is_no_win():
+    """An fp8 variant with the most requests at once (+120 %) but the slowest service: the findings
+    lead with throughput and latency, and the concurrency sentence says it is no gain."""
+    s = {"fp16": _summary("fp16", conc=10, ttft=0.5, thr=2.0),
+         "fp8": _summary("fp8", conc=22, ttft=2.0, thr=1.5),
+         "paged": _summary("paged", conc=14, ttft=0.4, thr=2.1)}
+    s["fp16"]["normalized_latency_s_per_token"] = 0.1
+    s["fp8"]["normalized_latency_s_per_token"] = 0.3
+    got = key_findings(s, "fp16")
+    assert got[0].startswith("Highest throughput: 2.1 req/s with paged")
+    assert got[1].startswith("Lowest median TTFT: 400 ms with paged")
+    conc = next(g for g in got if g.startswith("Most requests at once"))
+    assert "22 with fp8" in conc and "+120.0 %" in conc and "but no gain" in conc
+    assert "throughput -25.0 %" in conc and "median TTFT +300.0 %" in conc and "normalized latency +200.0 %" in conc
+    assert got.index(conc) > 1
+    # with equal (within 1 %) or better service, more concurrency is a plain gain
+    s["fp8"].update(throughput_requests_per_s=1.99, normalized_latency_s_per_token=0.1)
+    s["fp8"]["ttft_s"]["p50"] = 0.45
+    conc = next(g for g in key_findings(s, "fp16") if g.startswith("Most requests at once"))
+    assert conc == "Most requests at once: 22 with fp8 (baseline fp16: 10, +120.0 %)."
+
+
+def test_prefix_hit_plot_capacities_that_differ_only_by_block_rounding(tmp_path, captured):
+    from kvsim.report.comparison import capacity_levels, plot_prefix_hit_vs_capacity
+
+    runs = issue_runs()
+    for r, cap in zip(runs, (14496, 14496, 14480, 14464)):  # one budget, rounded to blocks of 16 / 32
+        r.summary["kv"].update(capacity_tokens=cap, block_size=32 if "b32" in r.label else 16)
+    assert set(capacity_levels(runs).values()) == {14464.0}
+    plot_prefix_hit_vs_capacity(runs, tmp_path / "p.png")
+    ax = captured[-1].axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["lru", "lru-2", "fp8", "lru-b32"]  # a bar per run
+    assert [round(p.get_height(), 6) for p in ax.patches] == [30.0, 35.0, 30.0, 28.0]
+    assert "14,464 tokens in every run" in ax.get_xlabel()
+    # capacities that really differ: one x tick per capacity level, labelled
+    for r, cap in zip(runs, (10_000, 20_000, 40_000, 40_016)):
+        r.summary["kv"]["capacity_tokens"] = cap
+    assert capacity_levels(runs) == {"lru": 10_000, "lru-2": 20_000, "fp8": 40_000, "lru-b32": 40_000}
+    plot_prefix_hit_vs_capacity(runs, tmp_path / "q.png")
+    ax = captured[-1].axes[0]
+    assert list(ax.get_xticks()) == [10_000, 20_000, 40_000]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["10,000", "20,000", "40,000"]
+
+
+def test_prefix_hit_ratio_beside_the_traces_ideal():
+    s = {"lru": _summary("lru", hit=0.041), "big": _summary("big", hit=0.25)}
+    for lab in s:
+        s[lab]["prefix_cache"]["ideal_hit_ratio_tokens"] = 0.289
+    got = key_findings(s, "lru")
+    best = next(g for g in got if g.startswith("Highest prefix-cache hit ratio"))
+    assert best.endswith("; the trace's ideal (an unbounded cache): 28.9 %.")
+    far = [g for g in got if g.startswith("Far below")]
+    assert far == ["Far below the trace's ideal prefix hit ratio: lru 4.1 % vs 28.9 %. The KV cache is too small "
+                   "to keep shared prefixes until they are reused; a larger KV budget (kv_budget) or offload tiers "
+                   "(allocator.offload) would raise it."]
+    s["lru"]["prefix_cache"]["hit_ratio_tokens"] = 0.2  # within half of the ideal: no explanation
+    assert not [g for g in key_findings(s, "lru") if g.startswith("Far below")]

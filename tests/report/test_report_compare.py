@@ -35,11 +35,11 @@ def test_sweep_compare_writes_every_applicable_plot(rate_sweep, tmp_path, capsys
     assert kvsim_main(["compare", str(rate_sweep), "--out", str(out)]) == 0
     printed = capsys.readouterr().out.split()
     for name in ALWAYS + ["concurrency_vs_block_size.png", "throughput_vs_rate.png",
-                          "normalized_latency_vs_rate.png"]:
+                          "normalized_latency_vs_rate.png", "bandwidth_vs_block_size.png",
+                          "latency_vs_block_size.png", "step_time_breakdown.png"]:
         assert_real_png(out / name)
         assert str(out / name) in printed
     assert not (out / "prefix_hit_ratio_vs_capacity.png").exists()  # no prefix caching in these runs
-    assert not (out / "bandwidth_vs_block_size.png").exists()       # no calibrated timing
     table = pd.read_csv(out / "comparison.csv")
     assert len(table) == len(RATES) * len(BLOCKS)
     assert {"label", "point_id", "allocator.block_size", "trace.synthetic.arrival.rate_per_s",
@@ -121,8 +121,40 @@ def test_bandwidth_plot_is_conditional(rate_sweep, tmp_path):
     runs = _fabricate(points, tmp_path / "bw", lambda i, s: {"kv_bandwidth_utilisation": 0.5 + 0.01 * i})
     written = compare(runs, tmp_path / "out")
     assert_real_png(written["bandwidth_vs_block_size.png"], min_bytes=5_000)
-    nested = _fabricate(points[:2], tmp_path / "bw2", lambda i, s: {"kv_bandwidth_utilisation": {"mean": 0.4}})
+    nested = _fabricate([points[0], points[-1]], tmp_path / "bw2",
+                        lambda i, s: {"kv_bandwidth_utilisation": {"mean": 0.4}})
     assert "bandwidth_vs_block_size.png" in compare(nested, tmp_path / "out2")
+
+
+def test_access_plots_under_analytical_timing(rate_sweep, tmp_path):
+    """The access side is drawn without calibrated timing: the step-time breakdown, bandwidth
+    utilisation (kv_access.hbm_bandwidth_utilisation) and latency / bandwidth vs block size."""
+    points = sorted((rate_sweep / "points").iterdir())
+    summaries = [json.loads((p / "summary.json").read_text()) for p in points]
+    assert all("kv_bandwidth_utilisation" not in s or s["kv_bandwidth_utilisation"] is None for s in summaries)
+    written = compare([rate_sweep], tmp_path / "out")
+    for name in ("step_time_breakdown.png", "bandwidth_utilisation.png", "latency_vs_block_size.png",
+                 "bandwidth_vs_block_size.png"):
+        assert_real_png(written[name], min_bytes=5_000)
+    one_block = [p for p in points if json.loads((p / "summary.json").read_text())["kv"]["block_size"]
+                 == summaries[0]["kv"]["block_size"]]
+    alone = compare(one_block, tmp_path / "one")
+    assert "latency_vs_block_size.png" not in alone and "bandwidth_vs_block_size.png" not in alone
+    assert "step_time_breakdown.png" in alone
+
+
+def test_step_time_shares_by_hand():
+    from kvsim.report.access import step_time_shares
+
+    s = {"busy_time_s": 10.0, "step_time_breakdown_s": {"attention_s": 3.0, "linear_compute_s": 5.0, "compute_s": 0.5,
+                                                         "overhead_s": 1.0, "swap_s": 0.25}}
+    assert step_time_shares(s) == pytest.approx({"attention": 0.3, "gemm": 0.55, "overhead": 0.1, "swap": 0.025,
+                                                 "rest": 0.025})
+    over = {"busy_time_s": 4.0, "step_time_breakdown_s": {"attention_s": 3.0, "linear_compute_s": 3.0}}
+    got = step_time_shares(over)  # overlapping terms (a roofline max): scaled to the busy time, no rest
+    assert got == pytest.approx({"attention": 0.5, "gemm": 0.5, "overhead": 0.0, "swap": 0.0, "rest": 0.0})
+    assert step_time_shares({"busy_time_s": 0.0, "step_time_breakdown_s": {}}) is None
+    assert step_time_shares({}) is None
 
 
 @pytest.mark.parametrize("points, throughputs, expected", [

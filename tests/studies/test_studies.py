@@ -22,7 +22,7 @@ def _kernel_s_per_kv_token(s: dict) -> float:
     return s["kv_access"]["attention_kernel_s"] / (s["kv_access"]["kv_bytes_read"] / s["kv"]["bytes_per_token"])
 
 
-def _kernel_ratio(block_a, block_b, backend_a="vllm-2023-paged", backend_b="vllm-2023-paged",
+def _kernel_ratio(block_a, block_b, backend_a="vllm-paged-v1", backend_b="vllm-paged-v1",
                   batch=20, context=1000):
     """The kernel model's own time ratio of two layouts for one representative launch (OPT-13B,
     A100-40GB, the workload's typical batch and context): what the simulated ratio should approach."""
@@ -72,7 +72,7 @@ def test_seed_table_rows_move_the_expected_way():
     assert all(r["kv_access"]["mean_access_latency_ns"] and r["kv_access"]["pages_fetched"] for r in (cont, paged))
     # the 2023 paged kernel pays per-page costs the contiguous kernel does not (vLLM paper 7.1)
     assert paged["kv_access"]["hbm_bandwidth_utilisation"] < cont["kv_access"]["hbm_bandwidth_utilisation"]
-    r = _kernel_ratio(16, None, "vllm-2023-paged", "contiguous")
+    r = _kernel_ratio(16, None, "vllm-paged-v1", "contiguous")
     assert r > 1
     assert _kernel_s_per_kv_token(paged) / _kernel_s_per_kv_token(cont) > 1 + (r - 1) / 2
 

@@ -63,6 +63,23 @@ def test_block_size_sweep_index(block_sweep):
     assert (out / "compare" / "concurrency_vs_block_size.png").exists()
 
 
+def test_sweep_prints_a_result_table_with_labels_without_hashes(block_sweep):
+    out, df, log = block_sweep
+    lines = log.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("point ") and "status" in ln)
+    assert lines[head].split() == ["point", "status", "req/s", "TTFT", "p50", "s", "TPOT", "p50", "ms", "norm",
+                                   "lat", "s/tok", "max", "conc", "frag", "%", "preempt"]
+    rows = lines[head + 1:head + 1 + len(df)]
+    assert [r.split()[0] for r in rows] == [f"block_size-{b}" for b in BLOCK_SIZES]
+    for r, (_, pt) in zip(rows, df.iterrows()):
+        cells = r.split()
+        assert cells[1] == "ok" and pt["point_id"] not in r  # the id's hash is not shown
+        assert float(cells[2]) == pytest.approx(pt["throughput_requests_per_s"], rel=1e-3)
+        assert int(cells[6]) == pt["concurrency_max"]
+    page = (out / "report.html").read_text()
+    assert "block_size-16" in page and "<h2 id=\"point-" in page
+
+
 def test_rerun_skips_complete_points_and_resumes_deleted_ones(block_sweep_copy):
     out, df = block_sweep_copy
     import shutil

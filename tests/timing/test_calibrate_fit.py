@@ -16,7 +16,7 @@ from kvsim.timing.kernel import KernelModel, KVLayout, load_backend, load_profil
 
 MODEL = MODELS["Llama-3-8B"]
 GPU = GPUS["A100-80GB"]
-TRUE = replace(load_backend("vllm-2023-paged"), launch_overhead_s=5.1e-6, unit_overhead_s=2.2e-8,
+TRUE = replace(load_backend("vllm-paged-v1"), launch_overhead_s=5.1e-6, unit_overhead_s=2.2e-8,
                page_overhead_s=2.6e-9, max_bandwidth_utilisation=0.88, units_per_sm_to_saturate=3.3)
 FITTED = ("launch_overhead_s", "unit_overhead_s", "page_overhead_s", "max_bandwidth_utilisation",
           "units_per_sm_to_saturate")

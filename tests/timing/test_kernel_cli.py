@@ -19,7 +19,7 @@ def _run(capsys, *args) -> dict:
 def test_json_keys_and_consistency(capsys):
     out = _run(capsys, "--block-size", "16")
     assert tuple(out) == JSON_KEYS
-    assert out["backend"] == "vllm-2023-paged" and out["block_size"] == 16
+    assert out["backend"] == "vllm-paged-v1" and out["block_size"] == 16
     assert out["pages_fetched"] == 32 * 64 * 40 * 40  # pages x kv heads x layers
     assert out["time_per_page_s"] == pytest.approx(out["time_s"] / out["pages_fetched"])
     assert out["bandwidth_utilisation"] == pytest.approx(out["kv_bytes"] / out["time_s"] / 2.039e12)

@@ -46,13 +46,22 @@ def reference_time_s(km: KernelModel, num_seqs, kv_tokens, kv_pages):
     tokens = P * lay.block_size if km.whole_pages else T
     sb = tokens * km.stream_bytes_per_token
     base = n1 * km.heads_par
-    if p.split_kv and km.units_sat is not None:
+    v2 = p.split_kv and p.split_rule != "fill"
+    if v2 or (p.split_kv and km.units_sat is not None):
+        ctx = T / n1
         if isinstance(base, np.ndarray):
-            want, cap = np.ceil(km.units_sat / base), np.ceil((T / n1) / p.min_split_tokens)
+            cap = mx(np.ceil(ctx / p.min_split_tokens), 1.0)
+            want = None if v2 else np.ceil(km.units_sat / base)
         else:
-            want = float(math.ceil(km.units_sat / base))
-            cap = float(math.ceil((T / n1) / p.min_split_tokens))
-        splits = mn(mx(want, 1.0), mx(cap, 1.0))
+            cap = mx(float(math.ceil(ctx / p.min_split_tokens)), 1.0)
+            want = None if v2 else float(math.ceil(km.units_sat / base))
+        if v2 and p.split_rule == "partition":
+            splits = cap
+        elif v2:  # vLLM: v1 when one partition, or > 512 (sequence, head) units and context <= 8192
+            splits = where((cap > 1.0) & ((base <= 512) | (ctx > 8192)) if isinstance(cap, np.ndarray)
+                           else (cap > 1.0 and (base <= 512 or ctx > 8192)), cap, 1.0)
+        else:
+            splits = mn(mx(want, 1.0), cap)
     else:
         splits = 1.0
     units = base * splits
@@ -63,7 +72,9 @@ def reference_time_s(km: KernelModel, num_seqs, kv_tokens, kv_pages):
     else:
         eff = km.dram_eff
     fetches = P * lay.num_kv_heads
-    t = p.launch_overhead_s + p.unit_overhead_s * units + p.page_overhead_s * fetches + sb / (km.bw * par * eff)
+    stream = sb / (km.bw * par * eff)
+    fixed = p.unit_overhead_s * units + p.page_overhead_s * fetches
+    t = p.launch_overhead_s + (stream + fixed - p.overlap * mn(stream, fixed))
     if not km.fused:
         t = t + (p.launch_overhead_s + T * km.dequant_bytes_per_token / km.bw)
     return lay.num_layers * where(T, t, 0.0)
@@ -72,10 +83,13 @@ def reference_time_s(km: KernelModel, num_seqs, kv_tokens, kv_pages):
 def _kernels():
     """Every built-in backend and its flag variants, over layouts, KV dtypes, GQA/MHA and SM counts."""
     out = []
-    for backend in ("vllm-2023-paged", "flashinfer-paged", "contiguous"):
+    for backend in ("vllm-paged-v1", "vllm-paged-v2", "flashattention-paged", "flashinfer-paged", "contiguous"):
         base = load_backend(backend)
         variants = [base, replace(base, split_kv=not base.split_kv), replace(base, gqa_grouped=not base.gqa_grouped),
-                    replace(base, whole_page_reads=not base.whole_page_reads, page_overhead_s=2.5e-9)]
+                    replace(base, whole_page_reads=not base.whole_page_reads, page_overhead_s=2.5e-9),
+                    replace(base, overlap=0.0 if base.overlap else 0.7)]
+        if base.split_rule != "fill":
+            variants.append(replace(base, split_rule="partition"))
         for prof in variants:
             for model in (MODELS["Llama-2-13B"], MODELS["Llama-3-8B"]):
                 for dtype in ("fp16", "fp8"):
@@ -139,7 +153,7 @@ def test_products_are_bound_only_when_exact():
 
 
 def test_kernel_tables_grow_and_stay_exact():
-    km = KernelModel(load_backend("vllm-2023-paged"), KVLayout.from_model(MODELS["Llama-2-7B"], "fp16", 16),
+    km = KernelModel(load_backend("vllm-paged-v1"), KVLayout.from_model(MODELS["Llama-2-7B"], "fp16", 16),
                      GPU.hbm_bandwidth_bytes_per_s, GPU.num_sms)
     for top in (3, 300, 5000, 70_000):  # past the first table (256 rows) and its doublings
         n = np.array([1, top // 2 + 1, top], np.int64)
@@ -151,11 +165,12 @@ def test_kernel_tables_grow_and_stay_exact():
 
 # -- AnalyticalTiming: decode_durations == step_time, part by part ---------------------------------
 def _timing(model="Llama-2-7B", block=16, gemm_model="fitted", backend="auto", comm=(0.0, 0.0), tp=1, dtype="fp16",
-            gpu="A100-80GB"):
+            gpu="A100-80GB", overhead=None):
     m = MODELS[model]
     ctx = TimingContext(m, GPUS[gpu], dtype, m.kv_bytes_per_token(dtype) // tp, m.weight_bytes() // tp, block,
                         Path("."), tensor_parallel=tp, comm_s_per_step=comm[0], comm_s_per_token=comm[1])
-    return AnalyticalTiming(AnalyticalTimingConfig(gemm_model=gemm_model, attention_backend=backend), ctx)
+    return AnalyticalTiming(AnalyticalTimingConfig(gemm_model=gemm_model, attention_backend=backend,
+                                                   overhead=overhead), ctx)
 
 
 TIMINGS = {
@@ -169,6 +184,11 @@ TIMINGS = {
     "roofline-paged": dict(gemm_model="roofline"),
     "roofline-comm": dict(gemm_model="roofline", comm=(1e-5, 0.0)),
     "moe-roofline": dict(model="Mixtral-8x7B", gpu="H200-141GB", tp=2, comm=(1e-5, 1e-9)),
+    # the engine's CPU overhead per sequence (kvsim.timing.overhead): a decode-table row, with and without comm
+    "fitted-overhead": dict(overhead={"per_seq_s": 3.7e-6, "per_prefill_token_s": 1.1e-8}),
+    "fitted-overhead-comm": dict(model="Llama-3-70B", gpu="H100-SXM-80GB", tp=4, comm=(2.1e-5, 3.3e-9),
+                                 overhead={"per_seq_s": 2.9e-6}),
+    "roofline-overhead": dict(gemm_model="roofline", overhead={"per_seq_s": 5e-6}),
 }
 
 

@@ -48,3 +48,21 @@ def test_scenario_runs_on_each_loader(source, generic_files):
     assert s["requests_total"] == 40 and s["requests_finished"] == 40
     if source != "azure":  # Mooncake hash ids survive the generic round trip; the system prompt is shared
         assert s["prefix_cache"]["hit_ratio_tokens"] > 0
+
+
+def test_summary_sets_the_hit_ratio_reached_beside_the_traces_ideal():
+    """``prefix_cache.ideal_hit_ratio_*``: the trace's hit ratio with an unbounded cache at the run's
+    block size (what ``kvsim trace stats --block-size`` calls the paged ideal); a run reaches at most that."""
+    from kvsim.simulate import build_trace
+    from kvsim.trace.stats import paged_ideal_hit_ratio
+
+    scn = scenario({"file": str(MOONCAKE), "format": "mooncake"})
+    res = run(scn, base_dir=ROOT)
+    pc = res.summary["prefix_cache"]
+    trace, _ = build_trace(scn, ROOT)
+    ideal = paged_ideal_hit_ratio(trace, 16)
+    assert pc["ideal_hit_ratio_tokens"] == ideal["hit_ratio_tokens"] > 0
+    assert pc["ideal_hit_ratio_blocks"] == ideal["hit_ratio_blocks"]
+    assert 0 < pc["hit_ratio_tokens"] <= pc["ideal_hit_ratio_tokens"]
+    off = scn.model_copy(update={"allocator": scn.allocator.model_copy(update={"prefix_caching": False})})
+    assert run(off, base_dir=ROOT).summary.get("prefix_cache") is None  # no prefix caching: no ideal either

@@ -1,0 +1,147 @@
+"""Fit backend-profile constants to the ``fit`` rows of the public kernel corpus (never the ``holdout`` rows).
+
+``python -m kvsim.calibration.kernel_corpus_fit [--write]`` prints, per backend family, the fitted
+constants and the model's error on the fit and held-out rows; ``--write`` stores the constants in
+the built-in profiles (kvsim/timing/backends/*.yaml keep their flags; only the fitted numbers change).
+
+Objective: the mean relative error of the kernel time, each row weighted by 1 / (fit rows of its
+source), so a source with 174 rows and one with 3 count the same. Search: coordinate descent in
+multiplicative steps (numpy only; every step is a full re-evaluation, so it is slow but exact and
+deterministic). Families share their constants: vLLM's v1 and v2 kernels are one code base (v2 =
+v1 + 512-token partitions + a reduction), so they are fitted together.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+# Per family, the constants fitted (the others keep the profile's sourced values). vLLM's kernels keep
+# the saturation constants of the Vidur A100 fit (no MHA row of theirs is in the corpus: fitting the
+# bandwidth cap on GQA rows alone would move every MHA run); their GQA re-reads are fitted instead.
+FITTED = {"vllm-paged": ("launch_overhead_s", "unit_overhead_s", "page_overhead_s", "overlap", "query_head_reads"),
+          "flashattention-paged": ("launch_overhead_s", "unit_overhead_s", "page_overhead_s",
+                                   "max_bandwidth_utilisation", "units_per_sm_to_saturate", "overlap")}
+FAMILIES = {"vllm-paged": ("vllm-paged-v1", "vllm-paged-v2"), "flashattention-paged": ("flashattention-paged",)}
+# Starts for the search: vLLM's per-page cost and GQA re-reads both grow with the pages read, and the
+# corpus' vLLM rows (all page 16, GQA groups of 7-8) cannot separate them (weighted MAPE 0.1422 with
+# re-reads vs 0.1419 with a 6x per-page cost and none). The re-read start is listed first and kept
+# on a tie: a per-page cost would also slow every MHA launch, where the vLLM paper's kernel band
+# (20-26 % over FasterTransformer, tests/timing/test_kernel_model.py) holds with the smaller one.
+STARTS = {"vllm-paged": ({"query_head_reads": 0.25}, {"query_head_reads": 0.0}),
+          "flashattention-paged": ({"overlap": 0.0, "hold": ("overlap",)}, {"overlap": 0.0}, {"overlap": 0.5})}
+# (a start's "hold": constants kept at the start value: the additive form, overlap 0, is a start of
+# its own because the coordinate search from overlap 0 drifts into a worse local optimum)
+# Every search starts from the constants kvsim had before the corpus (the Vidur A100 fit and the
+# vLLM-paper page cost, docs/kernel_model.md), not from the files it writes: --write is repeatable.
+START_BASE = {"vllm-paged": dict(launch_overhead_s=4.6e-6, unit_overhead_s=3.5e-8, page_overhead_s=1.8e-9,
+                                 max_bandwidth_utilisation=0.907, units_per_sm_to_saturate=2.37, overlap=0.0,
+                                 query_head_reads=0.0),
+              "flashattention-paged": dict(launch_overhead_s=4.6e-6, unit_overhead_s=3.5e-8, page_overhead_s=0.0,
+                                           max_bandwidth_utilisation=0.907, units_per_sm_to_saturate=2.37,
+                                           overlap=0.0, query_head_reads=0.0)}
+TIE = 0.005  # weighted MAPE difference below which two fits count as equally good
+BOUNDS = {"max_bandwidth_utilisation": (0.05, 1.0), "overlap": (0.0, 1.0), "units_per_sm_to_saturate": (0.05, 64.0),
+          "query_head_reads": (0.0, 1.0)}
+STEP_START, STEP_END = 0.5, 0.004  # relative step of the coordinate search, halved when no step helps
+SEEDS = {"page_overhead_s": 1e-10, "unit_overhead_s": 1e-9}  # a zero constant restarts here
+
+
+def _objective(points, profiles, params: dict) -> float:
+    from kvsim.timing.kernel_corpus import predict, profile_for
+
+    tuned = {b: replace(p, **params) for b, p in profiles.items()}
+    counts: dict[str, int] = {}
+    for p in points:
+        counts[p.source_id] = counts.get(p.source_id, 0) + 1
+    total = 0.0
+    for p in points:
+        t = predict(p, profile_for(p, tuned))[0]
+        total += abs(t - p.time_s) / p.time_s / counts[p.source_id]
+    return total / len(counts)
+
+
+def _candidates(name: str, v: float, step: float):
+    if name in ("overlap", "query_head_reads"):  # additive: they may be 0
+        vals = [v - step / 2, v + step / 2]
+    elif v == 0.0:
+        vals = [SEEDS.get(name, 1e-9)]
+    else:
+        vals = [v * (1 - step), v * (1 + step), v / (1 - step)] + ([0.0] if name in SEEDS else [])
+    lo, hi = BOUNDS.get(name, (0.0, float("inf")))
+    return [min(max(x, lo), hi) for x in vals]
+
+
+def fit_family(points, profiles: dict, fitted, max_rounds: int = 400) -> tuple[dict, float]:
+    """Constants ``fitted`` shared by ``profiles`` that minimise the weighted mean relative error."""
+    first = next(iter(profiles.values()))
+    params = {k: getattr(first, k) for k in fitted}
+    best = _objective(points, profiles, params)
+    step = STEP_START
+    for _ in range(max_rounds):
+        improved = False
+        for name in fitted:
+            for v in _candidates(name, params[name], step):
+                trial = dict(params, **{name: v})
+                err = _objective(points, profiles, trial)
+                if err < best - 1e-12:
+                    best, params, improved = err, trial, True
+        if not improved:
+            step /= 2
+            if step < STEP_END:
+                break
+    return params, best
+
+
+def main(argv=None) -> int:
+    from kvsim.timing.kernel import load_backend
+    from kvsim.timing.kernel_corpus import error_table, evaluable, load_corpus
+
+    ap = argparse.ArgumentParser(prog="python -m kvsim.calibration.kernel_corpus_fit", description=__doc__)
+    ap.add_argument("--write", action="store_true", help="store the fitted constants in the built-in profiles")
+    args = ap.parse_args(argv)
+    corpus = load_corpus()
+    for fam, backends in FAMILIES.items():
+        profiles = {b: load_backend(b) for b in backends}
+        fit_rows = [p for p in evaluable(corpus, profiles) if p.split == "fit"]
+        results = []
+        for start in STARTS.get(fam, ({},)):  # a few starts: some constants trade off on few rows
+            start = dict(start)
+            hold = start.pop("hold", ())
+            p_start = {b: replace(p, **{**START_BASE[fam], **start}) for b, p in profiles.items()}
+            cand, cerr = fit_family(fit_rows, p_start, tuple(k for k in FITTED[fam] if k not in hold))
+            cand = {**{k: getattr(next(iter(p_start.values())), k) for k in hold}, **cand}
+            print(f"  start {start}{' holding ' + ', '.join(hold) if hold else ''}: weighted MAPE {cerr:.4f}")
+            results.append((cand, cerr))
+        # the first start within TIE of the best: the corpus cannot tell them apart, the order can
+        best = min(e for _, e in results)
+        params, err = next((c, e) for c, e in results if e <= best + TIE)
+        print(f"{fam}: {len(fit_rows)} fit rows, weighted MAPE {err:.4f}")
+        print("  " + ", ".join(f"{k}={v:.4g}" for k, v in params.items()))
+        tuned = {b: replace(p, **params) for b, p in profiles.items()}
+        for r in error_table(corpus, tuned):
+            print(f"  {r.backend:22s} {r.gpu:14s} {r.split:8s} n={r.points:3d} MAPE={r.mape:.3f} max={r.max_rel:.3f}")
+        if args.write:
+            for b in backends:
+                _write_constants(b, params)
+    return 0
+
+
+def _write_constants(backend: str, params: dict) -> None:
+    """Replace the fitted keys' values in the built-in profile file, keeping its comments and order."""
+    from importlib import resources
+
+    path = resources.files("kvsim.timing.backends") / f"{backend}.yaml"
+    lines = path.read_text().splitlines()
+    out = []
+    for line in lines:
+        key = line.split(":", 1)[0]
+        if key in params:
+            line = f"{key}: {float(f'{params[key]:.3g}')!r}"
+        out.append(line)
+    with open(str(path), "w") as fh:
+        fh.write("\n".join(out) + "\n")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

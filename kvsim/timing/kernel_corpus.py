@@ -1,0 +1,207 @@
+"""The public decode-attention kernel measurement corpus (kvsim/timing/data/kernels/kernel_corpus.csv)
+and the kernel model's error on it.
+
+One row per printed measurement: where it was published (source, URL, commit, date), the GPU and the
+kvsim preset it maps to (``none``: no preset, recorded but not evaluated), the backend and its
+version, the launch shape (batch, context, query/KV heads, head dim, dtype, page size, layers), the
+measured kernel time, the printed bandwidth utilisation (``na`` where none was printed), L2 state,
+whether the number was printed as text or read from a figure (with the reading error) and the fixed
+``split`` (``fit`` rows may be used to fit profile constants, ``holdout`` rows never are). Sources
+and the split rule are in docs/kernel_model.md, "Measurement corpus".
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from kvsim.errors import ConfigError, format_choices
+
+COLUMNS = ("source_id", "source", "source_url", "source_commit", "source_date", "gpu", "gpu_preset", "backend",
+           "backend_version", "batch", "context", "query_heads", "kv_heads", "head_dim", "dtype", "page_size",
+           "layers", "time_us", "bandwidth_util", "l2", "reading", "reading_error", "split", "note")
+OPTIONAL_TEXT = ("note",)  # may be empty; every other field must be given ("none"/"na" say "not printed")
+INT_FIELDS = ("batch", "context", "query_heads", "kv_heads", "head_dim", "page_size", "layers")
+SPLITS = ("fit", "holdout")
+READINGS = ("text", "figure")
+L2_STATES = ("warm", "cold", "unknown")
+BUILTIN = "kvsim/timing/data/kernels/kernel_corpus.csv"
+
+
+@dataclass(frozen=True)
+class KernelPoint:
+    """One published kernel measurement (times per launch of ``layers`` layers, in seconds)."""
+
+    source_id: str
+    source_url: str
+    gpu: str
+    gpu_preset: str  # kvsim GPU preset name, or "none"
+    backend: str
+    batch: int
+    context: int
+    query_heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: str
+    page_size: int
+    layers: int
+    time_s: float
+    bandwidth_util: float | None  # as printed (None: not printed)
+    reading: str
+    split: str
+    row: int  # line number in the file (header = 1)
+
+
+def _field(rec: dict, key: str, where: str):
+    v = rec.get(key)
+    if v is None or (v.strip() == "" and key not in OPTIONAL_TEXT):
+        raise ConfigError(f"{where}: key '{key}' is missing (every corpus field must be given; "
+                          f"write 'none' or 'na' for a value the source did not print)")
+    return v.strip()
+
+
+def parse_rows(lines, where: str) -> list[KernelPoint]:
+    """Rows of a corpus CSV; a missing or malformed field stops with one line naming file, row and key."""
+    from kvsim.hw import KV_DTYPES
+
+    reader = csv.DictReader(lines)
+    missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+    if missing:
+        raise ConfigError(f"{where}: key '{missing[0]}' is missing from the header; columns: {', '.join(COLUMNS)}")
+    out = []
+    for i, rec in enumerate(reader, start=2):
+        at = f"{where} row {i}"
+        vals = {k: _field(rec, k, at) for k in COLUMNS}
+        ints = {}
+        for k in INT_FIELDS:
+            try:
+                ints[k] = int(vals[k])
+            except ValueError:
+                raise ConfigError(f"{at}: key '{k}' must be a whole number, got {vals[k]!r}") from None
+            if ints[k] < 1:
+                raise ConfigError(f"{at}: key '{k}' must be >= 1, got {ints[k]}")
+        try:
+            t_us = float(vals["time_us"])
+        except ValueError:
+            raise ConfigError(f"{at}: key 'time_us' must be a number, got {vals['time_us']!r}") from None
+        if not math.isfinite(t_us) or t_us <= 0:
+            raise ConfigError(f"{at}: key 'time_us' must be > 0, got {vals['time_us']!r}")
+        bu = None
+        if vals["bandwidth_util"] != "na":
+            try:
+                bu = float(vals["bandwidth_util"])
+            except ValueError:
+                raise ConfigError(f"{at}: key 'bandwidth_util' must be a fraction or 'na', "
+                                  f"got {vals['bandwidth_util']!r}") from None
+        for key, choices in (("split", SPLITS), ("reading", READINGS), ("l2", L2_STATES),
+                             ("dtype", tuple(KV_DTYPES))):
+            if vals[key] not in choices:
+                raise ConfigError(f"{at}: key '{key}' must be one of {format_choices(choices)}, got {vals[key]!r}")
+        out.append(KernelPoint(vals["source_id"], vals["source_url"], vals["gpu"], vals["gpu_preset"],
+                               vals["backend"], ints["batch"], ints["context"], ints["query_heads"],
+                               ints["kv_heads"], ints["head_dim"], vals["dtype"], ints["page_size"],
+                               ints["layers"], t_us * 1e-6, bu, vals["reading"], vals["split"], i))
+    return out
+
+
+def load_corpus(path: str | Path | None = None) -> list[KernelPoint]:
+    """The built-in corpus, or a CSV of the same columns at ``path``."""
+    if path is None:
+        res = resources.files("kvsim.timing") / "data" / "kernels" / "kernel_corpus.csv"
+        return parse_rows(res.read_text().splitlines(), BUILTIN)
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read kernel corpus ({e.strerror})") from None
+    return parse_rows(text.splitlines(), str(p))
+
+
+def layout_of(pt: KernelPoint):
+    """The KV layout one measured launch read (page size, heads and dtype as printed)."""
+    from kvsim.hw import KV_DTYPES
+    from kvsim.timing.kernel import KVLayout
+
+    bpt = 2 * pt.kv_heads * KV_DTYPES[pt.dtype].head_bytes(pt.head_dim)
+    return KVLayout(pt.layers, pt.kv_heads, pt.query_heads, pt.head_dim, pt.dtype, float(bpt), pt.page_size)
+
+
+# Corpus backends whose benchmark forced one kernel where vLLM would dispatch: evaluated with this
+# split rule (vLLM's benchmark_paged_attention.py --version v2 runs the v2 kernel at every shape).
+FORCED_SPLIT_RULE = {"vllm-paged-v2": "partition"}
+
+
+def profile_for(pt: KernelPoint, profiles: dict):
+    """The profile a point is checked against: its backend's, with a forced kernel's split rule."""
+    from dataclasses import replace
+
+    prof = profiles[pt.backend]
+    rule = FORCED_SPLIT_RULE.get(pt.backend)
+    return prof if rule is None or not prof.split_kv else replace(prof, split_rule=rule)
+
+
+def predict(pt: KernelPoint, profile) -> tuple[float, float, float]:
+    """(predicted time s, predicted utilisation, measured utilisation) of one point under ``profile``;
+    utilisation = KV bytes attended / time / peak HBM bandwidth (the model's definition) for both."""
+    from kvsim.hw import GPUS
+    from kvsim.timing.kernel import KernelModel
+
+    g = GPUS[pt.gpu_preset]
+    lay = layout_of(pt)
+    km = KernelModel(profile, lay, g.hbm_bandwidth_bytes_per_s, g.num_sms)
+    tokens = pt.batch * pt.context
+    t = km.time_scalar(pt.batch, tokens, pt.batch * -(-pt.context // pt.page_size))
+    useful = pt.layers * tokens * lay.kv_bytes_per_token_layer
+    return t, useful / t / g.hbm_bandwidth_bytes_per_s, useful / pt.time_s / g.hbm_bandwidth_bytes_per_s
+
+
+def evaluable(points, backends) -> list[KernelPoint]:
+    """Points with a kvsim GPU preset and a built-in backend of that name."""
+    from kvsim.hw import GPUS
+
+    return [p for p in points if p.gpu_preset in GPUS and p.backend in backends]
+
+
+@dataclass(frozen=True)
+class ErrorRow:
+    backend: str
+    gpu: str
+    split: str
+    points: int
+    mape: float  # mean |predicted - measured| / measured kernel time
+    max_rel: float
+    util_points: int  # points with measured utilisation >= 40 %
+    util_max_abs: float  # largest |predicted - measured| utilisation there (fraction; nan if none)
+    util_mean_abs: float  # mean |predicted - measured| utilisation there (fraction; nan if none)
+
+
+def error_table(points, profiles: dict) -> list[ErrorRow]:
+    """The model's error per (backend, GPU preset, split) and per (backend, all GPUs, split)."""
+    groups: dict[tuple, list] = {}
+    for p in evaluable(points, profiles):
+        t, u_pred, u_meas = predict(p, profile_for(p, profiles))
+        rel = abs(t - p.time_s) / p.time_s
+        for key in ((p.backend, p.gpu_preset, p.split), (p.backend, "all", p.split)):
+            groups.setdefault(key, []).append((rel, u_pred, u_meas))
+    out = []
+    for (b, g, s), vals in sorted(groups.items()):
+        rels = [v[0] for v in vals]
+        hi = [abs(v[1] - v[2]) for v in vals if v[2] >= 0.40]
+        out.append(ErrorRow(b, g, s, len(vals), sum(rels) / len(rels), max(rels), len(hi),
+                            max(hi) if hi else float("nan"), sum(hi) / len(hi) if hi else float("nan")))
+    return out
+
+
+def corpus_summary(points) -> list[tuple[str, str, int, int]]:
+    """(source id, URL, points, points on a kvsim GPU preset) per source, in file order."""
+    from kvsim.hw import GPUS
+
+    seen: dict[str, list] = {}
+    for p in points:
+        s = seen.setdefault(p.source_id, [p.source_url, 0, 0])
+        s[1] += 1
+        s[2] += p.gpu_preset in GPUS
+    return [(k, v[0], v[1], v[2]) for k, v in seen.items()]

@@ -1,0 +1,62 @@
+"""The engine's CPU time per step: scheduling, input preparation, sampling, detokenisation, API server.
+
+A serving engine spends part of every step outside the GPU kernels. kvsim prices it as one term of
+each step's duration, defined here once for the scalar (``step_time``), array (``decode_durations``)
+and stepwise (``FittedDecodeSteps.column``) evaluations::
+
+    overhead_s = step_overhead_s + per_seq_s * num_seqs + per_prefill_token_s * num_prefill_tokens
+
+* ``step_overhead_s`` (the timing model's existing key): fixed per step -- gathering the last step's
+  results, scheduling the next one, launching it (a CUDA graph replay or eager launches).
+* ``overhead.per_seq_s``: per scheduled sequence per step -- its row of the input tensors (slot
+  mapping, block table, positions), its sampling, the detokenisation of its new token and the
+  streamed output through the API server. Decode steps pay it for every running sequence, which is
+  how the CPU share grows with the batch (vLLM's v0.6.0 post: at high load the API server and the
+  scheduler, not the GPU, bound Llama-3-8B on one H100).
+* ``overhead.per_prefill_token_s``: per new prompt token computed in the step -- the per-request
+  work that scales with the prompt (tokenisation, input preparation of a long chunk), charged in the
+  step that computes those tokens.
+
+Sources and the fitted constants: docs/engine_overhead.md. Defaults are 0, so
+``overhead_s == step_overhead_s`` exactly (``x + 0.0 * n == x`` for every finite ``n >= 0``) and a
+scenario without ``overhead:`` runs as before, bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from pydantic import Field
+
+from kvsim.config_base import StrictModel
+
+
+class EngineOverheadConfig(StrictModel):
+    """``timing.overhead``: the CPU overhead terms that scale with the batch (per-step: ``step_overhead_s``)."""
+
+    per_seq_s: float = Field(0.0, ge=0, description="CPU time per scheduled sequence per step: input "
+                             "preparation, sampling, detokenisation, output streaming (docs/engine_overhead.md)")
+    per_prefill_token_s: float = Field(0.0, ge=0, description="CPU time per new prompt token computed in a "
+                                       "step: tokenisation and input preparation (docs/engine_overhead.md)")
+
+
+class StepOverhead:
+    """The overhead term of one deployment: built once per timing model, evaluated on ints or arrays."""
+
+    __slots__ = ("per_step_s", "per_seq_s", "per_prefill_token_s", "constant")
+
+    def __init__(self, step_overhead_s: float, cfg: EngineOverheadConfig | None = None):
+        cfg = cfg or EngineOverheadConfig()
+        self.per_step_s = float(step_overhead_s)
+        self.per_seq_s = float(cfg.per_seq_s)
+        self.per_prefill_token_s = float(cfg.per_prefill_token_s)
+        # no batch-dependent term: every step costs per_step_s (the callers keep a float, no array row)
+        self.constant = self.per_seq_s == 0.0 and self.per_prefill_token_s == 0.0
+
+    def time_s(self, num_seqs, num_prefill_tokens=0):
+        """The overhead of a step of ``num_seqs`` scheduled sequences computing ``num_prefill_tokens``
+        prompt tokens (ints, or int arrays: the same IEEE operations element by element)."""
+        return self.per_step_s + self.per_seq_s * num_seqs + self.per_prefill_token_s * num_prefill_tokens
+
+    def decode_row(self, num_seqs: np.ndarray) -> np.ndarray:
+        """``time_s(n, 0)`` for an int64 array of batch sizes (decode steps compute no prompt tokens)."""
+        return self.time_s(num_seqs, 0)

@@ -1,0 +1,126 @@
+"""The public kernel-measurement corpus: complete rows, a fixed split, bad rows refused in one line,
+and the model's held-out error recomputed from the data (docs/kernel_model.md, "Measurement corpus")."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from importlib import resources
+
+import numpy as np
+import pytest
+
+from kvsim.cli import main
+from kvsim.errors import ConfigError
+from kvsim.hw import GPUS
+from kvsim.timing.kernel import KernelModel, builtin_backends, load_backend
+from kvsim.timing.kernel_corpus import COLUMNS, layout_of, load_corpus, parse_rows, profile_for
+
+CSV = resources.files("kvsim.timing") / "data" / "kernels" / "kernel_corpus.csv"
+
+
+def test_corpus_is_complete_and_large_enough():
+    pts = load_corpus()  # refuses any row with a missing field
+    assert len(pts) >= 150
+    assert len({p.source_url for p in pts}) >= 8
+    on_presets = [p for p in pts if p.gpu_preset in GPUS]
+    assert len(on_presets) >= 150
+    assert {p.split for p in pts} == {"fit", "holdout"}
+    assert all(p.reading == "text" for p in pts)  # no number read off a figure
+    lines = CSV.read_text().splitlines()
+    assert lines[0].split(",") == list(COLUMNS)
+    assert len(lines) == len(pts) + 1
+
+
+def test_split_holds_out_every_third_row_of_each_source_and_backend():
+    groups: dict = {}
+    for p in load_corpus():
+        groups.setdefault((p.source_id, p.backend), []).append(p)
+    for rows in groups.values():
+        rows.sort(key=lambda p: (p.batch, p.context, p.page_size, p.dtype))
+        assert [p.split for p in rows] == ["holdout" if i % 3 == 2 else "fit" for i in range(len(rows))]
+
+
+def test_a_row_with_a_missing_field_is_refused_naming_file_row_and_key(tmp_path, capsys):
+    lines = CSV.read_text().splitlines()
+    cells = lines[1].split(",")
+    col = COLUMNS.index("source_id")
+    cells[col] = ""
+    bad = tmp_path / "corpus.csv"
+    bad.write_text("\n".join([lines[0], ",".join(cells)]) + "\n")
+    with pytest.raises(ConfigError, match=r"corpus.csv row 2: key 'source_id' is missing"):
+        load_corpus(bad)
+    assert main(["kernel", "--check", "--corpus", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "key 'source_id'" in err[0] and "corpus.csv" in err[0]
+
+
+def test_malformed_fields_are_refused():
+    header = ",".join(COLUMNS)
+    good = CSV.read_text().splitlines()[1]
+    with pytest.raises(ConfigError, match="key 'split' must be one of"):
+        parse_rows([header, good.replace(",fit,", ",train,").replace(",holdout,", ",train,")], "x.csv")
+    with pytest.raises(ConfigError, match="key 'time_us' is missing from the header"):
+        parse_rows([header.replace("time_us", "time")], "x.csv")
+
+
+def _heldout_errors(backend: str):
+    """Relative time errors and (measured >= 40 %) utilisation errors of ``backend``'s held-out rows,
+    computed here through the array path of the kernel model, not through kernel_corpus.error_table."""
+    profiles = {b: load_backend(b) for b in builtin_backends()}
+    rel, util = [], []
+    for p in load_corpus():
+        if p.split != "holdout" or p.backend != backend or p.gpu_preset not in GPUS:
+            continue
+        g, lay = GPUS[p.gpu_preset], layout_of(p)
+        km = KernelModel(profile_for(p, profiles), lay, g.hbm_bandwidth_bytes_per_s, g.num_sms)
+        n = np.array([p.batch])
+        t = float(km.time_s(n, n * p.context, n * -(-p.context // p.page_size))[0])
+        rel.append(abs(t - p.time_s) / p.time_s)
+        kv = p.layers * p.batch * p.context * lay.kv_bytes_per_token_layer
+        measured = kv / p.time_s / g.hbm_bandwidth_bytes_per_s
+        if measured >= 0.40:
+            util.append(abs(kv / t / g.hbm_bandwidth_bytes_per_s - measured))
+    return np.array(rel), np.array(util)
+
+
+def test_flashattention_paged_heldout_error_is_what_the_docs_state():
+    # docs/kernel_model.md: 90 held-out rows (A100-80GB, A100-40GB, H100), mean error 10.7 %; the
+    # issue's target (<= 15 % per backend with >= 20 rows) is met for this backend only; utilisation
+    # at >= 40 %: mean 8.3 points, worst 21.5 points -- the 5-point target is NOT met.
+    rel, util = _heldout_errors("flashattention-paged")
+    assert len(rel) == 90
+    assert rel.mean() <= 0.11
+    assert len(util) >= 80 and util.mean() <= 0.09
+
+
+def test_vllm_heldout_rows_are_few_and_reported():
+    # one held-out row each (A100-40GB): below the issue's 20-row floor; their errors are printed by
+    # `kvsim kernel --check` and stated in docs/kernel_model.md
+    for backend, bound in (("vllm-paged-v1", 0.05), ("vllm-paged-v2", 0.05)):
+        rel, _ = _heldout_errors(backend)
+        assert len(rel) == 1 and rel.max() <= bound
+
+
+def test_fit_uses_fit_rows_only_and_reproduces_the_shipped_profiles():
+    from kvsim.calibration import kernel_corpus_fit as F
+    from kvsim.timing.kernel_corpus import evaluable
+
+    corpus = load_corpus()
+    profiles = {b: load_backend(b) for b in F.FAMILIES["vllm-paged"]}
+    fit_rows = [p for p in evaluable(corpus, profiles) if p.split == "fit"]
+    start = {b: replace(p, **{**F.START_BASE["vllm-paged"], "query_head_reads": 0.25}) for b, p in profiles.items()}
+    params, _ = F.fit_family(fit_rows, start, F.FITTED["vllm-paged"])
+    for key, value in params.items():  # the shipped profile holds the fit, at 3 significant digits
+        assert getattr(profiles["vllm-paged-v1"], key) == pytest.approx(value, rel=5e-3, abs=1e-12), key
+    # moving every held-out time leaves the fit unchanged: the fit never reads them
+    moved = [p for p in evaluable([replace(p, time_s=p.time_s * (3.0 if p.split == "holdout" else 1.0))
+                                   for p in corpus], profiles) if p.split == "fit"]
+    assert F.fit_family(moved, start, F.FITTED["vllm-paged"])[0] == params
+
+
+def test_check_prints_every_backend_and_split(capsys):
+    assert main(["kernel", "--check"]) == 0
+    out = capsys.readouterr().out
+    for backend in ("flashattention-paged", "vllm-paged-v1", "vllm-paged-v2", "flashinfer-paged"):
+        assert backend in out
+    assert "holdout" in out and "fit" in out and "not evaluated" in out

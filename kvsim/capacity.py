@@ -13,6 +13,21 @@ answer is the last ``lo`` (``status = ok``). Bisection assumes attainment falls 
 if it is not monotonic the answer is *a* boundary, not necessarily the highest passing scale
 (every evaluation is listed in ``capacity.json``).
 
+**Objectives.** ``--slo`` takes joint objectives (``ttft_ms=500,tpot_ms=50``: a request is good
+when it meets every one; the variant meets when at least ``attainment`` of the trace's requests are
+good) and percentile objectives as users write them (``p99_ttft_ms=2000,p50_tpot_ms=100``: "p99
+TTFT <= 2 s and p50 TPOT <= 100 ms"), or both; the variant meets when every one holds.
+``pQ_METRIC_ms=T`` holds when the Q-th percentile of METRIC over **every** request of the trace is at
+most T ms, where a rejected or unfinished request counts as infinitely slow and the percentile is
+the nearest-rank one (the ceil(Q/100 x n)-th smallest value): equivalently, at least Q % of the
+trace's requests have METRIC <= T. A one-token output has TPOT 0 (as in goodput). With percentile
+objectives only, ``attainment`` and goodput count requests within every metric's loosest limit.
+
+**Reuse between steps** (exact): the trace is read, sliced and length-limited once per variant (once
+for all variants with the same trace section, seed and model length); each step only divides the
+arrival times by its rate scale, as ``trace.rate_scale`` does. Nothing simulated is reused across
+rate scales. Each step prints one line on stderr (``--quiet``: none).
+
 Output: a table on stdout, and ``capacity.csv`` (one row per variant) and ``capacity.json``
 (also every evaluation) in ``--out`` (default ``results/<scenario name>-capacity``). kvsim only
 writes those two files there and replaces them only when ``capacity.json`` says kvsim wrote it.
@@ -22,18 +37,23 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvsim.errors import ConfigError, did_you_mean, format_choices
+from kvsim.units import SET_HELP_UNITS
 
 if TYPE_CHECKING:  # pandas is imported where used (import cost: tests/test_import_cost.py)
     import pandas as pd
 
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
+PERCENTILE_KEY = re.compile(r"p(\d+(?:\.\d+)?)_(ttft_ms|tpot_ms|e2e_ms)")
+KEY_FORMS = "ttft_ms, tpot_ms, e2e_ms (joint, with --attainment) or pQ_ttft_ms, pQ_tpot_ms, pQ_e2e_ms (e.g. p99_ttft_ms)"
 MARKER = "kvsim capacity"
 
 
@@ -47,6 +67,7 @@ class Evaluation:
     requests_total: int
     requests_rejected: int
     meets: bool
+    percentiles_ms: dict = field(default_factory=dict)  # pQ_METRIC_ms -> the value reached (inf: unserved)
 
 
 @dataclass(frozen=True)
@@ -62,17 +83,28 @@ class VariantCapacity:
     slo_ms: dict = field(default_factory=dict)  # the objectives searched against
 
 
+def percentile_key(key: str) -> tuple[float, str] | None:
+    """``p99_ttft_ms`` -> ``(99.0, "ttft_ms")``; None for a joint key."""
+    m = PERCENTILE_KEY.fullmatch(key)
+    return (float(m.group(1)), m.group(2)) if m else None
+
+
 def parse_slo(text: str, where: str = "--slo") -> dict[str, float]:
-    """``ttft_ms=500,tpot_ms=50`` -> ``{"ttft_ms": 500.0, "tpot_ms": 50.0}`` (one-line errors)."""
+    """``ttft_ms=500,p99_tpot_ms=50`` -> ``{"ttft_ms": 500.0, "p99_tpot_ms": 50.0}`` (one-line errors)."""
     out: dict[str, float] = {}
     for part in [p.strip() for p in text.split(",") if p.strip()]:
         key, sep, value = part.partition("=")
         key = key.strip()
         if not sep:
-            raise ConfigError(f"{where}: {part!r} is not KEY=MS; valid keys: {format_choices(SLO_KEYS)}")
-        if key not in SLO_KEYS:
-            raise ConfigError(f"{where}: unknown objective {key!r}{did_you_mean(key, SLO_KEYS)}; "
-                              f"valid keys: {format_choices(SLO_KEYS)}")
+            raise ConfigError(f"{where}: {part!r} is not KEY=MS; valid keys: {KEY_FORMS}")
+        pk = percentile_key(key)
+        if pk is not None and not 0 < pk[0] < 100:
+            raise ConfigError(f"{where}: {key}: percentile {pk[0]:g} must be between 0 and 100 (exclusive), "
+                              f"e.g. p99_ttft_ms")
+        if key not in SLO_KEYS and pk is None:
+            examples = [*SLO_KEYS, *(f"p99_{k}" for k in SLO_KEYS), *(f"p50_{k}" for k in SLO_KEYS)]
+            raise ConfigError(f"{where}: unknown objective {key!r}{did_you_mean(key, examples)}; "
+                              f"valid keys: {KEY_FORMS}")
         try:
             v = float(value)
         except ValueError:
@@ -81,8 +113,8 @@ def parse_slo(text: str, where: str = "--slo") -> dict[str, float]:
             raise ConfigError(f"{where}: {key}={value} must be a positive, finite number of milliseconds")
         out[key] = v
     if not out:
-        raise ConfigError(f"{where}: give at least one objective, e.g. ttft_ms=500,tpot_ms=50; "
-                          f"valid keys: {format_choices(SLO_KEYS)}")
+        raise ConfigError(f"{where}: give at least one objective, e.g. ttft_ms=500,tpot_ms=50 or "
+                          f"p99_ttft_ms=2000,p50_tpot_ms=100; valid keys: {KEY_FORMS}")
     return out
 
 
@@ -102,11 +134,13 @@ def search(evaluate: Callable[[float], Evaluation], lo: float, hi: float, tol: f
     evals: list[Evaluation] = []
 
     def ev(scale: float) -> Evaluation:
+        t0 = time.perf_counter()
         e = evaluate(scale)
         evals.append(e)
         if log:
-            log(f"{name}: rate_scale {scale:.4g} -> attainment {e.attainment:.3f} "
-                f"({'meets' if e.meets else 'misses'} the SLOs)")
+            pct = "".join(f", {k} {v:.4g}" for k, v in e.percentiles_ms.items())
+            log(f"capacity {name} step {len(evals)}: rate_scale {scale:.4g} -> attainment {e.attainment:.3f}{pct} "
+                f"({'meets' if e.meets else 'misses'} the SLOs) [{time.perf_counter() - t0:.1f} s]")
         return e
 
     def result(status: str, good: Evaluation | None, bad_scale: float | None) -> VariantCapacity:
@@ -142,24 +176,78 @@ def _offered_rate(trace) -> float | None:
     return float((len(a) - 1) / (a[-1] - a[0]))
 
 
-def evaluator(scn, base_dir: Path, slo: dict[str, float], attainment: float, where: str):
+def split_objectives(slo: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+    """(joint ``{ttft_ms: ..}``, percentile ``{p99_ttft_ms: ..}``) objectives."""
+    joint = {k: v for k, v in slo.items() if k in SLO_KEYS}
+    return joint, {k: v for k, v in slo.items() if k not in SLO_KEYS}
+
+
+def percentile_values(requests, objectives: dict[str, float]) -> dict[str, float]:
+    """``pQ_METRIC_ms`` -> the nearest-rank Q-th percentile (ms) of METRIC over every request of the
+    trace, unserved ones counting as infinitely slow (module docstring)."""
+    import numpy as np
+
+    out = {}
+    n = len(requests)
+    finished = (requests["status"] == "finished").to_numpy()
+    for key in objectives:
+        q, metric = percentile_key(key)
+        v = requests[metric[:-3] + "_s"].to_numpy(dtype=float) * 1000.0
+        if metric == "tpot_ms":
+            v = np.where(requests["output_tokens"].to_numpy() <= 1, 0.0, v)  # as good_requests does
+        v = np.sort(np.where(finished & ~np.isnan(v), v, np.inf))
+        out[key] = float(v[max(math.ceil(q / 100.0 * n), 1) - 1]) if n else math.inf
+    return out
+
+
+class TraceCache:
+    """Traces read once and reused at every rate scale (exact: ``trace.rate_scale`` is the last
+    transform, a division of the arrival times, kvsim.trace.config.build_trace)."""
+
+    def __init__(self, base_dir: Path):
+        self.base_dir = base_dir
+        self._unscaled: dict[str, tuple] = {}
+
+    def get(self, scn, scale: float):
+        from kvsim.simulate import build_trace
+        from kvsim.trace.transforms import scale_rate
+
+        unit = scn.model_copy(update={"trace": scn.trace.model_copy(update={"rate_scale": 1.0})})
+        key = json.dumps([unit.trace.model_dump(mode="json"), unit.seed, unit.model.max_model_len_tokens],
+                         sort_keys=True)
+        if key not in self._unscaled:
+            self._unscaled[key] = build_trace(unit, self.base_dir)
+        trace, report = self._unscaled[key]
+        scaled = scale_rate(trace, scale)
+        scaled.validate(report.get("file", "synthetic trace"))
+        return scaled, {**report, "rate_scale": scale}
+
+
+def evaluator(scn, base_dir: Path, slo: dict[str, float], attainment: float, where: str,
+              traces: TraceCache | None = None):
     """``scale -> Evaluation`` for one variant's scenario with ``slo`` and ``trace.rate_scale = scale``."""
     from kvsim.config import SLOConfig
-    from kvsim.simulate import build_trace, run
+    from kvsim.simulate import run
 
-    base = scn.model_copy(update={"slo": SLOConfig(**slo)})
+    joint, pct = split_objectives(slo)
+    counted = joint or {metric: max(v for k, v in pct.items() if percentile_key(k)[1] == metric)
+                        for metric in {percentile_key(k)[1] for k in pct}}
+    base = scn.model_copy(update={"slo": SLOConfig(**counted)})
+    traces = traces or TraceCache(base_dir)
 
     def evaluate(scale: float) -> Evaluation:
         s = base.model_copy(update={"trace": base.trace.model_copy(update={"rate_scale": float(scale)})})
-        trace, report = build_trace(s, base_dir)
+        trace, report = traces.get(s, float(scale))
         res = run(s, base_dir, trace=trace, trace_report=report, where=where)
         sm = res.summary
         att = float(sm["slo"]["attainment"])
+        reached = percentile_values(res.requests, pct) if pct else {}
+        meets = (not joint or att >= attainment) and all(reached[k] <= v for k, v in pct.items())
         return Evaluation(rate_scale=float(scale), offered_rate_req_per_s=_offered_rate(trace), attainment=att,
                           goodput_requests_per_s=float(sm["slo"]["goodput_requests_per_s"]),
                           throughput_requests_per_s=float(sm["throughput_requests_per_s"]),
                           requests_total=int(sm["requests_total"]), requests_rejected=int(sm["requests_rejected"]),
-                          meets=att >= attainment)
+                          meets=meets, percentiles_ms=reached)
 
     return evaluate
 
@@ -178,12 +266,14 @@ def capacity(loaded, slo: dict[str, float] | None = None, *, attainment: float =
                               f"valid choices: {format_choices(runs)}")
         runs = {v: runs[v] for v in variants}
     out = []
+    traces = TraceCache(loaded.path.parent)  # shared by the variants: one read of each distinct trace
     for name, scn in runs.items():
         objectives = slo or (scn.slo.as_dict() if scn.slo is not None else None)
         if not objectives:
-            raise ConfigError(f"{loaded.path}: capacity needs SLOs: give --slo ttft_ms=..,tpot_ms=.. or an slo: "
-                              f"section in the scenario (keys {format_choices(SLO_KEYS)})")
-        ev = evaluator(scn, loaded.path.parent, objectives, attainment, str(loaded.path))
+            raise ConfigError(f"{loaded.path}: capacity needs SLOs: give --slo ttft_ms=..,tpot_ms=.. or "
+                              f"--slo p99_ttft_ms=..,p50_tpot_ms=.., or an slo: section in the scenario "
+                              f"(keys {format_choices(SLO_KEYS)})")
+        ev = evaluator(scn, loaded.path.parent, objectives, attainment, str(loaded.path), traces)
         out.append(replace(search(ev, lo, hi, tol, name=name, log=log), slo_ms=dict(objectives)))
     return out
 
@@ -196,6 +286,9 @@ def results_frame(results: list[VariantCapacity]) -> pd.DataFrame:
         row = {k: v for k, v in asdict(r).items() if k not in ("evaluations", "slo_ms")}
         row["evaluations"] = len(r.evaluations)
         row.update({k: r.slo_ms.get(k) for k in SLO_KEYS})
+        row.update({k: v for k, v in r.slo_ms.items() if k not in SLO_KEYS})
+        at = next((e for e in r.evaluations if e.rate_scale == r.capacity_rate_scale), None)
+        row.update({f"{k}_at_capacity": v for k, v in (at.percentiles_ms if at else {}).items()})
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -272,16 +365,22 @@ def register(subparsers) -> None:
                     "See docs/metrics.md (goodput, SLO attainment) and kvsim/capacity.py.")
     c.add_argument("file", help="scenario YAML (all its variants are searched)")
     c.add_argument("--slo", metavar="KEY=MS,...",
-                   help="objectives in ms, e.g. ttft_ms=500,tpot_ms=50 (keys ttft_ms, tpot_ms, e2e_ms); "
-                        "default: the scenario's slo: section")
+                   help="objectives in ms: joint ones, met by at least --attainment of the requests together "
+                        "(ttft_ms=500,tpot_ms=50; keys ttft_ms, tpot_ms, e2e_ms), and/or percentiles "
+                        "(p99_ttft_ms=2000,p50_tpot_ms=100: the nearest-rank p99 TTFT over every request of the "
+                        "trace, unserved ones counting as missed, at most 2000 ms); default: the scenario's slo: "
+                        "section")
     c.add_argument("--attainment", type=float, default=0.9,
-                   help="share of requests that must meet every SLO (default 0.9)")
+                   help="share of requests that must meet every joint SLO (default 0.9; percentile SLOs carry "
+                        "their own share)")
     c.add_argument("--lo", type=float, default=0.25, help="lowest rate_scale tried (default 0.25)")
     c.add_argument("--hi", type=float, default=8.0, help="highest rate_scale tried (default 8)")
     c.add_argument("--tol", type=float, default=0.05,
                    help="stop when the failing scale is within this fraction above the passing one (default 0.05)")
     c.add_argument("--variant", action="append", metavar="NAME", help="search only this variant (repeatable)")
-    c.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a scenario key (repeatable)")
+    c.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a scenario key (repeatable); " + SET_HELP_UNITS)
     c.add_argument("--out", help="directory for capacity.csv / capacity.json (default results/<name>-capacity)")
-    c.add_argument("-q", "--quiet", action="store_true", help="no per-evaluation lines on stderr")
+    c.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress lines on stderr (default: one per bisection step, with its wall time)")
     c.set_defaults(func=_cmd_capacity)

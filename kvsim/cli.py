@@ -16,6 +16,7 @@ from pathlib import Path
 
 from kvsim.version import __version__
 from kvsim.errors import Interrupted, KvsimError
+from kvsim.units import SET_HELP_UNITS
 
 
 SWEEP_KEYS = ("grid", "points", "base", "base_file")
@@ -169,7 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also replace the output of another kvsim command at --out (never a directory kvsim "
                         "did not write)")
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a key, e.g. --set allocator.block_size=32 (repeatable; applies to every variant)")
+                   help="override a key, e.g. --set allocator.block_size=32 (repeatable; applies to every variant); "
+                        + SET_HELP_UNITS)
     r.add_argument("--check-invariants", action="store_true", help="check allocator/scheduler invariants every step")
     r.add_argument("--no-plots", action="store_true", help="skip PNG plots")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar or per-variant lines")
@@ -179,7 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Check a scenario YAML and its trace without simulating: per variant, the KV "
                                    "capacity and how many requests the simulator will reject and why (with the fix).")
     v.add_argument("file")
-    v.add_argument("--set", action="append", metavar="KEY=VALUE")
+    v.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a key, as for run (repeatable); " + SET_HELP_UNITS)
     v.set_defaults(func=_cmd_validate)
 
     m = sub.add_parser("models", help="list model and GPU presets with KV bytes per token",

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 import kvsim.kv  # noqa: F401  (registers allocator kinds)
 import kvsim.timing  # noqa: F401  (registers timing kinds)
-from kvsim.config_base import StrictModel, reject_non_finite
+from kvsim.config_base import Bytes, ByteRate, Number, StrictModel, Tokens, reject_non_finite
 from kvsim.errors import ConfigError, did_you_mean, format_choices
 from kvsim.yamlio import YAMLSyntaxError, load_yaml
 from kvsim.metrics.summarize import DEFAULT_PERCENTILES
@@ -80,19 +80,19 @@ class ModelConfig(StrictModel):
     head_dim: int = Field(gt=0)
     intermediate_size: int = Field(gt=0)
     vocab_size: int = Field(gt=0)
-    num_params: float = Field(gt=0)
-    max_model_len_tokens: int = Field(gt=0)
+    num_params: Number = Field(gt=0)
+    max_model_len_tokens: Tokens = Field(gt=0)
     gated_mlp: bool = True
     source: str = ""
     attention: Literal["gqa", "mla"] = Field(
         "gqa", description="gqa: K and V per kv head (MHA/GQA/MQA); mla: one compressed latent per layer")
     kv_lora_rank: int = Field(0, ge=0, description="MLA latent width (DeepSeek-V2/V3: 512)")
     qk_rope_head_dim: int = Field(0, ge=0, description="MLA rope key width stored with the latent (64)")
-    sliding_window_tokens: int = Field(0, ge=0, description="window of the sliding-window layers (0: none)")
+    sliding_window_tokens: Tokens = Field(0, ge=0, description="window of the sliding-window layers (0: none)")
     sliding_window_layers: int = Field(0, ge=0, description="how many layers use the sliding window")
     num_experts: int = Field(0, ge=0, description="MoE routed experts per MoE layer (0: dense)")
     experts_per_token: int = Field(0, ge=0, description="MoE experts each token is routed to")
-    active_params: float = Field(0.0, ge=0, description="parameters a token goes through (0: num_params)")
+    active_params: Number = Field(0.0, ge=0, description="parameters a token goes through (0: num_params)")
 
     @model_validator(mode="after")
     def _gqa(self):
@@ -121,12 +121,12 @@ class GPUConfig(StrictModel):
     """A GPU. Write a preset name (``gpu: A100-80GB``) or every field."""
 
     name: str
-    memory_bytes: int = Field(gt=0)
-    hbm_bandwidth_bytes_per_s: float = Field(gt=0)
-    bf16_flops_per_s: float = Field(gt=0)
+    memory_bytes: Bytes = Field(gt=0)
+    hbm_bandwidth_bytes_per_s: ByteRate = Field(gt=0)
+    bf16_flops_per_s: Number = Field(gt=0)
     source: str = ""
     interconnect: str = ""
-    interconnect_bandwidth_bytes_per_s: float = Field(
+    interconnect_bandwidth_bytes_per_s: ByteRate = Field(
         0.0, ge=0, description="GPU-GPU link, bytes/s per GPU in one direction (0: none; needed by parallel)")
     allreduce_efficiency: float = Field(1.0, gt=0, le=1, description="achieved all-reduce bus bandwidth / peak")
     allreduce_latency_s: float = Field(0.0, ge=0, description="fixed cost of one all-reduce")
@@ -143,10 +143,10 @@ class HostLinkConfig(StrictModel):
     every field. Absent: the legacy ``timing.host_link_bandwidth_bytes_per_s`` (size-independent)."""
 
     name: str
-    h2d_bandwidth_bytes_per_s: float = Field(gt=0, description="sustained host-to-device copy rate")
-    d2h_bandwidth_bytes_per_s: float = Field(gt=0, description="sustained device-to-host copy rate")
+    h2d_bandwidth_bytes_per_s: ByteRate = Field(gt=0, description="sustained host-to-device copy rate")
+    d2h_bandwidth_bytes_per_s: ByteRate = Field(gt=0, description="sustained device-to-host copy rate")
     per_transfer_latency_s: float = Field(ge=0, description="fixed cost of one copy")
-    signalling_bandwidth_bytes_per_s: float = Field(0.0, ge=0, description="nominal rate, for reference")
+    signalling_bandwidth_bytes_per_s: ByteRate = Field(0.0, ge=0, description="nominal rate, for reference")
     source: str = ""
     granularity: Literal["block", "run"] = Field(
         "block", description="one copy per block, or per run of consecutive block ids")
@@ -167,9 +167,9 @@ class KVBudgetConfig(StrictModel):
     ``allow_beyond_gpu: true`` (an "unbounded cache" what-if)."""
 
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    activation_reserve_bytes: int = Field(1 << 30, ge=0)
-    bytes: int | None = Field(None, gt=0, description="KV bytes per GPU")
-    tokens: int | None = Field(None, gt=0, description="KV capacity in tokens")
+    activation_reserve_bytes: Bytes = Field(1 << 30, ge=0)
+    bytes: Bytes | None = Field(None, gt=0, description="KV bytes per GPU")
+    tokens: Tokens | None = Field(None, gt=0, description="KV capacity in tokens")
     allow_beyond_gpu: bool = Field(
         False, description="accept bytes/tokens beyond what the GPU memory holds (what-if studies)")
 
@@ -198,8 +198,8 @@ class SharedStoreConfig(StrictModel):
     """A prefix store shared by all replicas (the Mooncake idea): blocks evicted by any replica land
     there, and any replica can load them back at ``bandwidth_bytes_per_s``."""
 
-    capacity_bytes: int = Field(gt=0)
-    bandwidth_bytes_per_s: float = Field(25e9, gt=0, description="e.g. an RDMA NIC, ~25 GB/s")
+    capacity_bytes: Bytes = Field(gt=0)
+    bandwidth_bytes_per_s: ByteRate = Field(25e9, gt=0, description="e.g. an RDMA NIC, ~25 GB/s")
 
 
 class ReplicasConfig(StrictModel):
@@ -664,14 +664,34 @@ def _one_error(e: dict, prefix: str) -> str:
     return f"{path}: {msg}"
 
 
-def format_validation_error(err: ValidationError, file: str, prefix: str = "") -> str:
-    errors = err.errors()
-    msgs = []
-    for e in errors:
-        m = _one_error(e, prefix)
+def _set_blamed(e: dict, sets: tuple[str, ...]) -> str | None:
+    """The ``--set`` argument an error is about: the last one whose key is the error's key path,
+    lies inside it or contains it (``--set allocator.kind=x`` is blamed for ``allocator`` errors)."""
+    loc = _loc_str(tuple(e["loc"]))
+    if not loc:  # a check across sections names its key first: "kv_budget.tokens: ..."
+        m = re.match(r"(?:Value error, )?([a-z_][a-z0-9_.]*):", e["msg"])
+        if not m:
+            return None
+        loc = m.group(1)
+    for expr in reversed(sets):
+        key = expr.split("=", 1)[0].strip()
+        if key == loc or loc.startswith(key + ".") or loc.startswith(key + "[") or key.startswith(loc + "."):
+            return expr
+    return None
+
+
+def format_validation_error(err: ValidationError, file: str, prefix: str = "", sets: tuple[str, ...] = ()) -> str:
+    """One line for every problem: ``FILE: key: why`` (``--set KEY=VALUE (applied to FILE): key: why``
+    where a ``--set`` argument gave the value)."""
+    msgs: list[tuple[str, str]] = []
+    for e in err.errors():
+        expr = _set_blamed(e, sets)
+        m = (f"--set {expr} (applied to {file})", _one_error(e, "")) if expr else (file, _one_error(e, prefix))
         if m not in msgs:
             msgs.append(m)
-    return f"{file}: " + "; ".join(msgs)
+    msgs.sort(key=lambda m: m[0] == file)  # what --set gave first: the user's last word
+    return "; ".join(f"{where}: {m}" if i == 0 or msgs[i - 1][0] != where else m
+                     for i, (where, m) in enumerate(msgs))
 
 
 def read_yaml_mapping(path: Path, what: str = "scenario") -> dict:
@@ -695,11 +715,11 @@ def read_yaml_mapping(path: Path, what: str = "scenario") -> dict:
     return raw
 
 
-def validate_scenario(raw: dict, file: str, prefix: str = "") -> Scenario:
+def validate_scenario(raw: dict, file: str, prefix: str = "", sets: tuple[str, ...] = ()) -> Scenario:
     try:
         return Scenario.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e, file, prefix)) from None
+        raise ConfigError(format_validation_error(e, file, prefix, sets)) from None
 
 
 def expand_model(raw: dict, base_dir: Path | None, where: str, prefix: str = "") -> dict:
@@ -718,7 +738,8 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
         _set_dotted(raw, key, value, f"--set {expr}")
     raw.setdefault("name", path.stem)
     raw = expand_model(raw, path.parent, str(path))
-    base = validate_scenario(raw, str(path))
+    sets = tuple(overrides)
+    base = validate_scenario(raw, str(path), sets=sets)
     if base.baseline is not None and base.baseline not in base.variants:
         raise ConfigError(f"{path}: baseline: {base.baseline!r} is not a variant"
                           f"{did_you_mean(base.baseline, list(base.variants))}; valid choices: "
@@ -736,5 +757,5 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
             key, value = parse_set(expr)
             _set_dotted(merged, key, value, f"--set {expr}")
         merged = expand_model(merged, path.parent, str(path), prefix=f"variants.{vname}.")
-        variants[vname] = validate_scenario(merged, str(path), prefix=f"variants.{vname}.")
+        variants[vname] = validate_scenario(merged, str(path), prefix=f"variants.{vname}.", sets=sets)
     return LoadedScenario(path=path, name=str(base.name), base=base, variants=variants)

@@ -1,5 +1,7 @@
 """Base class for every YAML-facing pydantic model: unknown keys are rejected, values are frozen,
-and non-finite floats (``.nan``, ``.inf``, ``-.inf``) are refused.
+and non-finite floats (``.nan``, ``.inf``, ``-.inf``) are refused; and the field types of byte
+counts, token counts and rates (``Bytes``, ``Tokens``, ``ByteRate``, ``Number``: units and
+scientific notation, kvsim.units).
 
 :func:`reject_non_finite` does the same for a whole parsed YAML document (scenario, variants,
 sweep, generator spec, ``--set`` values) before any model sees it, so the message names the file
@@ -9,11 +11,20 @@ and the key wherever the number is, including keys that models keep as free-form
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from kvsim.errors import ConfigError
+from kvsim.units import parse_byte_rate, parse_bytes, parse_number, parse_tokens
+
+# The field types of every byte count, token count and rate a user writes (kvsim.units has the one
+# rule for each; docs/scenario.md, "Numbers and units"). Optional fields write ``Bytes | None``.
+Bytes = Annotated[int, BeforeValidator(parse_bytes)]
+Tokens = Annotated[int, BeforeValidator(parse_tokens)]
+Count = Tokens  # request counts follow the token-count rule (100k requests)
+ByteRate = Annotated[float, BeforeValidator(parse_byte_rate)]
+Number = Annotated[float, BeforeValidator(parse_number)]
 
 
 class StrictModel(BaseModel):

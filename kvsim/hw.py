@@ -136,6 +136,10 @@ class GPUSpec:
         return asdict(self)
 
 
+# Public copies of Hugging Face config.json files the presets below were read from.
+_LLM_PROF = "config.json as printed in github.com/citsjtu2020/LLM-Prof sglang/Model_Config.md"
+_OUMI = "github.com/oumi-ai/oumi configs/recipes/"
+
 MODELS: dict[str, ModelSpec] = {
     m.name: m
     for m in [
@@ -174,6 +178,38 @@ MODELS: dict[str, ModelSpec] = {
                          "technical report, arXiv:2412.19437)"),
         ModelSpec("Llama-3.1-405B", 126, 16384, 128, 8, 128, 53248, 128256, 405.9e9, 131072,
                   source="meta-llama/Llama-3.1-405B config.json; 405.9B parameters by the config's shapes"),
+        # Current models (docs/models.md, "Presets and sources"). Shapes are the models' Hugging Face
+        # config.json values as printed in the public sources named; parameters are computed from
+        # those shapes by kvsim.models.hf (the same count `model: config.json` gives).
+        ModelSpec("Llama-3.1-8B", 32, 4096, 32, 8, 128, 14336, 128256, 8.03e9, 131072,
+                  source=_LLM_PROF + " (Llama-3.1-8B)"),
+        ModelSpec("Llama-3.1-70B", 80, 8192, 64, 8, 128, 28672, 128256, 70.55e9, 131072,
+                  source=_OUMI + "llama3_1/README.md (70B model info)"),
+        ModelSpec("Llama-3.3-70B", 80, 8192, 64, 8, 128, 28672, 128256, 70.55e9, 131072,
+                  source=_OUMI + "llama3_3/README.md (70B model info)"),
+        ModelSpec("Llama-3.2-3B", 28, 3072, 24, 8, 128, 8192, 128256, 3.21e9, 131072,
+                  source=_LLM_PROF + " (Llama-3.2-3B; tied embeddings)"),
+        ModelSpec("Qwen2.5-3B", 36, 2048, 16, 2, 128, 11008, 151936, 3.09e9, 32768,
+                  source=_LLM_PROF + " (Qwen2.5-3B; tied embeddings)"),
+        ModelSpec("Qwen2.5-14B", 48, 5120, 40, 8, 128, 13824, 152064, 14.77e9, 131072,
+                  source=_LLM_PROF + " (Qwen2.5-14B)"),
+        ModelSpec("Qwen2.5-32B", 64, 5120, 40, 8, 128, 27648, 152064, 32.76e9, 131072,
+                  source=_LLM_PROF + " (Qwen2.5-32B)"),
+        ModelSpec("Qwen3-4B", 36, 2560, 32, 8, 128, 9728, 151936, 4.02e9, 40960,
+                  source=_LLM_PROF + " (Qwen3-4B; tied embeddings)"),
+        ModelSpec("Qwen3-8B", 36, 4096, 32, 8, 128, 12288, 151936, 8.19e9, 40960,
+                  source=_LLM_PROF + " (Qwen3-8B)"),
+        ModelSpec("Qwen3-14B", 40, 5120, 40, 8, 128, 17408, 151936, 14.77e9, 40960,
+                  source=_LLM_PROF + " (Qwen3-14B)"),
+        ModelSpec("Qwen3-32B", 64, 5120, 64, 8, 128, 25600, 151936, 32.76e9, 40960,
+                  source=_LLM_PROF + " (Qwen3-32B)"),
+        # Gemma 2: local (window 4096) and global layers alternate, 21 of 42 local (kvsim.models.hf).
+        ModelSpec("Gemma-2-9B", 42, 3584, 16, 8, 256, 14336, 256000, 9.24e9, 8192,
+                  sliding_window_tokens=4096, sliding_window_layers=21,
+                  source="google/gemma-2-9b config.json (tests/data/hf/gemma-2-9b.json); 9.24B by the shapes (tied)"),
+        ModelSpec("Qwen3-30B-A3B", 48, 2048, 32, 4, 128, 6144, 151936, 30.53e9, 40960,
+                  num_experts=128, experts_per_token=8, active_params=3.35e9,
+                  source=_LLM_PROF + " (Qwen3-30B-A3B: 128 experts of moe_intermediate_size 768, 8 per token)"),
     ]
 }
 

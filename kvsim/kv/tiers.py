@@ -13,14 +13,14 @@ from collections.abc import Callable
 
 from pydantic import Field
 
-from kvsim.config_base import StrictModel
+from kvsim.config_base import Bytes, ByteRate, StrictModel
 from kvsim.kv.base import Allocation
 from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, HostTransfers
 
 
 class TierConfig(StrictModel):
-    capacity_bytes: int = Field(gt=0)
-    bandwidth_bytes_per_s: float = Field(gt=0, description="load bandwidth back to GPU memory")
+    capacity_bytes: Bytes = Field(gt=0)
+    bandwidth_bytes_per_s: ByteRate = Field(gt=0, description="load bandwidth back to GPU memory")
 
 
 class OffloadConfig(StrictModel):

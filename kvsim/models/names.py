@@ -3,7 +3,8 @@
 Plain edit distance offers ``A100-80GB`` for ``H100-80GB`` (one letter apart) although the user
 clearly meant an H100. Names are split into parts at separators and at letter/digit boundaries
 (``H100-SXM-80GB`` -> h, 100, sxm, 80, gb) and the preset sharing the most parts wins (Jaccard);
-edit distance only breaks ties and catches typos inside a part.
+edit distance only breaks ties and catches typos inside a part. A preset of another family
+(the first word: ``gemma`` vs ``llama``) is never offered unless the spelling is close.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def closest(name: str, choices: Iterable[str]) -> str | None:
     """The choice that shares the most distinctive parts with ``name`` (None when nothing is close)."""
     choices = list(choices)
     want = parts(name)
+    family = re.match(r"[^a-z]*([a-z]+)", name.lower())
     best, best_key, best_ok = None, (0.0, 0.0), False
     for c in choices:
         have = parts(c)
@@ -50,7 +52,10 @@ def closest(name: str, choices: Iterable[str]) -> str | None:
         key = (jaccard, ratio)
         if key > best_key:
             # Close enough: half the parts shared, a near-spelling, or every part the user wrote.
-            best, best_key, best_ok = c, key, jaccard >= 0.5 or ratio >= 0.6 or (bool(want) and want <= have)
+            # Never across families (Gemma-2-9B is not "near" Llama-2-7B) unless it is a misspelling.
+            same_family = family is None or family.group(1) in have or ratio >= 0.8
+            best, best_key = c, key
+            best_ok = same_family and (jaccard >= 0.5 or ratio >= 0.6 or (bool(want) and want <= have))
     return best if best_ok else None
 
 

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 import kvsim.sched.victim  # noqa: F401  (registers the built-in victim kinds)
-from kvsim.config_base import StrictModel
+from kvsim.config_base import Bytes, StrictModel, Tokens
 from kvsim.registry import VICTIMS, policy_field
 from kvsim.sched.victim import DEFAULT_VICTIM
 
@@ -16,7 +16,7 @@ VictimConfig = policy_field(VICTIMS, DEFAULT_VICTIM)
 
 class SchedulerConfig(StrictModel):
     max_num_seqs: int = Field(256, ge=1, description="most requests running in one step")
-    max_num_batched_tokens: int | None = Field(
+    max_num_batched_tokens: Tokens | None = Field(
         None, ge=1,
         description="token budget per step; default max(max_model_len, 2048), or 2048 with chunked prefill",
     )
@@ -30,7 +30,7 @@ class SchedulerConfig(StrictModel):
                           "(vLLM's scheduler_reserve_full_isl); false: if its first chunk fits")
     preemption_mode: Literal["recompute", "swap"] = Field(
         "recompute", description="recompute: drop the victim's KV; swap: move it to the host tier")
-    swap_space_bytes: int = Field(4 << 30, ge=0, description="host (CPU DRAM) capacity for swapped KV")
+    swap_space_bytes: Bytes = Field(4 << 30, ge=0, description="host (CPU DRAM) capacity for swapped KV")
     victim: VictimConfig = Field(  # type: ignore[valid-type]
         default_factory=lambda: VICTIMS.default_config(DEFAULT_VICTIM),
         description="which running request to preempt; a kind name or {kind: NAME, ...} (kvsim/sched/victim.py)")

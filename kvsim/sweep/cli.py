@@ -7,6 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from kvsim.units import SET_HELP_UNITS
+
 
 def _cmd_sweep(args) -> int:
     from kvsim.sweep.runner import run_sweep
@@ -49,7 +51,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", help="sweep directory (default results/sweeps/<name>): new, empty or an earlier sweep's "
                                  "(resumed); never a directory kvsim did not write (docs/outputs.md)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a key of every point, e.g. --set trace.end_s=60 (repeatable; like the sweep's set:)")
+                   help="override a key of every point, e.g. --set trace.end_s=60 (repeatable; like the sweep's set:); "
+                        + SET_HELP_UNITS)
     p.add_argument("-j", "--jobs", type=int, default=None, help="points run in parallel (default: CPU count)")
     p.add_argument("--executor", choices=("local", "ray", "inline"), default="local",
                    help="local: process pool (default); ray: Ray tasks; inline: this process, one by one")

@@ -288,7 +288,7 @@ def load_sweep(source: str | Path | dict, *, base_dir: str | Path | None = None,
             base_raw["variants"] = variants_raw
     # The base alone must be a valid scenario (its variants are validated as points below).
     base_raw = expand_model(base_raw, anchor.parent, base_where)  # model: x.json -> its fields
-    base = validate_scenario(base_raw, base_where)
+    base = validate_scenario(base_raw, base_where, sets=tuple(overrides))  # a bad --set value names it
 
     grid_keys = list(spec.grid)
     for i, p in enumerate(spec.points):

@@ -55,7 +55,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, field_validator
 
-from kvsim.config_base import StrictModel
+from kvsim.config_base import ByteRate, StrictModel
 from kvsim.hw import ModelSpec
 from kvsim.registry import TIMING_MODELS
 from kvsim.timing.base import BatchShape, DecodeParts, StepTiming, split_kv_tokens
@@ -84,7 +84,7 @@ class AnalyticalTimingConfig(StrictModel):
         None, description="CPU overhead that scales with the batch: per_seq_s (per scheduled sequence per "
                           "step), per_prefill_token_s (per prompt token computed); absent: none "
                           "(docs/engine_overhead.md)")
-    host_link_bandwidth_bytes_per_s: float = Field(
+    host_link_bandwidth_bytes_per_s: ByteRate = Field(
         DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, gt=0, description="GPU<->host link for swaps (PCIe Gen5 x16 ~ 64 GB/s)"
     )
     attention_backend: str = Field(

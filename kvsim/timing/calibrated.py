@@ -45,7 +45,7 @@ from pydantic import Field
 from kvsim.calibration_data import interp
 from kvsim.calibration_data import schema as S
 from kvsim.calibration_data.loader import CalibrationData, load_calibration_dir  # noqa: F401  (re-exported)
-from kvsim.config_base import StrictModel
+from kvsim.config_base import ByteRate, StrictModel
 from kvsim.errors import CalibrationError
 from kvsim.hw import GPUS, ModelSpec
 from kvsim.registry import TIMING_MODELS
@@ -67,7 +67,7 @@ class CalibratedTimingConfig(StrictModel):
     overhead: EngineOverheadConfig | None = Field(
         None, description="CPU overhead that scales with the batch: per_seq_s, per_prefill_token_s; absent: "
                           "none (docs/engine_overhead.md)")
-    host_link_bandwidth_bytes_per_s: float = Field(DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, gt=0, description="GPU<->host link for swaps")
+    host_link_bandwidth_bytes_per_s: ByteRate = Field(DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, gt=0, description="GPU<->host link for swaps")
     decode_impl: Literal["best", "triton", "triton_splitk", "torch_reference", "triton_interpreter"] = Field(
         "best", description="decode implementation to price; best = fastest measured per point")
     include_lm_head: bool = True

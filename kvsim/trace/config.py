@@ -27,6 +27,7 @@ from kvsim.trace import transforms
 from kvsim.trace.fileio import resolve_path  # noqa: F401  (also public here, where it used to live)
 from kvsim.trace.formats import FORMAT_CHOICES
 from kvsim.trace.schema import Trace
+from kvsim.config_base import Count, Number
 from kvsim.trace.spec import SyntheticTraceSpec
 
 _FILE_ONLY = ("format", "on_unsorted", "on_zero_output")
@@ -47,11 +48,11 @@ class TraceConfig(BaseModel):
     on_zero_output: Literal["error", "drop"] = "error"
     synthetic: SyntheticTraceSpec | None = None
 
-    rate_scale: float = Field(default=1.0, gt=0)
+    rate_scale: Number = Field(default=1.0, gt=0)
     start_s: float | None = Field(default=None, ge=0)
     end_s: float | None = Field(default=None, gt=0)
-    skip_requests: int = Field(default=0, ge=0)
-    max_requests: int | None = Field(default=None, ge=1)
+    skip_requests: Count = Field(default=0, ge=0)
+    max_requests: Count | None = Field(default=None, ge=1)
     length_policy: Literal["reject", "cap", "drop"] = "reject"
 
     @model_validator(mode="after")

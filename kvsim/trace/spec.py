@@ -10,6 +10,8 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from kvsim.config_base import Count, Number, Tokens
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -22,15 +24,15 @@ class FixedLength(_Strict):
     """Every request has ``value`` tokens."""
 
     kind: Literal["fixed"] = "fixed"
-    value: int = Field(ge=1)
+    value: Tokens = Field(ge=1)
 
 
 class UniformLength(_Strict):
     """Uniform on the integers ``low..high`` (both inclusive)."""
 
     kind: Literal["uniform"] = "uniform"
-    low: int = Field(ge=1)
-    high: int = Field(ge=1)
+    low: Tokens = Field(ge=1)
+    high: Tokens = Field(ge=1)
 
     @model_validator(mode="after")
     def _ordered(self):
@@ -48,11 +50,11 @@ class LognormalLength(_Strict):
     """
 
     kind: Literal["lognormal"] = "lognormal"
-    mean: float = Field(gt=0)
+    mean: Number = Field(gt=0)
     sigma: float | None = Field(default=None, ge=0)
     cv: float | None = Field(default=None, ge=0)
-    min_tokens: int = Field(default=1, ge=1)
-    max_tokens: int | None = Field(default=None, ge=1)
+    min_tokens: Tokens = Field(default=1, ge=1)
+    max_tokens: Tokens | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _one_spread(self):
@@ -68,8 +70,8 @@ class ZipfLength(_Strict):
 
     kind: Literal["zipf"] = "zipf"
     exponent: float = Field(gt=0)
-    min_tokens: int = Field(default=1, ge=1)
-    max_tokens: int = Field(ge=1, le=10_000_000)
+    min_tokens: Tokens = Field(default=1, ge=1)
+    max_tokens: Tokens = Field(ge=1, le=10_000_000)
 
     @model_validator(mode="after")
     def _ordered(self):
@@ -108,7 +110,7 @@ class ArrivalSpec(_Strict):
     """
 
     process: Literal["poisson", "gamma", "constant"] = "poisson"
-    rate_per_s: float = Field(gt=0)
+    rate_per_s: Number = Field(gt=0)
     cv: float = Field(default=1.0, gt=0)
 
     @model_validator(mode="after")
@@ -124,7 +126,7 @@ class SystemPromptSpec(_Strict):
     request; the prompt length of those requests is ``tokens`` + the sampled length.
     """
 
-    tokens: int = Field(ge=1)
+    tokens: Tokens = Field(ge=1)
     fraction: float = Field(default=1.0, ge=0, le=1)
 
 
@@ -199,14 +201,14 @@ class SyntheticTraceSpec(_Strict):
     give requests something to share.
     """
 
-    num_requests: int | None = Field(default=None, ge=1, le=100_000_000)
+    num_requests: Count | None = Field(default=None, ge=1, le=100_000_000)
     duration_s: float | None = Field(default=None, gt=0)
     seed: int | None = Field(default=None, ge=0)
     preset: PresetName | None = None
     arrival: ArrivalSpec
     prompt_tokens: LengthDist | None = None
     output_tokens: LengthDist | None = None
-    prefix_block_tokens: int = Field(default=16, ge=1, le=1 << 20)
+    prefix_block_tokens: Tokens = Field(default=16, ge=1, le=1 << 20)
     system_prompt: SystemPromptSpec | None = None
     conversation: ConversationSpec | None = None
     sampling: SamplingSpec | None = None

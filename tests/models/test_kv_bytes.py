@@ -90,6 +90,31 @@ def test_parameter_count_from_the_shapes_matches_the_published_one(file, preset)
     assert m.kv_bytes_per_token("bf16") == p.kv_bytes_per_token("bf16")
 
 
+CURRENT = {"llama-3.1-8b.json": "Llama-3.1-8B", "llama-3.1-70b.json": "Llama-3.1-70B",
+           "llama-3.3-70b.json": "Llama-3.3-70B", "llama-3.2-3b.json": "Llama-3.2-3B", "qwen2.5-3b.json": "Qwen2.5-3B",
+           "qwen2.5-14b.json": "Qwen2.5-14B", "qwen2.5-32b.json": "Qwen2.5-32B", "qwen3-4b.json": "Qwen3-4B",
+           "qwen3-8b.json": "Qwen3-8B", "qwen3-14b.json": "Qwen3-14B", "qwen3-32b.json": "Qwen3-32B",
+           "qwen3-30b-a3b.json": "Qwen3-30B-A3B", "gemma-2-9b.json": "Gemma-2-9B"}
+
+
+@pytest.mark.parametrize("file,preset", sorted(CURRENT.items()))
+def test_current_presets_are_their_config_files(file, preset):
+    """Every shape field of the preset is what its config.json gives; the parameter count is the one
+    computed from those shapes (rounded to 10M in the preset)."""
+    m, p = spec(file), MODELS[preset]
+    for field in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim", "intermediate_size",
+                  "vocab_size", "max_model_len_tokens", "attention", "sliding_window_tokens", "sliding_window_layers",
+                  "num_experts", "experts_per_token", "gated_mlp"):
+        assert getattr(m, field) == getattr(p, field), field
+    assert abs(m.num_params - p.num_params) <= 5e6 and abs(m.active_params - p.active_params) <= 5e6
+    assert p.source
+
+
+def test_llama_3_1_presets_take_128k_prompts():
+    for name in ("Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "Llama-3.3-70B", "Llama-3.2-3B"):
+        assert MODELS[name].max_model_len_tokens == 131072 == 128 * 1024
+
+
 def test_moe_weights_count_every_expert_and_flops_only_the_active_ones():
     m = spec("mixtral-8x7b-v0.1.json")
     assert (m.num_experts, m.experts_per_token) == (8, 2)

@@ -47,10 +47,25 @@ def test_gpu_did_you_mean_matches_distinctive_parts(tmp_path, typed, meant):
     assert f"did you mean '{meant}'" in msg and "valid presets" in msg
 
 
-@pytest.mark.parametrize("typed,meant", [("OPT-13", "OPT-13B"), ("Llama-3.1-70B", "Llama-3-70B"),
-                                         ("deepseek-v2", "DeepSeek-V3"), ("mixtral", "Mixtral-8x7B")])
+@pytest.mark.parametrize("typed,meant", [("OPT-13", "OPT-13B"), ("Llama-3.1-70B-Instruct", "Llama-3.1-70B"),
+                                         ("deepseek-v2", "DeepSeek-V3"), ("mixtral", "Mixtral-8x7B"),
+                                         ("Meta-Llama-3.1-405B", "Llama-3.1-405B"), ("qwen3-30b", "Qwen3-30B-A3B"),
+                                         ("Gemma-2-27B", "Gemma-2-9B"), ("Lama-3-8B", "Llama-3-8B")])
 def test_model_did_you_mean(tmp_path, typed, meant):
     assert f"did you mean '{meant}'" in error(write(tmp_path, base(model=typed)))
+
+
+def test_no_preset_of_another_family_is_offered(tmp_path):
+    """Phi-3 is not near anything kvsim has: no did-you-mean, the list of presets and the config.json way."""
+    msg = error(write(tmp_path, base(model="Phi-3-mini")))
+    assert "did you mean" not in msg and "valid presets" in msg and "config.json" in msg
+    assert closest("Phi-3-mini", MODELS) is None
+
+
+def test_separators_and_case_find_current_presets(tmp_path):
+    s = load_scenario(write(tmp_path, base(model="llama3.1-8b"))).base
+    assert s.model.name == "Llama-3.1-8B" and s.model.max_model_len_tokens == 131072
+    assert load_scenario(write(tmp_path, base(model="QWEN3-8B"))).base.model.name == "Qwen3-8B"
 
 
 def test_names_are_case_insensitive(tmp_path):

@@ -1,0 +1,127 @@
+"""Inputs as people write them: units and scientific notation in scenarios, sweep files, generator
+specs and ``--set`` (docs/scenario.md, "Numbers and units"), and a bad ``--set`` value blamed on the
+``--set`` argument, not on the file: one line, exit 2."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvsim.config import load_scenario
+from kvsim.errors import ConfigError
+from kvsim.sweep.spec import load_sweep
+from kvsim.trace.spec import SyntheticTraceSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCENARIO = """\
+trace: {file: %s, end_s: 60}
+model: Llama-3-8B
+gpu: {preset: A100-80GB, hbm_bandwidth_bytes_per_s: 2.039 TB/s, memory_bytes: 80 GiB}
+kv_budget: {bytes: 16 GiB, activation_reserve_bytes: 1e9}
+scheduler: {swap_space_bytes: 4e9, max_num_batched_tokens: 8K}
+allocator:
+  kind: paged
+  block_size: 16
+  prefix_caching: true
+  offload: {ssd: {capacity_bytes: 1.0e12, bandwidth_bytes_per_s: 7 GB/s}}
+timing: {kind: analytical, host_link_bandwidth_bytes_per_s: 64.0e9}
+"""
+
+
+@pytest.fixture()
+def scenario(tmp_path):
+    p = tmp_path / "units.yaml"
+    p.write_text(SCENARIO % (ROOT / "traces" / "azure_conv_2023.csv.gz"))
+    return p
+
+
+def kvsim(*args):
+    return subprocess.run([sys.executable, "-m", "kvsim", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_units_in_a_scenario_are_exact(scenario):
+    s = load_scenario(scenario).base
+    assert s.kv_budget.bytes == 16 * 2**30 and s.kv_budget.activation_reserve_bytes == 10**9
+    assert s.gpu.memory_bytes == 80 * 2**30 and s.gpu.hbm_bandwidth_bytes_per_s == 2.039e12
+    assert s.scheduler.swap_space_bytes == 4 * 10**9 and s.scheduler.max_num_batched_tokens == 8192
+    assert s.allocator.offload.ssd.capacity_bytes == 10**12 and s.allocator.offload.ssd.bandwidth_bytes_per_s == 7e9
+    assert type(s.kv_budget.bytes) is int
+
+
+def test_set_takes_units(scenario):
+    s = load_scenario(scenario, ["kv_budget.bytes=null", "kv_budget.tokens=128k",
+                                 "model.max_model_len_tokens=128K"]).base
+    assert s.kv_budget.tokens == 128_000 and s.model.max_model_len_tokens == 131_072
+
+
+def test_docs_example_tier_line_validates(scenario):
+    """docs/scenario.md's own example (capacity_bytes: 1.0e12) used to fail."""
+    doc = (ROOT / "docs" / "scenario.md").read_text()
+    line = next(ln for ln in doc.splitlines() if "ssd: {capacity_bytes: 1.0e12" in ln)
+    value = line.split("ssd:", 1)[1].split("#", 1)[0].strip()
+    s = load_scenario(scenario, [f"allocator.offload.ssd={value}"]).base
+    assert s.allocator.offload.ssd.capacity_bytes == 10**12
+
+
+@pytest.mark.parametrize("expr, key, hint", [
+    ("kv_budget.bytes=16.5 B", "kv_budget.bytes", "16 GiB"),
+    ("allocator.block_size=1.5", "allocator.block_size", "128k"),
+    ("scheduler.preemption_mode=swp", "scheduler.preemption_mode", "'recompute' or 'swap'"),
+    ("allocator.kind=pagd", "allocator", "valid kinds: buddy, contiguous, paged, radix"),
+    ("allocator.block_sise=4", "allocator.block_sise", "valid keys:"),
+    ("kv_budget.tokens=10M", "kv_budget.tokens", "at most"),
+])
+def test_a_bad_set_value_names_the_set_argument(scenario, expr, key, hint):
+    over = ["kv_budget.bytes=null", expr] if "tokens" in expr else [expr]
+    with pytest.raises(ConfigError) as e:
+        load_scenario(scenario, over)
+    msg = str(e.value)
+    assert msg.startswith(f"--set {expr} (applied to {scenario}): {key}"), msg
+    assert hint in msg and "\n" not in msg
+
+
+def test_a_bad_file_value_still_names_the_file(scenario):
+    scenario.write_text(scenario.read_text().replace("bytes: 16 GiB", "bytes: 16.5 B"))
+    with pytest.raises(ConfigError, match=rf"^{scenario}: kv_budget.bytes: '16.5 B' is not a whole number of bytes"):
+        load_scenario(scenario, ["allocator.block_size=32"])
+
+
+def test_cli_exit_2_one_line(scenario):
+    out = kvsim("validate", str(scenario), "--set", "kv_budget.bytes=16 GX")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"kvsim: error: --set kv_budget.bytes=16 GX (applied to {scenario}): kv_budget.bytes:")
+    assert "unknown unit 'GX'" in lines[0] and "Traceback" not in out.stderr
+
+
+def test_generator_spec_takes_counts_and_rates():
+    spec = SyntheticTraceSpec.model_validate({
+        "num_requests": "10k", "arrival": {"rate_per_s": "2.5e1"},
+        "prompt_tokens": {"kind": "uniform", "low": "1k", "high": "2K"},
+        "output_tokens": {"kind": "lognormal", "mean": "2e2", "cv": 1, "max_tokens": "4K"},
+        "system_prompt": {"tokens": 1.0e+3},
+    })
+    assert spec.num_requests == 10_000 and spec.arrival.rate_per_s == 25.0
+    assert (spec.prompt_tokens.low, spec.prompt_tokens.high) == (1000, 2048)
+    assert spec.output_tokens.max_tokens == 4096 and spec.system_prompt.tokens == 1000
+    with pytest.raises(ValueError, match="not a whole number of tokens"):
+        SyntheticTraceSpec.model_validate({"num_requests": 10, "arrival": {"rate_per_s": 1},
+                                           "prompt_tokens": {"kind": "fixed", "value": 1.5},
+                                           "output_tokens": {"kind": "fixed", "value": 4}})
+
+
+def test_sweep_grid_takes_units(scenario, tmp_path):
+    sweep = tmp_path / "s.sweep.yaml"
+    sweep.write_text(f"base_file: {scenario}\ngrid:\n  kv_budget.bytes: [8 GiB, 16e9]\n")
+    loaded = load_sweep(sweep, check_capacity=False)
+    got = sorted(p.scenario.kv_budget.bytes for p in loaded.points)
+    assert got == [8 * 2**30, 16 * 10**9]
+    sweep.write_text(f"base_file: {scenario}\ngrid:\n  kv_budget.bytes: [8 GiB, 16.5 B]\n")
+    with pytest.raises(ConfigError, match=r"kv_budget.bytes: '16.5 B' is not a whole number of bytes"):
+        load_sweep(sweep, check_capacity=False)
+    with pytest.raises(ConfigError, match=r"^--set kv_budget.bytes=1.5 \(applied to .*\): kv_budget.bytes"):
+        load_sweep(sweep, overrides=["kv_budget.bytes=1.5"], check_capacity=False)

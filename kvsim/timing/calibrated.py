@@ -111,7 +111,8 @@ class CalibratedTiming:
         path = resolve_calibration_path(cfg.file, ctx.base_dir)
         data = load_calibration_dir(path)
         meta = data.meta
-        if meta["device"] == "cpu" and not cfg.allow_cpu_data:
+        engine = meta.get("source") == "engine"  # whole-step times of a running engine (kvsim.realengine)
+        if meta["device"] == "cpu" and not cfg.allow_cpu_data and not engine:
             raise CalibrationError(f"{data.meta_path}: field 'device' is 'cpu': plumbing data, not GPU timings; "
                                    "set timing.allow_cpu_data: true to use it anyway (tests only)")
         check_model(data, ctx.model)
@@ -124,6 +125,8 @@ class CalibratedTiming:
             raise CalibrationError(f"{data.meta_path}: field 'kv_dtypes' is {meta['kv_dtypes']}: KV dtype {dt!r} "
                                    f"was not measured")
         df = data.df
+        # an engine calibration's per-step curve already holds the fixed step cost (docs/calibration.md)
+        self.step_overhead_s = 0.0 if engine and "step_overhead_s" not in cfg.model_fields_set else cfg.step_overhead_s
         self.calibration_path = path
         self.device = meta["device"]
         self.gpu_name = gpu
@@ -224,7 +227,7 @@ class CalibratedTiming:
         swap_s = self.transfers.swap_s(shape.swap_in_bytes, shape.swap_in_copies,
                                        shape.swap_out_bytes, shape.swap_out_copies) + shape.tier_load_s
         attn_s = dec_s + pre_s
-        duration = attn_s + gemm_s + lm_s + elem_s + self.cfg.step_overhead_s + swap_s
+        duration = attn_s + gemm_s + lm_s + elem_s + self.step_overhead_s + swap_s
         return StepTiming(
             duration_s=duration,
             breakdown_s={
@@ -237,7 +240,7 @@ class CalibratedTiming:
                 # non-attention kernel time in one key (the step recorder's ``compute_s`` column);
                 # it repeats gemm_s + lm_head_s + elementwise_s, as the attention_s sub-keys repeat
                 "compute_s": gemm_s + lm_s + elem_s,
-                "overhead_s": self.cfg.step_overhead_s,
+                "overhead_s": self.step_overhead_s,
                 "swap_s": swap_s,
             },
             kv_bytes_read=shape.kv_tokens_read * self.kv_bytes_per_token,

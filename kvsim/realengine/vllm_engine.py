@@ -150,7 +150,7 @@ class Engine:
     def add(self, request_id: str, token_ids: list[int], output_tokens: int, arrival_time: float | None = None) -> None:
         from vllm.inputs import TokensPrompt
 
-        params = self._sampling(max_tokens=output_tokens, min_tokens=output_tokens, ignore_eos=True, seed=0)
+        params = self._sampling(max_tokens=output_tokens, min_tokens=output_tokens, ignore_eos=True, temperature=0.0)
         self.llm.add_request(request_id, TokensPrompt(prompt_token_ids=token_ids), params, arrival_time=arrival_time)
 
     def abort(self, request_ids: list[str]) -> None:

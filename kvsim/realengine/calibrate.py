@@ -67,7 +67,7 @@ class EngineGrid:
 
     def needs(self) -> dict:
         """Engine limits that fit every point."""
-        out = self.warmup + self.repeats + 4
+        out = self.warmup + self.repeats + 5 + -(-max(self.batches) * max(self.contexts) // 2048)
         seq = max(max(self.contexts), max(self.mixed_contexts, default=0)) + out
         pre = max(self.chunks) + max(self.cached)
         tokens = max(max(self.batches) * seq, max(self.mixed_batches, default=0) * seq + max(self.mixed_chunks, default=0),

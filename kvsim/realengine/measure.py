@@ -59,6 +59,8 @@ class Measurer:
             self.eng.step()
 
     def _start_decoders(self, batch: int, context: int, outputs: int) -> list[str]:
+        # the first requests decode while the last still prefill: they must not finish before the measured steps
+        outputs += -(-batch * context // self.eng.settings.max_num_batched_tokens) + 1
         ids = [self._new_id("d") for _ in range(batch)]
         for rid in ids:
             self.eng.add(rid, self._prompt(context), outputs)

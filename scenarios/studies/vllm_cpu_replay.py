@@ -48,7 +48,8 @@ def main() -> int:
     a = ap.parse_args()
     if not a.skip_calibrate:
         kvsim("calibrate", "--engine", "vllm", "--model", str(MODEL), "--device", "cpu", "--eager",
-              "--threads", str(a.threads), "--block-sizes", "32", "--contexts", "128", "512", "1024",
+              "--threads", str(a.threads), "--block-sizes", "32", "--batches", "1", "2", "4", "8", "16", "32", "64",
+              "--contexts", "128", "512", "2048", "--repeats", "9",
               "--out", str(CALIB), "--force")
     for i in range(1, a.repeats + 1):
         kvsim("replay", "--engine", "vllm", str(SCENARIO), "--eager", "--threads", str(a.threads), "--no-plots",

@@ -17,6 +17,12 @@
 # The GPU image's python3 has torch/triton/numpy/pandas/matplotlib but not necessarily kvsim's other
 # dependencies (pydantic, simpy): the measuring code needs none of them, and `python3 -m
 # kvsim.calibration` avoids importing the rest of the CLI. Nothing is installed.
+#
+# Engine calibration (issue 22): with ENGINE_MODEL=path/config.json, and where the GPU image's Python
+# has vLLM, the same command's running-engine form follows the kernel grid:
+#   python3 -m kvsim.calibration --engine vllm --model $ENGINE_MODEL --device cuda --out $OUT/engine-calib
+# (whole LLMEngine.step() times, dummy weights; docs/calibration.md, "Calibrating against a running
+# engine"). Its files come back in $OUT/engine-calib (meta.json, measurements.csv, engine_steps.csv).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,6 +49,17 @@ triton.__version__, 'device', torch.cuda.get_device_name(), 'cc', torch.cuda.get
   if [ -n "$GPU_NAME" ]; then args+=(--gpu-name "$GPU_NAME"); fi
   echo "== calibrate: python3 -m kvsim.calibration ${args[*]}"
   "$PY" -m kvsim.calibration "${args[@]}" || return 1
+
+  if [ -n "${ENGINE_MODEL:-}" ]; then
+    if "$PY" -c "import vllm" 2>/dev/null; then
+      local eargs=(--engine vllm --model "$ENGINE_MODEL" --device cuda --out "$OUT_DIR/engine-calib"
+                   --block-sizes 16 32 128)
+      echo "== engine calibration: python3 -m kvsim.calibration ${eargs[*]}"
+      "$PY" -m kvsim.calibration "${eargs[@]}" || return 1
+    else
+      echo "== engine calibration skipped: vLLM is not installed in $PY"
+    fi
+  fi
 
   # (peer-check needs /work/shared/peer-data, which does not travel: run it back on the CPU machine:
   #  kvsim calibrate peer-check --calibration calibration/<gpu>/<model>)

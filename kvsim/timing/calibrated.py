@@ -113,12 +113,12 @@ class CalibratedTiming:
 
     def __init__(self, cfg: CalibratedTimingConfig, ctx: TimingContext):
         self.cfg = cfg
-        self.overhead = StepOverhead(cfg.step_overhead_s, cfg.overhead)  # kvsim.timing.overhead
         self.transfers = step_transfers(ctx.host_transfers, cfg.host_link_bandwidth_bytes_per_s)
         path = resolve_calibration_path(cfg.file, ctx.base_dir)
         data = load_calibration_dir(path)
         meta = data.meta
-        if meta["device"] == "cpu" and not cfg.allow_cpu_data:
+        engine = meta.get("source") == "engine"  # whole-step times of a running engine (kvsim.realengine)
+        if meta["device"] == "cpu" and not cfg.allow_cpu_data and not engine:
             raise CalibrationError(f"{data.meta_path}: field 'device' is 'cpu': plumbing data, not GPU timings; "
                                    "set timing.allow_cpu_data: true to use it anyway (tests only)")
         check_model(data, ctx.model)
@@ -131,6 +131,9 @@ class CalibratedTiming:
             raise CalibrationError(f"{data.meta_path}: field 'kv_dtypes' is {meta['kv_dtypes']}: KV dtype {dt!r} "
                                    f"was not measured")
         df = data.df
+        # an engine calibration's per-step curve already holds the fixed step cost (docs/calibration.md)
+        self.step_overhead_s = 0.0 if engine and "step_overhead_s" not in cfg.model_fields_set else cfg.step_overhead_s
+        self.overhead = StepOverhead(self.step_overhead_s, cfg.overhead)  # kvsim.timing.overhead
         self.calibration_path = path
         self.device = meta["device"]
         self.gpu_name = gpu
@@ -231,7 +234,7 @@ class CalibratedTiming:
         swap_s = self.transfers.swap_s(shape.swap_in_bytes, shape.swap_in_copies,
                                        shape.swap_out_bytes, shape.swap_out_copies) + shape.tier_load_s
         attn_s = dec_s + pre_s
-        overhead_s = (self.cfg.step_overhead_s if self.overhead.constant else
+        overhead_s = (self.step_overhead_s if self.overhead.constant else
                       self.overhead.time_s(shape.num_prefill_seqs + shape.num_decode_seqs, shape.num_prefill_tokens))
         duration = attn_s + gemm_s + lm_s + elem_s + overhead_s + swap_s
         return StepTiming(

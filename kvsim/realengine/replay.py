@@ -1,0 +1,254 @@
+"""``kvsim replay --engine vllm SCENARIO --out DIR``: the scenario's trace through a running vLLM.
+
+Requests are added at their trace arrival times (wall clock from the replay's start; an arrival
+that falls during a step is added right after it, as a server's next schedule would see it), and
+the engine steps while it has work. Each step becomes one step row and each request one request
+row, built with kvsim's own row builders (:class:`~kvsim.metrics.recorder.StepRecorder`,
+:class:`~kvsim.metrics.request_log.RequestLog`) and summarised by
+:func:`kvsim.metrics.summarize.summarize`, so the directory reads like a ``kvsim run`` output and
+``kvsim compare`` puts it beside a prediction. Times are measured: ``arrival_s`` is the trace's,
+``admitted_s`` the start of the step that first scheduled the request, ``first_token_s`` /
+``finish_s`` the end of the step that returned its first / last token.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kvsim.kv.base import MemoryParts
+from kvsim.metrics.recorder import StepRecorder
+from kvsim.metrics.request_log import RequestLog
+from kvsim.metrics.requests import log_table
+from kvsim.metrics.summarize import summarize
+from kvsim.models.geometry import KVGeometry
+from kvsim.realengine.tokens import prompt_tokens
+from kvsim.realengine.vllm_engine import Engine, EngineError, EngineSettings, read_model_config
+from kvsim.sched.request import RequestStatus
+
+
+@dataclass
+class ReplayedRequest:
+    """The attributes a request row is built from (kvsim.metrics.request_log.NUMERIC_COLUMNS)."""
+
+    request_id: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int = 0
+    admitted_s: float = float("nan")
+    first_token_s: float = float("nan")
+    finish_s: float = float("nan")
+    num_preemptions: int = 0
+    recomputed_tokens: int = 0
+    num_swaps: int = 0
+    cached_tokens: int = 0
+    cpu_hit_tokens: int = 0
+    ssd_hit_tokens: int = 0
+    remote_hit_tokens: int = 0
+    load_s: float = 0.0
+    hidden_s: float = 0.0
+    priority: int = 0
+    num_samples: int = 1
+    replica: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    reject_reason: str = ""
+
+
+def settings_for(scn, model_file: Path, threads: int, device: str, eager: bool) -> EngineSettings:
+    """The engine settings a scenario asks for; anything vLLM cannot be told is refused here."""
+    where = "scenario"
+    a, s = scn.allocator, scn.scheduler
+    if a.kind != "paged":
+        raise EngineError(f"{where}: allocator.kind is {a.kind!r}; the vLLM engine replays only 'paged'")
+    if s.preemption_mode != "recompute":
+        raise EngineError(f"{where}: scheduler.preemption_mode is {s.preemption_mode!r}; vLLM v1 preempts by "
+                          "recompute only: set it to 'recompute'")
+    if scn.replicas.count != 1:
+        raise EngineError(f"{where}: replicas.count is {scn.replicas.count}; replay runs one engine (set it to 1)")
+    if getattr(a, "offload", None) is not None:
+        raise EngineError(f"{where}: allocator.offload is set; the vLLM replay has no KV tiers (remove it)")
+    blocks = scn.kv_budget_bytes() // scn.kv_geometry().bytes_per_token // a.block_size
+    tokens = s.max_num_batched_tokens if s.max_num_batched_tokens is not None else max(
+        2048, scn.model.max_model_len_tokens if not s.chunked_prefill else 2048)
+    return EngineSettings(model_config=model_file, block_size=a.block_size, num_blocks=int(blocks) + 1,
+                          max_num_seqs=s.max_num_seqs, max_num_batched_tokens=int(tokens),
+                          max_model_len=scn.model.max_model_len_tokens, chunked_prefill=s.chunked_prefill,
+                          prefix_caching=bool(getattr(a, "prefix_caching", False)), device=device,
+                          threads=threads, seed=scn.seed, enforce_eager=eager)
+
+
+def run_trace(eng: Engine, trace, vocab: int, seed: int, kv: KVGeometry, steps_path: Path | None,
+              log=None) -> tuple[list[ReplayedRequest], StepRecorder, float, object]:
+    """Drive the engine through ``trace`` in real time. Returns (requests, recorder, end_s, steps table)."""
+    n = len(trace)
+    prompts = [prompt_tokens(trace, i, vocab, seed) for i in range(n)]  # before the clock starts
+    reqs = [ReplayedRequest(i, float(trace.arrival_s[i]), int(trace.prompt_tokens[i])) for i in range(n)]
+    wanted = trace.output_tokens.astype(int)
+    rec = StepRecorder(kv, path=steps_path)
+    bs = eng.settings.block_size
+    usable = eng.usable_blocks()
+    capacity = usable * bs
+    t_base = time.perf_counter() - float(trace.arrival_s[0]) if n else time.perf_counter()
+    nxt, done, peak, last_end = 0, 0, 0, float(trace.arrival_s[0]) if n else 0.0
+    while done < n:
+        now = time.perf_counter() - t_base
+        while nxt < n and trace.arrival_s[nxt] <= now:
+            eng.add(str(nxt), prompts[nxt], int(wanted[nxt]))
+            nxt += 1
+        if not eng.has_unfinished():
+            wait = float(trace.arrival_s[nxt]) - now
+            if wait > 0:
+                time.sleep(wait)
+            continue
+        t0, t1, outs = eng.step()
+        start, end = t0 - t_base, t1 - t_base
+        sh = eng.probe.last
+        if start > last_end:  # the engine waited (or the host added requests): an idle row
+            rec.row(replica=0, idle=True, start_s=last_end, duration_s=start - last_end,
+                    memory=_memory(sh, bs, capacity, peak, idle=True), running=sh.running, waiting=sh.waiting)
+        finished = 0
+        for rid in sh.scheduled:
+            r = reqs[_index(rid)]
+            if np.isnan(r.admitted_s):
+                r.admitted_s = start
+        for o in outs:
+            r = reqs[_index(o.request_id)]
+            got = len(o.outputs[0].token_ids) if o.outputs else 0
+            if got and np.isnan(r.first_token_s):
+                r.first_token_s = end
+            r.output_tokens = got
+            if o.finished:
+                r.finish_s = end
+                r.status = RequestStatus.FINISHED
+                r.cached_tokens = int(o.num_cached_tokens or 0)
+                # vLLM's RequestStateStats (the engine is built with log stats on)
+                r.num_preemptions = int(o.metrics.num_preemptions) if o.metrics is not None else 0
+                finished += 1
+                done += 1
+        peak = max(peak, sh.used_blocks * bs)
+        rec.row(replica=0, idle=False, start_s=start, duration_s=end - start,
+                memory=_memory(sh, bs, capacity, peak), batch_size=len(sh.scheduled), running=sh.running,
+                prefill_tokens=sh.prefill_tokens, decode_tokens=sh.decode_tokens, waiting=sh.waiting,
+                admitted=sh.new_requests, preempted=sh.preempted, finished=finished,
+                kv_bytes_read=(sh.decode_context + sh.prefill_cached + sh.prefill_tokens) * bytes_per_token)
+        last_end = end
+        if log and finished and done % max(1, n // 10) == 0:
+            log(f"  {done}/{n} finished at {end:.1f} s")
+    table = rec.close()
+    return reqs, rec, last_end, table
+
+
+def _index(request_id: str) -> int:
+    """Trace index of an engine request id: vLLM 0.32 appends '-<random>' to the id it was given."""
+    return int(request_id.split("-", 1)[0])
+
+
+def _memory(sh, bs: int, capacity: int, peak: int, idle: bool = False) -> MemoryParts:
+    used = sh.used_blocks * bs
+    frag = min(sh.partial_slots, used)
+    return MemoryParts(token_states=used - frag, reservation=0, internal_frag=frag, external_frag=0,
+                       free=capacity - used, cached_free=0, peak_used=max(peak, used), unshared=sh.held_tokens)
+
+
+def model_file_of(loaded, override: str | None) -> Path:
+    """The config.json the engine is built from: ``--model``, else the scenario's ``model:`` when it is a
+    config file (relative to the scenario's folder)."""
+    from kvsim.config import read_yaml_mapping
+    from kvsim.models.hf import is_config_path
+
+    if override is not None:
+        return read_model_config(override)[0]
+    raw = read_yaml_mapping(loaded.path).get("model")
+    name = raw.get("preset") if isinstance(raw, dict) else raw
+    if not (isinstance(name, str) and is_config_path(name)):
+        raise EngineError(f"{loaded.path}: model: {name!r} is a preset, not a config.json; the engine needs the "
+                          "model's config file: give it as model: path/config.json or pass --model CONFIG.json")
+    p = Path(name).expanduser()
+    return read_model_config(p if p.is_absolute() else loaded.path.parent / p, flag=f"{loaded.path}: model:")[0]
+
+
+def replay_to_dir(loaded, out: Path | None, *, model: str | None = None, threads: int = 1, device: str = "cpu",
+                  eager: bool = False, force: bool = False, plots: bool = True, log=None) -> Path:
+    """Replay every run (variant) of ``loaded`` on the engine and write the directory (docs/replay.md):
+    the layout of ``kvsim run`` (one subdirectory per variant), under kvsim.outdir's rules."""
+    from kvsim.outdir import atomic_out_dir, check_out_dir
+    from kvsim.realengine.vllm_engine import require_vllm
+    from kvsim.results import write_json, write_yaml
+    from kvsim.simulate import build_trace, resolved_dict
+    from kvsim.version import __version__
+
+    if device not in ("cpu", "cuda"):
+        raise EngineError(f"--device: {device!r} is not a device the vLLM engine path runs on; choose cpu or cuda")
+    model_file = model_file_of(loaded, model)
+    vocab = int(read_model_config(model_file)[1].get("vocab_size", 32000))
+    settings = {name: settings_for(scn, model_file, threads, device, eager) for name, scn in loaded.runs.items()}
+    vllm = require_vllm()
+    out = Path(out) if out is not None else Path("results") / f"{loaded.name}-replay-vllm"
+    check_out_dir(out, "replay", force=force, protect=[loaded.path])
+    base_dir = loaded.path.parent
+    with atomic_out_dir(out, "replay", force=force, protect=[loaded.path], log=log) as tmp:
+        built = {name: build_trace(scn, base_dir) for name, scn in loaded.runs.items()}
+        write_yaml(tmp / "scenario.resolved.yaml", {
+            "kvsim_version": __version__, "scenario_file": str(loaded.path), "name": loaded.name,
+            "replay": {"engine": "vllm", "version": str(vllm.__version__), "model_file": str(model_file)},
+            "runs": {name: {"scenario": resolved_dict(s), "trace": built[name][1],
+                            "engine_settings": settings[name].provenance()} for name, s in loaded.runs.items()},
+        })
+        for name, scn in loaded.runs.items():
+            d = tmp / name if loaded.variants else tmp
+            d.mkdir(exist_ok=True)
+            trace, _ = built[name]
+            if log:
+                log(f"{name}: starting the engine ({settings[name].num_blocks - 1} KV blocks of "
+                    f"{settings[name].block_size} tokens), then {len(trace)} requests in real time")
+            summary = _replay_one(scn, settings[name], trace, vocab, d, str(vllm.__version__), log)
+            summary = {"name": name, "scenario": loaded.name, "kvsim_version": __version__, **summary}
+            write_json(d / "summary.json", summary)
+            if log:
+                log(f"{name}: {summary['requests_finished']}/{summary['requests_total']} finished in "
+                    f"{summary['measured']['wall_s']} s of engine time")
+            if plots:
+                from kvsim import plots as plotting
+
+                plotting.plot_run_dir(d)
+        if plots:
+            from kvsim.report import write_run_report
+
+            write_run_report(tmp, shown_name=out.name)
+    return out
+
+
+def _replay_one(scn, settings: EngineSettings, trace, vocab: int, d: Path, version: str, log) -> dict:
+    """One run on a fresh engine; writes steps.parquet and requests.parquet into ``d``; returns the summary."""
+    import pandas as pd
+
+    from kvsim.results import write_parquet
+
+    kv = scn.kv_geometry().with_block_size(settings.block_size)  # the run's one KV geometry
+    eng = Engine(settings)
+    try:
+        wall0 = time.perf_counter()
+        reqs, rec, end_s, _ = run_trace(eng, trace, vocab, scn.seed, kv, d / "steps.parquet", log)
+        wall = time.perf_counter() - wall0
+        capacity = eng.usable_blocks() * settings.block_size
+    finally:
+        eng.close()
+    request_log = RequestLog()
+    request_log.extend(reqs)
+    table = log_table(request_log)
+    write_parquet(d / "requests.parquet", table)
+    steps = pd.read_parquet(d / "steps.parquet")
+    summary = summarize(table, steps, capacity_tokens=capacity, kv=kv,
+                        prefix_caching=settings.prefix_caching,
+                        budget_bytes=capacity * kv.bytes_per_token, end_s=end_s,
+                        start_s=float(trace.arrival_s[0]) if len(trace) else 0.0, itl=rec.itl,
+                        slo=scn.slo.as_dict() if scn.slo is not None else None,
+                        percentiles=tuple(scn.metrics.percentiles))
+    summary["measured"] = {"engine": "vllm", "version": version, "device": settings.device,
+                           "threads": settings.threads, "wall_s": round(wall, 2),
+                           "settings": settings.provenance(),
+                           "note": "measured on a running engine (kvsim replay), not simulated"}
+    return summary

@@ -1,0 +1,190 @@
+"""kvsim.realengine: engine calibration and replay (issue 22 items 3-4).
+
+The first tests need no vLLM: bad input gets one line and exit 2, prompts keep a trace's prefix
+structure, and the decomposition of whole-step times is exact at every measured point when read
+back by the calibrated timing model. The last two run a tiny calibrate and a tiny replay on a real
+vLLM and skip cleanly where it is not installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvsim.realengine.calibrate import EngineGrid, decompose, holdout_errors, _timing_for, model_spec
+from kvsim.realengine.measure import StepPoint
+from kvsim.realengine.tokens import prompt_tokens
+from kvsim.trace.schema import Trace
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = ROOT / "scenarios" / "studies" / "models" / "tiny-llama-2l" / "config.json"
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+def kvsim(*args, cwd=ROOT, timeout=900):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "kvsim", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def one_line_exit_2(r, *words):
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("kvsim")]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def test_unsupported_cpu_block_size_is_one_line(tmp_path):
+    r = kvsim("calibrate", "--engine", "vllm", "--model", str(MODEL), "--device", "cpu", "--block-sizes", "48",
+              "--out", str(tmp_path / "c"))
+    one_line_exit_2(r, "48", "multiple of 32")
+
+
+def test_missing_model_config_is_one_line(tmp_path):
+    r = kvsim("calibrate", "--engine", "vllm", "--model", str(tmp_path / "nope.json"), "--device", "cpu",
+              "--out", str(tmp_path / "c"))
+    one_line_exit_2(r, "nope.json", "config")
+
+
+def test_model_without_architectures_is_refused(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps({"hidden_size": 8}))
+    r = kvsim("calibrate", "--engine", "vllm", "--model", str(bad), "--device", "cpu", "--out", str(tmp_path / "c"))
+    one_line_exit_2(r, "architectures")
+
+
+@pytest.mark.skipif(HAVE_VLLM, reason="checks the message given where vLLM is not installed")
+def test_replay_without_vllm_is_one_line(tmp_path):
+    r = kvsim("replay", "--engine", "vllm", str(ROOT / "scenarios" / "studies" / "vllm_cpu_replay.yaml"),
+              "--out", str(tmp_path / "r"))
+    one_line_exit_2(r, "vLLM is not importable")
+
+
+def test_prompts_share_exactly_the_trace_prefixes():
+    keys = [np.array([1, 2, 3]), np.array([1, 2, 9]), np.array([7])]
+    tr = Trace(arrival_s=np.zeros(3), prompt_tokens=np.array([80, 70, 20]), output_tokens=np.ones(3, dtype=np.int64),
+               prefix_keys=keys, prefix_block_tokens=32)
+    a, b, c = (prompt_tokens(tr, i, 4096, 0) for i in range(3))
+    assert (len(a), len(b), len(c)) == (80, 70, 20)
+    assert a[:64] == b[:64] and a[64:70] != b[64:70]
+    assert a[:20] != c
+    assert min(a + b + c) >= 3 and max(a + b + c) < 4096
+    plain = Trace(arrival_s=np.zeros(2), prompt_tokens=np.array([50, 50]), output_tokens=np.ones(2, dtype=np.int64))
+    assert prompt_tokens(plain, 0, 4096, 0) != prompt_tokens(plain, 1, 4096, 0)
+    assert prompt_tokens(plain, 0, 4096, 0) == prompt_tokens(plain, 0, 4096, 0)
+
+
+def _synthetic_points(bs=32):
+    """Step times from a made-up engine: 3 ms per step + 20 us/seq + 5 us/token + 1 ns per KV token read."""
+    def t(seqs, tokens, kv):
+        return 3e-3 + 2e-5 * seqs + 5e-6 * tokens + 1e-9 * kv
+
+    pts = []
+    for b in (1, 2, 8):
+        for c in (128, 1024):
+            pts.append(StepPoint("decode", bs, b, c + 1.0, 0, 0, [t(b, b, b * (c + 1))] * 3))
+    for n in (32, 256, 1024):
+        for k in (0, 512):
+            pts.append(StepPoint("prefill", bs, 0, 0.0, n, k, [t(1, n, n * k + n * n / 2) * (1 + 1e-4 * n / 32)] * 3))
+    pts.append(StepPoint("mixed", bs, 8, 513.0, 256, 0, [t(9, 264, 8 * 513 + 256 * 128)] * 3))
+    return pts
+
+
+def test_decomposition_is_exact_at_measured_points(tmp_path):
+    import pandas as pd
+
+    from kvsim.calibration_data import schema as S
+    from kvsim.models.hf import read_config
+    from kvsim.timing.base import BatchShape
+
+    cfg = read_config(MODEL)
+    spec = model_spec(MODEL, cfg)
+    pts = _synthetic_points()
+    rows, fitted = decompose(pts, spec.num_layers, "bf16", (4, 2, 64))
+    assert fitted["per_token_s"] > 0
+    d = tmp_path / "cal"
+    d.mkdir()
+    pd.DataFrame(rows, columns=list(S.COLUMNS)).assign(device="cpu").to_csv(d / S.CSV_FILE, index=False)
+    meta = {"schema_version": S.SCHEMA_VERSION, "device": "cpu", "gpu_name": "vllm-cpu", "source": "engine",
+            "copy_bandwidth_bytes_per_s": 1e10, "kv_dtypes": ["bf16"], "decode_impl": "vllm_engine_step",
+            "model": {"name": spec.name, **{k: getattr(spec, k) for k in S.MODEL_GEOMETRY_KEYS}}}
+    (d / S.META_FILE).write_text(json.dumps(meta))
+    timing = _timing_for(d, spec, "bf16", 32)  # an engine calibration: no allow_cpu_data, no extra overhead
+    assert timing.step_overhead_s == 0.0
+    for p in pts:
+        meas = p.durations_s[0]
+        if p.kind == "decode":
+            b, c = p.decode_seqs, p.decode_context
+            shape = BatchShape(num_seqs=b, num_prefill_seqs=0, num_decode_seqs=b, num_prefill_tokens=0,
+                               num_decode_tokens=b, kv_tokens_read=int(b * c), attention_pairs=int(b * c))
+        elif p.kind == "prefill":
+            n, k = p.prefill_tokens, p.prefill_cached
+            shape = BatchShape(num_seqs=1, num_prefill_seqs=1, num_decode_seqs=0, num_prefill_tokens=n,
+                               num_decode_tokens=0, kv_tokens_read=n + k, attention_pairs=n * k + n * (n + 1) // 2)
+        else:
+            continue
+        assert timing.step_time(shape).duration_s == pytest.approx(meas, rel=1e-9), p
+    hold = holdout_errors(pts, timing)
+    assert len(hold) == 1 and abs(hold[0]["error"]) < 0.25  # additive engine: the mixed step adds up
+
+
+def test_grid_needs_the_points_the_fit_uses():
+    from kvsim.realengine.vllm_engine import EngineError
+
+    with pytest.raises(EngineError, match="--batches"):
+        EngineGrid(batches=(2, 4)).check("cpu")
+    with pytest.raises(EngineError, match="--cached"):
+        EngineGrid(cached=(512,)).check("cpu")
+
+
+needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed in this Python (docs/replay.md)")
+
+
+@needs_vllm
+def test_tiny_engine_calibration(tmp_path):
+    out = tmp_path / "cal"
+    r = kvsim("calibrate", "--engine", "vllm", "--model", str(MODEL), "--device", "cpu", "--eager",
+              "--block-sizes", "32", "--batches", "1", "4", "--contexts", "64", "256", "--chunks", "32", "64", "256",
+              "--cached", "0", "64", "--mixed-batches", "4", "--mixed-chunks", "64", "--repeats", "2",
+              "--warmup", "1", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["source"] == "engine" and meta["engine"]["name"] == "vllm" and meta["engine"]["version"]
+    assert meta["host"]["threads"] == 1 and meta["date"] and meta["mismatched_steps"] >= 0
+    import pandas as pd
+
+    steps = pd.read_csv(out / "engine_steps.csv")
+    assert set(steps["kind"]) == {"decode", "prefill", "mixed"} and (steps["median_s"] > 0).all()
+    assert len(steps) == 2 * 2 + 3 * 2 + 1
+    assert meta["holdout"]["points"] and meta["holdout"]["mape"] is not None
+
+
+@needs_vllm
+def test_tiny_replay_matches_the_engine_counters(tmp_path):
+    import pandas as pd
+
+    out = tmp_path / "rep"
+    r = kvsim("replay", "--engine", "vllm", str(ROOT / "scenarios" / "studies" / "vllm_cpu_replay.yaml"), "--eager",
+              "--no-plots", "--set", "trace.max_requests=6", "--set", "variants.moderate.trace.rate_scale=20",
+              "--set", "variants.overloaded.trace.rate_scale=50", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    for v in ("moderate", "overloaded"):
+        req = pd.read_parquet(out / v / "requests.parquet")
+        st = pd.read_parquet(out / v / "steps.parquet")
+        s = json.loads((out / v / "summary.json").read_text())
+        assert len(req) == 6 and (req["status"] == "finished").all()
+        # every prompt and output token went through an engine step, as the engine scheduled them: the
+        # first token of a request (and of each resumption after a preemption) ends a prefill
+        assert st["prefill_tokens"].sum() >= req["prompt_tokens"].sum() - req["cached_tokens"].sum()
+        assert st["decode_tokens"].sum() == (req["output_tokens"] - 1).sum() - int(req["preemptions"].sum())
+        assert (req["first_token_s"] >= req["admitted_s"]).all() and (req["finish_s"] >= req["first_token_s"]).all()
+        assert (req["ttft_s"] > 0).all() and s["requests_finished"] == 6
+        assert s["preemptions"] == int(req["preemptions"].sum())
+        assert 0 < s["kv"]["token_states_frac"] < 1 and s["measured"]["engine"] == "vllm"

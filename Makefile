@@ -51,7 +51,7 @@ TEST_MAX_WORKERS ?= 8
 test: $(VENV)/.installed-$(TEST_EXTRAS) $(if $(filter 1,$(CONFORMANCE)),$(CONF_VENV)/.installed-conformance)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --maxprocesses $(TEST_MAX_WORKERS) --dist loadfile
 ifeq ($(CONFORMANCE),1)
-	$(CONF_BIN)/python -m pytest -q tests/conformance
+	$(CONF_BIN)/python -m pytest -q tests/conformance tests/realengine
 endif
 
 # The conformance suite's own venv: torch's CPU wheel first (it resolves on the build machines), then

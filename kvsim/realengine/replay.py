@@ -133,7 +133,7 @@ def run_trace(eng: Engine, trace, vocab: int, seed: int, kv: KVGeometry, steps_p
                 memory=_memory(sh, bs, capacity, peak), batch_size=len(sh.scheduled), running=sh.running,
                 prefill_tokens=sh.prefill_tokens, decode_tokens=sh.decode_tokens, waiting=sh.waiting,
                 admitted=sh.new_requests, preempted=sh.preempted, finished=finished,
-                kv_bytes_read=(sh.decode_context + sh.prefill_cached + sh.prefill_tokens) * bytes_per_token)
+                kv_bytes_read=(sh.decode_context + sh.prefill_cached + sh.prefill_tokens) * kv.bytes_per_token)
         last_end = end
         if log and finished and done % max(1, n // 10) == 0:
             log(f"  {done}/{n} finished at {end:.1f} s")

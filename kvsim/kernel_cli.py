@@ -11,6 +11,7 @@ import argparse
 import json
 
 from kvsim.errors import ConfigError, did_you_mean, format_choices
+from kvsim.cliargs import positive_int
 
 JSON_KEYS = ("backend", "gpu", "model", "kv_dtype", "tensor", "kv_heads_per_gpu", "batch", "context_tokens",
              "block_size", "time_s", "time_per_layer_s", "bytes_read", "kv_bytes", "pages_fetched",
@@ -32,14 +33,6 @@ largest relative error of the kernel time per backend and GPU, the fit and held-
 the largest utilisation error (points) on rows measured at >= 40 % of peak bandwidth."""
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
-    return v
 
 
 def register(subparsers) -> None:
@@ -49,12 +42,12 @@ def register(subparsers) -> None:
                                              "time per page)", description=DESCRIPTION)
     p.add_argument("--gpu", help="GPU preset (kvsim models); required unless --check")
     p.add_argument("--model", help="model preset (kvsim models) or a Hugging Face config.json; required unless --check")
-    p.add_argument("--tensor", type=_positive_int, default=1,
+    p.add_argument("--tensor", type=positive_int, default=1,
                    help="tensor-parallel GPUs sharing each layer (default 1): the launch is one GPU's heads")
-    p.add_argument("--batch", type=_positive_int, help="sequences in the launch; required unless --check")
-    p.add_argument("--context", type=_positive_int, help="KV tokens per sequence; required unless --check")
+    p.add_argument("--batch", type=positive_int, help="sequences in the launch; required unless --check")
+    p.add_argument("--context", type=positive_int, help="KV tokens per sequence; required unless --check")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--block-size", type=_positive_int, help="page size in tokens (default 16)")
+    g.add_argument("--block-size", type=positive_int, help="page size in tokens (default 16)")
     g.add_argument("--contiguous", action="store_true", help="contiguous KV (no page table)")
     p.add_argument("--backend", default="auto", help="built-in backend (contiguous, flashattention-paged, "
                                                     "flashinfer-paged, vllm-paged-v1 (old name vllm-2023-paged), "

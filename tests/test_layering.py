@@ -34,7 +34,7 @@ PACKAGE = ROOT / "kvsim"
 # The declared order, lowest first. A component may import only components in layers below its own.
 # docs/architecture.md ("Layers") lists the same order (checked by test_docs_list_the_declared_layers).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("kvsim.errors", "kvsim.version", "kvsim.hw", "kvsim.record", "kvsim.units"),  # leaf utilities: import no kvsim module
+    ("kvsim.errors", "kvsim.version", "kvsim.hw", "kvsim.record", "kvsim.cliargs", "kvsim.units"),  # leaf utilities: import no kvsim module
     ("kvsim.config_base", "kvsim.yamlio"),
     ("kvsim.registry", "kvsim.outdir"),
     ("kvsim.models", "kvsim.trace", "kvsim.calibration_data"),  # inputs: models, traces, calibration files

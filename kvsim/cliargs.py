@@ -1,0 +1,16 @@
+"""Argument types shared by the command-line tools (argparse ``type=`` callables)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1; anything else is argparse's one-line usage error."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
+    return v

@@ -71,22 +71,7 @@ class Measurer:
         return ids
 
     def decode(self, batch: int, context: int) -> StepPoint:
-        ids = self._start_decoders(batch, context, self.warmup + self.repeats + 2)
-        pt = StepPoint("decode", self.eng.settings.block_size, batch, 0.0, 0, 0)
-        ctx = []
-        for k in range(self.warmup + self.repeats):
-            t0, t1, _ = self.eng.step()
-            s = self.eng.probe.last
-            if s.decode_seqs != batch or s.prefill_tokens:
-                self.mismatched += 1
-                continue
-            if k >= self.warmup:
-                pt.durations_s.append(t1 - t0)
-                ctx.append(s.decode_context / batch)
-        self.eng.abort(ids)
-        self._drain()
-        pt.decode_context = float(np.mean(ctx)) if ctx else float(context)
-        return pt
+        return self._with_decoders("decode", batch, context, 0)
 
     def prefill(self, chunk: int, cached: int) -> StepPoint:
         prefix = self._prompt(cached) if cached else []
@@ -107,14 +92,20 @@ class Measurer:
         return pt
 
     def mixed(self, batch: int, context: int, chunk: int) -> StepPoint:
-        ids = self._start_decoders(batch, context, self.warmup + self.repeats + 3)
-        pt = StepPoint("mixed", self.eng.settings.block_size, batch, 0.0, chunk, 0)
+        return self._with_decoders("mixed", batch, context, chunk)
+
+    def _with_decoders(self, kind: str, batch: int, context: int, chunk: int) -> StepPoint:
+        """Steps of ``batch`` decoding requests at ``context`` tokens, each with one new prompt of
+        ``chunk`` tokens beside them (0: pure decode); steps vLLM scheduled otherwise are not kept."""
+        ids = self._start_decoders(batch, context, self.warmup + self.repeats + (3 if chunk else 2))
+        pt = StepPoint(kind, self.eng.settings.block_size, batch, 0.0, chunk, 0)
         ctx = []
         for k in range(self.warmup + self.repeats):
-            self.eng.add(self._new_id("m"), self._prompt(chunk), 1)
+            if chunk:
+                self.eng.add(self._new_id("m"), self._prompt(chunk), 1)
             t0, t1, _ = self.eng.step()
             s = self.eng.probe.last
-            if s.decode_seqs != batch or s.prefill_tokens != chunk or s.prefill_seqs != 1:
+            if s.decode_seqs != batch or s.prefill_tokens != chunk or (chunk and s.prefill_seqs != 1):
                 self.mismatched += 1
                 continue
             if k >= self.warmup:

@@ -73,16 +73,22 @@ def test_a_file_it_did_not_generate_is_not_replaced(tmp_path):
     assert mine.read_text() == "name: mine\n"
 
 
-def test_missing_field_is_one_line_naming_file_line_and_field(tmp_path, capsys):
+def _error_of_first_row_with(tmp_path, capsys, field: str, value: str) -> str:
+    """The error line of a corpus whose only row is the first one with ``field`` set to ``value``."""
     with open(vs.CORPUS, newline="") as f:
         header, first = list(csv.reader(f))[:2]
-    first[header.index("kvsim_gpu")] = ""
+    first[header.index(field)] = value
     bad = tmp_path / "corpus.csv"
     with open(bad, "w", newline="") as f:
         csv.writer(f).writerows([header, first])
     assert vs.main(["--corpus", str(bad), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and str(bad) in err and "line 2" in err and "'kvsim_gpu'" in err
+    assert err.count("\n") == 0 and str(bad) in err and "line 2" in err
+    return err
+
+
+def test_missing_field_is_one_line_naming_file_line_and_field(tmp_path, capsys):
+    assert "'kvsim_gpu'" in _error_of_first_row_with(tmp_path, capsys, "kvsim_gpu", "")
 
 
 def test_measure_closed_loop_starts_the_clock_at_admission():
@@ -159,15 +165,8 @@ def test_fit_with_one_batch_size_or_kvsim_too_slow():
 
 
 def test_bad_engine_setting_is_one_line(tmp_path, capsys):
-    with open(vs.CORPUS, newline="") as f:
-        header, first = list(csv.reader(f))[:2]
-    first[header.index("chunked_prefill")] = "maybe"
-    bad = tmp_path / "corpus.csv"
-    with open(bad, "w", newline="") as f:
-        csv.writer(f).writerows([header, first])
-    assert vs.main(["--corpus", str(bad), "--out", str(tmp_path)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "line 2" in err and "chunked_prefill 'maybe'" in err and "true, false" in err
+    err = _error_of_first_row_with(tmp_path, capsys, "chunked_prefill", "maybe")
+    assert "chunked_prefill 'maybe'" in err and "true, false" in err
 
 
 def test_a_trace_file_it_did_not_write_is_not_replaced(tmp_path):

@@ -143,8 +143,9 @@ _OUMI = "github.com/oumi-ai/oumi configs/recipes/"
 # Model families deliberately not presets (name prefix -> why), named in the unknown-preset error.
 NOT_PRESETS: dict[str, str] = {
     "Gemma-3": "Gemma 3 is not a preset: 5 of every 6 layers keep only a 512-1024-token window, which kvsim's "
-               "allocators would charge for every token (Gemma-3-27B: 3.8x its real KV at 8K tokens, 6x at 128K; docs/models.md, "
-               "'Presets'); give its config.json as model: path/config.json and read the results as upper bounds",
+               "allocators would charge for every token (Gemma-3-27B: 3.8x its real KV at 8K tokens, 6x at 128K; "
+               "docs/models.md, 'Presets'); give its config.json as model: path/config.json and read the results "
+               "as upper bounds",
 }
 
 MODELS: dict[str, ModelSpec] = {

@@ -22,7 +22,8 @@ def _strings(obj):
 
 
 def test_committed_meta_json_has_no_absolute_paths():
-    metas = sorted((ROOT / "calibration").rglob("meta.json")) + sorted((ROOT / "kvsim" / "calibration_data").rglob("meta.json"))
+    metas = [*sorted((ROOT / "calibration").rglob("meta.json")),
+             *sorted((ROOT / "kvsim" / "calibration_data").rglob("meta.json"))]
     assert metas
     for meta in metas:
         for s in _strings(json.loads(meta.read_text())):

@@ -290,7 +290,9 @@ def run_engine_calibration(model: str, *, out: str | Path | None, device: str = 
         "decode_impl": "vllm_engine_step",
         "timing": "time.perf_counter around each LLMEngine.step(); median of repeats after warm-up steps",
         "grid": asdict(grid), "fitted": fitted, "mismatched_steps": mismatched,
-        "scenario_timing": {"kind": "calibrated", "file": str(out)},
+        "scenario_timing": {"kind": "calibrated", "file": _as_written(out),
+                            "note": "relative to the directory kvsim calibrate ran in (absolute when outside it); "
+                                    "a scenario's timing.file is relative to the scenario file"},
         "rows": len(rows), "points": len(points),
     }
     with atomic_out_dir(out, "calibrate", force=force) as tmp:
@@ -308,6 +310,14 @@ def run_engine_calibration(model: str, *, out: str | Path | None, device: str = 
     log(f"wrote {out} ({len(points)} step points, {len(rows)} table rows, {meta['wall_s']} s; hold-out mixed "
         f"steps: mean abs error {100 * mape:.1f} %)" if mape is not None else f"wrote {out}")
     return out
+
+
+def _as_written(path: Path) -> str:
+    """``path`` relative to the working directory when inside it (portable in a repository), else as is."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _torch_version() -> str | None:

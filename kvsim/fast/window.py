@@ -418,9 +418,10 @@ def _small_group_steps(kcap: int, few_rem: list[int], few_len0: list[int], n_sta
             pg[end] -= p0
             # one more page from each step j with (length + j - 1) % bs == 0 on
             first = (1 - length) % bs or bs
-            for j in range(first, end, bs):
+            grows = range(first, end, bs)
+            for j in grows:
                 pg[j] += 1
-                pg[end] -= 1
+            pg[end] -= len(grows)
     cnt.pop()
     tok.pop()
     pg.pop()
@@ -605,7 +606,7 @@ class StepwiseTimes:
         self[k]
         durations = np.array(self._durations[:k], dtype=np.float64)
         kv_bytes = self._win.kv_tokens_read[1:k] * self._pricer.kv_bytes_per_token
-        return durations, (None, self._pricer.parts(self._columns[:k - 1]), kv_bytes)
+        return durations, (None, self._pricer.totals(self._columns[:k - 1]), kv_bytes)
 
 
 class Segments:

@@ -58,7 +58,7 @@ from pydantic import Field, field_validator
 from kvsim.config_base import ByteRate, StrictModel
 from kvsim.hw import ModelSpec
 from kvsim.registry import TIMING_MODELS
-from kvsim.timing.base import BatchShape, DecodeParts, StepTiming, split_kv_tokens
+from kvsim.timing.base import SMALL_SUM_STEPS, BatchShape, DecodeParts, StepTiming, SummedParts, split_kv_tokens
 from kvsim.timing.context import TimingContext
 from kvsim.timing.moe import WeightReads
 from kvsim.timing.overhead import EngineOverheadConfig, StepOverhead
@@ -157,21 +157,26 @@ class AnalyticalTiming:
     def _fitted_parts(self, matrix: np.ndarray) -> DecodeParts:
         """The breakdown of fitted decode steps whose per-step parts are the columns of ``matrix``
         (the rows of :data:`_FITTED_ROWS`, as :meth:`decode_durations` fills them)."""
+        return DecodeParts(self._fitted_map(matrix.__getitem__), matrix, self._fitted_rows)
+
+    def _fitted_map(self, row) -> dict:
+        """The fitted decode breakdown by name: ``row(i)`` for the parts that are row ``i`` of the
+        parts matrix (its per-step values, or their sum), floats for the parts constant per step."""
         no_comm = self._no_comm
-        return DecodeParts({
+        return {
             "weights_read_s": 0.0,
-            "kv_read_s": matrix[0],
-            "linear_compute_s": matrix[1],
-            "gemm_s": matrix[2],
-            "lm_head_s": matrix[3],
-            "attention_compute_s": matrix[4],
-            "attention_s": matrix[5],
-            "decode_attention_s": matrix[5],
+            "kv_read_s": row(0),
+            "linear_compute_s": row(1),
+            "gemm_s": row(2),
+            "lm_head_s": row(3),
+            "attention_compute_s": row(4),
+            "attention_s": row(5),
+            "decode_attention_s": row(5),
             "prefill_attention_s": 0.0,
-            "overhead_s": self.cfg.step_overhead_s if self._overhead_row is None else matrix[self._overhead_row],
+            "overhead_s": self.cfg.step_overhead_s if self._overhead_row is None else row(self._overhead_row),
             "swap_s": 0.0,
-            "parallel_comm_s": 0.0 if no_comm else matrix[7],
-        }, matrix, self._fitted_rows)
+            "parallel_comm_s": 0.0 if no_comm else row(7),
+        }
 
     def decode_step_pricer(self) -> FittedDecodeSteps | None:
         """:class:`~kvsim.timing.base.ScalarDecodeSteps`: decode steps priced one at a time, in
@@ -551,3 +556,12 @@ class FittedDecodeSteps:
         else:
             matrix = np.zeros((len(self.rows), 0))
         return self.timing._fitted_parts(matrix)
+
+    def totals(self, columns: list) -> DecodeParts | SummedParts:
+        """:meth:`parts` for ``decode_totals(..., len(columns))`` alone: up to ``SMALL_SUM_STEPS``
+        steps the rows are summed here, in step order (the doubles decode_totals would compute from
+        the matrix), without building it."""
+        if not columns or len(columns) > SMALL_SUM_STEPS:
+            return self.parts(columns)
+        sums = [sum(row) for row in zip(*columns)]
+        return SummedParts(self.timing._fitted_map(sums.__getitem__), sums, self.timing._fitted_rows, len(columns))

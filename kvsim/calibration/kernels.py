@@ -53,6 +53,9 @@ MAX_SPLITS = 64
 FP8_DTYPES = (torch.float8_e4m3fn,)
 
 
+# Longer than a screen on purpose: a Triton kernel body is one compiled program (a helper would be
+# another @triton.jit function inlined into it, splitting one loop's state across signatures);
+# its steps are commented in order below.
 @triton.jit
 def _paged_decode_kernel(
     Q, K_cache, V_cache, Block_table, Context_lens, K_scale, V_scale,
@@ -268,6 +271,8 @@ def _check_inputs(q, k_cache, v_cache, block_table, context_lens, k_scale, v_sca
         raise RuntimeError("CPU tensors need Triton's interpreter: set TRITON_INTERPRET=1 before importing triton")
 
 
+# Longer than a screen: the argument checks every caller relies on (shapes, dtypes, scales, device)
+# sit next to the launch they protect, one check a line.
 def paged_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,

@@ -271,8 +271,9 @@ def _check_inputs(q, k_cache, v_cache, block_table, context_lens, k_scale, v_sca
         raise RuntimeError("CPU tensors need Triton's interpreter: set TRITON_INTERPRET=1 before importing triton")
 
 
-# Longer than a screen: the argument checks every caller relies on (shapes, dtypes, scales, device)
-# sit next to the launch they protect, one check a line.
+# Longer than a screen: a long docstring (the calling contract), then the launch: work buffers
+# and two kernel launches whose ~30 positional strides and constexprs must line up with the
+# kernels' signatures, kept in one place (a helper would pass them all a second time).
 def paged_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,

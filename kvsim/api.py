@@ -188,6 +188,57 @@ def _write_resolved(tmp: Path, loaded: LoadedScenario, built: dict, summaries: d
     })
 
 
+def _run_progress(loaded: LoadedScenario, built: dict, progress: bool | None, plots: bool):
+    """The run's progress bar (on a terminal unless ``progress`` says) and the share of one stage:
+    each variant's plots, the comparison plots and the report count as 1/20 of the requests each
+    (at least 1)."""
+    if progress is None:
+        progress = sys.stderr.isatty()
+    total = sum(len(t) for t, _ in built.values())
+    stage = max(1, total // 20)
+    stages = (len(loaded.runs) + (1 if loaded.variants else 0) + 1) * stage if plots else 0
+    return _Progress(total, progress, extra=stages), stage
+
+
+def _run_variant(loaded: LoadedScenario, name: str, scn, d: Path, built: tuple, bar, *, check_invariants: bool,
+                 plots, stage: int) -> dict:
+    """Run one variant into ``d`` (tables, summary and, with ``plots`` -- the kvsim.plots module --
+    its plots); returns its summary."""
+    trace, report = built
+    d.mkdir(exist_ok=True)
+    bar.set_description(name)
+    try:
+        res = run_scenario(scn, loaded.path.parent, trace=trace, trace_report=report,
+                           steps_path=d / "steps.parquet", check_invariants=check_invariants,
+                           progress=bar, where=str(loaded.path))
+    except SimulationLimitError as e:
+        raise SimulationLimitError(f"{loaded.path}: {name}: {e}") from None
+    summary = {"name": name, "scenario": loaded.name, "kvsim_version": __version__, **res.summary}
+    write_parquet(d / "requests.parquet", res.requests)
+    write_json(d / "summary.json", summary)
+    if plots is not None:
+        bar.set_description(f"plotting {name}")
+        plots.plot_run_dir(d)
+        bar(stage)
+    return summary
+
+
+def _write_comparison(tmp: Path, summaries: dict, bar, *, plots, stage: int) -> None:
+    """``comparison.parquet`` / ``.csv`` of this run's variants (and, with ``plots``, its plots)."""
+    from kvsim.report.comparison_table import comparison_frame
+    from kvsim.report.runs import collect_runs
+
+    cruns, cmeta = collect_runs([tmp])
+    cruns = [r for r in cruns if r.label in summaries]  # this run's variants only
+    table = comparison_frame(cruns, cmeta, source_root=tmp)
+    write_parquet(tmp / "comparison.parquet", table)
+    write_text_atomic(tmp / "comparison.csv", table.to_csv(index=False))
+    if plots is not None:
+        bar.set_description("plotting the comparison")
+        plots.plot_comparison_dir(tmp, [r.label for r in cruns])  # scenario order, baseline first
+        bar(stage)
+
+
 def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invariants: bool = False,
                progress: bool | None = None, plots: bool = True, log=None, warn=None, force: bool = False) -> Path:
     """Run every variant of ``loaded`` and write the result directory atomically. Returns its path.
@@ -199,6 +250,7 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
     ``warn``: called with a warning line when more than 5 % of a variant's trace was not served
     (default: printed on stderr).
     """
+    plotting = None
     if plots:
         from kvsim import plots as plotting
     if warn is None:
@@ -214,14 +266,7 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
     if out is None:
         out = default_out_dir(loaded, [r for _, r in built.values()])
     out = Path(out)
-    if progress is None:
-        progress = sys.stderr.isatty()
-    total = sum(len(t) for t, _ in built.values())
-    # Plotting and the report as shares of the bar: each variant's plots, the comparison plots and
-    # the report count as 1/20 of the requests each (at least 1).
-    stage = max(1, total // 20)
-    stages = (len(runs) + (1 if loaded.variants else 0) + 1) * stage if plots else 0
-    bar = _Progress(total, progress, extra=stages)
+    bar, stage = _run_progress(loaded, built, progress, plots)
     log = bar.wrap(log)
     dropped: dict[str, Dropped] = {}
     fps = {name: _fingerprint(s, built[name][1], plots, check_invariants) for name, s in runs.items()}
@@ -246,22 +291,9 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
                     if log:
                         log(_variant_line(name, summary, dropped[name]) + " (kept from the interrupted run)")
                     continue
-                d.mkdir(exist_ok=True)
-                bar.set_description(name)
-                try:
-                    res = run_scenario(scn, base_dir, trace=trace, trace_report=report,
-                                       steps_path=d / "steps.parquet", check_invariants=check_invariants,
-                                       progress=bar, where=str(loaded.path))
-                except SimulationLimitError as e:
-                    raise SimulationLimitError(f"{loaded.path}: {name}: {e}") from None
-                summary = {"name": name, "scenario": loaded.name, "kvsim_version": __version__, **res.summary}
-                write_parquet(d / "requests.parquet", res.requests)
-                write_json(d / "summary.json", summary)
-                summaries[name] = summary
-                if plots:
-                    bar.set_description(f"plotting {name}")
-                    plotting.plot_run_dir(d)
-                    bar(stage)
+                summary = summaries[name] = _run_variant(loaded, name, scn, d, built[name], bar,
+                                                         check_invariants=check_invariants,
+                                                         plots=plotting if plots else None, stage=stage)
                 if loaded.variants:
                     done[name] = fps[name]
                     _write_resume(tmp, done)
@@ -271,18 +303,7 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
             # again, now with the attention backend each run resolved (``auto`` -> the kernel it used)
             _write_resolved(tmp, loaded, built, summaries)
             if loaded.variants:
-                from kvsim.report.comparison_table import comparison_frame
-                from kvsim.report.runs import collect_runs
-
-                cruns, cmeta = collect_runs([tmp])
-                cruns = [r for r in cruns if r.label in summaries]  # this run's variants only
-                table = comparison_frame(cruns, cmeta, source_root=tmp)
-                write_parquet(tmp / "comparison.parquet", table)
-                write_text_atomic(tmp / "comparison.csv", table.to_csv(index=False))
-                if plots:
-                    bar.set_description("plotting the comparison")
-                    plotting.plot_comparison_dir(tmp, [r.label for r in cruns])  # scenario order, baseline first
-                    bar(stage)
+                _write_comparison(tmp, summaries, bar, plots=plotting if plots else None, stage=stage)
             if plots:
                 # The self-contained HTML report reads the finished directory (plots embedded).
                 from kvsim.report import write_run_report

@@ -34,25 +34,15 @@ from kvsim.metrics.recorder import StepRecorder
 from kvsim.sched.request import Request
 from kvsim.sched.router import Router
 from kvsim.sched.scheduler import Scheduler
-from kvsim.fast.group import DecodeGroup
 from kvsim.fast.group_window import apply_group_window, plan_group_window
 from kvsim.fast.means import window_means
 from kvsim.fast.stepwise import StepwiseTimes
 from kvsim.fast.window import apply_decode_window, block_limited_steps, plan_decode_window
-from kvsim.timing.base import (
-    TimingCapabilities,
-    timing_capabilities,
-    DecodeStepPricer,
-    ScalarDecodeSteps,
-    TimingModel,
-    VectorisedDecodeTiming,
-    decode_pricer,
-    decode_totals,
-)
+from kvsim.replica import MIN_WINDOW_HORIZON, Replica
+from kvsim.timing.base import TimingModel, decode_totals
 from kvsim.trace.schema import Trace
 
 
-MIN_WINDOW_HORIZON = 32
 # Backlogged group windows are priced step by step (ScalarDecodeSteps) when their horizon is at most
 # this, i.e. the last window ran at most a quarter of it: a decode_durations call costs about as much
 # as a dozen or two steps priced one by one (bench/README.md, seventh session). Speed only: both
@@ -84,66 +74,6 @@ class UrgentTimeout(simpy.Event):
         self._ok = True
         self._value = None
         env.schedule(self, URGENT, delay)
-
-
-class Replica:
-    """One serving engine in the model: its scheduler, timing model and clock. With a single
-    replica this is simply "the engine"."""
-
-    def __init__(self, index: int, scheduler: Scheduler, timing: TimingModel,
-                 timing_caps: TimingCapabilities | None = None):
-        self.index = index
-        self.scheduler = scheduler
-        self.timing = timing
-        # the timing model's optional members the build and summary use, checked once
-        self.timing_caps = timing_caps if timing_caps is not None else timing_capabilities(timing)
-        self.now_s = 0.0  # this replica's exact clock (see Engine._advance_to)
-        self.end_s = 0.0
-        self.wakeup: simpy.Event | None = None
-        self.num_steps = 0
-        self.num_windows = 0
-        self.last_evictions = 0
-        # Steps the next decode window is planned for: four times the last window's length (at least
-        # MIN_WINDOW_HORIZON). Planning costs O(horizon) numpy work, and in a saturated engine a
-        # window ends at the first finish, far short of the longest request's end.
-        self.window_horizon = MIN_WINDOW_HORIZON
-        # Capabilities, checked once here (nothing probes the plugins while the run goes):
-        self.caps = scheduler.caps  # the allocator's optional calls
-        self.pricer: VectorisedDecodeTiming | None = None  # decode-window pricing, when windows are on
-        # backlogged group windows priced step by step as they run (ScalarDecodeSteps), if the timing can
-        self.step_pricer: DecodeStepPricer | None = None
-        self.windows = False  # decode windows installed (see Engine.__init__)
-        self.group: DecodeGroup | None = None  # the lazy decode group, when installed
-
-    def install_fast_path(self, mode: str, beam_search: bool = False) -> str:
-        """Install the fast path (kvsim.fast) where the mode and the plugins' capabilities allow:
-        decode windows, and the scheduler's lazy decode group. Returns a line saying which fast
-        paths are on (and why not). ``beam_search``: the trace has beam requests, whose forks and
-        prunes windows cannot plan: steps with one running go one by one. ``step`` mode installs
-        nothing: the scheduler plans every request one by one (the reference)."""
-        if mode != "fast":
-            return f"replica {self.index}: step mode: every step on its own"
-        sched = self.scheduler
-        if self.caps.decode_group:  # BulkDecodeGrowth + LazyLedger (and WindowAllocator)
-            group = DecodeGroup(sched.allocator.block_size, sched.allocator)
-            if sched.install_decode_path(group):  # not for timing that needs each context length
-                self.group = group
-        if not self.caps.windows:
-            return (f"replica {self.index}: decode windows off: allocator {type(self.scheduler.allocator).__name__} "
-                    f"lacks the WindowAllocator capability (steps run one by one)")
-        pricer, native = decode_pricer(self.timing)
-        if not native and self.scheduler.want_context_lens:
-            return (f"replica {self.index}: decode windows off: timing {type(self.timing).__name__} needs "
-                    f"per-request context lengths and has no decode_durations")
-        self.pricer, self.windows = pricer, True
-        if native and self.group is not None and isinstance(self.timing, ScalarDecodeSteps):
-            self.step_pricer = self.timing.decode_step_pricer()
-        return (f"replica {self.index}: decode windows on (pricing: "
-                f"{'decode_durations' if native else 'derived from step_time'}"
-                f"{'; backlogged group windows step by step' if self.step_pricer is not None else ''}"
-                f"{'; off while a beam-search request runs' if beam_search else ''}); decode group "
-                f"{'on' if self.scheduler.decode_group_enabled else 'off'}; bulk slot calls "
-                f"{'on' if self.caps.bulk_slots else 'off'}")
 
 
 class Engine:

@@ -28,7 +28,7 @@ as mappings (``{kind: lru}``), and still are.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BeforeValidator, Field, TypeAdapter, model_serializer
 from pydantic_core import core_schema
@@ -55,6 +55,14 @@ class Registry:
                              f"kind: Literal[{kind!r}]")
         self._entries[kind] = (config_cls, factory)
         self._adapter = None
+
+    def policy(self, kind: str, *, params: dict[str, Any] | None = None, base: type | None = None,
+               config_name: str | None = None) -> Callable[[Any], Any]:
+        """Declare a policy kind in one place (a decorator; see :func:`declare_policy`)."""
+        def declare(target: Any) -> Any:
+            declare_policy(self, kind, target, params=params, base=base, config_name=config_name)
+            return target
+        return declare
 
     def unregister(self, kind: str) -> None:
         """Remove a kind (tests, reloading a plugin); scenarios validated later no longer accept it."""
@@ -108,6 +116,38 @@ class PolicyConfig(StrictModel):
         if type(self).model_fields.keys() == {"kind"}:
             return self.kind  # type: ignore[attr-defined]
         return handler(self)
+
+
+def declare_policy(registry: Registry, kind: str, target: Any, *, params: dict[str, Any] | None = None,
+                   base: type | None = None, config_name: str | None = None) -> type:
+    """Declare a policy kind of ``registry``: make its config class and register it, so that a
+    family module states each kind once (``@VICTIMS.policy("largest_kv")`` over the class).
+
+    The config class derives from ``base`` (:class:`PolicyConfig` unless given: a kind without
+    parameters is then written back as its bare name) with ``kind: Literal[kind] = kind`` and the
+    fields in ``params`` (``name -> (type, default or Field(...))``, as ``pydantic.create_model``
+    takes them). It is named ``config_name`` (default: the target's name + ``Config``) and kept as
+    ``target.Config`` (qualified name ``<target>.Config``, so validated configs pickle). The factory:
+
+    * ``target`` a class: ``target(*args, **parameters)`` -- the family's build arguments, then the
+      config's parameters by name (a class of a kind without parameters takes no config);
+    * ``target`` a function: the factory itself, ``target(cfg, *args)``.
+
+    Returns the config class."""
+    from pydantic import create_model
+
+    fields = dict(params or {})
+    config = create_model(config_name or f"{target.__name__}Config", __base__=base or PolicyConfig,
+                          __module__=target.__module__, kind=(Literal[kind], kind), **fields)  # type: ignore[call-overload]
+    config.__qualname__ = f"{target.__qualname__}.Config"
+    target.Config = config
+    if isinstance(target, type):
+        def factory(cfg: Any, *args: Any) -> Any:
+            return target(*args, **{n: v for n, v in cfg if n != "kind"})
+    else:
+        factory = target
+    registry.register(kind, config, factory)
+    return config
 
 
 class PluginField:

@@ -19,7 +19,7 @@ from kvsim.errors import ConfigError, KvsimError
 from kvsim.metrics.recorder import StepRecorder
 from kvsim.metrics.request_log import RequestLog
 from kvsim.metrics.requests import log_table
-from kvsim.metrics.summarize import summarize
+from kvsim.metrics.summarize import SummaryInputs, summarize
 from kvsim.models.geometry import KVGeometry
 from kvsim.kv.beam import BeamModel
 from kvsim.registry import ALLOCATORS, TIMING_MODELS
@@ -191,7 +191,7 @@ def _check_token_budget(scn: Scenario, sched: Scheduler, where: str) -> None:
 
 
 def summary_inputs(scn: Scenario, trace: Trace, replicas: list[Replica], budgets: list[int], engine: Engine,
-                   recorder: StepRecorder, geometry: KVGeometry) -> dict:
+                   recorder: StepRecorder, geometry: KVGeometry) -> SummaryInputs:
     """Everything :func:`summarize` needs besides the two tables, from all replicas at once (they
     are built from one scenario: capacity, block size, budget and timing capabilities agree)."""
     allocs = [r.scheduler.allocator for r in replicas]
@@ -199,7 +199,7 @@ def summary_inputs(scn: Scenario, trace: Trace, replicas: list[Replica], budgets
     if len(per_replica) != 1:
         raise RuntimeError(f"replicas of one scenario disagree on capacity/block size/budget/timing: {per_replica}")
     capacity_tokens, block_size, budget, timing_caps = per_replica.pop()
-    return dict(
+    return SummaryInputs(
         capacity_tokens=capacity_tokens, num_replicas=len(replicas),
         prefix_caching=any(r.caps.prefix_caching for r in replicas),
         offloaded_blocks=sum(a.offloaded_blocks for a, r in zip(allocs, replicas) if r.caps.offload_counter),
@@ -273,7 +273,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     del table
     steps = _steps_table(box, steps_path)
     del box
-    summary = summarize(reqs, steps, **summary_args)
+    summary = summarize(reqs, steps, summary_args)
     _add_prefix_ideal(summary, trace, geometry.block_size)
     return RunResult(name=str(scn.name), scenario=scn, requests=reqs,
                      steps=None if steps_path is not None else steps, summary=summary,

@@ -43,6 +43,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kvsim.sched",),
     ("kvsim.metrics",),
     ("kvsim.fast",),
+    ("kvsim.replica",),  # one engine replica's state and fast-path install (plain Python)
     ("kvsim.engine",),
     ("kvsim.config",),
     ("kvsim.simulate",),

@@ -53,6 +53,9 @@ MAX_SPLITS = 64
 FP8_DTYPES = (torch.float8_e4m3fn,)
 
 
+# Longer than a screen on purpose: a Triton kernel body is one compiled program (a helper would be
+# another @triton.jit function inlined into it, splitting one loop's state across signatures);
+# its steps are commented in order below.
 @triton.jit
 def _paged_decode_kernel(
     Q, K_cache, V_cache, Block_table, Context_lens, K_scale, V_scale,
@@ -268,6 +271,9 @@ def _check_inputs(q, k_cache, v_cache, block_table, context_lens, k_scale, v_sca
         raise RuntimeError("CPU tensors need Triton's interpreter: set TRITON_INTERPRET=1 before importing triton")
 
 
+# Longer than a screen: a long docstring (the calling contract), then the launch: work buffers
+# and two kernel launches whose ~30 positional strides and constexprs must line up with the
+# kernels' signatures, kept in one place (a helper would pass them all a second time).
 def paged_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,

@@ -130,6 +130,182 @@ def _commit(tmp: Path, out: Path, force: bool = False) -> None:
         raise CalibrationError(str(e)) from None
 
 
+def _resolve_device(torch, device: str):
+    """(``cuda`` or ``cpu``, the torch device) for ``--device`` (``auto``: CUDA if available)."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise CalibrationError("--device cuda: torch sees no CUDA device (use --device cpu for a plumbing run)")
+    if device not in ("cuda", "cpu"):
+        raise CalibrationError(f"--device: expected auto, cuda or cpu, got {device!r}")
+    return device, (torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu"))
+
+
+def _decode_impl(decode_impl: str, device: str) -> str:
+    """The decode implementation timed for ``--decode-impl`` on ``device``."""
+    if decode_impl == "auto":
+        return S.IMPL_TRITON if device == "cuda" else S.IMPL_TORCH_REFERENCE
+    if decode_impl == "triton":
+        if device != "cpu":
+            return S.IMPL_TRITON
+        if not interpreter_requested():
+            raise CalibrationError("--decode-impl triton on CPU runs Triton's interpreter: set "
+                                   "TRITON_INTERPRET=1 in the environment before running")
+        return S.IMPL_TRITON_INTERPRETER
+    if decode_impl == "torch":
+        return S.IMPL_TORCH_REFERENCE
+    raise CalibrationError(f"--decode-impl: expected auto, triton or torch, got {decode_impl!r}")
+
+
+def _device_memory(torch, device: str, dev, mem_fraction: float) -> tuple[str, int, int | None, int]:
+    """(device name, cache bytes the inputs rotate past, device memory, memory the measurements may use)."""
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        # L2_cache_size: a device property torch has had since 2.1; 50 MiB (H100's L2) without it
+        cache_bytes = int(getattr(props, "L2_cache_size", 50 << 20) or (50 << 20))
+        free_bytes, total_bytes = torch.cuda.mem_get_info(dev)
+        return props.name, cache_bytes, total_bytes, int(free_bytes * mem_fraction)
+    # 1 GiB keeps CPU plumbing runs light (the LM head weight alone is 1 GiB: one copy)
+    return platform.processor() or platform.machine() or "cpu", CPU_CACHE_BYTES, None, 1 << 30
+
+
+class _PhaseClock:
+    """The time budget split among the measuring phases (``PHASE_SHARES``)."""
+
+    def __init__(self, budget: float | None, t_start: float):
+        self.budget, self.t_start = budget, t_start
+        self.deadlines: dict[str, float] = {}
+
+    def set_deadlines(self) -> None:
+        """Split what is left of the budget (after the self-check, whose Triton compilations the
+        measurements then reuse, and the copy) among the measuring phases."""
+        if self.budget is None:
+            return
+        now = time.monotonic()
+        left = max(0.0, self.budget - (now - self.t_start))
+        acc = 0.0
+        for phase, share in PHASE_SHARES.items():
+            acc += share
+            self.deadlines[phase] = now + left * acc
+
+    def out_of_time_for(self, phase: str, part: int = 0, parts: int = 1) -> Callable[[], bool]:
+        """Deadline check for slice ``part`` of ``parts`` of ``phase``: called when the slice starts,
+        it gets an equal share of the phase's remaining time (a slow KV dtype cannot starve the rest)."""
+        deadline = self.deadlines.get(phase)
+        if deadline is None:
+            return lambda: False
+        now = time.monotonic()
+        end = now + max(0.0, deadline - now) / (parts - part)  # the rest, shared by the slices still to run
+        return lambda: time.monotonic() > end
+
+
+def _selfcheck(impl: str, dev, grid: Grid, spec: ModelSpec, log) -> dict:
+    """The Triton decode kernel's correctness check on this device (raises if it fails), or a
+    note that the torch reference is timed instead."""
+    if impl not in (S.IMPL_TRITON, S.IMPL_TRITON_INTERPRETER):
+        return {"ok": None, "triton_checked": False,
+                "note": "decode timed with the torch reference; the Triton kernel was not run"}
+    from kvsim.calibration.selfcheck import run_selfcheck
+
+    # block sizes 1, a non-multiple of 16 and multiples of 16 are Triton's distinct
+    # specialisations: check one of each that the grid has (plus the smallest and largest)
+    sizes = sorted(set(grid.block_sizes))
+    odd = [b for b in sizes if b > 1 and b % 16]
+    check_sizes = tuple(sorted({sizes[0], sizes[-1], *odd[:1], *[b for b in sizes if b == 16]}))
+    check = run_selfcheck(dev, block_sizes=check_sizes, kv_dtypes=grid.kv_dtypes,
+                          geometry=(spec.num_attention_heads, spec.num_kv_heads, spec.head_dim), log=log)
+    if not check["ok"]:
+        raise CalibrationError("the Triton decode kernel failed its correctness check on this device: "
+                               + "; ".join(check["failures"][:3]))
+    return check
+
+
+def _measure(B, env, grid: Grid, spec: ModelSpec, kv_dtypes: tuple, mem_budget: int, clock: _PhaseClock,
+             log) -> tuple[list[dict], float, dict[str, list]]:
+    """Phases 2-6 (copy, GEMMs and elementwise, paged decode, prefill, contiguous): (rows, copy
+    bandwidth, decode points dropped for memory per KV dtype)."""
+    rows: list[dict] = []
+    copy_row = B.measure_copy(env, grid.copy_bytes)
+    rows.append(copy_row)
+    copy_bw = copy_row["achieved_bandwidth_bytes_per_s"]
+    log(f"copy: {copy_bw / 1e9:.1f} GB/s (bytes read + written)")
+
+    clock.set_deadlines()
+    rows += B.measure_gemms(env, grid.gemm_tokens, grid.lm_head_tokens, clock.out_of_time_for("gemm"))
+    rows += B.measure_elementwise(env, grid.gemm_tokens, clock.out_of_time_for("gemm"))
+
+    # paged decode: each dtype gets an equal slice of the phase so a truncated run keeps all dtypes
+    dropped_points: dict[str, list] = {}
+    for i, dt in enumerate(kv_dtypes):
+        kept, dropped = decode_points(grid, spec, dt, mem_budget)
+        dropped_points[dt] = [list(p) for p in dropped]
+        rows += B.measure_decode_paged(env, dt, grid.block_sizes, kept,
+                                       clock.out_of_time_for("decode", i, len(kv_dtypes)))
+    pts = prefill_points(grid, spec)
+    for i, dt in enumerate(kv_dtypes):
+        rows += B.measure_prefill(env, dt, grid.prefill_block_sizes, pts,
+                                  clock.out_of_time_for("prefill", i, len(kv_dtypes)))
+    for dt in grid.contiguous_dtypes:  # the contiguous baseline
+        if dt in kv_dtypes:
+            kept, _ = decode_points(grid, spec, dt, mem_budget)
+            rows += B.measure_contiguous(env, dt, kept, clock.out_of_time_for("contiguous"))
+    return rows, copy_bw, dropped_points
+
+
+def _kv_dtypes(env, grid: Grid, dev) -> tuple:
+    """The grid's KV dtypes this device can time (fp8 dropped, and noted, where unsupported)."""
+    fp8_ok = True
+    if "fp8" in grid.kv_dtypes:
+        from kvsim.calibration.selfcheck import fp8_supported
+
+        fp8_ok, why = fp8_supported(dev)
+        if not fp8_ok:
+            env.skipped.append(f"fp8: {why}")
+    return tuple(d for d in grid.kv_dtypes if d != "fp8" or fp8_ok)
+
+
+def _run_record(env, budget: float | None, num_rows: int, t_start: float) -> dict:
+    """The metadata's last keys: the budget, what was skipped, rows and wall time."""
+    return {
+        "time_budget_s": budget,
+        "truncated": bool(env.skipped),
+        "skipped": env.skipped[:200],
+        "num_skipped": len(env.skipped),
+        "rows": num_rows,
+        "wall_s": round(time.monotonic() - t_start, 2),
+    }
+
+
+def _software(torch, device: str, device_name: str) -> dict:
+    """The metadata's provenance keys: label, driver, library versions, date, host."""
+    return {
+        "label": S.CPU_LABEL if device == "cpu" else f"GPU measurements on {device_name}",
+        "driver": _driver_version() if device == "cuda" else None,
+        "cuda": torch.version.cuda if device == "cuda" else None,
+        "torch": torch.__version__,
+        "triton": package_version("triton"),
+        "python": platform.python_version(),
+        "kvsim_version": kvsim_version(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": {"machine": platform.machine(), "cpu_count": os.cpu_count(),
+                 "torch_threads": 1 if device == "cpu" else torch.get_num_threads()},
+    }
+
+
+def _methods(device: str, impl: str) -> dict:
+    """The metadata's keys naming what was timed and how."""
+    return {
+        "decode_impl": impl,
+        "prefill_impl": "torch_gather_sdpa",
+        "contiguous_impl": "torch_sdpa",
+        "attention_compute": ("query dtype (fp16/bf16; bf16 for fp8 KV), fp32 softmax/accumulation"
+                              if device == "cuda" else "fp32 (CPU)"),
+        "timing": ("CUDA events around each call, device queue pre-filled by a spin kernel; median of "
+                   "repeats after warm-up; inputs rotated" if device == "cuda"
+                   else "time.perf_counter around each call; median of repeats after warm-up"),
+    }
+
+
 def run_calibration(
     out: str | Path | None = None,
     *,
@@ -155,71 +331,17 @@ def run_calibration(
     from kvsim.calibration.timer import Timer
 
     t_start = time.monotonic()
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise CalibrationError("--device cuda: torch sees no CUDA device (use --device cpu for a plumbing run)")
-    if device not in ("cuda", "cpu"):
-        raise CalibrationError(f"--device: expected auto, cuda or cpu, got {device!r}")
-    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+    device, dev = _resolve_device(torch, device)
     spec = model if isinstance(model, ModelSpec) else resolve_model(model)
     grid = grid or (GPU_GRID if device == "cuda" else CPU_GRID)
     grid.validate()
-
-    if decode_impl == "auto":
-        impl = S.IMPL_TRITON if device == "cuda" else S.IMPL_TORCH_REFERENCE
-    elif decode_impl == "triton":
-        if device == "cpu":
-            if not interpreter_requested():
-                raise CalibrationError("--decode-impl triton on CPU runs Triton's interpreter: set "
-                                       "TRITON_INTERPRET=1 in the environment before running")
-            impl = S.IMPL_TRITON_INTERPRETER
-        else:
-            impl = S.IMPL_TRITON
-    elif decode_impl == "torch":
-        impl = S.IMPL_TORCH_REFERENCE
-    else:
-        raise CalibrationError(f"--decode-impl: expected auto, triton or torch, got {decode_impl!r}")
-
-    if device == "cuda":
-        props = torch.cuda.get_device_properties(dev)
-        device_name = props.name
-        cache_bytes = int(getattr(props, "L2_cache_size", 50 << 20) or (50 << 20))
-        free_bytes, total_bytes = torch.cuda.mem_get_info(dev)
-        mem_budget = int(free_bytes * mem_fraction)
-    else:
-        device_name = platform.processor() or platform.machine() or "cpu"
-        cache_bytes = CPU_CACHE_BYTES
-        total_bytes = None
-        mem_budget = 1 << 30  # keeps CPU plumbing runs light (the LM head weight alone is 1 GiB: one copy)
+    impl = _decode_impl(decode_impl, device)
+    device_name, cache_bytes, total_bytes, mem_budget = _device_memory(torch, device, dev, mem_fraction)
     label = gpu_name or (preset_gpu_name(device_name) if device == "cuda" else "cpu")
     out_path = Path(out) if out is not None else default_out_dir(label, spec.name)
     tmp = _prepare_out(out_path, force)
-
     budget = time_budget_s if time_budget_s and time_budget_s > 0 else None
-    deadlines: dict[str, float] = {}
-
-    def set_deadlines() -> None:
-        """Split what is left of the budget (after the self-check, whose Triton compilations the
-        measurements then reuse, and the copy) among the measuring phases."""
-        if budget is None:
-            return
-        now = time.monotonic()
-        left = max(0.0, budget - (now - t_start))
-        acc = 0.0
-        for phase, share in PHASE_SHARES.items():
-            acc += share
-            deadlines[phase] = now + left * acc
-
-    def out_of_time_for(phase: str, part: int = 0, parts: int = 1) -> Callable[[], bool]:
-        """Deadline check for slice ``part`` of ``parts`` of ``phase``: called when the slice starts,
-        it gets an equal share of the phase's remaining time (a slow KV dtype cannot starve the rest)."""
-        deadline = deadlines.get(phase)
-        if deadline is None:
-            return lambda: False
-        now = time.monotonic()
-        end = now + max(0.0, deadline - now) / (parts - part)  # the rest, shared by the slices still to run
-        return lambda: time.monotonic() > end
+    clock = _PhaseClock(budget, t_start)
 
     if device == "cpu":
         # One intra-op thread: on a shared 2-core machine OpenMP workers spin at barriers while
@@ -231,64 +353,9 @@ def run_calibration(
     log(f"calibrating {spec.name} on {device_name} ({device}), decode impl {impl}, out {out_path}"
         + (f", budget {budget:.0f} s" if budget else ""))
     try:
-        rows: list[dict] = []
-        # 1. correctness on this device
-        if impl in (S.IMPL_TRITON, S.IMPL_TRITON_INTERPRETER):
-            from kvsim.calibration.selfcheck import run_selfcheck
-
-            # block sizes 1, a non-multiple of 16 and multiples of 16 are Triton's distinct
-            # specialisations: check one of each that the grid has (plus the smallest and largest)
-            sizes = sorted(set(grid.block_sizes))
-            odd = [b for b in sizes if b > 1 and b % 16]
-            check_sizes = tuple(sorted({sizes[0], sizes[-1], *odd[:1], *[b for b in sizes if b == 16]}))
-            check = run_selfcheck(dev, block_sizes=check_sizes,
-                                  kv_dtypes=grid.kv_dtypes,
-                                  geometry=(spec.num_attention_heads, spec.num_kv_heads, spec.head_dim), log=log)
-            if not check["ok"]:
-                raise CalibrationError("the Triton decode kernel failed its correctness check on this device: "
-                                       + "; ".join(check["failures"][:3]))
-        else:
-            check = {"ok": None, "triton_checked": False,
-                     "note": "decode timed with the torch reference; the Triton kernel was not run"}
-        fp8_ok = True
-        if "fp8" in grid.kv_dtypes:
-            from kvsim.calibration.selfcheck import fp8_supported
-
-            fp8_ok, why = fp8_supported(dev)
-            if not fp8_ok:
-                env.skipped.append(f"fp8: {why}")
-        kv_dtypes = tuple(d for d in grid.kv_dtypes if d != "fp8" or fp8_ok)
-
-        # 2. copy bandwidth
-        copy_row = B.measure_copy(env, grid.copy_bytes)
-        rows.append(copy_row)
-        copy_bw = copy_row["achieved_bandwidth_bytes_per_s"]
-        log(f"copy: {copy_bw / 1e9:.1f} GB/s (bytes read + written)")
-
-        # 3. GEMMs and elementwise
-        set_deadlines()
-        rows += B.measure_gemms(env, grid.gemm_tokens, grid.lm_head_tokens, out_of_time_for("gemm"))
-        rows += B.measure_elementwise(env, grid.gemm_tokens, out_of_time_for("gemm"))
-
-        # 4. paged decode (each dtype gets an equal slice of the phase so a truncated run keeps all dtypes)
-        dropped_points: dict[str, list] = {}
-        for i, dt in enumerate(kv_dtypes):
-            kept, dropped = decode_points(grid, spec, dt, mem_budget)
-            dropped_points[dt] = [list(p) for p in dropped]
-            rows += B.measure_decode_paged(env, dt, grid.block_sizes, kept,
-                                           out_of_time_for("decode", i, len(kv_dtypes)))
-
-        # 5. prefill
-        pts = prefill_points(grid, spec)
-        for i, dt in enumerate(kv_dtypes):
-            rows += B.measure_prefill(env, dt, grid.prefill_block_sizes, pts,
-                                      out_of_time_for("prefill", i, len(kv_dtypes)))
-
-        # 6. contiguous baseline
-        for dt in grid.contiguous_dtypes:
-            if dt in kv_dtypes:
-                kept, _ = decode_points(grid, spec, dt, mem_budget)
-                rows += B.measure_contiguous(env, dt, kept, out_of_time_for("contiguous"))
+        check = _selfcheck(impl, dev, grid, spec, log)  # 1. correctness on this device
+        kv_dtypes = _kv_dtypes(env, grid, dev)
+        rows, copy_bw, dropped_points = _measure(B, env, grid, spec, kv_dtypes, mem_budget, clock, log)
 
         import pandas as pd
 
@@ -299,16 +366,7 @@ def run_calibration(
             "device": device,
             "gpu_name": label,
             "device_name": device_name,
-            "label": S.CPU_LABEL if device == "cpu" else f"GPU measurements on {device_name}",
-            "driver": _driver_version() if device == "cuda" else None,
-            "cuda": torch.version.cuda if device == "cuda" else None,
-            "torch": torch.__version__,
-            "triton": package_version("triton"),
-            "python": platform.python_version(),
-            "kvsim_version": kvsim_version(),
-            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "host": {"machine": platform.machine(), "cpu_count": os.cpu_count(),
-                     "torch_threads": 1 if device == "cpu" else torch.get_num_threads()},
+            **_software(torch, device, device_name),
             "device_memory_bytes": total_bytes,
             "l2_cache_bytes": cache_bytes if device == "cuda" else None,
             "copy_bandwidth_bytes_per_s": copy_bw,
@@ -317,23 +375,11 @@ def run_calibration(
             "weight_dtype": "bf16",
             "kv_dtypes": list(kv_dtypes),
             "block_sizes": sorted(set(grid.block_sizes)),
-            "decode_impl": impl,
-            "prefill_impl": "torch_gather_sdpa",
-            "contiguous_impl": "torch_sdpa",
-            "attention_compute": ("query dtype (fp16/bf16; bf16 for fp8 KV), fp32 softmax/accumulation"
-                                  if device == "cuda" else "fp32 (CPU)"),
-            "timing": ("CUDA events around each call, device queue pre-filled by a spin kernel; median of "
-                       "repeats after warm-up; inputs rotated" if device == "cuda"
-                       else "time.perf_counter around each call; median of repeats after warm-up"),
+            **_methods(device, impl),
             "grid": grid.to_dict(),
             "dropped_points": dropped_points,
             "selfcheck": check,
-            "time_budget_s": budget,
-            "truncated": bool(env.skipped),
-            "skipped": env.skipped[:200],
-            "num_skipped": len(env.skipped),
-            "rows": len(df),
-            "wall_s": round(time.monotonic() - t_start, 2),
+            **_run_record(env, budget, len(df), t_start),
         }
         (tmp / S.META_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")
         _commit(tmp, out_path, force)

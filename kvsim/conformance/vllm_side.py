@@ -115,6 +115,57 @@ def _blocks_ahead(sched, block_size: int) -> int:
     return ahead
 
 
+def _step_record(sched, out, per_req: dict, index: dict, step: int, now: float, blocks_used: int,
+                 block_size: int) -> dict:
+    """The timeline row of one scheduled step; updates the per-request records (first scheduled
+    step, tokens found cached, preemptions)."""
+    prefill = decode = hits = 0
+    for rid, n in out.num_scheduled_tokens.items():
+        r = sched.requests[rid]
+        # decode: one token for a request whose prompt and outputs but the last are computed
+        if n == 1 and r.num_output_tokens > 0 and r.num_computed_tokens == r.num_tokens:
+            decode += 1
+        else:
+            prefill += 1
+    for nr in out.scheduled_new_reqs:
+        hits += nr.num_computed_tokens
+    for rid in out.scheduled_cached_reqs.resumed_req_ids:
+        r = sched.requests[rid]
+        hits += r.num_computed_tokens - out.num_scheduled_tokens[rid]
+    for rid in out.num_scheduled_tokens:
+        i = index[rid]
+        rec = per_req.setdefault(i, {"first_scheduled_step": step, "first_token_step": None,
+                                     "finish_step": None, "preemptions": 0, "cached_tokens": None})
+        if rec["cached_tokens"] is None:
+            rec["cached_tokens"] = sched.requests[rid].num_computed_tokens - out.num_scheduled_tokens[rid]
+    preempted = [rid for rid in out.preempted_req_ids]
+    for rid in preempted:
+        per_req[index[rid]]["preemptions"] += 1
+    return {
+        "start_s": now, "running": len(sched.running), "waiting": len(sched.waiting) + len(sched.kv_holding_waiting),
+        "scheduled_tokens": out.total_num_scheduled_tokens, "prefill_reqs": prefill, "decode_reqs": decode,
+        "kv_blocks_used": blocks_used, "preemptions": len(preempted),
+        "prefix_hit_tokens": hits, "kv_blocks_ahead": _blocks_ahead(sched, block_size),
+    }
+
+
+def _sampled_output(model_runner_output, sched, out, token: dict, per_req: dict, index: dict, step: int):
+    """The ModelRunnerOutput of a step: one sampled token for each request whose prompt is done
+    (recording its first token step), nothing for a request still in prefill."""
+    ids = list(out.num_scheduled_tokens)
+    sampled = []
+    for rid in ids:
+        r = sched.requests[rid]
+        done_prefill = r.num_computed_tokens >= r.num_tokens
+        sampled.append([token[rid]] if done_prefill else [])
+        if done_prefill:
+            rec = per_req[index[rid]]
+            if rec["first_token_step"] is None:
+                rec["first_token_step"] = step
+    return model_runner_output(req_ids=ids, req_id_to_index={rid: k for k, rid in enumerate(ids)},
+                               sampled_token_ids=sampled)
+
+
 def run_vllm(case: Case, max_steps: int = 200_000) -> Timeline:
     """Replay ``case`` through vLLM's scheduler; per-step and per-request records."""
     sched = build_scheduler(case)
@@ -146,48 +197,11 @@ def run_vllm(case: Case, max_steps: int = 200_000) -> Timeline:
         if step >= max_steps:
             raise RuntimeError(f"case {case.name}: vLLM ran {max_steps} steps without finishing")
         out = sched.schedule()
-        prefill = decode = hits = 0
-        for rid, n in out.num_scheduled_tokens.items():
-            r = sched.requests[rid]
-            # decode: one token for a request whose prompt and outputs but the last are computed
-            if n == 1 and r.num_output_tokens > 0 and r.num_computed_tokens == r.num_tokens:
-                decode += 1
-            else:
-                prefill += 1
-        for nr in out.scheduled_new_reqs:
-            hits += nr.num_computed_tokens
-        for rid in out.scheduled_cached_reqs.resumed_req_ids:
-            r = sched.requests[rid]
-            hits += r.num_computed_tokens - out.num_scheduled_tokens[rid]
-        for rid in out.num_scheduled_tokens:
-            i = index[rid]
-            rec = per_req.setdefault(i, {"first_scheduled_step": step, "first_token_step": None,
-                                         "finish_step": None, "preemptions": 0, "cached_tokens": None})
-            if rec["cached_tokens"] is None:
-                rec["cached_tokens"] = sched.requests[rid].num_computed_tokens - out.num_scheduled_tokens[rid]
-        preempted = [rid for rid in out.preempted_req_ids]
-        for rid in preempted:
-            per_req[index[rid]]["preemptions"] += 1
-        tl.steps.append({
-            "start_s": now, "running": len(sched.running), "waiting": len(sched.waiting) + len(sched.kv_holding_waiting),
-            "scheduled_tokens": out.total_num_scheduled_tokens, "prefill_reqs": prefill, "decode_reqs": decode,
-            "kv_blocks_used": usable - pool.get_num_free_blocks(), "preemptions": len(preempted),
-            "prefix_hit_tokens": hits, "kv_blocks_ahead": _blocks_ahead(sched, case.block_size),
-        })
+        tl.steps.append(_step_record(sched, out, per_req, index, step, now, usable - pool.get_num_free_blocks(),
+                                     case.block_size))
         now = now + case.step_s
         arrive(now)
-        ids = list(out.num_scheduled_tokens)
-        sampled = []
-        for rid in ids:
-            r = sched.requests[rid]
-            done_prefill = r.num_computed_tokens >= r.num_tokens
-            sampled.append([token[rid]] if done_prefill else [])
-            if done_prefill:
-                rec = per_req[index[rid]]
-                if rec["first_token_step"] is None:
-                    rec["first_token_step"] = step
-        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={rid: k for k, rid in enumerate(ids)},
-                                sampled_token_ids=sampled)
+        mro = _sampled_output(ModelRunnerOutput, sched, out, token, per_req, index, step)
         eco = sched.update_from_output(out, mro)
         for outputs in eco.values():
             for o in outputs.outputs:

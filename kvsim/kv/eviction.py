@@ -27,10 +27,10 @@ Ties always break by block id, so runs are reproducible.
 Writing a policy: the free pool object needs only the members of
 :class:`kvsim.kv.protocol.EvictionPolicy` (``num_free``, ``in``, ``pop``, ``remove``, ``add``); a
 ``history_depth`` (K of the access times :class:`BlockStats` keeps), ``check_invariants()`` and
-``order()`` are optional capabilities the allocator checks once when it is built. Register a config
-class (a pydantic model with ``kind: Literal["name"] = "name"`` and any parameters) and a factory
-``factory(cfg, num_blocks) -> pool`` with ``EVICTION_POLICIES.register("name", Config, factory)``
-any time before the scenario is loaded; ``eviction: {kind: name}`` (or ``eviction: name``) then
+``order()`` are optional capabilities the allocator checks once when it is built. Declare a factory
+``factory(cfg, num_blocks) -> pool`` with ``@EVICTION_POLICIES.policy("name")`` (``params={...}``
+for parameters; :func:`kvsim.registry.declare_policy` makes the config class) any time before the
+scenario is loaded; ``eviction: {kind: name}`` (or ``eviction: name``) then
 chooses it. docs/architecture.md ("Writing a plugin") has an example.
 """
 
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import Literal
 
 from pydantic import Field
 
@@ -183,31 +182,31 @@ class PolicyFreePool:
         assert len(live) == len(self._entry_version), "cached free heap out of sync"
 
 
-class LRUEvictionConfig(StrictModel):
-    kind: Literal["lru"] = "lru"
-
-
-class FIFOEvictionConfig(StrictModel):
-    kind: Literal["fifo"] = "fifo"
-
-
-class LFUEvictionConfig(StrictModel):
-    kind: Literal["lfu"] = "lfu"
-
-
-class LRUKEvictionConfig(StrictModel):
-    kind: Literal["lru-k"] = "lru-k"
-    k: int = Field(2, ge=1, le=16, description="history depth: evict by the K-th most recent access")
-
-
-class PriorityEvictionConfig(StrictModel):
-    kind: Literal["priority"] = "priority"
-
-
 NEG_INF = float("-inf")
 
+# The built-in kinds, each declared with the factory of its own pool (the registry chose the kind;
+# nothing dispatches on it again). Their configs derive from StrictModel, not PolicyConfig: they
+# were always written back as mappings ({kind: lru}) and still are (config hashes unchanged).
 
-def _lru_k_pool(cfg: LRUKEvictionConfig, num_blocks: int) -> PolicyFreePool:
+
+@EVICTION_POLICIES.policy("lru", base=StrictModel, config_name="LRUEvictionConfig")
+def lru_pool(cfg, num_blocks: int) -> LRUFreePool:
+    return LRUFreePool(num_blocks)
+
+
+@EVICTION_POLICIES.policy("fifo", base=StrictModel, config_name="FIFOEvictionConfig")
+def fifo_pool(cfg, num_blocks: int) -> PolicyFreePool:
+    return PolicyFreePool(num_blocks, lambda s: (s.first_cached,))
+
+
+@EVICTION_POLICIES.policy("lfu", base=StrictModel, config_name="LFUEvictionConfig")
+def lfu_pool(cfg, num_blocks: int) -> PolicyFreePool:
+    return PolicyFreePool(num_blocks, lambda s: (s.accesses, s.last_access))
+
+
+@EVICTION_POLICIES.policy("lru-k", base=StrictModel, config_name="LRUKEvictionConfig", params={
+    "k": (int, Field(2, ge=1, le=16, description="history depth: evict by the K-th most recent access"))})
+def lru_k_pool(cfg, num_blocks: int) -> PolicyFreePool:
     k = cfg.k
 
     def lru_k(s: BlockStats):
@@ -217,11 +216,11 @@ def _lru_k_pool(cfg: LRUKEvictionConfig, num_blocks: int) -> PolicyFreePool:
     return PolicyFreePool(num_blocks, lru_k, history_depth=k)
 
 
-# The built-in kinds: each registered with the factory of its own pool (the registry chose the kind).
-for _cls, _factory in (
-        (LRUEvictionConfig, lambda cfg, n: LRUFreePool(n)),
-        (FIFOEvictionConfig, lambda cfg, n: PolicyFreePool(n, lambda s: (s.first_cached,))),
-        (LFUEvictionConfig, lambda cfg, n: PolicyFreePool(n, lambda s: (s.accesses, s.last_access))),
-        (LRUKEvictionConfig, _lru_k_pool),
-        (PriorityEvictionConfig, lambda cfg, n: PolicyFreePool(n, lambda s: (s.max_priority, s.users, s.last_access)))):
-    EVICTION_POLICIES.register(_cls.model_fields["kind"].default, _cls, _factory)
+@EVICTION_POLICIES.policy("priority", base=StrictModel, config_name="PriorityEvictionConfig")
+def priority_pool(cfg, num_blocks: int) -> PolicyFreePool:
+    return PolicyFreePool(num_blocks, lambda s: (s.max_priority, s.users, s.last_access))
+
+
+# the config classes by name (allocator defaults, tests, plugins)
+LRUEvictionConfig, FIFOEvictionConfig, LFUEvictionConfig, LRUKEvictionConfig, PriorityEvictionConfig = (
+    lru_pool.Config, fifo_pool.Config, lfu_pool.Config, lru_k_pool.Config, priority_pool.Config)

@@ -64,16 +64,9 @@ from kvsim.config_base import StrictModel, Tokens
 from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, SlotLedger, UsageSums, cdiv
 from kvsim.kv.eviction import EVICTION_POLICIES, BlockStats, EvictionConfig, LRUEvictionConfig
 from kvsim.kv.protocol import eviction_capabilities
+from kvsim.kv.radix_tree import (Node, ReqState, check_tree, common_prefix, copy_stats, evictable_leaf,
+                                  eviction_order, tree_paths, unique_key)
 from kvsim.registry import ALLOCATORS
-
-_UNIQUE_BASE = 1 << 64  # unique keys live above the int64 range of trace keys
-
-
-def unique_key(request_id: int, k: int) -> int:
-    """The content key of page ``k`` of a request whose content is its own: an injective int
-    (for ``k < 2**32``) that never equals an int64 trace key."""
-    return _UNIQUE_BASE + (request_id << 32) + k
-
 
 class RadixAllocatorConfig(StrictModel):
     kind: Literal["radix"] = "radix"
@@ -84,55 +77,6 @@ class RadixAllocatorConfig(StrictModel):
         default_factory=LRUEvictionConfig,
         description="which unlocked leaf is evicted first: lru | fifo | lfu | lru-k | priority, or any registered "
                     "kind with a score (kvsim/kv/eviction.py); {kind: NAME, ...} or NAME")
-
-
-class _Node:
-    __slots__ = ("id", "parent", "children", "keys", "pages", "lock", "stats", "alive")
-
-    def __init__(self, nid: int, parent, keys: list, pages: array, lock: int, stats: BlockStats):
-        self.id = nid
-        self.parent = parent
-        self.children: dict = {}
-        self.keys = keys
-        self.pages = pages
-        self.lock = lock
-        self.stats = stats  # access history of the node's content (what the eviction score reads)
-        self.alive = True
-
-    def __repr__(self) -> str:
-        return f"_Node(id={self.id}, pages={list(self.pages)}, lock={self.lock}, t={self.stats.last_access})"
-
-
-def _copy_stats(s: BlockStats) -> BlockStats:
-    """The upper half of a split edge has the same content history as the whole edge had."""
-    c = BlockStats(s.first_cached, s.history.maxlen)
-    c.accesses, c.last_access, c.max_priority, c.users = s.accesses, s.last_access, s.max_priority, s.users
-    c.history.extend(s.history)
-    return c
-
-
-class _ReqState:
-    __slots__ = ("req", "table", "node", "plen")
-
-    def __init__(self, req: KVRequest, table: list[int], node: _Node, plen: int):
-        self.req = req
-        self.table = table  # page ids; table[:plen] are the pages of the path root -> node
-        self.node = node  # deepest tree node on the request's path (root if none)
-        self.plen = plen  # pages of the table in the tree
-
-
-def _common_prefix(edge: list, q: list, start: int, lim: int) -> int:
-    """Largest j <= lim with edge[:j] == q[start:start+j] (edge[0] == q[start] is known)."""
-    if edge[:lim] == q[start:start + lim]:
-        return lim
-    lo, hi = 1, lim - 1  # edge[:lo] matches; edge[:hi+1] does not
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if edge[lo:mid] == q[start + lo:start + mid]:  # edge[:lo] is known to match
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 class RadixAllocator:
@@ -159,11 +103,11 @@ class RadixAllocator:
         self.eviction_kind = eviction.kind
         self._next_id = 1
         self._num_nodes = 0  # tree nodes, root excluded
-        self.root = _Node(0, None, [], array("q"), 0, BlockStats(0, self._history_k))
+        self.root = Node(0, None, [], array("q"), 0, BlockStats(0, self._history_k))
         self._fresh = 0  # pages >= _fresh were never used (free, in id order)
         self._recycled: deque[int] = deque()  # freed pages without content, in free order
-        self._heap: list[tuple[tuple, int, _Node]] = []  # (score, node id, node): leaf candidates
-        self._state: dict[int, _ReqState] = {}
+        self._heap: list[tuple[tuple, int, Node]] = []  # (score, node id, node): leaf candidates
+        self._state: dict[int, ReqState] = {}
         self._qcache: dict[int, tuple[object, list]] = {}  # request -> (block_keys object, key list)
         self._memo = None  # last match: (request id, max_hit, version, result)
         self._version = 0  # bumped by every change of tree structure or locks
@@ -183,7 +127,7 @@ class RadixAllocator:
     # -- queries -------------------------------------------------------------------------------
     @staticmethod
     def _one_sequence(req: KVRequest) -> None:
-        if getattr(req, "num_samples", 1) != 1:
+        if req.num_samples != 1:
             raise ValueError(f"request {req.request_id} has num_samples={req.num_samples}: the radix allocator "
                              f"does not model parallel samples (use allocator kind 'paged')")
 
@@ -226,35 +170,11 @@ class RadixAllocator:
 
     def eviction_order(self) -> list[int]:
         """Cached unlocked pages in the order they would be evicted, without evicting (for tests)."""
-        order: list[int] = []
-        score = self._score
-        heap = [(score(n.stats), n.id, n) for n in self._iter_nodes() if self._evictable_leaf(n)]
-        heapq.heapify(heap)
-        remaining_children = {}
-        while heap:
-            _, _, n = heapq.heappop(heap)
-            order.extend(reversed(n.pages))
-            p = n.parent
-            if p is not self.root and p.lock == 0:
-                left = remaining_children.get(p.id, len(p.children)) - 1
-                remaining_children[p.id] = left
-                if left == 0:
-                    heapq.heappush(heap, (score(p.stats), p.id, p))
-        return order
+        return eviction_order(self.root, self._score)
 
     def tree_paths(self) -> list[tuple[list[int], int]]:
         """Every node as (pages along the path root -> node, lock count), depth first (for tests)."""
-        out = []
-
-        def walk(node, prefix):
-            for key in sorted(node.children, key=lambda c: node.children[c].id):
-                c = node.children[key]
-                path = prefix + list(c.pages)
-                out.append((path, c.lock))
-                walk(c, path)
-
-        walk(self.root, [])
-        return out
+        return tree_paths(self.root)
 
     def _keys(self, req: KVRequest, upto: int) -> list:
         """The request's content keys for pages [0, upto) (cached per request, extended lazily)."""
@@ -277,7 +197,7 @@ class RadixAllocator:
         if memo is not None and memo[0] == req.request_id and memo[1] == max_hit and memo[2] == self._version \
                 and memo[3] is req.block_keys:
             return memo[4]
-        path: list[tuple[_Node, int]] = []
+        path: list[tuple[Node, int]] = []
         i = unlocked = 0
         if max_hit > 0:
             q = self._keys(req, max_hit)
@@ -288,7 +208,7 @@ class RadixAllocator:
                     break
                 ek = child.keys
                 lim = min(len(ek), max_hit - i)
-                j = _common_prefix(ek, q, i, lim)
+                j = common_prefix(ek, q, i, lim)
                 path.append((child, j))
                 if child.lock == 0:
                     unlocked += j
@@ -314,33 +234,33 @@ class RadixAllocator:
         return self.num_free_blocks - unlocked - need >= self.watermark_pages
 
     # -- tree mutations --------------------------------------------------------------------------
-    def _lock(self, node: _Node) -> None:
+    def _lock(self, node: Node) -> None:
         if node.lock == 0:
             self._cached_free -= len(node.pages)
         else:
             self._shared_extra += len(node.pages)
         node.lock += 1
 
-    def _unlock(self, node: _Node) -> None:
+    def _unlock(self, node: Node) -> None:
         node.lock -= 1
         if node.lock == 0:
             self._cached_free += len(node.pages)
         else:
             self._shared_extra -= len(node.pages)
 
-    def _new_node(self, parent: _Node, keys: list, pages: array, lock: int, priority: int) -> _Node:
+    def _new_node(self, parent: Node, keys: list, pages: array, lock: int, priority: int) -> Node:
         stats = BlockStats(self._tick, self._history_k)
         stats.touch(self._tick, priority)  # the inserting request's use
-        node = _Node(self._next_id, parent, keys, pages, lock, stats)
+        node = Node(self._next_id, parent, keys, pages, lock, stats)
         self._next_id += 1
         self._num_nodes += 1
         parent.children[keys[0]] = node
         return node
 
-    def _split(self, node: _Node, j: int) -> _Node:
+    def _split(self, node: Node, j: int) -> Node:
         """Split ``node``'s edge after ``j`` pages; returns the new upper node (``node`` keeps its
         identity, children and heap entries as the lower part). Totals do not change."""
-        upper = _Node(self._next_id, node.parent, node.keys[:j], node.pages[:j], node.lock, _copy_stats(node.stats))
+        upper = Node(self._next_id, node.parent, node.keys[:j], node.pages[:j], node.lock, copy_stats(node.stats))
         self._next_id += 1
         self._num_nodes += 1
         node.parent.children[upper.keys[0]] = upper
@@ -350,12 +270,8 @@ class RadixAllocator:
         upper.children[node.keys[0]] = node
         return upper
 
-    @staticmethod
-    def _evictable_leaf(node: _Node) -> bool:
-        return node.alive and not node.children and node.lock == 0 and node.parent is not None
-
-    def _push_if_leaf(self, node: _Node) -> None:
-        if self._evictable_leaf(node):
+    def _push_if_leaf(self, node: Node) -> None:
+        if evictable_leaf(node):
             heapq.heappush(self._heap, (self._score(node.stats), node.id, node))
 
     def _evict(self, n: int) -> list[int]:
@@ -364,7 +280,7 @@ class RadixAllocator:
         heap = self._heap
         while len(out) < n:
             t, _, leaf = heap[0]
-            if not self._evictable_leaf(leaf) or self._score(leaf.stats) != t:
+            if not evictable_leaf(leaf) or self._score(leaf.stats) != t:
                 heapq.heappop(heap)
                 continue
             size = len(leaf.pages)
@@ -388,7 +304,7 @@ class RadixAllocator:
 
     def _compact_heap(self) -> None:
         score = self._score
-        self._heap = [e for e in self._heap if self._evictable_leaf(e[2]) and score(e[2].stats) == e[0]]
+        self._heap = [e for e in self._heap if evictable_leaf(e[2]) and score(e[2].stats) == e[0]]
         heapq.heapify(self._heap)
 
     def _take(self, n: int) -> list[int]:
@@ -427,7 +343,7 @@ class RadixAllocator:
                 node.stats.touch(self._tick, req.priority)
                 table.extend(node.pages)
         table.extend(self._take(total - m))  # hits are locked first: eviction cannot take them
-        self._state[rid] = _ReqState(req, table, node, m)
+        self._state[rid] = ReqState(req, table, node, m)
         self.ledger.add(rid, req.final_kv_tokens, total * self.block_size)
         self.query_blocks += cdiv(req.prompt_tokens, self.block_size)
         self.hit_blocks += m
@@ -455,7 +371,7 @@ class RadixAllocator:
             self._insert(st, full)
         return True
 
-    def _insert(self, st: _ReqState, full: int) -> None:
+    def _insert(self, st: ReqState, full: int) -> None:
         """Insert the request's pages [plen, full) under its path (see the module docstring)."""
         self._version += 1
         q = self._keys(st.req, full)
@@ -465,7 +381,7 @@ class RadixAllocator:
             node = st.node
             child = node.children.get(q[k])
             if child is not None:  # the tree already holds this content: use its pages
-                j = _common_prefix(child.keys, q, k, min(len(child.keys), full - k))
+                j = common_prefix(child.keys, q, k, min(len(child.keys), full - k))
                 if j < len(child.keys):
                     child = self._split(child, j)
                 for t in range(j):
@@ -514,37 +430,13 @@ class RadixAllocator:
                          self._cached_free * self.block_size, 0)
 
     # -- invariants ------------------------------------------------------------------------------
-    def _iter_nodes(self):
-        stack = list(self.root.children.values())
-        while stack:
-            n = stack.pop()
-            yield n
-            stack.extend(n.children.values())
-
     def check_invariants(self) -> None:
         self.ledger.check("radix")
         ps = self.block_size
         assert len(self._state) == len(self.ledger), "request states and ledger disagree"
         root = self.root
         assert root.parent is None and not root.keys and not root.pages and root.lock == 0, "bad root"
-        # tree structure
-        where: dict[int, tuple[_Node, int]] = {}
-        nodes = []
-        stack = [root]
-        while stack:
-            n = stack.pop()
-            for key, c in n.children.items():
-                assert c.alive, f"dead node {c.id} in the tree"
-                assert c.parent is n, f"node {c.id}: parent pointer does not point to its parent"
-                assert c.keys and len(c.keys) == len(c.pages), f"node {c.id}: empty edge or keys/pages mismatch"
-                assert key == c.keys[0], f"node {c.id}: child map key != first edge key"
-                assert c.lock <= n.lock or n is root, f"node {c.id}: lock {c.lock} > parent's {n.lock}"
-                for i, p in enumerate(c.pages):
-                    assert 0 <= p < self._fresh, f"page {p} in the tree was never handed out"
-                    assert p not in where, f"page {p} is in the tree twice"
-                    where[p] = (c, i)
-                nodes.append(c)
-                stack.append(c)
+        where, nodes = check_tree(root, self._fresh)  # page -> (node, index); the nodes
         assert len(nodes) == self._num_nodes, f"node count {self._num_nodes} != {len(nodes)}"
         # requests: a root path of tree pages, then private pages
         locks: dict[int, int] = {}
@@ -588,9 +480,9 @@ class RadixAllocator:
             f"pages leaked: {len(where)} cached + {len(private)} private + {self.num_empty_pages} free "
             f"!= {self.num_pages}")
         # every evictable leaf is reachable from the eviction heap
-        live = {e[2].id for e in self._heap if self._evictable_leaf(e[2]) and self._score(e[2].stats) == e[0]}
+        live = {e[2].id for e in self._heap if evictable_leaf(e[2]) and self._score(e[2].stats) == e[0]}
         for n in nodes:
-            if self._evictable_leaf(n):
+            if evictable_leaf(n):
                 assert n.id in live, f"evictable leaf {n.id} missing from the eviction heap"
 
 

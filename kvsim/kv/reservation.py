@@ -8,16 +8,16 @@ key of the contiguous and buddy allocators (``reservation: pow2`` or ``reservati
 * ``oracle``: exactly prompt + true output length -- an upper bound no real system reaches.
 
 Every policy reserves at least prompt + output tokens for one sequence, and a request with n
-parallel samples reserves n unshared copies (:func:`reservation_tokens`). Writing one: a config
-class deriving from :class:`~kvsim.registry.PolicyConfig` with ``kind: Literal["name"] = "name"``,
-an object with ``sequence_tokens(total_tokens, max_model_len_tokens) -> int``, and
-``RESERVATIONS.register("name", Config, factory)`` with ``factory(cfg)`` returning the object.
+parallel samples reserves n unshared copies (:func:`reservation_tokens`). Writing one: a class
+with ``sequence_tokens(total_tokens, max_model_len_tokens) -> int`` under
+``@RESERVATIONS.policy("name")`` (:func:`kvsim.registry.declare_policy` makes its config class and
+registers the kind).
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Literal, Protocol
+from typing import Protocol
 
 from kvsim.kv.base import KVRequest
 from kvsim.registry import RESERVATIONS, PolicyConfig, policy_field
@@ -33,37 +33,25 @@ def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-class MaxReservationConfig(PolicyConfig):
-    kind: Literal["max"] = "max"
-
-
-class Pow2ReservationConfig(PolicyConfig):
-    kind: Literal["pow2"] = "pow2"
-
-
-class OracleReservationConfig(PolicyConfig):
-    kind: Literal["oracle"] = "oracle"
-
-
+@RESERVATIONS.policy("max")
 class MaxReservation:
     def sequence_tokens(self, total_tokens: int, max_model_len_tokens: int) -> int:
         return max(max_model_len_tokens, total_tokens)
 
 
+@RESERVATIONS.policy("pow2")
 class Pow2Reservation:
     def sequence_tokens(self, total_tokens: int, max_model_len_tokens: int) -> int:
         return max(min(next_pow2(total_tokens), max_model_len_tokens), total_tokens)
 
 
+@RESERVATIONS.policy("oracle")
 class OracleReservation:
     def sequence_tokens(self, total_tokens: int, max_model_len_tokens: int) -> int:
         return total_tokens
 
 
-for _kind, _cfg, _policy in (("max", MaxReservationConfig, MaxReservation),
-                             ("pow2", Pow2ReservationConfig, Pow2Reservation),
-                             ("oracle", OracleReservationConfig, OracleReservation)):
-    RESERVATIONS.register(_kind, _cfg, lambda cfg, _p=_policy: _p())
+Pow2ReservationConfig = Pow2Reservation.Config  # the config classes by name (tests, plugins)
 
 
 def reservation_field(default_kind: str):

@@ -17,6 +17,7 @@ import numpy as np
 
 from kvsim.kv.base import MemoryParts
 from kvsim.metrics.itl import ITLAccumulator
+from kvsim.timing.base import RECORDED_BREAKDOWN, check_breakdown
 
 if TYPE_CHECKING:  # pyarrow is imported where used (import cost: tests/test_import_cost.py)
     import pyarrow as pa
@@ -54,28 +55,10 @@ STEP_COLUMNS: dict[str, str] = {
     "swap_out_bytes": "int64",
     "kv_bytes_read": "int64",
     "kv_pages_read": "int64",
-    "weights_read_s": "float64",
-    "kv_read_s": "float64",
-    "linear_compute_s": "float64",
-    "attention_compute_s": "float64",
-    "attention_s": "float64",
-    "overhead_s": "float64",
-    "swap_s": "float64",
-    "compute_s": "float64",
-    "decode_attention_s": "float64",
-    "prefill_attention_s": "float64",
-    "gemm_s": "float64",
-    "lm_head_s": "float64",
-    "elementwise_s": "float64",
+    # the timing breakdown, one float64 column per name the timing boundary records
+    **dict.fromkeys(RECORDED_BREAKDOWN, "float64"),
 }
-BREAKDOWN_COLUMNS = [
-    "weights_read_s", "kv_read_s", "linear_compute_s", "attention_compute_s", "attention_s",
-    "overhead_s", "swap_s", "compute_s", "decode_attention_s", "prefill_attention_s", "gemm_s", "lm_head_s",
-    "elementwise_s",
-]
-
-
-assert list(STEP_COLUMNS)[-len(BREAKDOWN_COLUMNS):] == BREAKDOWN_COLUMNS  # rows are built in this order
+BREAKDOWN_COLUMNS = list(RECORDED_BREAKDOWN)  # last in STEP_COLUMNS: rows are built in this order
 
 
 class StepRecorder:
@@ -106,7 +89,9 @@ class StepRecorder:
 
     @staticmethod
     def _breakdown(breakdown: dict[str, float]) -> list:
-        """The breakdown columns in order (0 for parts a timing model lacks)."""
+        """The breakdown columns in order (0 for parts a timing model lacks); a name the timing
+        boundary does not declare raises (kvsim.timing.base.check_breakdown)."""
+        check_breakdown(breakdown)
         return [breakdown.get(k, 0) for k in BREAKDOWN_COLUMNS]
 
     def row(self, *, replica: int, idle: bool, start_s: float, duration_s: float, memory: MemoryParts,

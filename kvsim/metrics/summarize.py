@@ -7,6 +7,7 @@ Every formula here is documented in docs/metrics.md. Time-weighted means weight 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -37,37 +38,46 @@ def time_weighted_mean(values: pd.Series, weights: pd.Series) -> float:
     return float((values.to_numpy(dtype=float) * weights.to_numpy(dtype=float)).sum() / total)
 
 
-def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: int, kv: KVGeometry,
-              prefix_caching: bool = False, offloaded_blocks: int = 0,
-              copy_bandwidth_bytes_per_s: float | None = None, num_replicas: int = 1,
-              budget_bytes: int, end_s: float, start_s: float,
-              itl: ITLAccumulator | None = None, slo: dict[str, float] | None = None,
-              percentiles: tuple[float, ...] = DEFAULT_PERCENTILES,
-              hbm_bandwidth_bytes_per_s: float | None = None, attention_backend: str | None = None,
-              beam: tuple[int, int] | None = None) -> dict:
-    """``kv``: the run's KV geometry (bytes per token, page size, fetches per page: one page of a
+@dataclass(frozen=True)
+class SummaryInputs:
+    """Everything :func:`summarize` needs besides the two tables (kvsim.simulate.summary_inputs
+    builds it from all replicas at once; the replay from the real engine's settings).
+
+    ``kv``: the run's KV geometry (bytes per token, page size, fetches per page: one page of a
     sequence is fetched once per layer and KV head, ``kv_access.pages_fetched``);
     ``hbm_bandwidth_bytes_per_s``: the GPU's peak (datasheet) HBM bandwidth, for
     ``kv_access.hbm_bandwidth_utilisation``; ``attention_backend``: the backend the timing model
-    resolved (None: it has no attention kernel)."""
-    geometry = kv
-    bytes_per_token, block_size = geometry.bytes_per_token, geometry.block_size
-    # only the columns used below: a filtered copy of the whole table would cost its size again
-    status = requests["status"]
-    fin = requests.loc[status == "finished", ["output_tokens", "ttft_s", "tpot_s", "e2e_s"]]
-    rejected = requests.loc[status == "rejected", ["reject_reason"]]
-    del status
-    duration = max(end_s - start_s, 0.0)
-    dur = steps["duration_s"]
-    capacity_bytes = capacity_tokens * bytes_per_token
-    is_step = ~steps["idle"]
+    resolved (None: it has no attention kernel); ``beam``: (forks, copied tokens) when the trace has
+    beam-search requests."""
 
+    capacity_tokens: int
+    kv: KVGeometry
+    budget_bytes: int
+    end_s: float
+    start_s: float
+    prefix_caching: bool = False
+    offloaded_blocks: int = 0
+    copy_bandwidth_bytes_per_s: float | None = None
+    num_replicas: int = 1
+    itl: ITLAccumulator | None = None
+    slo: dict[str, float] | None = None
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+    hbm_bandwidth_bytes_per_s: float | None = None
+    attention_backend: str | None = None
+    beam: tuple[int, int] | None = None
+
+
+def _kv_section(steps: pd.DataFrame, inp: SummaryInputs) -> dict:
+    """``summary.kv``: the budget and geometry, time-weighted memory fractions, sharing and waste."""
+    geometry, bytes_per_token = inp.kv, inp.kv.bytes_per_token
+    dur = steps["duration_s"]
+    capacity_bytes = inp.capacity_tokens * bytes_per_token
     kv = {
-        "budget_bytes": int(budget_bytes),
+        "budget_bytes": int(inp.budget_bytes),
         "capacity_bytes": int(capacity_bytes),
-        "capacity_tokens": int(capacity_tokens),
+        "capacity_tokens": int(inp.capacity_tokens),
         "bytes_per_token": int(bytes_per_token),
-        "block_size": block_size,
+        "block_size": geometry.block_size,
         "geometry": geometry.to_dict(),
     }
     for part in MEMORY_PARTS:
@@ -82,17 +92,18 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: i
                    * dur).sum())
     allocated = waste + ts
     kv["fragmentation_frac"] = waste / allocated if allocated > 0 else 0.0
-    if beam is not None:  # beam search: forks and the KV they copied (paged: partial blocks; extents: whole beams)
-        kv["beam_forks"] = int(beam[0])
-        kv["beam_copied_bytes"] = int(beam[1]) * int(bytes_per_token)
+    if inp.beam is not None:  # beam search: forks and the KV they copied (paged: partial blocks; extents: whole beams)
+        kv["beam_forks"] = int(inp.beam[0])
+        kv["beam_copied_bytes"] = int(inp.beam[1]) * int(bytes_per_token)
     kv["peak_used_frac"] = float(steps["peak_used_bytes"].max() / capacity_bytes) if len(steps) and capacity_bytes else 0.0
+    return kv
 
+
+def _request_section(requests: pd.DataFrame, fin: pd.DataFrame, rejected: pd.DataFrame, duration: float,
+                     serving: dict, itl: ITLAccumulator | None) -> dict:
+    """Request counts, throughputs and latency distributions (the summary's first keys, in order)."""
     out_tokens = float(fin["output_tokens"].sum())
     norm = (fin["e2e_s"] / fin["output_tokens"]).mean() if len(fin) else math.nan
-    step_time_total = float(dur[is_step].sum())
-    breakdown = {c: float(steps.loc[is_step, c].sum()) for c in steps.columns
-                 if c.endswith("_s") and c not in ("start_s", "duration_s")}
-    serving = serving_metrics(requests, duration, itl, percentiles)
     return {
         "requests_total": int(len(requests)),
         "requests_finished": int(len(fin)),
@@ -109,19 +120,20 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: i
         "itl_s": {**(itl or ITLAccumulator()).summary(), **itl_stalls(requests, itl)},
         "e2e_s": _dist(fin["e2e_s"]),
         "normalized_latency_s_per_token": None if math.isnan(norm) else float(norm),
-        "concurrency": {
-            "max": int(steps["running"].max()) if len(steps) else 0,
-            "mean": time_weighted_mean(steps["running_mean"], dur),
-            "mean_batch_size": time_weighted_mean(steps["batch_size_mean"], dur),
-        },
-        "kv": kv,
+    }
+
+
+def _movement_section(requests: pd.DataFrame, steps: pd.DataFrame, inp: SummaryInputs) -> dict:
+    """Preemptions, swaps, the prefix cache and host transfers."""
+    bytes_per_token, block_size = inp.kv.bytes_per_token, inp.kv.block_size
+    return {
         "preemptions": int(requests["preemptions"].sum()),
         "preemptions_by_mode": {"recompute": int(requests["preemptions"].sum() - requests["swaps"].sum()),
                                 "swap": int(requests["swaps"].sum())},
         "swapped_out_bytes": int(steps["swap_out_bytes"].sum()),
         "swapped_in_bytes": int(steps["swap_in_bytes"].sum()),
-        "prefix_cache": _prefix_cache(requests, steps, block_size, bytes_per_token, offloaded_blocks)
-        if prefix_caching else None,
+        "prefix_cache": _prefix_cache(requests, steps, block_size, bytes_per_token, inp.offloaded_blocks)
+        if inp.prefix_caching else None,
         "transfer": {
             "swap_in_bytes": int(steps["swap_in_bytes"].sum()),
             "swap_out_bytes": int(steps["swap_out_bytes"].sum()),
@@ -129,25 +141,59 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, *, capacity_tokens: i
             "hidden_by_prefetch_s": float(requests["transfer_hidden_s"].sum()),
         },
         "recomputed_tokens": int(requests["recomputed_tokens"].sum()),
+    }
+
+
+def _engine_section(requests: pd.DataFrame, steps: pd.DataFrame, duration: float, inp: SummaryInputs) -> dict:
+    """Engine steps, busy time, the step-time breakdown, KV reads and the replicas."""
+    geometry, dur, is_step = inp.kv, steps["duration_s"], ~steps["idle"]
+    step_time_total = float(dur[is_step].sum())
+    breakdown = {c: float(steps.loc[is_step, c].sum()) for c in steps.columns
+                 if c.endswith("_s") and c not in ("start_s", "duration_s")}
+    n = inp.num_replicas
+    return {
         "engine_steps": int(steps["num_steps"].sum()),
         "busy_time_s": step_time_total,
         "busy_frac": step_time_total / duration if duration > 0 else 0.0,
         "kv_bytes_read_total": int(steps["kv_bytes_read"].sum()),
         "step_time_breakdown_s": breakdown,
-        "kv_bandwidth_utilisation": _bandwidth(steps, copy_bandwidth_bytes_per_s),
-        "kv_access": {**kv_access(steps, hbm_bandwidth_bytes_per_s, geometry.fetches_per_page,
+        "kv_bandwidth_utilisation": _bandwidth(steps, inp.copy_bandwidth_bytes_per_s),
+        "kv_access": {**kv_access(steps, inp.hbm_bandwidth_bytes_per_s, geometry.fetches_per_page,
                                   geometry.kv_bytes_per_token_layer),
-                      "attention_backend": attention_backend},
+                      "attention_backend": inp.attention_backend},
         "replicas": {
-            "count": num_replicas,
-            "requests": [int((requests["replica"] == i).sum()) for i in range(num_replicas)],
+            "count": n,
+            "requests": [int((requests["replica"] == i).sum()) for i in range(n)],
             # rows of every replica cover the whole span, so the time-weighted mean per replica
             # times the count is the cluster's mean concurrency
-            "concurrency_mean_total": time_weighted_mean(steps["running_mean"], dur) * num_replicas,
+            "concurrency_mean_total": time_weighted_mean(steps["running_mean"], dur) * n,
         },
-        "time_per_kv_block_read_s": _per_block(steps, bytes_per_token * (block_size or 1)),
+        "time_per_kv_block_read_s": _per_block(steps, geometry.bytes_per_token * (geometry.block_size or 1)),
+    }
+
+
+def summarize(requests: pd.DataFrame, steps: pd.DataFrame, inputs: SummaryInputs) -> dict:
+    """The ``summary.json`` dict of a run's request and step tables (docs/metrics.md)."""
+    # only the columns used below: a filtered copy of the whole table would cost its size again
+    status = requests["status"]
+    fin = requests.loc[status == "finished", ["output_tokens", "ttft_s", "tpot_s", "e2e_s"]]
+    rejected = requests.loc[status == "rejected", ["reject_reason"]]
+    del status
+    duration = max(inputs.end_s - inputs.start_s, 0.0)
+    dur = steps["duration_s"]
+    serving = serving_metrics(requests, duration, inputs.itl, inputs.percentiles)
+    return {
+        **_request_section(requests, fin, rejected, duration, serving, inputs.itl),
+        "concurrency": {
+            "max": int(steps["running"].max()) if len(steps) else 0,
+            "mean": time_weighted_mean(steps["running_mean"], dur),
+            "mean_batch_size": time_weighted_mean(steps["batch_size_mean"], dur),
+        },
+        "kv": _kv_section(steps, inputs),
+        **_movement_section(requests, steps, inputs),
+        **_engine_section(requests, steps, duration, inputs),
         "serving": serving,
-        "slo": slo_metrics(requests, duration, slo) if slo else None,
+        "slo": slo_metrics(requests, duration, inputs.slo) if inputs.slo else None,
     }
 
 

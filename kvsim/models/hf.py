@@ -104,25 +104,9 @@ def sliding_window_layers(cfg: dict, model_type: str, num_layers: int, file: str
     return window, n
 
 
-def model_fields(cfg: dict, file: str, name: str | None = None) -> dict:
-    """The fields of kvsim's ModelConfig from a parsed ``config.json``."""
-    outer_type = str(cfg.get("model_type", ""))
-    if isinstance(cfg.get("text_config"), dict) and not any(k in cfg for k in ALIASES["layers"]):
-        cfg = {**cfg["text_config"]}  # multimodal wrappers (Gemma 3, Llava, ...): the language model
-    model_type = str(cfg.get("model_type", outer_type))
-    L = _get(cfg, "layers", file)
-    h = _get(cfg, "hidden", file)
-    heads = _get(cfg, "heads", file)
-    kvh = _get(cfg, "kv_heads", file, required=False, default=heads)
-    vocab = _int(cfg, "vocab_size", file)
-    if vocab <= 0:
-        raise ConfigError(f"{file}: vocab_size: required key is missing")
-    max_len = _get(cfg, "max_len", file)
-    inter = _get(cfg, "intermediate", file, required=False, default=4 * h)
-    gated = model_type not in UNGATED_MLP
-    mats = 3 if gated else 2
-    tied = cfg.get("tie_word_embeddings", model_type in TIED_BY_DEFAULT)
-
+def _attention_params(cfg: dict, file: str, h: int, heads: int, kvh: int) -> tuple[str, int, int, int, int, int]:
+    """(attention kind, KV heads, head dim, kv_lora_rank, qk_rope_head_dim, attention parameters per
+    layer): MLA (DeepSeek-V2/V3, ``kv_lora_rank`` set) or GQA/MHA."""
     kv_lora = _int(cfg, "kv_lora_rank", file)
     if kv_lora:  # MLA (DeepSeek-V2/V3)
         rope = _int(cfg, "qk_rope_head_dim", file)
@@ -147,6 +131,12 @@ def model_fields(cfg: dict, file: str, name: str | None = None) -> dict:
     if heads % kvh:
         raise ConfigError(f"{file}: num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kvh})")
 
+    return attention, kvh, head_dim, kv_lora, rope, attn
+
+
+def _mlp_params(cfg: dict, file: str, L: int, h: int, inter: int, mats: int) -> tuple[int, int, int, int]:
+    """(experts, experts per token, MLP parameters in total, MLP parameters a token activates) over
+    all layers: dense, or MoE layers (routed + shared experts, router) beside dense ones."""
     experts = _get(cfg, "experts", file, required=False, default=0)
     per_token = _int(cfg, "num_experts_per_tok", file) if experts else 0
     mlp_dense = mats * h * inter
@@ -166,6 +156,30 @@ def model_fields(cfg: dict, file: str, name: str | None = None) -> dict:
         mlp_active = (L - moe_layers) * mlp_dense + moe_layers * (per_token * expert + shared + h * experts)
     else:
         mlp_total = mlp_active = L * mlp_dense
+    return experts, per_token, mlp_total, mlp_active
+
+
+def model_fields(cfg: dict, file: str, name: str | None = None) -> dict:
+    """The fields of kvsim's ModelConfig from a parsed ``config.json``."""
+    outer_type = str(cfg.get("model_type", ""))
+    if isinstance(cfg.get("text_config"), dict) and not any(k in cfg for k in ALIASES["layers"]):
+        cfg = {**cfg["text_config"]}  # multimodal wrappers (Gemma 3, Llava, ...): the language model
+    model_type = str(cfg.get("model_type", outer_type))
+    L = _get(cfg, "layers", file)
+    h = _get(cfg, "hidden", file)
+    heads = _get(cfg, "heads", file)
+    kvh = _get(cfg, "kv_heads", file, required=False, default=heads)
+    vocab = _int(cfg, "vocab_size", file)
+    if vocab <= 0:
+        raise ConfigError(f"{file}: vocab_size: required key is missing")
+    max_len = _get(cfg, "max_len", file)
+    inter = _get(cfg, "intermediate", file, required=False, default=4 * h)
+    gated = model_type not in UNGATED_MLP
+    mats = 3 if gated else 2
+    tied = cfg.get("tie_word_embeddings", model_type in TIED_BY_DEFAULT)
+
+    attention, kvh, head_dim, kv_lora, rope, attn = _attention_params(cfg, file, h, heads, kvh)
+    experts, per_token, mlp_total, mlp_active = _mlp_params(cfg, file, L, h, inter, mats)
     embed = vocab * h * (1 if tied else 2)
     total = embed + L * attn + mlp_total
     active = embed + L * attn + mlp_active

@@ -23,7 +23,7 @@ from kvsim.kv.base import MemoryParts
 from kvsim.metrics.recorder import StepRecorder
 from kvsim.metrics.request_log import RequestLog
 from kvsim.metrics.requests import log_table
-from kvsim.metrics.summarize import summarize
+from kvsim.metrics.summarize import SummaryInputs, summarize
 from kvsim.models.geometry import KVGeometry
 from kvsim.realengine.tokens import prompt_tokens
 from kvsim.realengine.vllm_engine import Engine, EngineError, EngineSettings, read_model_config
@@ -241,12 +241,11 @@ def _replay_one(scn, settings: EngineSettings, trace, vocab: int, d: Path, versi
     table = log_table(request_log)
     write_parquet(d / "requests.parquet", table)
     steps = pd.read_parquet(d / "steps.parquet")
-    summary = summarize(table, steps, capacity_tokens=capacity, kv=kv,
-                        prefix_caching=settings.prefix_caching,
-                        budget_bytes=capacity * kv.bytes_per_token, end_s=end_s,
-                        start_s=float(trace.arrival_s[0]) if len(trace) else 0.0, itl=rec.itl,
-                        slo=scn.slo.as_dict() if scn.slo is not None else None,
-                        percentiles=tuple(scn.metrics.percentiles))
+    summary = summarize(table, steps, SummaryInputs(
+        capacity_tokens=capacity, kv=kv, prefix_caching=settings.prefix_caching,
+        budget_bytes=capacity * kv.bytes_per_token, end_s=end_s,
+        start_s=float(trace.arrival_s[0]) if len(trace) else 0.0, itl=rec.itl,
+        slo=scn.slo.as_dict() if scn.slo is not None else None, percentiles=tuple(scn.metrics.percentiles)))
     summary["measured"] = {"engine": "vllm", "version": version, "device": settings.device,
                            "threads": settings.threads, "wall_s": round(wall, 2),
                            "settings": settings.provenance(),

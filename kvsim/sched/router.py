@@ -13,10 +13,9 @@ replica without asking the policy, and tells the engine whether decisions read r
 (:attr:`Router.state_dependent`: then replicas may not run ahead of arrivals, so the state a policy
 reads is the state at the request's arrival).
 
-Writing a policy: a config class deriving from :class:`~kvsim.registry.PolicyConfig` with
-``kind: Literal["name"] = "name"``, an object with ``state_dependent: bool`` and
-``route(req, replicas) -> int``, and ``ROUTERS.register("name", Config, factory)`` with
-``factory(cfg)`` returning the object. A policy reads replicas only through :class:`ReplicaView`.
+Writing a policy: a class with ``state_dependent: bool`` and ``route(req, replicas) -> int``
+under ``@ROUTERS.policy("name")`` (:func:`kvsim.registry.declare_policy` makes its config class and
+registers the kind). A policy reads replicas only through :class:`ReplicaView`.
 """
 
 from __future__ import annotations
@@ -60,18 +59,7 @@ class RoutingPolicy(Protocol):
         ...
 
 
-class RoundRobinConfig(PolicyConfig):
-    kind: Literal["round_robin"] = "round_robin"
-
-
-class LeastLoadedConfig(PolicyConfig):
-    kind: Literal["least_loaded"] = "least_loaded"
-
-
-class PrefixAffinityConfig(PolicyConfig):
-    kind: Literal["prefix_affinity"] = "prefix_affinity"
-
-
+@ROUTERS.policy("round_robin")
 class RoundRobin:
     state_dependent = False
 
@@ -84,6 +72,7 @@ class RoundRobin:
         return i
 
 
+@ROUTERS.policy("least_loaded")
 class LeastLoaded:
     state_dependent = True
 
@@ -92,6 +81,7 @@ class LeastLoaded:
         return min(range(len(replicas)), key=lambda i: (loads[i], i))
 
 
+@ROUTERS.policy("prefix_affinity")
 class PrefixAffinity:
     state_dependent = True
 
@@ -101,10 +91,6 @@ class PrefixAffinity:
         return min(range(len(replicas)), key=lambda i: (-hits[i], loads[i], i))
 
 
-for _kind, _cfg, _policy in (("round_robin", RoundRobinConfig, RoundRobin),
-                             ("least_loaded", LeastLoadedConfig, LeastLoaded),
-                             ("prefix_affinity", PrefixAffinityConfig, PrefixAffinity)):
-    ROUTERS.register(_kind, _cfg, lambda cfg, _p=_policy: _p())
 
 
 class Router:

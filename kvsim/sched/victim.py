@@ -13,17 +13,17 @@ has been dissolved for the step, so every request's counters (``num_generated``,
 ``num_computed_tokens``) and the allocator's holdings are current. ``running`` is in admission
 order (oldest first) and never empty. A policy must not mutate the requests or the allocator.
 
-Writing one: a pydantic config class deriving from :class:`~kvsim.registry.PolicyConfig` with
-``kind: Literal["my_policy"] = "my_policy"`` (plus any parameters), a class with
-``pick(running, allocator) -> Request``, and ``VICTIMS.register("my_policy", Config, factory)``
-where ``factory(cfg)`` returns the policy. Register any time before the scenario is loaded
-(kinds are looked up when a scenario is validated, see :mod:`kvsim.registry`).
+Writing one: a class with ``pick(running, allocator) -> Request`` under
+``@VICTIMS.policy("my_policy")`` (:func:`kvsim.registry.declare_policy`: it makes the config class,
+``MyPolicy.Config``, and registers the kind; ``params={...}`` adds parameters, passed to the class
+by name). Declare it any time before the scenario is loaded (kinds are looked up when a scenario
+is validated, see :mod:`kvsim.registry`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kvsim.registry import VICTIMS, PolicyConfig
 
@@ -43,50 +43,31 @@ class VictimPolicy(Protocol):
         ...
 
 
-class LatestAdmittedConfig(PolicyConfig):
-    kind: Literal["latest_admitted"] = "latest_admitted"
-
-
-class LowestPriorityConfig(PolicyConfig):
-    kind: Literal["lowest_priority"] = "lowest_priority"
-
-
-class LargestKVConfig(PolicyConfig):
-    kind: Literal["largest_kv"] = "largest_kv"
-
-
-class FewestTokensLeftConfig(PolicyConfig):
-    kind: Literal["fewest_tokens_left"] = "fewest_tokens_left"
-
-
+@VICTIMS.policy("latest_admitted")
 class LatestAdmitted:
     def pick(self, running: Sequence[Request], allocator: HeldTokens) -> Request:
         return running[-1]
 
 
+@VICTIMS.policy("lowest_priority")
 class LowestPriority:
     def pick(self, running: Sequence[Request], allocator: HeldTokens) -> Request:
         return min(running, key=lambda r: (r.priority, -r.admit_seq))
 
 
+@VICTIMS.policy("largest_kv")
 class LargestKV:
     def pick(self, running: Sequence[Request], allocator: HeldTokens) -> Request:
         return max(running, key=lambda r: (allocator.held_tokens(r.request_id), r.admit_seq))
 
 
+@VICTIMS.policy("fewest_tokens_left")
 class FewestTokensLeft:
     def pick(self, running: Sequence[Request], allocator: HeldTokens) -> Request:
         return min(running, key=lambda r: (r.output_tokens - r.num_generated, -r.admit_seq))
 
 
 DEFAULT_VICTIM = "latest_admitted"
-
-for _kind, _cfg, _policy in (
-        ("latest_admitted", LatestAdmittedConfig, LatestAdmitted),
-        ("lowest_priority", LowestPriorityConfig, LowestPriority),
-        ("largest_kv", LargestKVConfig, LargestKV),
-        ("fewest_tokens_left", FewestTokensLeftConfig, FewestTokensLeft)):
-    VICTIMS.register(_kind, _cfg, lambda cfg, _p=_policy: _p())
 
 
 def build_victim_policy(cfg: PolicyConfig) -> VictimPolicy:

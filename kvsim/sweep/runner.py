@@ -115,18 +115,65 @@ def run_sweep(sweep_file_or_spec: str | Path | dict | LoadedSweep, out_dir: str 
         raise ConfigError(f"unknown executor {executor!r}; valid executors: {', '.join(EXECUTORS)}")
     sweep = sweep_file_or_spec if isinstance(sweep_file_or_spec, LoadedSweep) else \
         load_sweep(sweep_file_or_spec, base_dir=base_dir)
-    out = Path(out_dir) if out_dir is not None else default_sweep_dir(sweep)
-    # kvsim.outdir: a new/empty directory or an earlier sweep's (resumed); another kvsim command's
-    # output only with force (its files only); never a directory kvsim did not write.
-    open_in_place(out, "sweep", SWEEP_OUTPUTS, force=force, protect=[sweep.path, sweep.anchor])
-    out = out.resolve()
-    (out / "points").mkdir(parents=True, exist_ok=True)
-    write_yaml(out / "sweep.resolved.yaml", sweep.resolved())
+    out = _open_sweep_dir(sweep, out_dir, force)
     say = log or (lambda m: None)
     for note in recover_killed_points(out, sweep.points):
         say(note)
 
     status: dict[str, tuple[str, str]] = {}
+    todo, stale = _points_to_run(sweep, out, force, status)
+    skipped = len(sweep.points) - len(todo)
+    if jobs is None:
+        jobs = os.cpu_count() or 1
+    say(f"sweep {sweep.name}: {len(sweep.points)} points, {skipped} already complete (skipped), "
+        f"{len(todo)} to run" + (f" ({stale} stale: made from another scenario)" if stale else "")
+        + (f" with {executor} executor, {jobs} jobs" if todo else ""))
+
+    outcomes = _Outcomes(sweep, out, status, say, sys.stderr.isatty() if progress is None else progress, skipped)
+    say = outcomes.say
+    tasks = [make_task(sweep, p, out, plots) for p in todo]
+    try:
+        execute(tasks, outcomes.on_outcome, executor=executor, jobs=jobs, retries=retries, address=address,
+                on_retry=outcomes.on_retry)
+    except KeyboardInterrupt:
+        ok = sum(point_state(sweep, out, p) == "complete" for p in sweep.points)  # on disk: what a rerun skips
+        raise Interrupted(f"interrupted; {ok} of {len(sweep.points)} points are complete in {out / 'points'} "
+                          f"(index.csv lists the rest as pending); rerun the same command to resume: complete "
+                          "points are skipped") from None
+    finally:
+        outcomes.close()
+        # Also on Ctrl-C: the index lists every point, the unfinished ones as "pending".
+        df = build_index(sweep, out, status)
+        write_index(df, out)
+    for note in recover_killed_points(out, sweep.points, finish=False):
+        say(note)
+
+    if report:
+        _write_sweep_report(out, df, say)
+    failed = outcomes.failed
+    set_complete(out, not failed and len(status) == len(sweep.points))
+    wall = time.perf_counter() - t_start
+    df.attrs["sweep"] = {"points": len(sweep.points), "ran": len(todo), "skipped": skipped,
+                         "failed": len(failed), "wall_s": wall, "sweep_dir": str(out)}
+    say(f"sweep {sweep.name}: {len(todo) - len(failed)} ran, {skipped} skipped, {len(failed)} failed "
+        f"in {wall:.1f} s -> {out}")
+    return df
+
+
+def _open_sweep_dir(sweep: LoadedSweep, out_dir: str | Path | None, force: bool) -> Path:
+    """The sweep directory, opened in place (kvsim.outdir: a new/empty directory or an earlier
+    sweep's, resumed; another kvsim command's output only with force, its files only; never a
+    directory kvsim did not write), with ``points/`` and ``sweep.resolved.yaml``."""
+    out = Path(out_dir) if out_dir is not None else default_sweep_dir(sweep)
+    open_in_place(out, "sweep", SWEEP_OUTPUTS, force=force, protect=[sweep.path, sweep.anchor])
+    out = out.resolve()
+    (out / "points").mkdir(parents=True, exist_ok=True)
+    write_yaml(out / "sweep.resolved.yaml", sweep.resolved())
+    return out
+
+
+def _points_to_run(sweep: LoadedSweep, out: Path, force: bool, status: dict) -> tuple[list, int]:
+    """(points to run, how many of them are stale); complete points go into ``status`` as ok."""
     todo = []
     stale = 0
     for p in sweep.points:
@@ -136,82 +183,64 @@ def run_sweep(sweep_file_or_spec: str | Path | dict | LoadedSweep, out_dir: str 
         else:
             stale += state == "stale"
             todo.append(p)
-    skipped = len(sweep.points) - len(todo)
-    if jobs is None:
-        jobs = os.cpu_count() or 1
-    say(f"sweep {sweep.name}: {len(sweep.points)} points, {skipped} already complete (skipped), "
-        f"{len(todo)} to run" + (f" ({stale} stale: made from another scenario)" if stale else "")
-        + (f" with {executor} executor, {jobs} jobs" if todo else ""))
+    return todo, stale
 
-    if progress is None:
-        progress = sys.stderr.isatty()
-    bar = None
-    if progress:
-        from tqdm import tqdm
 
-        bar = tqdm(total=len(sweep.points), initial=skipped, unit="point", desc=f"sweep {sweep.name}",
-                   file=sys.stderr)
-    errors_dir = out / "errors"
-    failed: list[Outcome] = []
-    plain_say = say
+class _Outcomes:
+    """Points' outcomes as they come in: ``status``, the failed ones (with ``errors/<id>.txt``),
+    the progress bar and log lines printed above it."""
 
-    def say(msg: str) -> None:  # noqa: F811 -- while the bar is shown, print above it
-        if bar is None:
-            plain_say(msg)
+    def __init__(self, sweep: LoadedSweep, out: Path, status: dict, say, progress: bool, skipped: int):
+        self.status = status
+        self.errors_dir = out / "errors"
+        self.failed: list[Outcome] = []
+        self._say = say
+        self.bar = None
+        if progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=len(sweep.points), initial=skipped, unit="point", desc=f"sweep {sweep.name}",
+                            file=sys.stderr)
+
+    def say(self, msg: str) -> None:
+        """A log line; while the bar is shown, printed above it."""
+        if self.bar is None:
+            self._say(msg)
         else:
-            with bar.external_write_mode(file=sys.stderr):
-                plain_say(msg)
+            with self.bar.external_write_mode(file=sys.stderr):
+                self._say(msg)
 
-    def on_outcome(o: Outcome) -> None:
-        err_file = errors_dir / f"{o.point_id}.txt"
+    def on_outcome(self, o: Outcome) -> None:
+        err_file = self.errors_dir / f"{o.point_id}.txt"
         if o.ok:
-            status[o.point_id] = (STATUS_OK, "")
+            self.status[o.point_id] = (STATUS_OK, "")
             if err_file.exists():
                 err_file.unlink()
         else:
-            status[o.point_id] = (STATUS_FAILED, o.error)
-            failed.append(o)
-            errors_dir.mkdir(exist_ok=True)
+            self.status[o.point_id] = (STATUS_FAILED, o.error)
+            self.failed.append(o)
+            self.errors_dir.mkdir(exist_ok=True)
             write_text_atomic(err_file, f"point {o.point_id} failed after {o.attempts} attempt(s)\n\n{o.traceback}")
-            say(f"point {o.point_id} FAILED after {o.attempts} attempt(s): {o.error}")
-        if bar is not None:
-            bar.update(1)
+            self.say(f"point {o.point_id} FAILED after {o.attempts} attempt(s): {o.error}")
+        if self.bar is not None:
+            self.bar.update(1)
 
-    def on_retry(point_id: str, attempt: int, error: str) -> None:
-        say(f"point {point_id} attempt {attempt} failed ({error}); retrying")
+    def on_retry(self, point_id: str, attempt: int, error: str) -> None:
+        self.say(f"point {point_id} attempt {attempt} failed ({error}); retrying")
 
-    tasks = [make_task(sweep, p, out, plots) for p in todo]
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _write_sweep_report(out: Path, df: pd.DataFrame, say) -> None:
+    """``compare/`` and ``report.html``; a failure is a warning (the sweep's results stand)."""
     try:
-        execute(tasks, on_outcome, executor=executor, jobs=jobs, retries=retries, address=address,
-                on_retry=on_retry)
-    except KeyboardInterrupt:
-        ok = sum(point_state(sweep, out, p) == "complete" for p in sweep.points)  # on disk: what a rerun skips
-        raise Interrupted(f"interrupted; {ok} of {len(sweep.points)} points are complete in {out / 'points'} "
-                          f"(index.csv lists the rest as pending); rerun the same command to resume: complete "
-                          "points are skipped") from None
-    finally:
-        if bar is not None:
-            bar.close()
-            bar = None
-        # Also on Ctrl-C: the index lists every point, the unfinished ones as "pending".
-        df = build_index(sweep, out, status)
-        write_index(df, out)
-    for note in recover_killed_points(out, sweep.points, finish=False):
-        say(note)
+        from kvsim.report import compare, write_run_report
 
-    if report:
-        try:
-            from kvsim.report import compare, write_run_report
-
-            if (df["status"] == STATUS_OK).any():
-                compare([out], out / "compare", log=say)  # replaces an earlier compare/ (kvsim.outdir)
-            write_run_report(out)
-        except Exception as e:  # noqa: BLE001 -- the sweep's results stand without the report
-            say(f"warning: could not write the sweep report: {type(e).__name__}: {e}")
-    set_complete(out, not failed and len(status) == len(sweep.points))
-    wall = time.perf_counter() - t_start
-    df.attrs["sweep"] = {"points": len(sweep.points), "ran": len(todo), "skipped": skipped,
-                         "failed": len(failed), "wall_s": wall, "sweep_dir": str(out)}
-    say(f"sweep {sweep.name}: {len(todo) - len(failed)} ran, {skipped} skipped, {len(failed)} failed "
-        f"in {wall:.1f} s -> {out}")
-    return df
+        if (df["status"] == STATUS_OK).any():
+            compare([out], out / "compare", log=say)  # replaces an earlier compare/ (kvsim.outdir)
+        write_run_report(out)
+    except Exception as e:  # noqa: BLE001 -- the sweep's results stand without the report
+        say(f"warning: could not write the sweep report: {type(e).__name__}: {e}")

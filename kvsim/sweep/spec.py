@@ -249,20 +249,38 @@ def load_sweep(source: str | Path | dict, *, base_dir: str | Path | None = None,
     directory). ``overrides``: ``path.to.key=value`` strings (``kvsim sweep --set``), added to the
     sweep's ``set:`` (they win). Raises :class:`ConfigError` naming the file, the point and the key.
     """
-    if isinstance(source, dict):
-        root = Path(base_dir if base_dir is not None else ".").resolve()
-        name = source.get("name") if isinstance(source.get("name"), str) else "sweep"
-        path = root / f"{name}.sweep.yaml"  # virtual: only used for messages and as the path anchor
-        raw = copy.deepcopy(source)
-        reject_non_finite(raw, "sweep")
-    else:
-        path = Path(source).resolve()
-        raw = read_yaml_mapping(path, "sweep")
-        root = path.parent
+    path, raw, root = _read_sweep_source(source, base_dir)
     where = str(source) if not isinstance(source, dict) else "sweep"
     spec = parse_sweep(raw, Path(where))
     name = spec.name or (path.stem if not isinstance(source, dict) else "sweep")
+    anchor, base_raw, common, base = _sweep_base(spec, path, root, where, name, overrides)
 
+    for i, p in enumerate(spec.points):
+        both = [k for k in p if k in spec.grid]
+        if both:
+            raise ConfigError(f"{where}: points[{i}]: key {both[0]!r} is also a grid key; set it in one place")
+    points, override_keys = _expand_points(spec, base, base_raw, anchor, where, check_capacity)
+    return LoadedSweep(path=path, anchor=anchor, name=name, spec=spec, base_raw=base_raw, points=points,
+                       override_keys=override_keys, has_variants=bool(base.variants), common=common)
+
+
+def _read_sweep_source(source: str | Path | dict, base_dir: str | Path | None) -> tuple[Path, dict, Path]:
+    """(the sweep's path -- virtual for a mapping: messages and the path anchor only --, its raw
+    mapping, the directory relative paths resolve against)."""
+    if isinstance(source, dict):
+        root = Path(base_dir if base_dir is not None else ".").resolve()
+        name = source.get("name") if isinstance(source.get("name"), str) else "sweep"
+        raw = copy.deepcopy(source)
+        reject_non_finite(raw, "sweep")
+        return root / f"{name}.sweep.yaml", raw, root
+    path = Path(source).resolve()
+    return path, read_yaml_mapping(path, "sweep"), path.parent
+
+
+def _sweep_base(spec, path: Path, root: Path, where: str, name: str, overrides) -> tuple[Path, dict, dict, Scenario]:
+    """(anchor, the base scenario's raw mapping with ``set:`` and ``--set`` merged in, those
+    common keys, the validated base). The base alone must be a valid scenario (its variants are
+    validated as points)."""
     if spec.base_file is not None:
         anchor = (root / spec.base_file).resolve() if not Path(spec.base_file).is_absolute() \
             else Path(spec.base_file)
@@ -286,15 +304,16 @@ def load_sweep(source: str | Path | dict, *, base_dir: str | Path | None = None,
         base_raw = deep_merge(base_raw, _undot(common))
         if variants_raw is not None:
             base_raw["variants"] = variants_raw
-    # The base alone must be a valid scenario (its variants are validated as points below).
     base_raw = expand_model(base_raw, anchor.parent, base_where)  # model: x.json -> its fields
     base = validate_scenario(base_raw, base_where, sets=tuple(overrides))  # a bad --set value names it
+    return anchor, base_raw, common, base
 
+
+def _expand_points(spec, base: Scenario, base_raw: dict, anchor: Path, where: str,
+                   check_capacity: bool) -> tuple[list[SweepPoint], list[str]]:
+    """Every point (variants x points x grid), validated; (points, override keys in first-seen
+    order). All invalid points are reported together (the first 20)."""
     grid_keys = list(spec.grid)
-    for i, p in enumerate(spec.points):
-        both = [k for k in p if k in spec.grid]
-        if both:
-            raise ConfigError(f"{where}: points[{i}]: key {both[0]!r} is also a grid key; set it in one place")
     point_sets = [({k: v for k, v in p.items() if k != "name"}, p.get("name")) for p in spec.points] or [({}, None)]
     combos = list(itertools.product(*spec.grid.values())) if grid_keys else [()]
     variants = list(base.variants.items()) or [(None, None)]
@@ -334,8 +353,7 @@ def load_sweep(source: str | Path | dict, *, base_dir: str | Path | None = None,
         more = f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else ""
         head = errors[0] if len(errors) == 1 else f"{len(errors)} invalid points:\n  " + "\n  ".join(errors[:20])
         raise ConfigError(head + more)
-    return LoadedSweep(path=path, anchor=anchor, name=name, spec=spec, base_raw=base_raw, points=points,
-                       override_keys=override_keys, has_variants=bool(base.variants), common=common)
+    return points, override_keys
 
 
 def _validate_point(raw: dict, where: str, check_capacity: bool, base_dir: Path) -> Scenario:

@@ -85,10 +85,42 @@ def split_kv_tokens(shape: BatchShape) -> tuple[float, float]:
     return pre, kv - pre
 
 
+# The breakdown names a timing model may report (``StepTiming.breakdown_s`` keys and
+# ``decode_durations`` parts; seconds each, defined in docs/metrics.md "steps"). This boundary owns
+# them: the step table has one column per recorded name, in this order (kvsim/metrics/recorder.py
+# builds its columns from this tuple), and a name in neither tuple is refused when a row is
+# recorded (:func:`check_breakdown`). A new term is added here (and to docs/metrics.md) first.
+RECORDED_BREAKDOWN: tuple[str, ...] = (
+    "weights_read_s", "kv_read_s", "linear_compute_s", "attention_compute_s", "attention_s",
+    "overhead_s", "swap_s", "compute_s", "decode_attention_s", "prefill_attention_s", "gemm_s", "lm_head_s",
+    "elementwise_s",
+)
+# Reported but not a step-table column (yet): adding a column changes every step table's schema,
+# so it waits for a release that may change result files (docs/validation.md, "parallel_comm_s is
+# not a steps column"); the time is inside ``duration_s`` all the same.
+UNRECORDED_BREAKDOWN: tuple[str, ...] = ("parallel_comm_s",)
+BREAKDOWN_NAMES: frozenset[str] = frozenset(RECORDED_BREAKDOWN + UNRECORDED_BREAKDOWN)
+
+
+class UndeclaredBreakdown(ValueError):
+    """A timing model reported a breakdown name this boundary does not declare."""
+
+
+def check_breakdown(breakdown: dict) -> None:
+    """Raise :class:`UndeclaredBreakdown` if ``breakdown`` has a name not in ``BREAKDOWN_NAMES``
+    (one C-level subset test when it has none; called for every recorded row)."""
+    if not breakdown.keys() <= BREAKDOWN_NAMES:
+        unknown = sorted(set(breakdown) - BREAKDOWN_NAMES)
+        raise UndeclaredBreakdown(
+            f"timing breakdown names {unknown} are not declared in kvsim/timing/base.py "
+            f"(RECORDED_BREAKDOWN / UNRECORDED_BREAKDOWN); declared: {sorted(BREAKDOWN_NAMES)}")
+
+
 @record
 class StepTiming:
     """One step's duration and where it went. ``breakdown_s`` values sum to at least ``duration_s``
-    when components overlap (roofline ``max``); ``duration_s`` is authoritative."""
+    when components overlap (roofline ``max``); ``duration_s`` is authoritative. Its keys are
+    among ``BREAKDOWN_NAMES`` (any subset; a missing recorded name is a 0 column)."""
 
     duration_s: float
     breakdown_s: dict[str, float]

@@ -174,6 +174,17 @@ class _ReadResult:
     requests_in_file: int  # before any request was dropped
 
 
+@dataclass
+class _Repairs:
+    """What reading the file repaired so far (counted across chunks)."""
+
+    unsorted: int = 0
+    first_unsorted_line: int | None = None
+    zero_dropped: int = 0
+    first_zero_line: int | None = None
+    last_time: object = None  # the latest arrival seen (the order check spans chunk boundaries)
+
+
 def _read_all(source: Container, schema: TraceSchema, ctx: RowContext, on_unsorted: str,
               on_zero_output: str) -> _ReadResult:
     acc = _Columns()
@@ -183,11 +194,7 @@ def _read_all(source: Container, schema: TraceSchema, ctx: RowContext, on_unsort
     optional = [c for c in schema.optional_ints if c in source.columns]
     acc.optional = {c: [] for c in optional}
     block_tokens: int | None = None
-    last_time = None
-    unsorted_count = 0
-    first_unsorted_line = None
-    zero_dropped = 0
-    first_zero_line = None
+    rep = _Repairs()
     n_in_file = 0
 
     for chunk in source.chunks():
@@ -203,52 +210,16 @@ def _read_all(source: Container, schema: TraceSchema, ctx: RowContext, on_unsort
         if zero_prompt.any():
             i = int(np.argmax(zero_prompt))
             raise ctx.fail(lines[i], f"column '{schema.prompt}' is 0; every request needs at least one prompt token")
-
-        # Order check before any row is dropped, across the chunk boundary too.
-        prev = times[:1] if last_time is None else np.array([last_time], dtype=times.dtype)
-        back = np.diff(np.concatenate([prev, times])) < 0
-        if back.any():
-            i = int(np.argmax(back))
-            if on_unsorted == "error":
-                before = times[i - 1] if i else last_time
-                raise ctx.fail(
-                    lines[i],
-                    f"arrival time {_fmt_time(times[i], schema)} is earlier than the previous request's "
-                    f"{_fmt_time(before, schema)}; the file is not sorted by time "
-                    f"(set on_unsorted: sort to sort it)",
-                )
-            unsorted_count += int(back.sum())
-            first_unsorted_line = first_unsorted_line or int(lines[i])
-        last_time = times[-1] if on_unsorted == "error" else max(times.max(), last_time if last_time is not None else times.max())
+        _check_order(times, lines, schema, ctx, on_unsorted, rep)  # before any row is dropped
 
         keys = chunk.keys
         if has_keys and keys is None:
             keys = coerce.key_lists(frame[schema.prefix], schema.prefix, lines, ctx)
         if has_keys:
             block_tokens = _block_tokens(source, schema, chunk, ctx, block_tokens)
-            if block_tokens is None or block_tokens < 1:
-                raise TraceError(
-                    f"{ctx.where}: {ctx.row_label} 1: column '{schema.prefix}' needs a positive block size: add a "
-                    f"'{schema.block_tokens_column}' column"
-                )
-            counts = np.fromiter((k.shape[0] for k in keys), np.int64, n)
-            expect = -(-prompt // block_tokens)
-            bad = counts != expect
-            if bad.any():
-                i = int(np.argmax(bad))
-                raise ctx.fail(
-                    lines[i],
-                    f"column '{schema.prefix}' has {int(counts[i])} keys but {int(prompt[i])} prompt tokens "
-                    f"in {block_tokens}-token blocks need {int(expect[i])} (one per block, the last may be partial)",
-                )
+            _check_key_counts(keys, prompt, lines, block_tokens, schema, ctx)
         opt = {c: coerce.integers(frame[c], c, lines, ctx) for c in optional}
-        if "num_samples" in opt and (opt["num_samples"] < 1).any():
-            i = int(np.argmax(opt["num_samples"] < 1))
-            raise ctx.fail(lines[i], f"column 'num_samples' must be >= 1, got {int(opt['num_samples'][i])}")
-        if "beam" in opt and not np.isin(opt["beam"], (0, 1)).all():
-            i = int(np.argmax(~np.isin(opt["beam"], (0, 1))))
-            raise ctx.fail(lines[i], f"column 'beam' must be 0 (parallel samples) or 1 (beam search), "
-                                     f"got {int(opt['beam'][i])}")
+        _check_optional(opt, lines, ctx)
 
         zero = output == 0
         if zero.any():
@@ -259,8 +230,8 @@ def _read_all(source: Container, schema: TraceSchema, ctx: RowContext, on_unsort
                     f"column '{schema.output}' is 0; a request must generate at least one token "
                     f"(set on_zero_output: drop to drop such requests)",
                 )
-            zero_dropped += int(zero.sum())
-            first_zero_line = first_zero_line or int(lines[i])
+            rep.zero_dropped += int(zero.sum())
+            rep.first_zero_line = rep.first_zero_line or int(lines[i])
             keep = ~zero
             times, prompt, output, lines = times[keep], prompt[keep], output[keep], lines[keep]
             if has_keys:
@@ -278,7 +249,67 @@ def _read_all(source: Container, schema: TraceSchema, ctx: RowContext, on_unsort
 
     if n_in_file == 0:
         raise TraceError(f"{ctx.where}: {ctx.row_label} 2: the file has a header but no requests")
+    trace, repairs = _assemble(acc, schema, ctx, rep, block_tokens)
+    return _ReadResult(trace, repairs, n_in_file)
 
+
+def _check_order(times: np.ndarray, lines: np.ndarray, schema: TraceSchema, ctx: RowContext, on_unsorted: str,
+                 rep: _Repairs) -> None:
+    """Arrivals earlier than the one before (across the chunk boundary too): an error, or counted
+    for sorting (``on_unsorted: sort``)."""
+    last_time = rep.last_time
+    prev = times[:1] if last_time is None else np.array([last_time], dtype=times.dtype)
+    back = np.diff(np.concatenate([prev, times])) < 0
+    if back.any():
+        i = int(np.argmax(back))
+        if on_unsorted == "error":
+            before = times[i - 1] if i else last_time
+            raise ctx.fail(
+                lines[i],
+                f"arrival time {_fmt_time(times[i], schema)} is earlier than the previous request's "
+                f"{_fmt_time(before, schema)}; the file is not sorted by time "
+                f"(set on_unsorted: sort to sort it)",
+            )
+        rep.unsorted += int(back.sum())
+        rep.first_unsorted_line = rep.first_unsorted_line or int(lines[i])
+    rep.last_time = times[-1] if on_unsorted == "error" else max(times.max(), last_time if last_time is not None else times.max())
+
+
+def _check_key_counts(keys: list, prompt: np.ndarray, lines: np.ndarray, block_tokens: int | None,
+                      schema: TraceSchema, ctx: RowContext) -> None:
+    """One prefix key per ``block_tokens``-token block of each prompt (the last may be partial)."""
+    if block_tokens is None or block_tokens < 1:
+        raise TraceError(
+            f"{ctx.where}: {ctx.row_label} 1: column '{schema.prefix}' needs a positive block size: add a "
+            f"'{schema.block_tokens_column}' column"
+        )
+    counts = np.fromiter((k.shape[0] for k in keys), np.int64, len(keys))
+    expect = -(-prompt // block_tokens)
+    bad = counts != expect
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ctx.fail(
+            lines[i],
+            f"column '{schema.prefix}' has {int(counts[i])} keys but {int(prompt[i])} prompt tokens "
+            f"in {block_tokens}-token blocks need {int(expect[i])} (one per block, the last may be partial)",
+        )
+
+
+def _check_optional(opt: dict[str, np.ndarray], lines: np.ndarray, ctx: RowContext) -> None:
+    """``num_samples`` >= 1 and ``beam`` in {0, 1} where the file has them."""
+    if "num_samples" in opt and (opt["num_samples"] < 1).any():
+        i = int(np.argmax(opt["num_samples"] < 1))
+        raise ctx.fail(lines[i], f"column 'num_samples' must be >= 1, got {int(opt['num_samples'][i])}")
+    if "beam" in opt and not np.isin(opt["beam"], (0, 1)).all():
+        i = int(np.argmax(~np.isin(opt["beam"], (0, 1))))
+        raise ctx.fail(lines[i], f"column 'beam' must be 0 (parallel samples) or 1 (beam search), "
+                                 f"got {int(opt['beam'][i])}")
+
+
+def _assemble(acc: _Columns, schema: TraceSchema, ctx: RowContext, rep: _Repairs,
+              block_tokens: int | None) -> tuple[Trace, tuple[str, ...]]:
+    """The trace from the accumulated chunks (sorted if ``on_unsorted: sort`` found disorder), and
+    one line per repair (each also warned, attributed to load_trace's caller)."""
     def cat(parts: list[np.ndarray], dtype) -> np.ndarray:
         return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
 
@@ -289,21 +320,21 @@ def _read_all(source: Container, schema: TraceSchema, ctx: RowContext, on_unsort
     keys_list = acc.keys
 
     repairs: list[str] = []
-    if zero_dropped:
-        msg = (f"{ctx.where}: dropped {zero_dropped} request(s) with 0 output tokens "
-               f"(first at {ctx.row_label} {first_zero_line}; on_zero_output: drop)")
+    if rep.zero_dropped:
+        msg = (f"{ctx.where}: dropped {rep.zero_dropped} request(s) with 0 output tokens "
+               f"(first at {ctx.row_label} {rep.first_zero_line}; on_zero_output: drop)")
         repairs.append(msg)
-        warnings.warn(msg, TraceWarning, stacklevel=3)
-    if unsorted_count:
+        warnings.warn(msg, TraceWarning, stacklevel=4)
+    if rep.unsorted:
         order = np.argsort(times, kind="stable")
         times, prompt, output = times[order], prompt[order], output[order]
         optional_arrays = {c: v[order] for c, v in optional_arrays.items()}
         if keys_list is not None:
             keys_list = [keys_list[i] for i in order]
-        msg = (f"{ctx.where}: sorted the requests by arrival time: {unsorted_count} arrival(s) were earlier "
-               f"than the one before (first at {ctx.row_label} {first_unsorted_line}; on_unsorted: sort)")
+        msg = (f"{ctx.where}: sorted the requests by arrival time: {rep.unsorted} arrival(s) were earlier "
+               f"than the one before (first at {ctx.row_label} {rep.first_unsorted_line}; on_unsorted: sort)")
         repairs.append(msg)
-        warnings.warn(msg, TraceWarning, stacklevel=3)
+        warnings.warn(msg, TraceWarning, stacklevel=4)
     if len(times) == 0:
         raise TraceError(f"{ctx.where}: no requests left after dropping those with 0 output tokens")
 
@@ -324,7 +355,7 @@ def _read_all(source: Container, schema: TraceSchema, ctx: RowContext, on_unsort
         num_samples=optional_arrays.get("num_samples"),
         beam=optional_arrays.get("beam"),
     )
-    return _ReadResult(trace, tuple(repairs), n_in_file)
+    return trace, tuple(repairs)
 
 
 def _fmt_time(value, schema: TraceSchema) -> str:

@@ -211,3 +211,38 @@ def test_set_and_variants_work_on_the_shorthand(tmp_path):
     assert [s.scheduler.victim.kind for s in loaded.variants.values()] == ["largest_kv", "fewest_tokens_left"]
     loaded = load_scenario(f, ["scheduler.victim.kind=latest_admitted"])
     assert {s.scheduler.victim.kind for s in loaded.runs.values()} == {"latest_admitted"}
+
+
+class Scaled:
+    """A reservation of ``factor`` x the request (a parameter passed by name)."""
+
+    def __init__(self, factor: int):
+        self.factor = factor
+
+    def sequence_tokens(self, total_tokens: int, max_model_len_tokens: int) -> int:
+        return total_tokens * self.factor
+
+
+def test_declare_policy_makes_the_config_class_and_registers_the_kind():
+    import pickle
+
+    from pydantic import Field
+
+    from kvsim.kv.eviction import LRUKEvictionConfig, lru_k_pool
+    from kvsim.registry import declare_policy
+    from kvsim.sched.victim import LargestKV
+
+    reg = Registry("reservation")
+    cfg_cls = declare_policy(reg, "scaled", Scaled, params={"factor": (int, Field(2, ge=1))})
+    assert Scaled.Config is cfg_cls and cfg_cls.__name__ == "ScaledConfig" and reg.kinds == ["scaled"]
+    cfg = reg.validate({"kind": "scaled", "factor": 3})
+    assert type(cfg) is cfg_cls and reg.build(cfg).sequence_tokens(10, 100) == 30
+    assert cfg.model_dump() == {"kind": "scaled", "factor": 3}  # a kind with parameters: a mapping
+    assert reg.default_config("scaled").factor == 2
+    with pytest.raises(Exception, match="factor"):
+        reg.validate({"kind": "scaled", "factor": 0})
+    # a kind without parameters is written back as its bare name; every config pickles (sweeps)
+    assert LargestKV.Config().model_dump() == "largest_kv" and VICTIMS.config_class("largest_kv") is LargestKV.Config
+    for c in (cfg, LargestKV.Config(), LRUKEvictionConfig(k=3)):
+        assert pickle.loads(pickle.dumps(c)) == c
+    assert LRUKEvictionConfig is lru_k_pool.Config and LRUKEvictionConfig().model_dump() == {"kind": "lru-k", "k": 2}

@@ -167,9 +167,7 @@ def build_replica(scn: Scenario, index: int, base_dir: Path, transfers: HostTran
     timing_caps = timing_capabilities(timing)
     sched = Scheduler(scn.scheduler, allocator, scn.model.max_model_len_tokens,
                       want_context_lens=timing_caps.needs_context_lens,
-                      kv=geometry,
-                      host_link_bandwidth_bytes_per_s=scn.legacy_host_link_bandwidth(),
-                      host_transfers=transfers, request_log=request_log, replica_index=index)
+                      kv=geometry, host_transfers=transfers, request_log=request_log, replica_index=index)
     if not transfers.legacy and sched.caps.host_link_tiers:
         allocator.use_host_link(transfers)  # CPU-tier loads over the same link as swaps
     if store is not None:

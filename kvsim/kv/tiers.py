@@ -15,7 +15,7 @@ from pydantic import Field
 
 from kvsim.config_base import Bytes, ByteRate, StrictModel
 from kvsim.kv.base import Allocation
-from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, HostTransfers
+from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, HostTransfers, tier_block_load_s
 
 
 class TierConfig(StrictModel):
@@ -39,7 +39,7 @@ class LowerTier:
     def __init__(self, name: str, capacity_blocks: int, bandwidth_bytes_per_s: float, shared: bool = False):
         self.shared = shared
         # seconds to load one block back when priced by the host link (kvsim.timing.transfer); None:
-        # block bytes / bandwidth_bytes_per_s
+        # at the tier's own bandwidth (kvsim.timing.transfer.tier_block_load_s)
         self.block_load_s: float | None = None
         self.name = name
         self.capacity_blocks = capacity_blocks
@@ -124,10 +124,10 @@ class LowerTiers:
                 break
 
     def load_s(self, tiers: list[LowerTier]) -> float:
-        """Seconds to load one block from each of ``tiers``."""
+        """Seconds to load one block from each of ``tiers`` (each priced by kvsim.timing.transfer)."""
         block_bytes = self.block_bytes
-        return sum(block_bytes / t.bandwidth_bytes_per_s if t.block_load_s is None else t.block_load_s
-                   for t in tiers)
+        return sum(tier_block_load_s(block_bytes, t.bandwidth_bytes_per_s) if t.block_load_s is None
+                   else t.block_load_s for t in tiers)
 
     def allocation(self, cached_tokens: int, block_size: int, tier_hits: list[LowerTier]) -> Allocation:
         """The admission's result when some of its cached blocks came from lower tiers."""

@@ -133,6 +133,16 @@ class GPUConfig(StrictModel):
     allreduce_latency_s: float = Field(0.0, ge=0, description="fixed cost of one all-reduce")
     num_sms: int | None = Field(None, gt=0, description="streaming multiprocessors (attention-kernel parallelism); "
                                                           "unknown: the kernel model assumes enough parallelism")
+    host_link: str = Field("", description="GPU<->host link preset used without host_link: ('' = none known)")
+
+    @field_validator("host_link")
+    @classmethod
+    def _known_link(cls, v):
+        from kvsim.timing.transfer import link_presets
+
+        if v and v not in link_presets():
+            raise ValueError(f"unknown host link {v!r}; valid links: {', '.join(sorted(link_presets()))}")
+        return v
 
     def spec(self) -> GPUSpec:
         return GPUSpec(**self.model_dump())
@@ -141,7 +151,8 @@ class GPUConfig(StrictModel):
 class HostLinkConfig(StrictModel):
     """The GPU<->host link that swaps, tier loads, offload and prefetch use (kvsim.timing.transfer).
     Write a preset name (``host_link: pcie-gen5-x16``) or ``{preset: NAME, field: value...}``, or
-    every field. Absent: the legacy ``timing.host_link_bandwidth_bytes_per_s`` (size-independent)."""
+    every field. Absent: the GPU preset's link (``gpu.host_link``), else the legacy
+    size-independent ``timing.host_link_bandwidth_bytes_per_s``."""
 
     name: str
     h2d_bandwidth_bytes_per_s: ByteRate = Field(gt=0, description="sustained host-to-device copy rate")
@@ -394,12 +405,23 @@ class Scenario(StrictModel):
 
         return getattr(self.timing, "host_link_bandwidth_bytes_per_s", DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S)
 
+    def default_link_name(self) -> str:
+        """The link preset of a scenario without ``host_link:``: its GPU's (``gpu.host_link``), or ""
+        (the legacy size-independent rate) when the GPU names none, ``timing.host_link_bandwidth_bytes_per_s``
+        is given, or ``host_link:`` is."""
+        if self.host_link is not None or "host_link_bandwidth_bytes_per_s" in self.timing.model_fields_set:
+            return ""
+        return self.gpu.host_link
+
     def link_profile(self):
-        """The host link copies are priced on: ``host_link``, else the legacy size-independent rate."""
-        from kvsim.timing.transfer import legacy_link
+        """The host link copies are priced on: ``host_link``, else the GPU preset's, else the legacy
+        size-independent rate."""
+        from kvsim.timing.transfer import get_link, legacy_link
 
         if self.host_link is not None:
             return self.host_link.link()
+        if self.default_link_name():
+            return get_link(self.default_link_name())
         return legacy_link(self.legacy_host_link_bandwidth())
 
     @model_validator(mode="after")

@@ -131,6 +131,9 @@ class GPUSpec:
     allreduce_efficiency: float = 1.0  # measured all-reduce bus bandwidth / peak (1.0: no public number)
     allreduce_latency_s: float = 0.0  # fixed cost of one all-reduce call
     num_sms: int | None = None  # streaming multiprocessors (kernel parallelism); None = unknown
+    # the GPU<->host link preset (kvsim/timing/data/links/<name>.yaml) swaps and tier loads use when a
+    # scenario has no host_link: (docs/transfer_model.md, "Host link per GPU"); "" = none known
+    host_link: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -260,16 +263,23 @@ GPUS: dict[str, GPUSpec] = {
     g.name: g
     for g in [
         GPUSpec("A100-40GB", 40 * GiB, 1.555e12, 312e12, source="NVIDIA A100 datasheet (SXM4 40GB); 108 SMs: "
-                "NVIDIA A100 Tensor Core GPU Architecture whitepaper", num_sms=108, **_NVLINK3),
+                "NVIDIA A100 Tensor Core GPU Architecture whitepaper", num_sms=108, host_link="pcie-gen4-x16",
+                **_NVLINK3),
         GPUSpec("A100-80GB", 80 * GiB, 2.039e12, 312e12, source="NVIDIA A100 datasheet (SXM4 80GB); 108 SMs: "
-                "NVIDIA A100 Tensor Core GPU Architecture whitepaper", num_sms=108, **_NVLINK3),
+                "NVIDIA A100 Tensor Core GPU Architecture whitepaper", num_sms=108, host_link="pcie-gen4-x16",
+                **_NVLINK3),
         GPUSpec("H100-SXM-80GB", 80 * GiB, 3.35e12, 989e12, source="NVIDIA H100 datasheet (SXM5); 132 SMs: "
-                "NVIDIA H100 Tensor Core GPU Architecture whitepaper", num_sms=132, **_NVLINK4),
+                "NVIDIA H100 Tensor Core GPU Architecture whitepaper", num_sms=132, host_link="pcie-gen5-x16",
+                **_NVLINK4),
+        GPUSpec("H100-PCIe-80GB", 80 * GiB, 2.0e12, 756e12, source="NVIDIA H100 PCIe product brief (PB-11133-001) "
+                "and H100 datasheet table: 2,000 GB/s HBM2e, BF16 1,513 TFLOPS with sparsity (dense: half), 114 SMs, "
+                "PCIe Gen5 128 GB/s (both directions)", num_sms=114, interconnect="PCIe Gen5 x16",
+                interconnect_bandwidth_bytes_per_s=64e9, host_link="pcie-gen5-x16"),
         GPUSpec("H200-141GB", 141 * GiB, 4.8e12, 989e12, source="NVIDIA H200 datasheet (SXM); 132 SMs: same "
-                "GH100 configuration as H100 SXM5", num_sms=132, **_NVLINK4),
+                "GH100 configuration as H100 SXM5", num_sms=132, host_link="pcie-gen5-x16", **_NVLINK4),
         GPUSpec("L40S", 48 * GiB, 0.864e12, 362.05e12, source="NVIDIA L40S datasheet; 142 SMs (18,176 CUDA "
                 "cores / 128 per Ada SM)", num_sms=142, interconnect="PCIe Gen4 x16",
-                interconnect_bandwidth_bytes_per_s=32e9),
+                interconnect_bandwidth_bytes_per_s=32e9, host_link="pcie-gen4-x16"),
     ]
 }
 

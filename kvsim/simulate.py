@@ -82,12 +82,17 @@ MAX_TRACKED_BLOCKS = 1 << 25  # ~33.5M named blocks (about 2 GB of bookkeeping)
 def host_transfers(scn: Scenario, where: str = "scenario") -> HostTransfers:
     """How copies over the GPU<->host link are counted and priced in this scenario: ``host_link:``,
     else the legacy size-independent rate (``legacy``: the old arithmetic exactly). With
-    ``host_link:`` the link also prices CPU-tier loads, so a CPU tier bandwidth of its own is refused."""
+    ``host_link:`` the link also prices CPU-tier loads, so a CPU tier bandwidth of its own is refused.
+    Without it the GPU preset's link (``gpu.host_link``) is used, unless the GPU names none or
+    ``timing.host_link_bandwidth_bytes_per_s`` is given; a CPU tier bandwidth given then is kept."""
     hl = scn.host_link
     if hl is None:
-        return HostTransfers(scn.link_profile())
+        if not scn.default_link_name():
+            return HostTransfers(scn.link_profile())  # legacy: size-independent
+        # the GPU preset's link, one copy per block per layer per K/V tensor (vLLM's swap_blocks)
+        return HostTransfers(scn.link_profile(), num_layers=scn.model.spec().num_layers, legacy=False)
     cpu = getattr(getattr(scn.allocator, "offload", None), "cpu", None)
-    if cpu is not None and "bandwidth_bytes_per_s" in cpu.model_fields_set:
+    if cpu is not None and cpu.bandwidth_bytes_per_s is not None:
         raise ConfigError(f"{where}: give host_link or allocator.offload.cpu.bandwidth_bytes_per_s, not both "
                           "(host_link prices CPU-tier loads per block, with its per-copy latency)")
     return HostTransfers(scn.link_profile(), granularity=hl.granularity, layout=hl.layout,
@@ -167,9 +172,7 @@ def build_replica(scn: Scenario, index: int, base_dir: Path, transfers: HostTran
     timing_caps = timing_capabilities(timing)
     sched = Scheduler(scn.scheduler, allocator, scn.model.max_model_len_tokens,
                       want_context_lens=timing_caps.needs_context_lens,
-                      kv=geometry,
-                      host_link_bandwidth_bytes_per_s=scn.legacy_host_link_bandwidth(),
-                      host_transfers=transfers, request_log=request_log, replica_index=index)
+                      kv=geometry, host_transfers=transfers, request_log=request_log, replica_index=index)
     if not transfers.legacy and sched.caps.host_link_tiers:
         allocator.use_host_link(transfers)  # CPU-tier loads over the same link as swaps
     if store is not None:

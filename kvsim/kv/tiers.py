@@ -11,24 +11,34 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from kvsim.config_base import Bytes, ByteRate, StrictModel
 from kvsim.kv.base import Allocation
-from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, HostTransfers
+from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, HostTransfers, tier_block_load_s
 
 
 class TierConfig(StrictModel):
+    """One lower tier. The CPU tier's load bandwidth may be left out: then its loads go over the host
+    link (the scenario's ``host_link:`` or its GPU preset's: per block, with the per-copy latency), or
+    at the default rate on the legacy link. The SSD tier needs one."""
+
     capacity_bytes: Bytes = Field(gt=0)
-    bandwidth_bytes_per_s: ByteRate = Field(gt=0, description="load bandwidth back to GPU memory")
+    bandwidth_bytes_per_s: ByteRate | None = Field(
+        None, gt=0, description="load bandwidth back to GPU memory (cpu only: absent = the host link prices loads)")
 
 
 class OffloadConfig(StrictModel):
-    """Lower KV tiers for evicted prefix blocks: CPU DRAM (over PCIe) and optionally SSD."""
+    """Lower KV tiers for evicted prefix blocks: CPU DRAM (over the host link) and optionally SSD."""
 
-    cpu: TierConfig = Field(default_factory=lambda: TierConfig(capacity_bytes=64 << 30,
-                                                               bandwidth_bytes_per_s=DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S))
+    cpu: TierConfig = Field(default_factory=lambda: TierConfig(capacity_bytes=64 << 30))
     ssd: TierConfig | None = None
+
+    @model_validator(mode="after")
+    def _ssd_bandwidth(self):
+        if self.ssd is not None and self.ssd.bandwidth_bytes_per_s is None:
+            raise ValueError("ssd.bandwidth_bytes_per_s: required (the SSD tier is not priced by the host link)")
+        return self
 
 
 class LowerTier:
@@ -38,8 +48,9 @@ class LowerTier:
 
     def __init__(self, name: str, capacity_blocks: int, bandwidth_bytes_per_s: float, shared: bool = False):
         self.shared = shared
+        self.own_bandwidth = True  # False: a CPU tier without a bandwidth of its own (the host link prices it)
         # seconds to load one block back when priced by the host link (kvsim.timing.transfer); None:
-        # block bytes / bandwidth_bytes_per_s
+        # at the tier's own bandwidth (kvsim.timing.transfer.tier_block_load_s)
         self.block_load_s: float | None = None
         self.name = name
         self.capacity_blocks = capacity_blocks
@@ -72,8 +83,11 @@ class LowerTiers:
         if offload is not None:
             if bytes_per_token <= 0:
                 raise ValueError("offload tiers need bytes_per_token")
-            self.tiers.append(LowerTier("cpu", offload.cpu.capacity_bytes // self.block_bytes,
-                                        offload.cpu.bandwidth_bytes_per_s))
+            cpu_bw = offload.cpu.bandwidth_bytes_per_s
+            tier = LowerTier("cpu", offload.cpu.capacity_bytes // self.block_bytes,
+                             DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S if cpu_bw is None else cpu_bw)
+            tier.own_bandwidth = cpu_bw is not None
+            self.tiers.append(tier)
             if offload.ssd is not None:
                 self.tiers.append(LowerTier("ssd", offload.ssd.capacity_bytes // self.block_bytes,
                                             offload.ssd.bandwidth_bytes_per_s))
@@ -124,10 +138,10 @@ class LowerTiers:
                 break
 
     def load_s(self, tiers: list[LowerTier]) -> float:
-        """Seconds to load one block from each of ``tiers``."""
+        """Seconds to load one block from each of ``tiers`` (each priced by kvsim.timing.transfer)."""
         block_bytes = self.block_bytes
-        return sum(block_bytes / t.bandwidth_bytes_per_s if t.block_load_s is None else t.block_load_s
-                   for t in tiers)
+        return sum(tier_block_load_s(block_bytes, t.bandwidth_bytes_per_s) if t.block_load_s is None
+                   else t.block_load_s for t in tiers)
 
     def allocation(self, cached_tokens: int, block_size: int, tier_hits: list[LowerTier]) -> Allocation:
         """The admission's result when some of its cached blocks came from lower tiers."""
@@ -138,10 +152,11 @@ class LowerTiers:
 
     def use_host_link(self, transfers: HostTransfers) -> None:
         """Price loads from the CPU tier with the host link: one block at a time,
-        ``transfers.copies_per_unit`` copies of its bytes each, per-copy latency included. The SSD
-        tier and a shared store keep their own bandwidth (their bottleneck is not the link)."""
+        ``transfers.copies_per_unit`` copies of its bytes each, per-copy latency included -- unless
+        the scenario gave the CPU tier a bandwidth of its own. The SSD tier and a shared store keep
+        their own bandwidth (their bottleneck is not the link)."""
         for t in self.tiers:
-            if t.name == "cpu":
+            if t.name == "cpu" and not t.own_bandwidth:
                 t.block_load_s = transfers.copy_s(self.block_bytes, transfers.copies_per_unit, "h2d")
 
     def check(self, gpu_keys) -> None:

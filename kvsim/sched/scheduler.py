@@ -28,20 +28,16 @@ tokens, within a per-step token budget. The phases of one ``schedule()`` call:
 Requests that could never run are rejected when they arrive and counted: longer than the model's
 max length (prompt + output), or larger than the whole KV budget. The scheduler never sees block ids.
 
-Swaps are priced with the host link (kvsim/timing/transfer.py, docs/transfer_model.md): the scheduler
-counts the copies a swap takes (blocks, or runs of consecutive blocks from the allocator's BlockRuns
-capability, times the layout's copies per block; one run per sequence extent on allocators without
-blocks) and puts bytes and copies into the batch shape; the timing model prices them with the same
-:class:`~kvsim.timing.transfer.HostTransfers` that prefetch hiding uses here.
+Host copies are counted, not priced, here: :class:`~kvsim.sched.swap.HostSwap` owns the swap space
+and counts the bytes and copies of swaps; the transfer model (:mod:`kvsim.timing.transfer`,
+docs/transfer_model.md) turns them into seconds, for prefetch hiding and for the step time. The
+batch shape is built in :mod:`kvsim.sched.shape`, the invariants checked in :mod:`kvsim.sched.invariants`.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field
-
-import numpy as np
 
 from kvsim.models.geometry import KVGeometry
 from kvsim.errors import ConfigError
@@ -50,27 +46,14 @@ from kvsim.kv.protocol import KVAllocator, WindowAllocator, allocator_capabiliti
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.fastpath import DecodeFastPath
 from kvsim.sched.plan import StepPlan
+from kvsim.sched.invariants import check_scheduler
 from kvsim.sched.request import Request, RequestStatus, WaitingQueue, batch_tokens
+from kvsim.sched.shape import StepDraft, batch_shape
 from kvsim.sched.sink import RequestSink
+from kvsim.sched.swap import HostSwap
 from kvsim.sched.victim import build_victim_policy
-from kvsim.timing.base import BatchShape
-from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, HostTransfers, legacy_transfers
-
-@dataclass(slots=True)
-class _Step:
-    """What the phases of one ``schedule()`` call build up (private to it)."""
-
-    budget: int
-    scheduled: dict[int, tuple[int, int]] = field(default_factory=dict)  # id -> (new positions, tokens)
-    preempted: list[int] = field(default_factory=list)
-    admitted: list[int] = field(default_factory=list)
-    swap_in_bytes: int = 0
-    swap_out_bytes: int = 0
-    swap_in_copies: int = 0
-    swap_out_copies: int = 0
-    tier_load_s: float = 0.0
-    group_kv_tokens: int = 0  # the decode group's members (phase 0): KV tokens and pages they read
-    group_kv_pages: int = 0
+from kvsim.sched.window_hooks import WindowHooks
+from kvsim.timing.transfer import HostTransfers, legacy_transfers
 
 
 REJECT_TOO_LONG = "exceeds_max_model_len"
@@ -79,10 +62,9 @@ REJECT_KV = "exceeds_kv_capacity"
 REJECT_BUDGET = "exceeds_batch_token_budget"
 
 
-class Scheduler:
+class Scheduler(WindowHooks):
     def __init__(self, cfg: SchedulerConfig, allocator: KVAllocator, max_model_len_tokens: int,
                  want_context_lens: bool = False, kv: KVGeometry | None = None,
-                 host_link_bandwidth_bytes_per_s: float = DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S,
                  host_transfers: HostTransfers | None = None,
                  *, request_log: RequestSink, replica_index: int = 0):
         self.cfg = cfg
@@ -99,10 +81,6 @@ class Scheduler:
         self.want_context_lens = want_context_lens
         # the run's KV geometry: its bytes_per_token (this GPU's share) sizes swaps; None: no bytes
         self.kv = kv if kv is not None else _NO_KV
-        self.swap_mode = cfg.preemption_mode == "swap"
-        bpt = self.kv.bytes_per_token
-        self.swap_capacity_tokens = cfg.swap_space_bytes // bpt if bpt else 0
-        self.swap_used_tokens = 0
         self.caps = allocator_capabilities(allocator)  # checked once: the optional allocator calls used
         self._peek = allocator.peek_cached_tokens if self.caps.prefix_peek else None
         # the allocator as a WindowAllocator (decode windows ask it whether the head could fit), else None
@@ -116,7 +94,11 @@ class Scheduler:
         # never-admitted waiting requests are rows of the waiting queue (kvsim.sched.request).
         self.requests: dict[int, Request] = {}
         self.waiting = WaitingQueue()
-        self.swapped: list[Request] = []  # ordered by admit_seq
+        # the host tier: swap space, swapped-out requests, bytes and copies moved, prefetch credit.
+        # Copies are priced by the transfer model (host_transfers; None: the legacy default link).
+        self.host = HostSwap(cfg, allocator, self.caps, self.kv.bytes_per_token,
+                             host_transfers if host_transfers is not None else legacy_transfers())
+        self.swapped: list[Request] = self.host.queue  # the same list (read by engines and windows)
         self.running: list[Request] = []
         self.log = request_log
         self.num_finished = 0
@@ -125,13 +107,6 @@ class Scheduler:
         self._plan: StepPlan | None = None
         self.num_preemptions = 0
         self.preemptions_by_mode = {"recompute": 0, "swap": 0}
-        self.swapped_out_bytes = 0
-        self.swapped_in_bytes = 0
-        self.prefetch = cfg.prefetch
-        self.host_link_bandwidth = host_link_bandwidth_bytes_per_s
-        # how swaps are priced; None: the legacy size-independent host_link_bandwidth (docs/transfer_model.md)
-        self.transfers = host_transfers if host_transfers is not None else legacy_transfers(host_link_bandwidth_bytes_per_s)
-        self.hidden_by_prefetch_s = 0.0
         self._any_samples = False  # any request with parallel samples (then count sequences)
         # Lazy decode steps: the engine may install a decode fast path (kvsim.fast.group) through
         # install_decode_path; running requests that decode then join it and are not touched one by
@@ -226,78 +201,29 @@ class Scheduler:
             raise RuntimeError("victim chosen while decode-group progress is lazy (scheduler bug)")
         return self._victim_policy.pick(self.running, self.allocator)
 
-    def _copies(self, request_id: int, first_token: int, end_token: int) -> int:
-        """Copies moving the request's KV of tokens ``[first_token, end_token)`` over the host link
-        (0 on the legacy link, whose price has no per-copy cost)."""
-        tr = self.transfers
-        if tr.legacy or end_token <= first_token:
-            return 0
-        bs = self.allocator.block_size
-        if bs is None:
-            units = 1  # one contiguous extent per sequence
-        else:
-            first, end = first_token // bs, -(-end_token // bs)
-            if tr.granularity == "run" and self.caps.block_runs:
-                units = self.allocator.block_runs(request_id, first, end)
-            else:
-                units = end - first  # per block (or blocks not named: no coalescing can be seen)
-        return units * tr.copies_per_unit
-
-    def _preempt(self, victim: Request, step: _Step) -> None:
-        """Preempt ``victim``; a swap adds its bytes and copies to ``step``."""
-        out_copies = self._copies(victim.request_id, 0, victim.num_computed_tokens) if self.swap_mode else 0
+    def _preempt(self, victim: Request, step: StepDraft) -> None:
+        """Preempt ``victim``: to the host tier (a swap adds its bytes and copies to ``step``), else
+        back to the front of the waiting queue, to be recomputed."""
+        host = self.host
+        out_copies = host.copies(victim.request_id, 0, victim.num_computed_tokens) if host.enabled else 0
         self.allocator.free(victim.request_id)
         self.running.remove(victim)
         victim.num_preemptions += 1
         self.num_preemptions += 1
-        computed = victim.num_computed_tokens
-        if self.swap_mode and computed and self.swap_used_tokens + computed <= self.swap_capacity_tokens:
-            victim.status = RequestStatus.SWAPPED
-            victim.num_swaps += 1
-            victim.swapped_tokens = computed
-            self.swap_used_tokens += computed
-            keys = [r.admit_seq for r in self.swapped]
-            self.swapped.insert(bisect.bisect(keys, victim.admit_seq), victim)
+        if host.swap_out(victim, out_copies, step):
             self.preemptions_by_mode["swap"] += 1
-            nbytes = computed * self.kv.bytes_per_token
-            self.swapped_out_bytes += nbytes
-            step.swap_out_bytes += nbytes
-            step.swap_out_copies += out_copies
             return
-        victim.recomputed_tokens += computed
+        victim.recomputed_tokens += victim.num_computed_tokens
         victim.num_computed_tokens = 0
         victim.status = RequestStatus.WAITING
         self.waiting.appendleft(victim)
         self.preemptions_by_mode["recompute"] += 1
 
-    def head_might_fit(self, num_running: int) -> bool:
-        """Could a schedule() with ``num_running`` decoding requests admit the waiting head, if the
-        running requests took no more memory? (Decode windows: False means it surely stays blocked.
-        Needs the WindowAllocator capability, which decode windows are built on.)"""
-        if self._window_alloc is None:
-            raise TypeError(f"{type(self.allocator).__name__} lacks the WindowAllocator capability (can_allocate)")
-        req = self.waiting.head
-        if req is None or self.swapped or num_running + req.num_samples > self.max_num_seqs:
-            return False
-        budget = self.token_budget - num_running
-        if budget <= 0:
-            return False
-        cached = self.cached_prefix_tokens(req)
-        if req.num_tokens - cached > budget and not self.chunked_prefill:
-            return False
-        # per_chunk without reserve_full_isl admits once the first chunk fits: one token is a lower bound
-        hold = cached + 1 if self.per_chunk and not self.reserve_full_isl else req.num_tokens
-        return self._window_alloc.can_allocate(req.kv, hold)
-
     def prefetch_target(self) -> Request | None:
         """The request whose KV prefetch loads while the link is idle: the next to be swapped in,
         else the head of the waiting queue. The engine credits it each step's compute time, added in
         step order (``((p + d0) + d1) + ...``: the same floats one step at a time or as a window)."""
-        if not self.prefetch:
-            return None
-        if self.swapped:
-            return self.swapped[0]
-        return self.waiting.head
+        return self.host.prefetch_target(self.waiting.head)
 
     @staticmethod
     def credit_prefetch(target: Request | None, durations) -> None:
@@ -310,15 +236,6 @@ class Scheduler:
                 p += d
             target.prefetched_s = p
 
-    def _hide(self, req: Request, need_s: float) -> float:
-        """Transfer time still to pay for ``need_s`` of loads, after prefetch (records both)."""
-        hidden = min(need_s, req.prefetched_s) if self.prefetch else 0.0
-        req.prefetched_s = 0.0
-        req.load_s += need_s
-        req.hidden_s += hidden
-        self.hidden_by_prefetch_s += hidden
-        return need_s - hidden
-
     def cached_prefix_tokens(self, req: Request) -> int:
         """Leading tokens of ``req`` the allocator would find in its prefix cache now (0 without one)."""
         return self._peek(req.kv, req.num_tokens) if self._peek is not None else 0
@@ -329,7 +246,7 @@ class Scheduler:
         one by one, swap-ins, admissions. Then the step's batch shape."""
         if self._plan is not None:
             raise RuntimeError("schedule() called twice without on_step_done()")
-        step = _Step(self.token_budget)
+        step = StepDraft(self.token_budget)
         group_decodes = self._group_phase(step)
         if group_decodes < len(self.running):
             self._running_phase(step, group_decodes)
@@ -339,7 +256,7 @@ class Scheduler:
             self._admit_phase(step, now_s)
         plan = StepPlan(
             scheduled=tuple([(rid, n) for rid, (n, _) in step.scheduled.items()]),
-            shape=self._batch_shape(step, group_decodes),
+            shape=batch_shape(step, self.requests, self.allocator.block_size, self.want_context_lens, group_decodes),
             admitted=tuple(step.admitted),
             preempted=tuple(step.preempted),
             group_decodes=group_decodes,
@@ -347,7 +264,7 @@ class Scheduler:
         self._plan = plan
         return plan
 
-    def _group_phase(self, step: _Step) -> int:
+    def _group_phase(self, step: StepDraft) -> int:
         """Phase 0: if every running request is a member of the decode group and the budget holds
         one token each, grow them all by one token in one allocator call (all or nothing). Nobody is
         touched one by one; the group step count advances in on_step_done. Returns the members that
@@ -362,7 +279,7 @@ class Scheduler:
             step.group_kv_pages = kv_pages
         return n
 
-    def _running_phase(self, step: _Step, first: int) -> None:
+    def _running_phase(self, step: StepDraft, first: int) -> None:
         """Phase 1: running requests from index ``first`` on, in admission order; each gets room for
         its new tokens, preempting victims while that fails."""
         alloc = self.allocator
@@ -395,7 +312,7 @@ class Scheduler:
                 step.budget -= cost
                 i += 1
 
-    def _swap_in_phase(self, step: _Step) -> None:
+    def _swap_in_phase(self, step: StepDraft) -> None:
         """Phase 2: swapped requests come back (oldest admission first) before any new admission."""
         alloc = self.allocator
         while (self.swapped and not step.preempted and step.budget > 0
@@ -409,27 +326,8 @@ class Scheduler:
             got = alloc.allocate(req.kv, req.num_tokens)
             if got is None:
                 break
-            self.swapped.pop(0)
-            computed = max(req.num_computed_tokens, got.cached_tokens)
-            first = min(got.cached_tokens, req.num_computed_tokens)
-            transfer = req.num_computed_tokens - first
-            copies = self._copies(req.request_id, first, req.num_computed_tokens)
-            req.num_computed_tokens = computed
+            computed = self.host.swap_in(req, got, step)
             n = min(n, req.num_uncomputed_tokens)
-            self.swap_used_tokens -= req.swapped_tokens
-            req.swapped_tokens = 0
-            nbytes = transfer * self.kv.bytes_per_token
-            self.swapped_in_bytes += nbytes
-            if self.transfers.legacy:
-                unhidden_s = self._hide(req, nbytes / self.host_link_bandwidth + got.load_s)
-                # what prefetch did not hide is paid now: swap bytes at the link, the rest as tier loads
-                step.swap_in_bytes += min(nbytes, int(unhidden_s * self.host_link_bandwidth))
-                step.tier_load_s += max(0.0, unhidden_s - nbytes / self.host_link_bandwidth)
-            else:
-                swap_s = self.transfers.copy_s(nbytes, copies, "h2d")
-                unhidden_s = self._hide(req, swap_s + got.load_s)
-                self._pay_swap_in(step, nbytes, copies, swap_s, min(unhidden_s, swap_s))
-                step.tier_load_s += max(0.0, unhidden_s - swap_s)
             if not alloc.ensure_slots(req.request_id, computed + n):
                 raise RuntimeError(f"request {req.request_id}: swapped in but its next tokens do not fit")
             req.status = RequestStatus.RUNNING
@@ -438,21 +336,7 @@ class Scheduler:
             step.scheduled[req.request_id] = (n, cost)
             step.budget -= cost
 
-    @staticmethod
-    def _pay_swap_in(step: _Step, nbytes: int, copies: int, swap_s: float, unhidden_s: float) -> None:
-        """Add the part of a swap-in that prefetch did not hide to ``step``: prefetch issued the
-        first copies while the link was idle; the copies not finished when the step starts are paid
-        whole (a copy in flight is waited for), with their share of the bytes."""
-        if unhidden_s >= swap_s or copies == 0:
-            left = copies
-        elif unhidden_s <= 0.0:
-            return
-        else:
-            left = copies - int((swap_s - unhidden_s) / (swap_s / copies))
-        step.swap_in_bytes += nbytes if left == copies else nbytes * left // copies
-        step.swap_in_copies += left
-
-    def _admit_phase(self, step: _Step, now_s: float) -> None:
+    def _admit_phase(self, step: StepDraft, now_s: float) -> None:
         """Phase 3: waiting requests, FCFS, only if nothing was preempted or is swapped out."""
         alloc = self.allocator
         waiting, running = self.waiting, self.running
@@ -478,8 +362,7 @@ class Scheduler:
             if got.cached_tokens != cached:
                 raise RuntimeError(f"request {req.request_id}: cache hit changed between peek and allocate")
             req.num_computed_tokens = cached
-            if got.load_s:
-                step.tier_load_s += self._hide(req, got.load_s)
+            self.host.load(req, got, step)
             if not alloc.ensure_slots(req.request_id, cached + n):
                 raise RuntimeError(f"request {req.request_id}: admitted but its first chunk does not fit")
             waiting.popleft()
@@ -522,47 +405,6 @@ class Scheduler:
         """Keep the running list in admission order (a swapped-in request returns to its place)."""
         keys = [r.admit_seq for r in self.running]
         self.running.insert(bisect.bisect(keys, req.admit_seq), req)
-
-    def _batch_shape(self, step: _Step, group_decodes: int) -> BatchShape:
-        """THE batch shape of a step: the decode group's members (aggregates from phase 0), then
-        each request scheduled one by one. A sequence reads ``c + n`` KV tokens in
-        ``ceil((c + n) / block_size)`` pages (one run without pages); each of a request's parallel
-        samples is a sequence once they diverged (past the prompt)."""
-        bs = self.allocator.block_size
-        want_ctx = self.want_context_lens
-        n_pre_seqs = pre_tok = 0
-        n_dec_seqs = dec_tok = group_decodes
-        kv_read = pairs = step.group_kv_tokens
-        pages = step.group_kv_pages
-        ctx: list[int] = []
-        for rid, (n, cost) in step.scheduled.items():
-            req = self.requests[rid]
-            c = req.num_computed_tokens
-            s = req.num_samples  # each sample is a sequence reading its own context
-            if n == 1 and req.num_generated > 0 and c == req.num_tokens - 1:
-                n_dec_seqs += s
-                dec_tok += s
-                kv_read += s * (c + 1)
-                pairs += s * (c + 1)
-                pages += s if bs is None else s * -(-(c + 1) // bs)
-                if want_ctx:
-                    ctx.extend([c + 1] * s)
-                continue
-            n_pre_seqs += 1
-            pre_tok += cost
-            kv_read += c + n if s == 1 else cost + c
-            pairs += n * c + n * (n + 1) // 2
-            seqs = 1 if s == 1 or c + n <= req.prompt_tokens else s
-            pages += seqs if bs is None else seqs * -(-(c + n) // bs)
-            if want_ctx:
-                ctx.append(c + n)
-        return BatchShape(
-            num_seqs=group_decodes + len(step.scheduled), num_prefill_seqs=n_pre_seqs, num_decode_seqs=n_dec_seqs,
-            num_prefill_tokens=pre_tok, num_decode_tokens=dec_tok, kv_tokens_read=kv_read,
-            attention_pairs=pairs, kv_pages_read=pages, swap_in_bytes=step.swap_in_bytes,
-            swap_out_bytes=step.swap_out_bytes, swap_in_copies=step.swap_in_copies,
-            swap_out_copies=step.swap_out_copies, tier_load_s=step.tier_load_s, context_lens=tuple(ctx),
-        )
 
     def on_step_done(self, now_s: float) -> tuple[list[Request], list[Request]]:
         """Advance the requests of the last plan. Returns (first-token requests, finished requests)."""
@@ -630,67 +472,10 @@ class Scheduler:
         else:
             self.drop_finished()
 
-    def drop_finished(self) -> None:
-        """Remove finished requests from the running list (after ``_finish(..., keep_in_running)``)."""
-        self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
-
-    def finish_requests(self, done: list[Request], now_s: float) -> None:
-        """Finish ``done`` (running requests that generated their last token, progress synced) at
-        ``now_s``, in that order (decode windows: the decode group's finished members)."""
-        if done:
-            self._finish(done, now_s)
-
-    def finish_decoded(self, req: Request, computed_tokens: int, now_s: float) -> None:
-        """A decode window's request generated its last token with ``computed_tokens`` computed:
-        catch the allocator up on the tokens written since its last block event (a block filled by
-        the final token is registered in the prefix cache before the request frees it, as step by
-        step) and finish it. It stays in the running list until :meth:`drop_finished`."""
-        self.allocator.ensure_slots(req.request_id, computed_tokens)
-        req.num_computed_tokens = computed_tokens
-        req.num_generated = req.output_tokens
-        self._finish([req], now_s, keep_in_running=True)
-
-    def advance_decoders(self, reqs: list[Request], computed_tokens: list[int], steps: int) -> None:
-        """A decode window advanced each of ``reqs`` by ``steps`` tokens, to ``computed_tokens``."""
-        for r, c in zip(reqs, computed_tokens):
-            r.num_computed_tokens = c
-            r.num_generated += steps
-
-    def sync_progress(self) -> None:
-        """Write the decode fast path's lazy progress back into its requests (before reading them)."""
-        if self._decode is not None:
-            self._decode.sync()
-
     def usage(self):
         head = self.waiting.head.kv if self.waiting.head is not None and not self.swapped else None
         return self.allocator.usage(head)
 
     def check_invariants(self) -> None:
-        if self._decode is not None:
-            self._decode.sync()
-            self._decode.check(self.running)
-        assert self.num_running_seqs() <= self.max_num_seqs, "more running sequences than max_num_seqs"
-        seqs = [r.admit_seq for r in self.running]
-        assert seqs == sorted(seqs), "running list is not in admission order"
-        for r in self.running:
-            assert r.status == RequestStatus.RUNNING, f"{r} in running list"
-            assert self.allocator.held_tokens(r.request_id) >= r.num_computed_tokens, f"{r}: computed > held"
-            assert 0 <= r.num_computed_tokens <= r.num_tokens, f"{r}: computed out of range"
-        for r in self.waiting:
-            assert r.status == RequestStatus.WAITING, f"{r} in waiting queue"
-            assert r.num_computed_tokens == 0, f"{r}: waiting with computed tokens"
-        assert sum(r.swapped_tokens for r in self.swapped) == self.swap_used_tokens, "host tier usage out of sync"
-        assert self.swap_used_tokens <= self.swap_capacity_tokens or not self.swapped, "host tier over capacity"
-        for r in self.swapped:
-            assert r.status == RequestStatus.SWAPPED, f"{r} in swapped queue"
-        ids = [r.request_id for r in self.running] + [r.request_id for r in self.waiting] + \
-            [r.request_id for r in self.swapped]
-        assert len(ids) == len(set(ids)), "a request is queued twice"
-        assert not set(ids) - set(self.requests) - {r.request_id for r in self.waiting if r.admit_seq < 0}, \
-            "a running, swapped or preempted request is missing from the requests map"
-        ended = self.log.column("request_id")  # finished and rejected, of every replica sharing the log
-        assert len(ended) == len(np.unique(ended)), "a request finished (or was rejected) twice"
-        assert not set(ids) & set(ended.tolist()), "a request is queued after it ended"
-        assert (self.log.column("finish_s") >= self.log.column("arrival_s")).sum() \
-            == self.log.num_finished, "a request finished before it arrived"
-        self.allocator.check_invariants()
+        """The scheduler's invariants, then the allocator's (:func:`kvsim.sched.invariants.check_scheduler`)."""
+        check_scheduler(self)

@@ -32,9 +32,10 @@ class BatchShape:
     * ``num_prefill_seqs`` / ``num_decode_seqs``: requests in each group;
     * ``swap_in_bytes`` / ``swap_out_bytes``: KV moved between GPU and a host tier this step;
       ``swap_in_copies`` / ``swap_out_copies``: the copies that takes (blocks or runs x layout
-      copies, docs/transfer_model.md; 0 and unused without ``host_link:``);
-    * ``tier_load_s``: time loading offloaded prefix blocks back (the allocator prices it at its
-      tiers' bandwidths; the part hidden by prefetch is already taken off);
+      copies, docs/transfer_model.md; 0 and unused on the legacy size-independent link);
+    * ``tier_load_s``: time loading offloaded prefix blocks back, priced by the transfer model
+      (:mod:`kvsim.timing.transfer`: the host link, or a tier's own bandwidth); the part hidden by
+      prefetch is already taken off;
     * ``context_lens`` (optional): per-request ``c_i + n_i`` for models that need the shape of the
       batch (the calibrated model); engines that do not need it may leave it empty.
     """

@@ -221,7 +221,66 @@ class HostTransfers:
                 + transfer_time_s(out_bytes, out_copies, self.link, "d2h"))
 
 
-def legacy_transfers(bandwidth_bytes_per_s: float) -> HostTransfers:
+    def load_charge(self, tier_load_s: float, prefetched_s: float | None) -> LoadCharge:
+        """A request's loads of offloaded prefix blocks (``tier_load_s``, priced by
+        :func:`tier_block_load_s` or :meth:`copy_s`) at admission, after ``prefetched_s`` of prefetch
+        (None: prefetch off): what is not hidden is paid this step as tier-load time."""
+        hidden = min(tier_load_s, prefetched_s) if prefetched_s is not None else 0.0
+        return LoadCharge(tier_load_s, hidden, 0, 0, tier_load_s - hidden)
+
+    def swap_in_charge(self, nbytes: int, num_copies: int, tier_load_s: float,
+                       prefetched_s: float | None) -> LoadCharge:
+        """A swapped-out request comes back: ``nbytes`` in ``num_copies`` host-to-device copies, plus
+        its prefix blocks found in lower tiers (``tier_load_s``). Prefetch (``prefetched_s`` of link
+        time credited while it waited; None: off) hides the first part; the rest is paid this step:
+        swap bytes and copies for the timing model to price again, the tier loads as seconds.
+
+        Legacy link: the unhidden seconds go back to bytes at the link's rate (truncated), the rest
+        as tier-load time. Priced link: prefetch issued the first copies while the link was idle;
+        the copies not finished when the step starts are paid whole (a copy in flight is waited
+        for), with their share of the bytes."""
+        if self.legacy:
+            bw = self.link.h2d_bandwidth_bytes_per_s
+            need = nbytes / bw + tier_load_s
+            hidden = min(need, prefetched_s) if prefetched_s is not None else 0.0
+            unhidden = need - hidden
+            return LoadCharge(need, hidden, min(nbytes, int(unhidden * bw)), 0, max(0.0, unhidden - nbytes / bw))
+        swap_s = self.copy_s(nbytes, num_copies, "h2d")
+        need = swap_s + tier_load_s
+        hidden = min(need, prefetched_s) if prefetched_s is not None else 0.0
+        unhidden = need - hidden
+        paid_s = min(unhidden, swap_s)
+        if paid_s >= swap_s or num_copies == 0:
+            left = num_copies
+        elif paid_s <= 0.0:
+            left = 0
+        else:
+            left = num_copies - int((swap_s - paid_s) / (swap_s / num_copies))
+        paid_bytes = nbytes if left == num_copies else nbytes * left // num_copies
+        return LoadCharge(need, hidden, paid_bytes, left, max(0.0, unhidden - swap_s))
+
+
+@dataclass(frozen=True, slots=True)
+class LoadCharge:
+    """What one request's loads back to GPU memory cost (:meth:`HostTransfers.swap_in_charge`,
+    :meth:`HostTransfers.load_charge`): ``need_s`` in all, ``hidden_s`` of it hidden by prefetch; the
+    rest is this step's: ``swap_in_bytes`` in ``swap_in_copies`` copies (the timing model prices
+    them) and ``tier_load_s`` of tier loads."""
+
+    need_s: float
+    hidden_s: float
+    swap_in_bytes: int
+    swap_in_copies: int
+    tier_load_s: float
+
+
+def tier_block_load_s(block_bytes: int, bandwidth_bytes_per_s: float) -> float:
+    """Seconds to load one block from a lower tier priced at its own bandwidth (SSD, a shared store,
+    a CPU tier without ``host_link:``): ``block_bytes / bandwidth``, no per-copy cost."""
+    return block_bytes / bandwidth_bytes_per_s
+
+
+def legacy_transfers(bandwidth_bytes_per_s: float = DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S) -> HostTransfers:
     """:class:`HostTransfers` of the legacy size-independent rate (no ``host_link:``)."""
     return HostTransfers(legacy_link(bandwidth_bytes_per_s))
 

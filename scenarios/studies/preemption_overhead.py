@@ -2,7 +2,7 @@
 microbenchmark, with kvsim's models instead of a GPU): docs/studies.md, study (c).
 
     python scenarios/studies/preemption_overhead.py [--model OPT-13B] [--gpu A100-40GB]
-        [--link pcie-gen4-x16] [--tokens 1024]
+        [--link LINK] [--tokens 1024]        (default link: the GPU preset's host_link)
 
 Swap: the victim's KV goes out to host memory and comes back, one copy per block per layer per K/V
 tensor as vLLM's swap_blocks issues them (kvsim/timing/transfer.py, layout per_layer_kv). Recompute:
@@ -27,10 +27,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="OPT-13B")
     ap.add_argument("--gpu", default="A100-40GB")
-    ap.add_argument("--link", default="pcie-gen4-x16")
+    ap.add_argument("--link", default=None, help="host link preset (default: the GPU preset's host_link)")
     ap.add_argument("--tokens", type=int, default=1024, help="the preempted sequence's context (tokens)")
     args = ap.parse_args()
-    model, gpu, link = MODELS[args.model], GPUS[args.gpu], get_link(args.link)
+    model, gpu = MODELS[args.model], GPUS[args.gpu]
+    args.link = args.link or gpu.host_link or "pcie-gen4-x16"
+    link = get_link(args.link)
     bpt = model.kv_bytes_per_token("fp16")
     n = args.tokens
     print(f"{args.model} on {args.gpu}, {args.link}, one sequence of {n} tokens ({n * bpt / 2**20:.0f} MiB of KV)")

@@ -21,8 +21,10 @@ from kvsim.timing.context import TimingContext
 ROWS = list(zip(np.cumsum(np.full(160, 0.02)), np.full(160, 200), np.full(160, 300)))
 
 
-def swap_scenario(block, link=None, engine="fast", prefetch=False, **link_over):
-    kw = dict(kv_budget={"tokens": 6144}, timing={"kind": "analytical"}, engine={"mode": engine},
+def swap_scenario(block, link=None, engine="fast", prefetch=False, legacy_bw=None, **link_over):
+    timing = {"kind": "analytical"} if legacy_bw is None else {"kind": "analytical",
+                                                               "host_link_bandwidth_bytes_per_s": legacy_bw}
+    kw = dict(kv_budget={"tokens": 6144}, timing=timing, engine={"mode": engine},
               allocator={"kind": "paged", "block_size": block, "watermark": 0.0},
               scheduler={"preemption_mode": "swap", "swap_space_bytes": 8 * 10**9, "prefetch": prefetch})
     if link is not None:
@@ -48,9 +50,38 @@ def test_small_blocks_pay_more_swap_time_per_byte_on_a_real_link():
 
 
 def test_legacy_link_has_no_per_copy_cost_whatever_the_block_size():
-    per_byte = [swap_s_per_byte(run(swap_scenario(bs), trace=make_trace(ROWS))) for bs in (1, 128)]
+    """timing.host_link_bandwidth_bytes_per_s given: the old size-independent rate."""
+    per_byte = [swap_s_per_byte(run(swap_scenario(bs, legacy_bw=64e9), trace=make_trace(ROWS))) for bs in (1, 128)]
     assert per_byte[0] == pytest.approx(1 / 64e9, rel=1e-9)
     assert per_byte[1] == pytest.approx(1 / 64e9, rel=1e-9)
+
+
+def test_without_host_link_the_gpu_presets_link_prices_swaps():
+    """No host_link: key: the GPU preset's link (A100-80GB: PCIe Gen4 x16), so block size matters."""
+    scn = swap_scenario(16)
+    assert scn.gpu.host_link == "pcie-gen4-x16" and not host_transfers(scn).legacy
+    default = run(scn, trace=make_trace(ROWS))
+    named = run(swap_scenario(16, "pcie-gen4-x16"), trace=make_trace(ROWS))
+    pd.testing.assert_frame_equal(default.requests, named.requests, check_exact=True)
+    assert swap_s_per_byte(run(swap_scenario(1), trace=make_trace(ROWS))) > 5 * swap_s_per_byte(default)
+    custom = make_scenario(gpu={"name": "mine", "memory_bytes": 80 * 2**30, "hbm_bandwidth_bytes_per_s": 2e12,
+                                "bf16_flops_per_s": 3e14})
+    assert host_transfers(custom).legacy  # a GPU that names no link: the legacy default rate
+    assert host_transfers(custom).link.h2d_bandwidth_bytes_per_s == T.DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S
+
+
+def test_every_gpu_preset_names_a_shipped_link():
+    from kvsim.hw import GPUS
+
+    for g in GPUS.values():
+        assert g.host_link in T.link_presets(), g.name
+
+
+def test_an_unknown_gpu_host_link_is_one_line():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="unknown host link 'pcie-gen9'"):
+        make_scenario(gpu={"preset": "A100-80GB", "host_link": "pcie-gen9"})
 
 
 @pytest.mark.parametrize("prefetch", [False, True])
@@ -83,7 +114,7 @@ def _shape(in_b, in_c, out_b, out_c, tier_s=0.0):
 
 
 def test_legacy_swap_price_is_exactly_bytes_over_bandwidth():
-    scn = swap_scenario(16)
+    scn = swap_scenario(16, legacy_bw=48e9)
     bw = 48e9
     rng = np.random.default_rng(2)
     for transfers in (None, host_transfers(scn), T.legacy_transfers(12e9)):
@@ -125,16 +156,37 @@ def test_paged_allocator_counts_runs_of_consecutive_blocks():
 
 def test_cpu_tier_loads_are_priced_per_block_by_the_link_ssd_keeps_its_bandwidth():
     bpt, bs = 1000, 16
-    offload = OffloadConfig(cpu=TierConfig(capacity_bytes=10**9, bandwidth_bytes_per_s=1e10),
+    offload = OffloadConfig(cpu=TierConfig(capacity_bytes=10**9),
                             ssd=TierConfig(capacity_bytes=10**10, bandwidth_bytes_per_s=3e9))
     alloc = PagedAllocator(num_blocks=64, block_size=bs, prefix_caching=True, offload=offload, bytes_per_token=bpt)
     cpu, ssd = alloc.tiers
-    assert cpu.block_load_s is None  # legacy: block bytes / the tier's bandwidth
+    assert cpu.block_load_s is None  # legacy: block bytes / the default rate
+    assert cpu.bandwidth_bytes_per_s == T.DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S
     tr = T.HostTransfers(T.get_link("pcie-gen4-x16"), layout="per_layer", num_layers=32, legacy=False)
     alloc.use_host_link(tr)
     assert cpu.block_load_s == T.transfer_time_s(bpt * bs, 32, tr.link, "h2d")
     assert cpu.block_load_s > bpt * bs / tr.link.h2d_bandwidth_bytes_per_s
     assert ssd.block_load_s is None
+    # a CPU tier bandwidth the scenario gave (no host_link: key) is kept
+    own = PagedAllocator(num_blocks=64, block_size=bs, prefix_caching=True, bytes_per_token=bpt,
+                         offload=OffloadConfig(cpu=TierConfig(capacity_bytes=10**9, bandwidth_bytes_per_s=1e10)))
+    own.use_host_link(tr)
+    assert own.tiers[0].block_load_s is None and own.tiers[0].bandwidth_bytes_per_s == 1e10
+
+
+def test_host_link_with_default_offload_tiers_is_accepted():
+    """``offload: {}`` fills no CPU bandwidth, so it combines with host_link: (it used to be refused)."""
+    scn = make_scenario(host_link="nvlink-c2c", allocator={"kind": "paged", "block_size": 16,
+                                                          "prefix_caching": True, "offload": {}})
+    assert scn.allocator.offload.cpu.bandwidth_bytes_per_s is None
+    assert host_transfers(scn).link.name == "nvlink-c2c"
+
+
+def test_an_ssd_tier_without_bandwidth_is_refused():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="ssd.bandwidth_bytes_per_s"):
+        OffloadConfig(ssd=TierConfig(capacity_bytes=10**10))
 
 
 def test_host_link_and_a_cpu_tier_bandwidth_together_are_refused():

@@ -154,3 +154,30 @@ def test_absent_host_link_leaves_the_resolved_scenario_as_before():
     assert "host_link" not in resolved_dict(plain)
     linked = load_scenario(QUICKSTART, ["host_link=nvlink-c2c"]).base
     assert resolved_dict(linked)["host_link"]["name"] == "nvlink-c2c"
+
+
+def test_swap_in_charge_splits_a_partly_prefetched_swap_by_whole_copies():
+    link = T.get_link("pcie-gen4-x16")
+    tr = T.HostTransfers(link, num_layers=40, legacy=False)
+    nbytes, copies, tier_s = 80 * 10**6, 800, 0.002
+    swap_s = T.transfer_time_s(nbytes, copies, link, "h2d")
+    off = tr.swap_in_charge(nbytes, copies, tier_s, None)  # prefetch off: everything is paid
+    assert (off.need_s, off.hidden_s, off.swap_in_bytes, off.swap_in_copies) == (swap_s + tier_s, 0.0, nbytes, copies)
+    assert off.tier_load_s == pytest.approx(tier_s, rel=1e-12)
+    full = tr.swap_in_charge(nbytes, copies, tier_s, 10.0)  # prefetch hid it all
+    assert full.hidden_s == full.need_s and full.swap_in_bytes == full.swap_in_copies == 0 and full.tier_load_s == 0
+    half = tr.swap_in_charge(nbytes, copies, tier_s, tier_s + swap_s / 2)
+    assert 0 < half.swap_in_copies < copies and half.tier_load_s == 0.0
+    assert half.swap_in_bytes == nbytes * half.swap_in_copies // copies
+    # the copies left are paid whole: at least the unhidden time
+    assert T.transfer_time_s(half.swap_in_bytes, half.swap_in_copies, link, "h2d") >= swap_s / 2 - 1e-12
+
+
+def test_legacy_swap_in_charge_turns_unhidden_seconds_back_into_bytes():
+    tr = T.legacy_transfers(10e9)
+    c = tr.swap_in_charge(10**9, 0, 0.05, 0.03)  # need 0.1 + 0.05 s, 0.03 s hidden
+    assert c.need_s == 10**9 / 10e9 + 0.05 and c.hidden_s == 0.03 and c.swap_in_copies == 0
+    assert c.swap_in_bytes == min(10**9, int((c.need_s - 0.03) * 10e9))
+    assert c.tier_load_s == max(0.0, (c.need_s - 0.03) - 10**9 / 10e9)
+    load = tr.load_charge(0.05, 0.02)
+    assert (load.need_s, load.hidden_s, load.swap_in_bytes, load.tier_load_s) == (0.05, 0.02, 0, 0.05 - 0.02)

@@ -1,0 +1,126 @@
+"""The host tier of swap preemption and prefetch, as the scheduler sees it: bytes and copies.
+
+:class:`HostSwap` owns the swap space (``scheduler.swap_space_bytes``), the queue of swapped-out
+requests and what moved through it. It counts the bytes and the copies a swap takes -- blocks, or
+runs of consecutive blocks from the allocator's BlockRuns capability, times the layout's copies per
+block; one run per sequence extent on allocators without blocks -- and never prices them itself:
+:class:`~kvsim.timing.transfer.HostTransfers` (the transfer model, docs/transfer_model.md) turns
+copies into seconds, both for prefetch hiding here and for the step time in the timing model.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from kvsim.kv.base import Allocation
+from kvsim.kv.protocol import AllocatorCapabilities, KVAllocator
+from kvsim.sched.config import SchedulerConfig
+from kvsim.sched.request import Request, RequestStatus
+from kvsim.sched.shape import StepDraft
+from kvsim.timing.transfer import HostTransfers, LoadCharge
+
+
+class HostSwap:
+    """Swap space, swapped-out requests (ordered by ``admit_seq``) and prefetch credit."""
+
+    def __init__(self, cfg: SchedulerConfig, allocator: KVAllocator, caps: AllocatorCapabilities,
+                 bytes_per_token: int, transfers: HostTransfers):
+        self.enabled = cfg.preemption_mode == "swap"
+        self.bytes_per_token = bytes_per_token  # this GPU's share (the run's KV geometry); 0: no bytes
+        self.capacity_tokens = cfg.swap_space_bytes // bytes_per_token if bytes_per_token else 0
+        self.used_tokens = 0
+        self.queue: list[Request] = []
+        self.swapped_out_bytes = 0
+        self.swapped_in_bytes = 0
+        self.prefetch = cfg.prefetch
+        self.transfers = transfers
+        self.hidden_by_prefetch_s = 0.0
+        self._allocator = allocator
+        self._block_runs = caps.block_runs
+
+    def copies(self, request_id: int, first_token: int, end_token: int) -> int:
+        """Copies moving the request's KV of tokens ``[first_token, end_token)`` over the host link
+        (0 on the legacy link, whose price has no per-copy cost)."""
+        tr = self.transfers
+        if tr.legacy or end_token <= first_token:
+            return 0
+        bs = self._allocator.block_size
+        if bs is None:
+            units = 1  # one contiguous extent per sequence
+        else:
+            first, end = first_token // bs, -(-end_token // bs)
+            if tr.granularity == "run" and self._block_runs:
+                units = self._allocator.block_runs(request_id, first, end)
+            else:
+                units = end - first  # per block (or blocks not named: no coalescing can be seen)
+        return units * tr.copies_per_unit
+
+    def swap_out(self, victim: Request, out_copies: int, step: StepDraft) -> bool:
+        """Park the preempted ``victim`` (its KV already freed on the GPU) in the host tier if swap
+        preemption is on and the swap space holds its computed tokens; its bytes and ``out_copies``
+        copies go into ``step``. False: it must be recomputed."""
+        computed = victim.num_computed_tokens
+        if not (self.enabled and computed and self.used_tokens + computed <= self.capacity_tokens):
+            return False
+        victim.status = RequestStatus.SWAPPED
+        victim.num_swaps += 1
+        victim.swapped_tokens = computed
+        self.used_tokens += computed
+        keys = [r.admit_seq for r in self.queue]
+        self.queue.insert(bisect.bisect(keys, victim.admit_seq), victim)
+        nbytes = computed * self.bytes_per_token
+        self.swapped_out_bytes += nbytes
+        step.swap_out_bytes += nbytes
+        step.swap_out_copies += out_copies
+        return True
+
+    def swap_in(self, req: Request, got: Allocation, step: StepDraft) -> int:
+        """The queue's head ``req`` got its GPU blocks back (``got``): the tokens not found in the
+        prefix cache come back over the link. Returns its computed tokens now; the copies, less what
+        prefetch hid, go into ``step``."""
+        if self.queue.pop(0) is not req:
+            raise RuntimeError(f"request {req.request_id}: swapped in out of order")
+        computed = max(req.num_computed_tokens, got.cached_tokens)
+        first = min(got.cached_tokens, req.num_computed_tokens)
+        transfer = req.num_computed_tokens - first
+        copies = self.copies(req.request_id, first, req.num_computed_tokens)
+        req.num_computed_tokens = computed
+        self.used_tokens -= req.swapped_tokens
+        req.swapped_tokens = 0
+        nbytes = transfer * self.bytes_per_token
+        self.swapped_in_bytes += nbytes
+        self._pay(req, self.transfers.swap_in_charge(nbytes, copies, got.load_s, self._prefetched(req)), step)
+        return computed
+
+    def load(self, req: Request, got: Allocation, step: StepDraft) -> None:
+        """An admission found prefix blocks in lower tiers (``got.load_s``): pay what prefetch did not hide."""
+        if got.load_s:
+            self._pay(req, self.transfers.load_charge(got.load_s, self._prefetched(req)), step)
+
+    def _prefetched(self, req: Request) -> float | None:
+        return req.prefetched_s if self.prefetch else None
+
+    def _pay(self, req: Request, charge: LoadCharge, step: StepDraft) -> None:
+        """Record a load on the request (needed, hidden) and add its unhidden part to ``step``."""
+        req.prefetched_s = 0.0
+        req.load_s += charge.need_s
+        req.hidden_s += charge.hidden_s
+        self.hidden_by_prefetch_s += charge.hidden_s
+        step.swap_in_bytes += charge.swap_in_bytes
+        step.swap_in_copies += charge.swap_in_copies
+        step.tier_load_s += charge.tier_load_s
+
+    def prefetch_target(self, waiting_head: Request | None) -> Request | None:
+        """The request whose KV prefetch loads while the link is idle: the next to be swapped in,
+        else the head of the waiting queue (None: prefetch off)."""
+        if not self.prefetch:
+            return None
+        if self.queue:
+            return self.queue[0]
+        return waiting_head
+
+    def check(self) -> None:
+        assert sum(r.swapped_tokens for r in self.queue) == self.used_tokens, "host tier usage out of sync"
+        assert self.used_tokens <= self.capacity_tokens or not self.queue, "host tier over capacity"
+        for r in self.queue:
+            assert r.status == RequestStatus.SWAPPED, f"{r} in swapped queue"

@@ -92,9 +92,9 @@ def predict(gpu: str, model: str, batch: int, context: int, block_size: int | No
     why = check_split(m, tensor, 1)
     if why:
         raise ConfigError(f"--tensor: {why.removeprefix('parallel.tensor: ')}")
-    prof = load_backend(resolve_backend(backend, block_size), Path.cwd(), where="--backend")
+    prof = load_backend(resolve_backend(backend, block_size, m.attention), Path.cwd(), where="--backend")
     geometry = KVGeometry.for_gpu(m, kv_dtype, tensor, block_size=block_size)
-    km = KernelModel(prof, geometry, g.hbm_bandwidth_bytes_per_s, g.num_sms)
+    km = KernelModel.for_gpu(prof, geometry, g)
     pages = batch * -(-context // block_size) if block_size else batch
     r = km.result(batch, batch * context, pages)
     t = float(r.time_s)

@@ -26,7 +26,7 @@ FITTED = {"vllm-paged": ("launch_overhead_s", "unit_overhead_s", "page_overhead_
           # FlashMLA's rows are one launch shape (batch 128 x 4,096 tokens) at three head counts: they fix
           # one level, the bytes its work units keep in flight; the rest comes from the FlashAttention fit
           "flashmla": ("bytes_in_flight_per_unit",)}
-FAMILIES = {"vllm-paged": ("vllm-paged-v1", "vllm-paged-v2"), "flashattention-paged": ("flashattention-paged",),
+FAMILIES = {"flashattention-paged": ("flashattention-paged",), "vllm-paged": ("vllm-paged-v1", "vllm-paged-v2"),
             "flashmla": ("flashmla",)}
 # Starts for the search: vLLM's per-page cost and GQA re-reads both grow with the pages read, and the
 # corpus' vLLM rows (all page 16, GQA groups of 7-8) cannot separate them (weighted MAPE 0.1422 with
@@ -40,8 +40,7 @@ STARTS = {"vllm-paged": ({"query_head_reads": 0.25}, {"query_head_reads": 0.0}),
 # Every search starts from the constants kvsim had before the corpus (the Vidur A100 fit and the
 # vLLM-paper page cost, docs/kernel_model.md), not from the files it writes: --write is repeatable.
 START_BASE = {"vllm-paged": dict(launch_overhead_s=4.6e-6, unit_overhead_s=3.5e-8, page_overhead_s=1.8e-9,
-                                 max_bandwidth_utilisation=1.0, units_per_sm_to_saturate=2.37, overlap=0.0,
-                                 query_head_reads=0.0, bytes_in_flight_per_unit=1770.0),
+                                 units_per_sm_to_saturate=2.37, overlap=0.0, query_head_reads=0.0),
               "flashattention-paged": dict(launch_overhead_s=4.6e-6, unit_overhead_s=3.5e-8, page_overhead_s=0.0,
                                            max_bandwidth_utilisation=0.907, units_per_sm_to_saturate=2.37,
                                            overlap=0.0, query_head_reads=0.0, bytes_in_flight_per_unit=2048.0),
@@ -49,9 +48,14 @@ START_BASE = {"vllm-paged": dict(launch_overhead_s=4.6e-6, unit_overhead_s=3.5e-
 # Profiles with too few corpus rows of their own to fit take a family's fitted time constants (never its
 # page cost): FlashInfer's decode kernel and FlashAttention over contiguous KV used the Vidur A100
 # FlashAttention fit before the corpus; they now use the corpus fit of the same kernel family.
-BORROWERS = {"flashattention-paged": ("flashinfer-paged", "contiguous", "flashmla")}
-BORROWED = ("launch_overhead_s", "unit_overhead_s", "max_bandwidth_utilisation", "units_per_sm_to_saturate",
-            "overlap", "bytes_in_flight_per_unit")
+# vLLM's kernels take only the saturation (the GPU memory system's bytes in flight, measured on the
+# FlashAttention rows): their 12 GQA rows fit their own launch, unit, page and re-read costs.
+TIME_CONSTANTS = ("launch_overhead_s", "unit_overhead_s", "max_bandwidth_utilisation", "units_per_sm_to_saturate",
+                  "overlap", "bytes_in_flight_per_unit")
+SATURATION = ("max_bandwidth_utilisation", "bytes_in_flight_per_unit")
+BORROWERS = {"flashattention-paged": {"flashinfer-paged": TIME_CONSTANTS, "contiguous": TIME_CONSTANTS,
+                                      "flashmla": TIME_CONSTANTS, "vllm-paged-v1": SATURATION,
+                                      "vllm-paged-v2": SATURATION}}
 TIE = 0.005  # weighted MAPE difference below which two fits count as equally good
 BOUNDS = {"max_bandwidth_utilisation": (0.05, 1.0), "bytes_in_flight_per_unit": (16.0, 1e6), "overlap": (0.0, 1.0), "units_per_sm_to_saturate": (0.05, 64.0),
           "query_head_reads": (0.0, 1.0)}
@@ -121,15 +125,14 @@ def main(argv=None) -> int:
     lent: dict[str, dict] = {}  # backend -> time constants borrowed from an earlier family's fit
     for fam, backends in FAMILIES.items():
         params = _fit_and_report(fam, backends, corpus, lent)
-        borrowed = {k: v for k, v in params.items() if k in BORROWED}
-        for b in BORROWERS.get(fam, ()):
-            print(f"  {b} takes {', '.join(borrowed)} from this fit")
-            lent[b] = borrowed
+        for b, keys in BORROWERS.get(fam, {}).items():
+            lent[b] = {k: params[k] for k in keys}
+            print(f"  {b} takes {', '.join(keys)} from this fit")
         if args.write:
             for b in backends:
                 _write_constants(b, {**lent.get(b, {}), **params})
-            for b in BORROWERS.get(fam, ()):
-                _write_constants(b, borrowed)
+            for b in BORROWERS.get(fam, {}):
+                _write_constants(b, lent[b])
     return 0
 
 

@@ -50,9 +50,10 @@ def register(subparsers) -> None:
     g.add_argument("--block-size", type=positive_int, help="page size in tokens (default 16)")
     g.add_argument("--contiguous", action="store_true", help="contiguous KV (no page table)")
     p.add_argument("--backend", default="auto", help="built-in backend (contiguous, flashattention-paged, "
-                                                    "flashinfer-paged, vllm-paged-v1 (old name vllm-2023-paged), "
-                                                    "vllm-paged-v2) or a profile .yaml; auto: what a scenario's "
-                                                    "auto uses (flashinfer-paged for every layout); auto-2023: "
+                                                    "flashinfer-paged, flashmla, vllm-paged-v1 (old name "
+                                                    "vllm-2023-paged), vllm-paged-v2) or a profile .yaml; auto: "
+                                                    "what a scenario's auto uses (flashinfer-paged for every "
+                                                    "layout, flashmla for MLA models); auto-2023: "
                                                     "vllm-paged-v1 for pages, contiguous for --contiguous")
     p.add_argument("--kv-dtype", default="fp16", choices=sorted(KV_DTYPES))
     p.add_argument("--json", action="store_true", help="print one JSON object (--check: one per error row)")

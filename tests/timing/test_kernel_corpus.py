@@ -59,6 +59,8 @@ def test_malformed_fields_are_refused():
     good = CSV.read_text().splitlines()[1]
     with pytest.raises(ConfigError, match="key 'split' must be one of"):
         parse_rows([header, good.replace(",fit,", ",train,").replace(",holdout,", ",train,")], "x.csv")
+    with pytest.raises(ConfigError, match="key 'attention' must be one of"):
+        parse_rows([header, good.replace(",gqa,", ",mha,")], "x.csv")
     with pytest.raises(ConfigError, match="key 'time_us' is missing from the header"):
         parse_rows([header.replace("time_us", "time")], "x.csv")
 

@@ -284,3 +284,35 @@ def test_query_head_rereads_only_without_grouping():
     assert grouped.rereads == 1.0
     mha = KernelModel(prof, KVLayout.from_model(MODELS["Llama-2-13B"], "fp16", 16), 2.039e12, 108)
     assert mha.rereads == 1.0
+
+
+def test_saturation_follows_littles_law_with_the_gpus_dram_latency():
+    """Every built-in profile saturates as units / (units + units_half), units_half = peak x cap x
+    DRAM latency / bytes in flight per unit; the latency is the GPU's (gpu_memory.csv, with sources)."""
+    from kvsim.timing.gpu_memory import FALLBACK_GPU, dram_latency_s, gpu_latencies
+
+    assert all(load_backend(b).bytes_in_flight_per_unit > 0 for b in builtin_backends())
+    assert set(gpu_latencies()) >= {"A100-40GB", "A100-80GB", "H100-SXM-80GB", "H200-141GB"}
+    assert dram_latency_s("A100-80GB") == pytest.approx(400 / 1410e6)  # 400 cycles at 1,410 MHz
+    assert dram_latency_s("L40S") == dram_latency_s(FALLBACK_GPU)  # no public figure: said in the docs
+    prof = load_backend("flashattention-paged")
+    lay = KVLayout.from_model(MODEL, "fp16", 16)
+    a100, h100 = (KernelModel.for_gpu(prof, lay, GPUS[g]) for g in ("A100-80GB", "H100-SXM-80GB"))
+    for km, g in ((a100, GPUS["A100-80GB"]), (h100, GPUS["H100-SXM-80GB"])):
+        half = g.hbm_bandwidth_bytes_per_s * prof.max_bandwidth_utilisation * dram_latency_s(g.name) \
+            / prof.bytes_in_flight_per_unit
+        assert km.units_half == pytest.approx(half, rel=1e-12)
+        assert km._parallel_bw(half, min) == pytest.approx(km.bw / 2)  # half the cap at units_half units
+    # more work units keep more bytes in flight: achieved bandwidth rises without a sharp knee
+    bws = [a100._parallel_bw(float(u), min) for u in (64, 256, 1024, 4096)]
+    assert all(x < y for x, y in zip(bws, bws[1:])) and bws[-1] < a100.bw
+
+
+def test_mla_models_resolve_auto_to_flashmla_in_a_run():
+    m = MODELS["DeepSeek-V3"]
+    ctx = TimingContext(model=m, gpu=GPUS["H100-SXM-80GB"], kv=KVGeometry.for_gpu(m, "bf16", 8, block_size=64),
+                        weight_bytes=m.weight_bytes() // 8, base_dir=Path("."), tensor_parallel=8)
+    timing = AnalyticalTiming(AnalyticalTimingConfig(attention_backend="auto"), ctx)
+    assert timing.attention_backend == "flashmla"
+    # one latent per token and layer, read once by all 16 query heads of a GPU: 1,152 bytes in bf16
+    assert timing.kernel.layout.kv_bytes_per_token_layer == 1152 and timing.kernel.heads_par == 1

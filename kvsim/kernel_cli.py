@@ -50,9 +50,10 @@ def register(subparsers) -> None:
     g.add_argument("--block-size", type=positive_int, help="page size in tokens (default 16)")
     g.add_argument("--contiguous", action="store_true", help="contiguous KV (no page table)")
     p.add_argument("--backend", default="auto", help="built-in backend (contiguous, flashattention-paged, "
-                                                    "flashinfer-paged, vllm-paged-v1 (old name vllm-2023-paged), "
-                                                    "vllm-paged-v2) or a profile .yaml; auto: what a scenario's "
-                                                    "auto uses (flashinfer-paged for every layout); auto-2023: "
+                                                    "flashinfer-paged, flashmla, vllm-paged-v1 (old name "
+                                                    "vllm-2023-paged), vllm-paged-v2) or a profile .yaml; auto: "
+                                                    "what a scenario's auto uses (flashinfer-paged for every "
+                                                    "layout, flashmla for MLA models); auto-2023: "
                                                     "vllm-paged-v1 for pages, contiguous for --contiguous")
     p.add_argument("--kv-dtype", default="fp16", choices=sorted(KV_DTYPES))
     p.add_argument("--json", action="store_true", help="print one JSON object (--check: one per error row)")
@@ -92,9 +93,9 @@ def predict(gpu: str, model: str, batch: int, context: int, block_size: int | No
     why = check_split(m, tensor, 1)
     if why:
         raise ConfigError(f"--tensor: {why.removeprefix('parallel.tensor: ')}")
-    prof = load_backend(resolve_backend(backend, block_size), Path.cwd(), where="--backend")
+    prof = load_backend(resolve_backend(backend, block_size, m.attention), Path.cwd(), where="--backend")
     geometry = KVGeometry.for_gpu(m, kv_dtype, tensor, block_size=block_size)
-    km = KernelModel(prof, geometry, g.hbm_bandwidth_bytes_per_s, g.num_sms)
+    km = KernelModel.for_gpu(prof, geometry, g)
     pages = batch * -(-context // block_size) if block_size else batch
     r = km.result(batch, batch * context, pages)
     t = float(r.time_s)

@@ -8,8 +8,8 @@ What is fitted, per layer (rows are one layer each)::
 
 For a fixed ``units_per_sm_to_saturate`` the model is linear in (launch_overhead_s, unit_overhead_s,
 page_overhead_s, 1 / max_bandwidth_utilisation) -- the additive form, so the written profile has
-``overlap: 0`` whatever the template's (the corpus fit, kvsim.calibration.kernel_corpus_fit, fits
-the overlap) -- those are solved by least squares on relative error
+``overlap: 0`` and the sharp saturation cap (``bytes_in_flight_per_unit: 0``) whatever the template's
+(the corpus fit, kvsim.calibration.kernel_corpus_fit, fits both) -- those are solved by least squares on relative error
 (each row divided by its measured time, so short and long launches weigh alike), constrained >= 0.
 ``units_per_sm_to_saturate`` is found by a log-grid search refined by golden section on the
 relative residual. The flags (split_kv, gqa_grouped, whole_page_reads), ``min_split_tokens`` and
@@ -52,7 +52,8 @@ def _design(profile, rows: pd.DataFrame, geom: dict, kv_dtype: str, peak_bw: flo
     from kvsim.timing.kernel import KernelModel
 
     prof = replace(profile, units_per_sm_to_saturate=units_per_sm, launch_overhead_s=0.0, unit_overhead_s=0.0,
-                   page_overhead_s=0.0, max_bandwidth_utilisation=1.0, overlap=0.0)
+                   page_overhead_s=0.0, max_bandwidth_utilisation=1.0, overlap=0.0,
+                   bytes_in_flight_per_unit=0.0)
     cols = []
     for (bs, contiguous), grp in rows.groupby(["block_size", "contiguous"], sort=True):
         lay = _layout(geom, kv_dtype, None if contiguous else int(bs))
@@ -137,7 +138,8 @@ def fit_rows(rows: pd.DataFrame, geom: dict, kv_dtype: str, template, peak_bw: f
     if umax > 1.0:
         raise CalibrationError(f"fitted max_bandwidth_utilisation {umax:.3f} exceeds 1 (faster than peak HBM "
                                f"bandwidth {peak_bw:.3g} B/s): wrong GPU (--gpu) or rows that hit the L2 cache")
-    prof = replace(template, name=name, reference_gpu=reference_gpu, overlap=0.0, launch_overhead_s=float(x[0]),
+    prof = replace(template, name=name, reference_gpu=reference_gpu, overlap=0.0, bytes_in_flight_per_unit=0.0,
+                   launch_overhead_s=float(x[0]),
                    unit_overhead_s=float(x[1]), page_overhead_s=float(x[2]), max_bandwidth_utilisation=float(umax),
                    units_per_sm_to_saturate=float(best_u),
                    description=f"fitted by kvsim calibrate fit from {len(rows)} decode rows "

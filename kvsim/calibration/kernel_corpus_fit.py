@@ -21,8 +21,13 @@ from dataclasses import replace
 # bandwidth cap on GQA rows alone would move every MHA run); their GQA re-reads are fitted instead.
 FITTED = {"vllm-paged": ("launch_overhead_s", "unit_overhead_s", "page_overhead_s", "overlap", "query_head_reads"),
           "flashattention-paged": ("launch_overhead_s", "unit_overhead_s", "page_overhead_s",
-                                   "max_bandwidth_utilisation", "units_per_sm_to_saturate", "overlap")}
-FAMILIES = {"vllm-paged": ("vllm-paged-v1", "vllm-paged-v2"), "flashattention-paged": ("flashattention-paged",)}
+                                   "max_bandwidth_utilisation", "units_per_sm_to_saturate", "overlap",
+                                   "bytes_in_flight_per_unit"),
+          # FlashMLA's rows are one launch shape (batch 128 x 4,096 tokens) at three head counts: they fix
+          # one level, the bytes its work units keep in flight; the rest comes from the FlashAttention fit
+          "flashmla": ("bytes_in_flight_per_unit",)}
+FAMILIES = {"flashattention-paged": ("flashattention-paged",), "vllm-paged": ("vllm-paged-v1", "vllm-paged-v2"),
+            "flashmla": ("flashmla",)}
 # Starts for the search: vLLM's per-page cost and GQA re-reads both grow with the pages read, and the
 # corpus' vLLM rows (all page 16, GQA groups of 7-8) cannot separate them (weighted MAPE 0.1422 with
 # re-reads vs 0.1419 with a 6x per-page cost and none). The re-read start is listed first and kept
@@ -35,16 +40,33 @@ STARTS = {"vllm-paged": ({"query_head_reads": 0.25}, {"query_head_reads": 0.0}),
 # Every search starts from the constants kvsim had before the corpus (the Vidur A100 fit and the
 # vLLM-paper page cost, docs/kernel_model.md), not from the files it writes: --write is repeatable.
 START_BASE = {"vllm-paged": dict(launch_overhead_s=4.6e-6, unit_overhead_s=3.5e-8, page_overhead_s=1.8e-9,
-                                 max_bandwidth_utilisation=0.907, units_per_sm_to_saturate=2.37, overlap=0.0,
-                                 query_head_reads=0.0),
+                                 units_per_sm_to_saturate=2.37, overlap=0.0, query_head_reads=0.0),
               "flashattention-paged": dict(launch_overhead_s=4.6e-6, unit_overhead_s=3.5e-8, page_overhead_s=0.0,
                                            max_bandwidth_utilisation=0.907, units_per_sm_to_saturate=2.37,
-                                           overlap=0.0, query_head_reads=0.0)}
+                                           overlap=0.0, query_head_reads=0.0, bytes_in_flight_per_unit=2048.0),
+              "flashmla": dict(bytes_in_flight_per_unit=2048.0)}
+# Profiles with too few corpus rows of their own to fit take a family's fitted time constants (never its
+# page cost): FlashInfer's decode kernel and FlashAttention over contiguous KV used the Vidur A100
+# FlashAttention fit before the corpus; they now use the corpus fit of the same kernel family.
+# vLLM's kernels take only the saturation (the GPU memory system's bytes in flight, measured on the
+# FlashAttention rows): their 12 GQA rows fit their own launch, unit, page and re-read costs.
+TIME_CONSTANTS = ("launch_overhead_s", "unit_overhead_s", "max_bandwidth_utilisation", "units_per_sm_to_saturate",
+                  "overlap", "bytes_in_flight_per_unit")
+SATURATION = ("max_bandwidth_utilisation", "bytes_in_flight_per_unit")
+BORROWERS = {"flashattention-paged": {"flashinfer-paged": TIME_CONSTANTS, "contiguous": TIME_CONSTANTS,
+                                      "flashmla": TIME_CONSTANTS, "vllm-paged-v1": SATURATION,
+                                      "vllm-paged-v2": SATURATION}}
 TIE = 0.005  # weighted MAPE difference below which two fits count as equally good
-BOUNDS = {"max_bandwidth_utilisation": (0.05, 1.0), "overlap": (0.0, 1.0), "units_per_sm_to_saturate": (0.05, 64.0),
+BOUNDS = {"max_bandwidth_utilisation": (0.05, 1.0), "bytes_in_flight_per_unit": (16.0, 1e6), "overlap": (0.0, 1.0), "units_per_sm_to_saturate": (0.05, 64.0),
           "query_head_reads": (0.0, 1.0)}
 STEP_START, STEP_END = 0.5, 0.004  # relative step of the coordinate search, halved when no step helps
 SEEDS = {"page_overhead_s": 1e-10, "unit_overhead_s": 1e-9}  # a zero constant restarts here
+
+
+def _weight(rows_of_source: int) -> float:
+    """A fit row's weight: 1 / sqrt(fit rows of its source), so a source's total weight grows as the
+    square root of its rows (174 Vidur rows count 7.6x a 3-row thread, not 58x nor 1x)."""
+    return rows_of_source ** -0.5
 
 
 def _objective(points, profiles, params: dict) -> float:
@@ -57,8 +79,8 @@ def _objective(points, profiles, params: dict) -> float:
     total = 0.0
     for p in points:
         t = predict(p, profile_for(p, tuned))[0]
-        total += abs(t - p.time_s) / p.time_s / counts[p.source_id]
-    return total / len(counts)
+        total += abs(t - p.time_s) / p.time_s * _weight(counts[p.source_id])
+    return total / sum(_weight(c) * c for c in counts.values())
 
 
 def _candidates(name: str, v: float, step: float):
@@ -94,37 +116,51 @@ def fit_family(points, profiles: dict, fitted, max_rounds: int = 400) -> tuple[d
 
 
 def main(argv=None) -> int:
-    from kvsim.timing.kernel import load_backend
-    from kvsim.timing.kernel_corpus import error_table, evaluable, load_corpus
+    from kvsim.timing.kernel_corpus import load_corpus
 
     ap = argparse.ArgumentParser(prog="python -m kvsim.calibration.kernel_corpus_fit", description=__doc__)
     ap.add_argument("--write", action="store_true", help="store the fitted constants in the built-in profiles")
     args = ap.parse_args(argv)
     corpus = load_corpus()
+    lent: dict[str, dict] = {}  # backend -> time constants borrowed from an earlier family's fit
     for fam, backends in FAMILIES.items():
-        profiles = {b: load_backend(b) for b in backends}
-        fit_rows = [p for p in evaluable(corpus, profiles) if p.split == "fit"]
-        results = []
-        for start in STARTS.get(fam, ({},)):  # a few starts: some constants trade off on few rows
-            start = dict(start)
-            hold = start.pop("hold", ())
-            p_start = {b: replace(p, **{**START_BASE[fam], **start}) for b, p in profiles.items()}
-            cand, cerr = fit_family(fit_rows, p_start, tuple(k for k in FITTED[fam] if k not in hold))
-            cand = {**{k: getattr(next(iter(p_start.values())), k) for k in hold}, **cand}
-            print(f"  start {start}{' holding ' + ', '.join(hold) if hold else ''}: weighted MAPE {cerr:.4f}")
-            results.append((cand, cerr))
-        # the first start within TIE of the best: the corpus cannot tell them apart, the order can
-        best = min(e for _, e in results)
-        params, err = next((c, e) for c, e in results if e <= best + TIE)
-        print(f"{fam}: {len(fit_rows)} fit rows, weighted MAPE {err:.4f}")
-        print("  " + ", ".join(f"{k}={v:.4g}" for k, v in params.items()))
-        tuned = {b: replace(p, **params) for b, p in profiles.items()}
-        for r in error_table(corpus, tuned):
-            print(f"  {r.backend:22s} {r.gpu:14s} {r.split:8s} n={r.points:3d} MAPE={r.mape:.3f} max={r.max_rel:.3f}")
+        params = _fit_and_report(fam, backends, corpus, lent)
+        for b, keys in BORROWERS.get(fam, {}).items():
+            lent[b] = {k: params[k] for k in keys}
+            print(f"  {b} takes {', '.join(keys)} from this fit")
         if args.write:
             for b in backends:
-                _write_constants(b, params)
+                _write_constants(b, {**lent.get(b, {}), **params})
+            for b in BORROWERS.get(fam, {}):
+                _write_constants(b, lent[b])
     return 0
+
+
+def _fit_and_report(fam: str, backends, corpus, lent: dict) -> dict:
+    """One family's fit from each of its starts (fit rows only), printed with its error table."""
+    from kvsim.timing.kernel import load_backend
+    from kvsim.timing.kernel_corpus import error_table, evaluable
+
+    profiles = {b: replace(load_backend(b), **lent.get(b, {})) for b in backends}
+    fit_rows = [p for p in evaluable(corpus, profiles) if p.split == "fit"]
+    results = []
+    for start in STARTS.get(fam, ({},)):  # a few starts: some constants trade off on few rows
+        start = dict(start)
+        hold = start.pop("hold", ())
+        p_start = {b: replace(p, **{**START_BASE[fam], **start}) for b, p in profiles.items()}
+        cand, cerr = fit_family(fit_rows, p_start, tuple(k for k in FITTED[fam] if k not in hold))
+        cand = {**{k: getattr(next(iter(p_start.values())), k) for k in hold}, **cand}
+        print(f"  start {start}{' holding ' + ', '.join(hold) if hold else ''}: weighted MAPE {cerr:.4f}")
+        results.append((cand, cerr))
+    # the first start within TIE of the best: the corpus cannot tell them apart, the order can
+    best = min(e for _, e in results)
+    params, err = next((c, e) for c, e in results if e <= best + TIE)
+    print(f"{fam}: {len(fit_rows)} fit rows, weighted MAPE {err:.4f}")
+    print("  " + ", ".join(f"{k}={v:.4g}" for k, v in params.items()))
+    tuned = {b: replace(p, **params) for b, p in profiles.items()}
+    for r in error_table(corpus, tuned):
+        print(f"  {r.backend:22s} {r.gpu:14s} {r.split:8s} n={r.points:3d} MAPE={r.mape:.3f} max={r.max_rel:.3f}")
+    return params
 
 
 def _write_constants(backend: str, params: dict) -> None:

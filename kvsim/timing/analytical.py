@@ -136,12 +136,12 @@ class AnalyticalTiming:
         self.attention_flops_per_pair = 4.0 * m.num_layers * m.num_attention_heads * m.head_dim
         self.block_size = ctx.block_size
         self.peak_hbm_bandwidth_bytes_per_s = ctx.gpu.hbm_bandwidth_bytes_per_s
-        name = resolve_backend(cfg.attention_backend, ctx.block_size)
+        name = resolve_backend(cfg.attention_backend, ctx.block_size, m.attention)
         self.kernel: KernelModel | None = None
         if name != ROOFLINE:
             profile = load_backend(name, ctx.base_dir)
             # the run's geometry: this GPU's KV and query heads, every stage's layers, the page size
-            self.kernel = KernelModel(profile, ctx.kv, ctx.gpu.hbm_bandwidth_bytes_per_s, ctx.gpu.num_sms)
+            self.kernel = KernelModel.for_gpu(profile, ctx.kv, ctx.gpu)
             if name.endswith((".yaml", ".yml")):
                 name = f"{profile.name} ({name})"
         self.attention_backend = name  # AttentionBackendNamed (kvsim.timing.base): the summary's record

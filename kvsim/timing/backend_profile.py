@@ -41,12 +41,16 @@ class BackendProfile:
     overlap: float = 0.0  # share of the per-unit/per-page work hidden under streaming, in [0, 1]
     split_rule: str = "fill"  # how split_kv partitions: fill (SM-filling), partition or vllm-v2 (512-token)
     query_head_reads: float = 0.0  # non-grouped GQA: share of per-query-head KV re-reads reaching HBM, [0, 1]
+    # bytes one work unit keeps in flight (Little's law saturation, docs/kernel_model.md); 0 = the
+    # sharp cap min(1, units / (SMs x units_per_sm_to_saturate))
+    bytes_in_flight_per_unit: float = 0.0
     source: str = ""  # where the file came from (path), filled by the loader
 
     NUMERIC = ("launch_overhead_s", "unit_overhead_s", "max_bandwidth_utilisation", "units_per_sm_to_saturate",
                "min_split_tokens", "page_overhead_s", "dram_chunk_half_bytes")
     FLAGS = ("split_kv", "gqa_grouped", "whole_page_reads")
-    OPTIONAL = {"overlap": 0.0, "split_rule": "fill", "query_head_reads": 0.0}  # keys older profile files may omit
+    # keys older profile files may omit
+    OPTIONAL = {"overlap": 0.0, "split_rule": "fill", "query_head_reads": 0.0, "bytes_in_flight_per_unit": 0.0}
 
     def to_yaml_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
@@ -103,6 +107,9 @@ def parse_profile(data, where: str) -> BackendProfile:
     rereads = data.get("query_head_reads", BackendProfile.OPTIONAL["query_head_reads"])
     if not _finite_number(rereads) or not 0 <= rereads <= 1:
         raise ConfigError(f"{where}: key 'query_head_reads' must be a number in [0, 1], got {rereads!r}")
+    inflight = data.get("bytes_in_flight_per_unit", BackendProfile.OPTIONAL["bytes_in_flight_per_unit"])
+    if not _finite_number(inflight) or inflight < 0:
+        raise ConfigError(f"{where}: key 'bytes_in_flight_per_unit' must be a number >= 0, got {inflight!r}")
     rule = data.get("split_rule", BackendProfile.OPTIONAL["split_rule"])
     if rule not in SPLIT_RULES:
         raise ConfigError(f"{where}: key 'split_rule' must be one of {format_choices(SPLIT_RULES)}, got {rule!r}")
@@ -121,7 +128,7 @@ def parse_profile(data, where: str) -> BackendProfile:
         max_bandwidth_utilisation=float(u), units_per_sm_to_saturate=float(vals["units_per_sm_to_saturate"]),
         min_split_tokens=int(vals["min_split_tokens"]), page_overhead_s=float(vals["page_overhead_s"]),
         dram_chunk_half_bytes=float(vals["dram_chunk_half_bytes"]), overlap=float(overlap), split_rule=rule,
-        query_head_reads=float(rereads),
+        query_head_reads=float(rereads), bytes_in_flight_per_unit=float(inflight),
         source=where,
     )
 

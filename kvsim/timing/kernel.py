@@ -17,7 +17,10 @@ docs/kernel_model.md)::
                      units_per_sm_to_saturate work units, at most ceil((T/n) / min_split_tokens)
                      (1 without split_kv)
       units        = n * heads_par * splits                     (parallel work units)
-      parallelism  = min(1, units / (num_sms * units_per_sm_to_saturate))   (1 if num_sms unknown)
+      parallelism  = units / (units + units_half)   with bytes_in_flight_per_unit q > 0 (Little's law:
+                     units x q bytes in flight over the GPU's DRAM latency, combined harmonically with
+                     the cap: units_half = peak_hbm_bw * max_bandwidth_utilisation * dram_latency / q)
+                   = min(1, units / (num_sms * units_per_sm_to_saturate))   with q = 0 (1 if num_sms unknown)
       chunk_bytes  = block_size * head_dim * elem_bytes           contiguous bytes per page fetch
                    = (T/n) * head_dim * elem_bytes               contiguous KV: one run per sequence
       dram_eff     = chunk_bytes / (chunk_bytes + dram_chunk_half_bytes)
@@ -61,6 +64,7 @@ from fractions import Fraction
 import numpy as np
 
 from kvsim.models.geometry import KVGeometry
+from kvsim.timing.gpu_memory import FALLBACK_GPU, dram_latency_s
 from kvsim.timing.backend_profile import (  # noqa: F401  (re-exported: callers import them from here)
     BACKEND_ALIASES, BACKENDS_PACKAGE, SPLIT_RULES, BackendProfile, backend_choices, builtin_backends, load_backend,
     load_profile_file, parse_profile)
@@ -74,6 +78,9 @@ V2_ALWAYS_SPLIT_ABOVE_TOKENS = 8192  # vLLM >= 0.3: contexts over 8,192 tokens a
 # "Selecting a backend", gives the sources for the choice).
 AUTO = "auto"
 AUTO_BACKEND = "flashinfer-paged"
+# ... except for a model with multi-head latent attention (DeepSeek-V2/V3): its one latent per token
+# is read by an MLA kernel (FlashMLA: vLLM's FLASHMLA and SGLang's flashmla backends on Hopper)
+AUTO_MLA_BACKEND = "flashmla"
 # ``attention_backend: auto-2023``: the rule ``auto`` followed before issue 23 -- paged layouts read
 # by the vLLM paper's 2023 kernel, contiguous ones by FlashAttention-2 (a kernel comparison).
 AUTO_2023 = "auto-2023"
@@ -85,12 +92,13 @@ AUTO_NAMES = (AUTO, AUTO_2023)
 KVLayout = KVGeometry
 
 
-def resolve_backend(name: str, block_size: int | None) -> str:
+def resolve_backend(name: str, block_size: int | None, attention: str = "gqa") -> str:
     """The backend a run uses for ``timing.attention_backend: name`` on a layout of ``block_size``
-    (None: contiguous KV): ``auto`` -> :data:`AUTO_BACKEND` for every layout; ``auto-2023`` -> the
+    (None: contiguous KV) for a model of ``attention`` kind (``gqa`` or ``mla``): ``auto`` ->
+    :data:`AUTO_BACKEND` for every layout (:data:`AUTO_MLA_BACKEND` for MLA); ``auto-2023`` -> the
     2023 paged kernel for paged layouts and ``contiguous`` for contiguous ones; else ``name``."""
     if name == AUTO:
-        return AUTO_BACKEND
+        return AUTO_MLA_BACKEND if attention == "mla" else AUTO_BACKEND
     if name == AUTO_2023:
         return PAGED_2023_BACKEND if block_size else CONTIGUOUS_BACKEND
     return name
@@ -138,7 +146,7 @@ class KernelModel:
     """A backend profile bound to a KV layout and a GPU. ``time_s`` is the hot path."""
 
     def __init__(self, profile: BackendProfile, layout: KVLayout, hbm_bandwidth_bytes_per_s: float,
-                 num_sms: int | None):
+                 num_sms: int | None, memory_latency_s: float | None = None):
         from kvsim.hw import KV_DTYPES
 
         self.profile = profile
@@ -159,6 +167,12 @@ class KernelModel:
         self.heads_par = lay.num_kv_heads if p.gqa_grouped else lay.num_query_heads
         self.units_sat = None if num_sms is None else num_sms * p.units_per_sm_to_saturate
         self.bw = self.peak_bw * p.max_bandwidth_utilisation
+        # Little's law saturation (bytes_in_flight_per_unit > 0): units at which half of self.bw is reached
+        self.units_half = None
+        if p.bytes_in_flight_per_unit > 0.0:
+            if memory_latency_s is None:  # a caller without a GPU preset: the fallback GPU's (gpu_memory.py)
+                memory_latency_s = dram_latency_s(FALLBACK_GPU)
+            self.units_half = self.bw * memory_latency_s / p.bytes_in_flight_per_unit
         self.whole_pages = p.whole_page_reads and lay.block_size is not None
         if lay.block_size is not None:
             chunk = lay.block_size * self.head_token_bytes
@@ -166,6 +180,11 @@ class KernelModel:
         else:
             self.dram_eff = None  # per launch: the mean context is the run length
         self._bind()
+
+    @classmethod
+    def for_gpu(cls, profile: BackendProfile, layout: KVLayout, gpu) -> "KernelModel":
+        """The model on a GPU preset (a ``kvsim.hw.GPUSpec``): its peak bandwidth, SMs and DRAM latency."""
+        return cls(profile, layout, gpu.hbm_bandwidth_bytes_per_s, gpu.num_sms, dram_latency_s(gpu.name))
 
     # -- the model ---------------------------------------------------------------------------------
     # ``time_s`` is called once per engine step (scalars) and once per decode window (arrays), so
@@ -231,8 +250,11 @@ class KernelModel:
         self._n_size = size
 
     def _parallel_bw(self, units, minimum):
-        """Launch-size saturation: peak x utilisation x min(1, units / units to saturate); ``minimum``
-        is ``min`` for numbers, ``np.minimum`` for arrays (the same doubles)."""
+        """Launch-size saturation: peak x utilisation x units / (units + units_half) (Little's law), or
+        x min(1, units / units to saturate) (the sharp cap); ``minimum`` is ``min`` for numbers,
+        ``np.minimum`` for arrays (the same doubles)."""
+        if self.units_half is not None:
+            return self.bw * (units / (units + self.units_half))
         if self.units_sat is None:
             return self.bw * (units * 0.0 + 1.0)
         return self.bw * minimum(units / self.units_sat, 1.0)

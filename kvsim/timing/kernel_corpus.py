@@ -3,8 +3,8 @@ and the kernel model's error on it.
 
 One row per printed measurement: where it was published (source, URL, commit, date), the GPU and the
 kvsim preset it maps to (``none``: no preset, recorded but not evaluated), the backend and its
-version, the launch shape (batch, context, query/KV heads, head dim, dtype, page size, layers), the
-measured kernel time, the printed bandwidth utilisation (``na`` where none was printed), L2 state,
+version, the launch shape (batch, context, query/KV heads, head dim, attention kind, dtype, page size,
+layers), the measured kernel time, the printed bandwidth utilisation (``na`` where none was printed), L2 state,
 whether the number was printed as text or read from a figure (with the reading error) and the fixed
 ``split`` (``fit`` rows may be used to fit profile constants, ``holdout`` rows never are). Sources
 and the split rule are in docs/kernel_model.md, "Measurement corpus".
@@ -21,13 +21,14 @@ from pathlib import Path
 from kvsim.errors import ConfigError, format_choices
 
 COLUMNS = ("source_id", "source", "source_url", "source_commit", "source_date", "gpu", "gpu_preset", "backend",
-           "backend_version", "batch", "context", "query_heads", "kv_heads", "head_dim", "dtype", "page_size",
+           "backend_version", "batch", "context", "query_heads", "kv_heads", "head_dim", "attention", "dtype", "page_size",
            "layers", "time_us", "bandwidth_util", "l2", "reading", "reading_error", "split", "note")
 OPTIONAL_TEXT = ("note",)  # may be empty; every other field must be given ("none"/"na" say "not printed")
 INT_FIELDS = ("batch", "context", "query_heads", "kv_heads", "head_dim", "page_size", "layers")
 SPLITS = ("fit", "holdout")
 READINGS = ("text", "figure")
 L2_STATES = ("warm", "cold", "unknown")
+ATTENTION = ("gqa", "mla")  # gqa: K and V per KV head (MHA/GQA/MQA); mla: one latent of head_dim read as K and V
 BUILTIN = "kvsim/timing/data/kernels/kernel_corpus.csv"
 
 
@@ -45,6 +46,7 @@ class KernelPoint:
     query_heads: int
     kv_heads: int
     head_dim: int
+    attention: str  # "gqa" or "mla" (see ATTENTION)
     dtype: str
     page_size: int
     layers: int
@@ -96,13 +98,14 @@ def parse_rows(lines, where: str) -> list[KernelPoint]:
             except ValueError:
                 raise ConfigError(f"{at}: key 'bandwidth_util' must be a fraction or 'na', "
                                   f"got {vals['bandwidth_util']!r}") from None
-        for key, choices in (("split", SPLITS), ("reading", READINGS), ("l2", L2_STATES),
+        for key, choices in (("split", SPLITS), ("reading", READINGS), ("l2", L2_STATES), ("attention", ATTENTION),
                              ("dtype", tuple(KV_DTYPES))):
             if vals[key] not in choices:
                 raise ConfigError(f"{at}: key '{key}' must be one of {format_choices(choices)}, got {vals[key]!r}")
         out.append(KernelPoint(vals["source_id"], vals["source_url"], vals["gpu"], vals["gpu_preset"],
                                vals["backend"], ints["batch"], ints["context"], ints["query_heads"],
-                               ints["kv_heads"], ints["head_dim"], vals["dtype"], ints["page_size"],
+                               ints["kv_heads"], ints["head_dim"], vals["attention"], vals["dtype"],
+                               ints["page_size"],
                                ints["layers"], t_us * 1e-6, bu, vals["reading"], vals["split"], i))
     return out
 
@@ -121,11 +124,13 @@ def load_corpus(path: str | Path | None = None) -> list[KernelPoint]:
 
 
 def layout_of(pt: KernelPoint):
-    """The KV layout one measured launch read (page size, heads and dtype as printed)."""
+    """The KV layout one measured launch read (page size, heads and dtype as printed; an MLA launch
+    reads its one latent of ``head_dim`` once per token, as K and as V)."""
     from kvsim.hw import KV_DTYPES
     from kvsim.timing.kernel import KVLayout
 
-    bpt = 2 * pt.kv_heads * KV_DTYPES[pt.dtype].head_bytes(pt.head_dim)
+    vectors = 1 if pt.attention == "mla" else 2 * pt.kv_heads
+    bpt = vectors * KV_DTYPES[pt.dtype].head_bytes(pt.head_dim)
     return KVLayout(pt.layers, pt.kv_heads, pt.query_heads, pt.head_dim, pt.dtype, float(bpt), pt.page_size)
 
 
@@ -151,7 +156,7 @@ def predict(pt: KernelPoint, profile) -> tuple[float, float, float]:
 
     g = GPUS[pt.gpu_preset]
     lay = layout_of(pt)
-    km = KernelModel(profile, lay, g.hbm_bandwidth_bytes_per_s, g.num_sms)
+    km = KernelModel.for_gpu(profile, lay, g)
     tokens = pt.batch * pt.context
     t = km.time_scalar(pt.batch, tokens, pt.batch * -(-pt.context // pt.page_size))
     useful = pt.layers * tokens * lay.kv_bytes_per_token_layer

@@ -191,5 +191,9 @@ def test_attention_time_of_the_same_schedule_falls_about_as_one_over_t(backend):
         timing = AnalyticalTiming(cfg, timing_ctx(scenario(parallel={"tensor": t})))
         att[t] = timing.step_time(shape).breakdown_s["attention_s"]
         assert timing.step_time(shape).kv_bytes_read * t == n * ctx * 80 * 2 * 8 * 128 * 2
+    # the unsplit 2023 kernel has one work unit per (query head, sequence): 64 x 8 = 512 at T = 8 keep
+    # fewer bytes in flight than 64 x 64 (Little's-law saturation, docs/kernel_model.md), so its
+    # time falls a little slower than a split-KV kernel's
+    slack = 1.6 if backend == "vllm-2023-paged" else 1.35
     for t in (2, 4, 8):
-        assert 1 / t < att[t] / att[1] < 1.35 / t, (t, att[t] / att[1])
+        assert 1 / t < att[t] / att[1] < slack / t, (t, att[t] / att[1])

@@ -17,7 +17,8 @@ from kvsim.timing.kernel import KernelModel, KVLayout, load_backend, load_profil
 MODEL = MODELS["Llama-3-8B"]
 GPU = GPUS["A100-80GB"]
 TRUE = replace(load_backend("vllm-paged-v1"), launch_overhead_s=5.1e-6, unit_overhead_s=2.2e-8,
-               page_overhead_s=2.6e-9, max_bandwidth_utilisation=0.88, units_per_sm_to_saturate=3.3)
+               page_overhead_s=2.6e-9, max_bandwidth_utilisation=0.88, units_per_sm_to_saturate=3.3,
+               overlap=0.0, bytes_in_flight_per_unit=0.0)  # the form calibrate fit writes: additive, sharp cap
 FITTED = ("launch_overhead_s", "unit_overhead_s", "page_overhead_s", "max_bandwidth_utilisation",
           "units_per_sm_to_saturate")
 

@@ -59,6 +59,8 @@ def test_malformed_fields_are_refused():
     good = CSV.read_text().splitlines()[1]
     with pytest.raises(ConfigError, match="key 'split' must be one of"):
         parse_rows([header, good.replace(",fit,", ",train,").replace(",holdout,", ",train,")], "x.csv")
+    with pytest.raises(ConfigError, match="key 'attention' must be one of"):
+        parse_rows([header, good.replace(",gqa,", ",mha,")], "x.csv")
     with pytest.raises(ConfigError, match="key 'time_us' is missing from the header"):
         parse_rows([header.replace("time_us", "time")], "x.csv")
 
@@ -72,7 +74,7 @@ def _heldout_errors(backend: str):
         if p.split != "holdout" or p.backend != backend or p.gpu_preset not in GPUS:
             continue
         g, lay = GPUS[p.gpu_preset], layout_of(p)
-        km = KernelModel(profile_for(p, profiles), lay, g.hbm_bandwidth_bytes_per_s, g.num_sms)
+        km = KernelModel.for_gpu(profile_for(p, profiles), lay, g)
         n = np.array([p.batch])
         t = float(km.time_s(n, n * p.context, n * -(-p.context // p.page_size))[0])
         rel.append(abs(t - p.time_s) / p.time_s)
@@ -83,22 +85,35 @@ def _heldout_errors(backend: str):
     return np.array(rel), np.array(util)
 
 
-def test_flashattention_paged_heldout_error_is_what_the_docs_state():
-    # docs/kernel_model.md: 90 held-out rows (A100-80GB, A100-40GB, H100), mean error 10.7 %; the
-    # issue's target (<= 15 % per backend with >= 20 rows) is met for this backend only; utilisation
-    # at >= 40 %: mean 8.3 points, worst 21.5 points -- the 5-point target is NOT met.
+def _fit_errors(backend: str) -> np.ndarray:
+    """Relative time errors of ``backend``'s fit rows (kernel_corpus.error_table's definition)."""
+    from kvsim.timing.kernel_corpus import predict
+
+    profiles = {b: load_backend(b) for b in builtin_backends()}
+    return np.array([abs(predict(p, profile_for(p, profiles))[0] - p.time_s) / p.time_s for p in load_corpus()
+                     if p.split == "fit" and p.backend == backend and p.gpu_preset in GPUS])
+
+
+def test_flashattention_paged_meets_the_issues_heldout_targets():
+    # issue 23: held-out error <= 15 % of kernel time for a backend with >= 20 held-out rows, and
+    # within 5 points of utilisation at >= 40 % measured utilisation (mean over those rows; the worst
+    # row is stated in docs/kernel_model.md). 90 held-out rows on A100-80GB, A100-40GB and H100.
     rel, util = _heldout_errors("flashattention-paged")
     assert len(rel) == 90
-    assert rel.mean() <= 0.11
-    assert len(util) >= 80 and util.mean() <= 0.09
+    assert rel.mean() <= 0.15
+    assert len(util) >= 80 and util.mean() <= 0.05
 
 
-def test_vllm_heldout_rows_are_few_and_reported():
-    # one held-out row each (A100-40GB): below the issue's 20-row floor; their errors are printed by
-    # `kvsim kernel --check` and stated in docs/kernel_model.md
-    for backend, bound in (("vllm-paged-v1", 0.05), ("vllm-paged-v2", 0.05)):
-        rel, _ = _heldout_errors(backend)
-        assert len(rel) == 1 and rel.max() <= bound
+@pytest.mark.parametrize("backend, rows", [("vllm-paged-v1", 1), ("vllm-paged-v2", 1), ("flashmla", 2)])
+def test_small_backends_heldout_rows_generalise_like_their_fit_rows(backend, rows):
+    # below the issue's 20-row floor (errors printed by `kvsim kernel --check`, stated in
+    # docs/kernel_model.md); the check that remains: held-out rows are predicted about as well as the
+    # rows the constants were fitted on (the fit does not merely memorise them): no held-out row
+    # worse than the worst fit row, and their mean within 1.5x the fit rows' mean
+    rel, _ = _heldout_errors(backend)
+    fit = _fit_errors(backend)
+    assert len(rel) == rows and len(fit) >= 2 * rows
+    assert rel.max() <= fit.max() and rel.mean() <= 1.5 * fit.mean()
 
 
 def test_fit_uses_fit_rows_only_and_reproduces_the_shipped_profiles():
@@ -121,6 +136,6 @@ def test_fit_uses_fit_rows_only_and_reproduces_the_shipped_profiles():
 def test_check_prints_every_backend_and_split(capsys):
     assert main(["kernel", "--check"]) == 0
     out = capsys.readouterr().out
-    for backend in ("flashattention-paged", "vllm-paged-v1", "vllm-paged-v2", "flashinfer-paged"):
+    for backend in ("flashattention-paged", "vllm-paged-v1", "vllm-paged-v2", "flashinfer-paged", "flashmla"):
         assert backend in out
     assert "holdout" in out and "fit" in out and "not evaluated" in out

@@ -3,6 +3,7 @@ vectorisation through AnalyticalTiming."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -42,6 +43,10 @@ def test_builtin_backends_and_defaults():
     assert [resolve_backend("auto", b) for b in (1, 16, None)] == ["flashinfer-paged"] * 3
     assert [resolve_backend("auto-2023", b) for b in (1, 16, None)] == ["vllm-paged-v1"] * 2 + ["contiguous"]
     assert resolve_backend("contiguous", 16) == "contiguous"
+    # a model with multi-head latent attention reads its latent with the MLA kernel under auto only
+    assert [resolve_backend("auto", b, "mla") for b in (1, 64, None)] == ["flashmla"] * 3
+    assert resolve_backend("auto-2023", 64, "mla") == "vllm-paged-v1"
+    assert resolve_backend("flashinfer-paged", 64, "mla") == "flashinfer-paged"
 
 
 def test_small_pages_slow_the_vllm_2023_kernel():
@@ -53,8 +58,9 @@ def test_small_pages_slow_the_vllm_2023_kernel():
 def test_vllm_paged_v1_stays_above_the_paper_band_floor_vs_contiguous():
     # vLLM paper (SOSP'23) section 7.1: 20-26 % higher attention-kernel latency than FasterTransformer
     # (Llama-13B on an A100-40GB). kvsim models no FasterTransformer kernel; the corpus-fitted v1
-    # profile (docs/kernel_model.md) is 1.54-1.58x the contiguous FlashAttention profile at these
-    # settings, so only the band's floor is checked: paging never makes the kernel cheaper here.
+    # profile (docs/kernel_model.md, "Changed claim") is 1.35-1.83x the contiguous FlashAttention
+    # profile at these settings (the corpus has no MHA vLLM row and no FasterTransformer row to pin
+    # the band), so only the band's floor is checked: paging never makes the kernel cheaper here.
     a100 = GPUS["A100-40GB"]
     for batch in (8, 32):
         for context in (128, 256):
@@ -98,12 +104,14 @@ def test_saturation_below_peak_and_small_launches_far_below():
 
 
 def test_parallelism_caps_a_kernel_without_split_kv():
-    # batch 1 at a long context: the unsplit vLLM-2023 kernel has 40 work units for 108 SMs
+    # batch 1 at a long context: the unsplit vLLM-2023 kernel has 40 work units for 108 SMs; split
+    # into partitions it has 280 (7 per head), and Little's law gives the bandwidth of
+    # 40 / (40 + units_half) against 280 / (280 + units_half) of the cap (units_half ~ 330 on A100)
     no_split = launch(kernel("vllm-paged-v1", 16, page_overhead_s=0.0, dram_chunk_half_bytes=0.0,
                              whole_page_reads=False), 1, 16384)
     split = launch(kernel("vllm-paged-v1", 16, page_overhead_s=0.0, dram_chunk_half_bytes=0.0,
                           whole_page_reads=False, split_kv=True), 1, 16384)
-    assert no_split.time_s > 4 * split.time_s
+    assert no_split.time_s > 3 * split.time_s
 
 
 def test_fp8_fused_reads_fewer_bytes_and_unfused_pays_a_dequant_pass():
@@ -195,9 +203,10 @@ def test_profile_file_round_trip(tmp_path):
 
 @pytest.mark.parametrize("edit, key", [
     (lambda s: s.replace("page_overhead_s: 0.0\n", ""), "page_overhead_s"),
-    (lambda s: s.replace("unit_overhead_s: 3.5e-8", "unit_overhead_s: -1.0"), "unit_overhead_s"),
-    (lambda s: s.replace("max_bandwidth_utilisation: 0.907", "max_bandwidth_utilisation: 1.5"),
+    (lambda s: re.sub(r"unit_overhead_s: .*", "unit_overhead_s: -1.0", s), "unit_overhead_s"),
+    (lambda s: re.sub(r"max_bandwidth_utilisation: .*", "max_bandwidth_utilisation: 1.5", s),
      "max_bandwidth_utilisation"),
+    (lambda s: re.sub(r"bytes_in_flight_per_unit: .*", "bytes_in_flight_per_unit: -5", s), "bytes_in_flight_per_unit"),
     (lambda s: s.replace("split_kv: true", "split_kv: maybe"), "split_kv"),
     (lambda s: s + "page_overhead: 1\n", "page_overhead"),
     (lambda s: s.replace("[fp8]", "[fp7]"), "fused_dequant_kv_dtypes"),
@@ -275,3 +284,35 @@ def test_query_head_rereads_only_without_grouping():
     assert grouped.rereads == 1.0
     mha = KernelModel(prof, KVLayout.from_model(MODELS["Llama-2-13B"], "fp16", 16), 2.039e12, 108)
     assert mha.rereads == 1.0
+
+
+def test_saturation_follows_littles_law_with_the_gpus_dram_latency():
+    """Every built-in profile saturates as units / (units + units_half), units_half = peak x cap x
+    DRAM latency / bytes in flight per unit; the latency is the GPU's (gpu_memory.csv, with sources)."""
+    from kvsim.timing.gpu_memory import FALLBACK_GPU, dram_latency_s, gpu_latencies
+
+    assert all(load_backend(b).bytes_in_flight_per_unit > 0 for b in builtin_backends())
+    assert set(gpu_latencies()) >= {"A100-40GB", "A100-80GB", "H100-SXM-80GB", "H200-141GB"}
+    assert dram_latency_s("A100-80GB") == pytest.approx(400 / 1410e6)  # 400 cycles at 1,410 MHz
+    assert dram_latency_s("L40S") == dram_latency_s(FALLBACK_GPU)  # no public figure: said in the docs
+    prof = load_backend("flashattention-paged")
+    lay = KVLayout.from_model(MODEL, "fp16", 16)
+    a100, h100 = (KernelModel.for_gpu(prof, lay, GPUS[g]) for g in ("A100-80GB", "H100-SXM-80GB"))
+    for km, g in ((a100, GPUS["A100-80GB"]), (h100, GPUS["H100-SXM-80GB"])):
+        half = g.hbm_bandwidth_bytes_per_s * prof.max_bandwidth_utilisation * dram_latency_s(g.name) \
+            / prof.bytes_in_flight_per_unit
+        assert km.units_half == pytest.approx(half, rel=1e-12)
+        assert km._parallel_bw(half, min) == pytest.approx(km.bw / 2)  # half the cap at units_half units
+    # more work units keep more bytes in flight: achieved bandwidth rises without a sharp knee
+    bws = [a100._parallel_bw(float(u), min) for u in (64, 256, 1024, 4096)]
+    assert all(x < y for x, y in zip(bws, bws[1:])) and bws[-1] < a100.bw
+
+
+def test_mla_models_resolve_auto_to_flashmla_in_a_run():
+    m = MODELS["DeepSeek-V3"]
+    ctx = TimingContext(model=m, gpu=GPUS["H100-SXM-80GB"], kv=KVGeometry.for_gpu(m, "bf16", 8, block_size=64),
+                        weight_bytes=m.weight_bytes() // 8, base_dir=Path("."), tensor_parallel=8)
+    timing = AnalyticalTiming(AnalyticalTimingConfig(attention_backend="auto"), ctx)
+    assert timing.attention_backend == "flashmla"
+    # one latent per token and layer, read once by all 16 query heads of a GPU: 1,152 bytes in bf16
+    assert timing.kernel.layout.kv_bytes_per_token_layer == 1152 and timing.kernel.heads_par == 1

@@ -66,7 +66,10 @@ def reference_time_s(km: KernelModel, num_seqs, kv_tokens, kv_pages):
     else:
         splits = 1.0
     units = base * splits
-    par = 1.0 if km.units_sat is None else mn(units / km.units_sat, 1.0)
+    if km.units_half is not None:  # Little's law: units x bytes in flight per unit / DRAM latency
+        par = units / (units + km.units_half)
+    else:
+        par = 1.0 if km.units_sat is None else mn(units / km.units_sat, 1.0)
     if km.dram_eff is None:
         chunk = mx(T / n1, 1.0) * km.head_token_bytes
         eff = chunk / (chunk + p.dram_chunk_half_bytes)
@@ -88,7 +91,8 @@ def _kernels():
         base = load_backend(backend)
         variants = [base, replace(base, split_kv=not base.split_kv), replace(base, gqa_grouped=not base.gqa_grouped),
                     replace(base, whole_page_reads=not base.whole_page_reads, page_overhead_s=2.5e-9),
-                    replace(base, overlap=0.0 if base.overlap else 0.7)]
+                    replace(base, overlap=0.0 if base.overlap else 0.7),
+                    replace(base, bytes_in_flight_per_unit=0.0 if base.bytes_in_flight_per_unit else 1500.0)]
         if base.split_rule != "fill":
             variants.append(replace(base, split_rule="partition"))
         for prof in variants:

@@ -29,6 +29,8 @@ from kvsim.realengine.tokens import prompt_tokens
 from kvsim.realengine.vllm_engine import Engine, EngineError, EngineSettings, read_model_config
 from kvsim.sched.request import RequestStatus
 
+ENGINE_STEPS_FILE = "engine_steps.parquet"  # per engine step: the shape vLLM scheduled and its wall time
+
 
 @dataclass
 class ReplayedRequest:
@@ -80,9 +82,22 @@ def settings_for(scn, model_file: Path, threads: int, device: str, eager: bool) 
                           threads=threads, seed=scn.seed, enforce_eager=eager)
 
 
+ENGINE_STEP_COLUMNS = ("step", "start_s", "duration_s", "cpu_s", "decode_seqs", "decode_context", "prefill_seqs",
+                       "prefill_tokens", "prefill_cached", "prefill_pairs", "max_prefill_cached", "new_requests",
+                       "preempted", "running", "waiting", "used_blocks")
+
+
+def engine_step_row(step: int, start: float, end: float, cpu_s: float, sh) -> dict:
+    """One row of ``engine_steps.parquet``: the exact shape vLLM scheduled in a step and its wall time
+    (what ``steps.parquet`` aggregates away: the split of KV reads between decode and prefill)."""
+    return {"step": step, "start_s": start, "duration_s": end - start, "cpu_s": cpu_s,
+            **{k: int(getattr(sh, k)) for k in ENGINE_STEP_COLUMNS[4:]}}
+
+
 def run_trace(eng: Engine, trace, vocab: int, seed: int, kv: KVGeometry, steps_path: Path | None,
-              log=None) -> tuple[list[ReplayedRequest], StepRecorder, float, object]:
-    """Drive the engine through ``trace`` in real time. Returns (requests, recorder, end_s, steps table)."""
+              log=None) -> tuple[list[ReplayedRequest], StepRecorder, float, list[dict]]:
+    """Drive the engine through ``trace`` in real time.
+    Returns (requests, recorder, end_s, engine step rows (:func:`engine_step_row`))."""
     n = len(trace)
     prompts = [prompt_tokens(trace, i, vocab, seed) for i in range(n)]  # before the clock starts
     reqs = [ReplayedRequest(i, float(trace.arrival_s[i]), int(trace.prompt_tokens[i])) for i in range(n)]
@@ -93,6 +108,7 @@ def run_trace(eng: Engine, trace, vocab: int, seed: int, kv: KVGeometry, steps_p
     capacity = usable * bs
     t_base = time.perf_counter() - float(trace.arrival_s[0]) if n else time.perf_counter()
     nxt, done, peak, last_end = 0, 0, 0, float(trace.arrival_s[0]) if n else 0.0
+    shapes: list[dict] = []
     while done < n:
         now = time.perf_counter() - t_base
         while nxt < n and trace.arrival_s[nxt] <= now:
@@ -106,6 +122,7 @@ def run_trace(eng: Engine, trace, vocab: int, seed: int, kv: KVGeometry, steps_p
         t0, t1, outs = eng.step()
         start, end = t0 - t_base, t1 - t_base
         sh = eng.probe.last
+        shapes.append(engine_step_row(len(shapes), start, end, eng.last_cpu_s, sh))
         if start > last_end:  # the engine waited (or the host added requests): an idle row
             rec.row(replica=0, idle=True, start_s=last_end, duration_s=start - last_end,
                     memory=_memory(sh, bs, capacity, peak, idle=True), running=sh.running, waiting=sh.waiting)
@@ -137,8 +154,8 @@ def run_trace(eng: Engine, trace, vocab: int, seed: int, kv: KVGeometry, steps_p
         last_end = end
         if log and finished and done % max(1, n // 10) == 0:
             log(f"  {done}/{n} finished at {end:.1f} s")
-    table = rec.close()
-    return reqs, rec, last_end, table
+    rec.close()
+    return reqs, rec, last_end, shapes
 
 
 def _index(request_id: str) -> int:
@@ -231,7 +248,7 @@ def _replay_one(scn, settings: EngineSettings, trace, vocab: int, d: Path, versi
     eng = Engine(settings)
     try:
         wall0 = time.perf_counter()
-        reqs, rec, end_s, _ = run_trace(eng, trace, vocab, scn.seed, kv, d / "steps.parquet", log)
+        reqs, rec, end_s, shapes = run_trace(eng, trace, vocab, scn.seed, kv, d / "steps.parquet", log)
         wall = time.perf_counter() - wall0
         capacity = eng.usable_blocks() * settings.block_size
     finally:
@@ -240,6 +257,7 @@ def _replay_one(scn, settings: EngineSettings, trace, vocab: int, d: Path, versi
     request_log.extend(reqs)
     table = log_table(request_log)
     write_parquet(d / "requests.parquet", table)
+    write_parquet(d / ENGINE_STEPS_FILE, pd.DataFrame(shapes, columns=list(ENGINE_STEP_COLUMNS)))
     steps = pd.read_parquet(d / "steps.parquet")
     summary = summarize(table, steps, capacity_tokens=capacity, kv=kv,
                         prefix_caching=settings.prefix_caching,

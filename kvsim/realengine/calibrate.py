@@ -1,10 +1,13 @@
 """``kvsim calibrate --engine vllm``: whole-step times of a running vLLM, as a calibration directory.
 
-The engine is measured, not its kernels: every number is the wall time of one ``LLMEngine.step()``
-(scheduling, forward pass, sampling, output processing) at a known shape (kvsim.realengine.measure).
-``engine_steps.csv`` keeps those raw points; ``measurements.csv`` holds them decomposed into the
-tables the calibrated timing model reads (kvsim/timing/calibrated.py), so that at every measured
-pure-decode and pure-prefill point the model's step time equals the measured one:
+The engine is measured, not its kernels: every number is the time of one ``LLMEngine.step()``
+(scheduling, forward pass, sampling, output processing) at a known shape (kvsim.realengine.measure),
+both wall and process CPU time. On a CPU host the tables are built from the CPU time (the engine's
+own work; a shared host adds other processes' time to the wall clock), on CUDA from the wall time.
+``engine_steps.csv`` keeps the raw points; ``measurements.csv`` holds the tables the calibrated
+timing model reads (kvsim/timing/calibrated.py), built by ``--fit linear`` (the default: a
+five-term least-squares fit, kvsim.realengine.stepfit) or ``--fit exact`` (:func:`decompose`: at
+every measured pure-decode and pure-prefill point the model's step time equals the measured one):
 
 * per-token cost ``beta`` (s/token): the linear term of a fit ``P(n) = a + beta n + g n^2`` over the
   prefill steps without cached tokens; it is spread evenly over the four per-layer GEMM ops
@@ -28,7 +31,7 @@ import json
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -272,12 +275,17 @@ def run_engine_calibration(model: str, *, out: str | Path | None, device: str = 
         points += pts
         mismatched += bad
     dtype = kv_dtype_of(cfg)
+    # the engine's own work: on a CPU host the process CPU time of each step (the wall time also holds
+    # whatever time the shared host gave other processes: docs/studies.md (e)); on CUDA the wall time
+    basis = "cpu" if device == "cpu" else "wall"
+    priced = [replace(p, durations_s=list(p.cpu_s)) for p in points] if basis == "cpu" else points
     geometry = (spec.num_attention_heads, spec.num_kv_heads, spec.head_dim)
     if fit == "linear":
-        rows, fitted = linear_tables(points, spec.num_layers, dtype, geometry, spec.max_model_len_tokens)
+        rows, fitted = linear_tables(priced, spec.num_layers, dtype, geometry, spec.max_model_len_tokens)
     else:
-        rows, fitted = decompose(points, spec.num_layers, dtype, geometry)
-    fitted = {"fit": fit, **fitted}
+        rows, fitted = decompose(priced, spec.num_layers, dtype, geometry)
+    fitted = {"fit": fit, "step_time": f"{basis} time of each step (engine_steps.csv: "
+                                        f"{'cpu_median_s' if basis == 'cpu' else 'median_s'})", **fitted}
     for r in rows:
         r["device"] = device
     raw = pd.DataFrame([p.row() for p in points])
@@ -309,9 +317,10 @@ def run_engine_calibration(model: str, *, out: str | Path | None, device: str = 
         raw.to_csv(tmp / ENGINE_STEPS_FILE, index=False)
         meta["wall_s"] = round(time.monotonic() - t_start, 1)
         (tmp / S.META_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")
-        hold = [h for bs in grid.block_sizes for h in holdout_errors(points, _timing_for(tmp, spec, dtype, bs))]
+        hold = [h for bs in grid.block_sizes for h in holdout_errors(priced, _timing_for(tmp, spec, dtype, bs))]
         errs = np.abs([h["error"] for h in hold]) if hold else np.array([])
-        meta["holdout"] = {"what": "mixed steps (decode batch + one prefill chunk), never fitted", "points": hold,
+        meta["holdout"] = {"what": f"mixed steps (decode batch + one prefill chunk), never fitted ({basis} time)",
+                           "points": hold,
                            "mape": float(errs.mean()) if errs.size else None,
                            "max_ape": float(errs.max()) if errs.size else None}
         (tmp / S.META_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")

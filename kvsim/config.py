@@ -24,7 +24,7 @@ from kvsim.config_base import Bytes, ByteRate, Number, StrictModel, Tokens, reje
 from kvsim.errors import ConfigError, did_you_mean, format_choices
 from kvsim.yamlio import YAMLSyntaxError, load_yaml
 from kvsim.metrics.summarize import DEFAULT_PERCENTILES
-from kvsim.hw import GPUS, KV_DTYPES, MODELS, WEIGHT_DTYPE_BYTES, GPUSpec, ModelSpec
+from kvsim.hw import GPUS, KV_DTYPES, MODELS, NOT_PRESETS, WEIGHT_DTYPE_BYTES, GPUSpec, ModelSpec
 from kvsim.models import hf
 from kvsim.models.names import did_you_mean_preset, lookup
 from kvsim.models.parallel import ParallelPlan, plan
@@ -64,7 +64,8 @@ def _preset(kind: str, value: Any, presets: dict) -> Any:
     key = lookup(name, presets)
     if key is None:
         extra = " or a Hugging Face config.json path" if kind == "model" else ""
-        raise ValueError(f"unknown {kind} preset {name!r}{did_you_mean_preset(name, presets)}; "
+        hint = did_you_mean_preset(name, presets, NOT_PRESETS if kind == "model" else None)
+        raise ValueError(f"unknown {kind} preset {name!r}{hint}; "
                          f"valid presets: {format_choices(presets)}{extra}")
     return {**presets[key].to_dict(), **value}
 

@@ -35,15 +35,10 @@ from kvsim.sched.request import Request
 from kvsim.sched.router import Router
 from kvsim.sched.scheduler import Scheduler
 from kvsim.fast.group import DecodeGroup
-from kvsim.fast.window import (
-    StepwiseTimes,
-    apply_decode_window,
-    apply_group_window,
-    block_limited_steps,
-    plan_decode_window,
-    plan_group_window,
-    window_means,
-)
+from kvsim.fast.group_window import apply_group_window, plan_group_window
+from kvsim.fast.means import window_means
+from kvsim.fast.stepwise import StepwiseTimes
+from kvsim.fast.window import apply_decode_window, block_limited_steps, plan_decode_window
 from kvsim.timing.base import (
     TimingCapabilities,
     timing_capabilities,

@@ -140,6 +140,14 @@ class GPUSpec:
 _LLM_PROF = "config.json as printed in github.com/citsjtu2020/LLM-Prof sglang/Model_Config.md"
 _OUMI = "github.com/oumi-ai/oumi configs/recipes/"
 
+# Model families deliberately not presets (name prefix -> why), named in the unknown-preset error.
+NOT_PRESETS: dict[str, str] = {
+    "Gemma-3": "Gemma 3 is not a preset: 5 of every 6 layers keep only a 512-1024-token window, which kvsim's "
+               "allocators would charge for every token (Gemma-3-27B: 3.8x its real KV at 8K tokens, 6x at 128K; "
+               "docs/models.md, 'Presets'); give its config.json as model: path/config.json and read the results "
+               "as upper bounds",
+}
+
 MODELS: dict[str, ModelSpec] = {
     m.name: m
     for m in [
@@ -153,8 +161,10 @@ MODELS: dict[str, ModelSpec] = {
                   source="meta-llama/Meta-Llama-3-8B config.json"),
         ModelSpec("Llama-3-70B", 80, 8192, 64, 8, 128, 28672, 128256, 70.55e9, 8192,
                   source="meta-llama/Meta-Llama-3-70B config.json"),
-        ModelSpec("Qwen2.5-7B", 28, 3584, 28, 4, 128, 18944, 152064, 7.62e9, 32768,
-                  source="Qwen/Qwen2.5-7B config.json"),
+        # The base model's config.json says 131,072 (the -Instruct config says 32,768 and needs YaRN
+        # rope_scaling beyond it): docs/models.md, "Presets".
+        ModelSpec("Qwen2.5-7B", 28, 3584, 28, 4, 128, 18944, 152064, 7.62e9, 131072,
+                  source=_LLM_PROF + " (Qwen2.5-7B; base model, max_position_embeddings 131072)"),
         # The vLLM paper's (Kwon et al., SOSP 2023, Table 1) larger OPT models.
         ModelSpec("OPT-66B", 64, 9216, 72, 72, 128, 36864, 50272, 65.7e9, 2048, gated_mlp=False,
                   source="facebook/opt-66b config.json; 65.7B parameters by the config's shapes"),
@@ -210,6 +220,27 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("Qwen3-30B-A3B", 48, 2048, 32, 4, 128, 6144, 151936, 30.53e9, 40960,
                   num_experts=128, experts_per_token=8, active_params=3.35e9,
                   source=_LLM_PROF + " (Qwen3-30B-A3B: 128 experts of moe_intermediate_size 768, 8 per token)"),
+        ModelSpec("Llama-3.2-1B", 16, 2048, 32, 8, 64, 8192, 128256, 1.24e9, 131072,
+                  source="config.json of meta-llama/Llama-3.2-1B as committed in github.com/MatthewGoldsberry/"
+                         "LLM-Projects Llama-3.2-1B/config.json (head_dim 64; tied embeddings)"),
+        ModelSpec("Qwen3-0.6B", 28, 1024, 16, 8, 128, 3072, 151936, 0.60e9, 40960,
+                  source="github.com/AI-Hypercomputer/maxtext MaxText/utils/ckpt_conversion/utils/"
+                         "hf_model_configs.py (qwen3_0_6b_config: the HF Qwen3Config; tied embeddings)"),
+        ModelSpec("Qwen3-1.7B", 28, 2048, 16, 8, 128, 6144, 151936, 1.72e9, 40960,
+                  source="config.json of Qwen/Qwen3-1.7B as committed in github.com/mephisto1484/Neko-LoRA-Build-"
+                         "Your-AI-Catgirl Qwen3-1.7B/config.json; shapes also in maxtext configs/models/qwen3-1.7b.yml"),
+        ModelSpec("Qwen3-235B-A22B", 94, 4096, 64, 4, 128, 12288, 151936, 235.09e9, 40960,
+                  num_experts=128, experts_per_token=8, active_params=22.19e9,
+                  source="github.com/zyzshishui/slime scripts/models/qwen3-235B-A22B.sh (the config's shapes as "
+                         "Megatron arguments: 128 experts of 1536, 8 per token, 4 KV heads); 40,960 positions as "
+                         "Qwen3-30B-A3B (docs/models.md)"),
+        ModelSpec("Mixtral-8x22B", 56, 6144, 48, 8, 128, 16384, 32000, 140.62e9, 65536,
+                  num_experts=8, experts_per_token=2, active_params=39.15e9,
+                  source="config.json of Mixtral-8x22B-v0.1 as printed in github.com/scaleapi/llm-engine "
+                         "model-engine/tests/unit/domain/test_llm_use_cases.py; 141B total / 39B active (Mistral AI)"),
+        ModelSpec("Mistral-Nemo-12B", 40, 5120, 32, 8, 128, 14336, 131072, 12.25e9, 128000,
+                  source="config.json of mistralai/Mistral-Nemo-Base-2407 as printed in github.com/kevinstephano/"
+                         "thunder_model_blocks thunder_model_blocks/mistral/mistral_config.py (head_dim 128, no window)"),
     ]
 }
 

@@ -39,9 +39,15 @@ def lookup(name: str, presets: Mapping[str, T]) -> str | None:
     return squashed[0] if len(squashed) == 1 else None
 
 
+def repo_name(name: str) -> str:
+    """A Hugging Face repository id without its owner (``meta-llama/Llama-3.1-8B`` -> ``Llama-3.1-8B``)."""
+    return name.rsplit("/", 1)[-1]
+
+
 def closest(name: str, choices: Iterable[str]) -> str | None:
     """The choice that shares the most distinctive parts with ``name`` (None when nothing is close)."""
     choices = list(choices)
+    name = repo_name(name)
     want = parts(name)
     family = re.match(r"[^a-z]*([a-z]+)", name.lower())
     best, best_key, best_ok = None, (0.0, 0.0), False
@@ -59,6 +65,12 @@ def closest(name: str, choices: Iterable[str]) -> str | None:
     return best if best_ok else None
 
 
-def did_you_mean_preset(name: str, choices: Iterable[str]) -> str:
+def did_you_mean_preset(name: str, choices: Iterable[str], not_presets: Mapping[str, str] | None = None) -> str:
+    """`` (did you mean 'X'?)``, or, for a model family deliberately left out (``not_presets``: name
+    prefix -> why), why it is not a preset."""
+    squashed = _squash(repo_name(name))
+    for prefix, why in (not_presets or {}).items():
+        if squashed.startswith(_squash(prefix)):
+            return f" ({why})"
     c = closest(name, choices)
     return f" (did you mean '{c}'?)" if c else ""

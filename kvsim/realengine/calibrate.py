@@ -309,7 +309,9 @@ def run_engine_calibration(model: str, *, out: str | Path | None, device: str = 
                   "(engine_steps.csv: cpu_median_s is the process CPU time of the same steps: wall - CPU is time "
                   "the host gave to other processes)",
         "grid": asdict(grid), "fitted": fitted, "mismatched_steps": mismatched,
-        "scenario_timing": {"kind": "calibrated", "file": portable_path(out)},
+        "scenario_timing": {"kind": "calibrated", "file": portable_path(out),
+                            "note": "relative to the directory kvsim calibrate ran in (only the directory's name "
+                                    "when outside it); a scenario's timing.file is relative to the scenario file"},
         "rows": len(rows), "points": len(points),
     }
     with atomic_out_dir(out, "calibrate", force=force) as tmp:

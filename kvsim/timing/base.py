@@ -133,14 +133,17 @@ class DecodeStepPricer(Protocol):
     the duration must equal element j of ``decode_durations`` (and so ``step_time``) bit for bit for
     that step, and ``parts`` is an opaque per-step value; ``parts(columns)`` returns the breakdown
     ``decode_durations`` would give for the steps whose ``parts`` are ``columns`` (in step order),
-    summed by :func:`decode_totals` the same way; ``kv_bytes_per_token`` converts the steps' KV
-    tokens to the bytes ``decode_durations`` reports."""
+    summed by :func:`decode_totals` the same way; ``totals(columns)`` is that breakdown for
+    ``decode_totals(..., len(columns))`` alone (it may come summed already: :class:`SummedParts`);
+    ``kv_bytes_per_token`` converts the steps' KV tokens to the bytes ``decode_durations`` reports."""
 
     kv_bytes_per_token: int
 
     def column(self, num_seqs: int, kv_tokens_read: int, kv_pages_read: int) -> tuple[float, object]: ...
 
     def parts(self, columns: list) -> dict: ...
+
+    def totals(self, columns: list) -> dict: ...
 
 
 @runtime_checkable
@@ -252,6 +255,20 @@ class DecodeParts(dict):
 SMALL_SUM_STEPS = 24  # decode_totals: a DecodeParts of at most this many steps is summed in Python
 
 
+class SummedParts(dict):
+    """A :class:`DecodeParts` of ``steps`` (<= ``SMALL_SUM_STEPS``) steps already summed: ``sums[i]``
+    is row ``i``'s sum in step order (what :func:`decode_totals` computes from the matrix), the
+    other names hold floats as in DecodeParts. Only ``decode_totals(parts, kv, steps)`` reads it."""
+
+    __slots__ = ("sums", "rows", "steps")
+
+    def __init__(self, parts: dict, sums: list[float], rows: dict[str, int], steps: int):
+        super().__init__(parts)
+        self.sums = sums
+        self.rows = rows
+        self.steps = steps
+
+
 def decode_totals(parts: dict, kv_read_bytes, k: int) -> tuple[dict[str, float], int]:
     """Breakdown sums and KV bytes read over the first ``k`` steps of a ``decode_durations`` result.
 
@@ -261,6 +278,11 @@ def decode_totals(parts: dict, kv_read_bytes, k: int) -> tuple[dict[str, float],
     bits); an array that appears under several names is summed once."""
     kv = kv_read_bytes[:k]
     kv_bytes = sum(kv.tolist()) if k <= SMALL_SUM_STEPS and kv.dtype.kind in "iu" else int(np.add.reduce(kv))
+    if isinstance(parts, SummedParts):
+        if k != parts.steps:
+            raise ValueError(f"decode_totals: SummedParts of {parts.steps} steps summed over {k}")
+        rows, sums = parts.rows, parts.sums
+        return {name: (sums[rows[name]] if name in rows else v * k) for name, v in parts.items()}, kv_bytes
     if isinstance(parts, DecodeParts):
         if k <= SMALL_SUM_STEPS:  # numpy's fixed cost per call would be most of the work
             sums = [sum(row) for row in parts.matrix[:, :k].tolist()]

@@ -115,3 +115,72 @@ def test_scenario_baseline_must_name_a_variant(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "baseline: 'contiguous-mx' is not a variant (did you mean 'contiguous-max'?)" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_rerun_reuses_every_step_and_writes_the_same_bytes(tmp_path, capsys):
+    """A second run into the same --out simulates nothing (every step's key is in capacity.json) and
+    writes byte-identical capacity.csv / capacity.json, the same as a --fresh run elsewhere."""
+    scn = tmp_path / "cap.yaml"
+    scn.write_text(SCENARIO)
+    argv = ["capacity", str(scn), "--slo", "ttft_ms=500,p90_tpot_ms=100", "--lo", "0.25", "--hi", "64",
+            "--tol", "1.0", "--variant", "paged-16"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert main(argv + ["--out", str(a)]) == 0
+    first = {f: (a / f).read_bytes() for f in ("capacity.csv", "capacity.json")}
+    capsys.readouterr()
+    assert main(argv + ["--out", str(a)]) == 0
+    err = capsys.readouterr().err
+    steps = [line for line in err.splitlines() if " step " in line]
+    assert steps and all("reused from capacity.json" in line for line in steps)
+    assert {f: (a / f).read_bytes() for f in first} == first
+    assert main(argv + ["--out", str(b), "--fresh", "-q"]) == 0
+    assert {f: (b / f).read_bytes() for f in first} == first
+    # another objective is another simulation: nothing is reused
+    assert main([*argv[:3], "ttft_ms=400,p90_tpot_ms=100", *argv[4:], "--out", str(a)]) == 0
+    assert "reused from" not in capsys.readouterr().err
+
+
+def test_interrupted_steps_are_kept_and_reused(tmp_path, capsys, monkeypatch):
+    """Ctrl-C after two steps: capacity.json keeps them (complete: false), the message says so, and
+    the rerun reuses them and ends with what an uninterrupted run gives."""
+    from kvsim.capacity import rate_search as rs
+
+    scn = tmp_path / "cap.yaml"
+    scn.write_text(SCENARIO)
+    out = tmp_path / "out"
+    argv = ["capacity", str(scn), "--slo", "ttft_ms=500", "--lo", "0.25", "--hi", "64", "--tol", "1.0",
+            "--variant", "paged-16", "--out", str(out)]
+    real, calls = rs.search, []
+
+    def interrupting(evaluate, *a, **kw):
+        def ev(scale):
+            if len(calls) == 2:
+                raise KeyboardInterrupt
+            calls.append(scale)
+            return evaluate(scale)
+        return real(ev, *a, **kw)
+
+    monkeypatch.setattr(rs, "search", interrupting)
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert "2 step(s) of this run" in err and str(out / "capacity.json") in err
+    doc = json.loads((out / "capacity.json").read_text())
+    assert doc["complete"] is False and len(doc["evaluations_unfinished"]) == 2
+    assert not (out / "capacity.csv").exists()
+    monkeypatch.setattr(rs, "search", real)
+    assert main(argv) == 0
+    assert capsys.readouterr().err.count("reused from capacity.json") == 2
+    assert main(argv[:-1] + [str(tmp_path / "fresh"), "--fresh", "-q"]) == 0
+    assert (out / "capacity.csv").read_bytes() == (tmp_path / "fresh" / "capacity.csv").read_bytes()
+
+
+def test_unserved_percentile_is_null_in_json(tmp_path):
+    """A percentile that lands on a rejected request is infinite: capacity.json says null (JSON has no
+    infinity) and the evaluation still loads for reuse."""
+    from kvsim.capacity import VariantCapacity, known_evaluations
+
+    e = Evaluation(1.0, 2.0, 0.5, 1.0, 1.0, 10, 3, False, {"p99_ttft_ms": float("inf")}, key="k")
+    write_outputs(tmp_path, [VariantCapacity("v", "below_range", None, 1.0, None, None, None, (e,))], {})
+    doc = json.loads((tmp_path / "capacity.json").read_text())
+    assert doc["variants"][0]["evaluations"][0]["percentiles_ms"] == {"p99_ttft_ms": None}
+    assert known_evaluations(tmp_path)["k"].percentiles_ms == {"p99_ttft_ms": float("inf")}

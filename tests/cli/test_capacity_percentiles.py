@@ -1,5 +1,5 @@
 """`kvsim capacity` with percentile SLOs (p99_ttft_ms=..), the exact reuse of the trace between
-bisection steps, and the progress lines (kvsim/capacity.py)."""
+bisection steps, and the progress lines (kvsim/capacity/)."""
 
 from __future__ import annotations
 

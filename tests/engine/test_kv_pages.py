@@ -89,10 +89,11 @@ def test_window_arrays_both_evaluations_equal_step_mode(allocator, dense, stay_s
     ``MIN_STAY_SUMS``): every way gives the step-by-step engine's page, byte and token counts."""
     import pandas as pd
 
+    import kvsim.fast.group_window as group_window
     import kvsim.fast.window as window
 
     monkeypatch.setattr(window, "DENSE_PAGES_MAX", 1 << 30 if dense else 0)
-    monkeypatch.setattr(window, "MIN_STAY_SUMS", stay_sums)
+    monkeypatch.setattr(group_window, "MIN_STAY_SUMS", stay_sums)
     rng = np.random.default_rng(11)
     n = 60
     rows = list(zip(np.cumsum(rng.exponential(1 / 25.0, n)), rng.integers(1, 300, n), rng.integers(1, 150, n)))

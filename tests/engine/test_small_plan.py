@@ -1,4 +1,4 @@
-"""A short group window's step arrays in Python lists (kvsim.fast.window._small_group_steps) against
+"""A short group window's step arrays in Python lists (kvsim.fast.group_window._small_group_steps) against
 their definition, member by member and step by step: the members that finish inside the window
 decode while they have output left, reading their step-0 length + j tokens in
 ceil(length / block_size) pages; the staying members enter as the group's sums (count, sum of base
@@ -7,7 +7,7 @@ constants, page quotients and remainders) and each reads base + clock + 1 + j to
 import numpy as np
 import pytest
 
-from kvsim.fast.window import _small_group_steps
+from kvsim.fast.group_window import _small_group_steps
 
 
 def by_definition(kcap, few, stay_bases, clock, bs):

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from helpers import make_scenario, make_trace
-from kvsim.fast.window import StepwiseTimes
+from kvsim.fast.stepwise import StepwiseTimes
 from kvsim.simulate import run
 from kvsim.timing.analytical import AnalyticalTiming
 

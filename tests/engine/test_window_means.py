@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import kvsim.fast.window as window
-from kvsim.fast.window import DecodeWindow, Segments, window_means
+import kvsim.fast.means as means
+from kvsim.fast.means import Segments, window_means
+from kvsim.fast.window import DecodeWindow
 from kvsim.kv.base import UsageSums
 
 
@@ -49,7 +50,7 @@ def test_small_and_numpy_means_agree_with_the_definition(k, monkeypatch):
         want, want_batch = _definition(win, k, d, starts, sums, capacity)
         got = {}
         for small in (0, 1 << 30):  # the numpy evaluation, then the plain-Python one
-            monkeypatch.setattr(window, "SMALL_WINDOW_STEPS", small)
+            monkeypatch.setattr(means, "SMALL_WINDOW_STEPS", small)
             got[small] = window_means(win, k, d, seg, capacity)
         for memory, batch in got.values():
             assert batch == pytest.approx(want_batch, rel=1e-12)

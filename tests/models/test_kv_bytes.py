@@ -69,6 +69,20 @@ def test_gemma_3_pattern_and_layer_types():
     assert wrapped["num_layers"] == 26 and wrapped["sliding_window_layers"] == 22
 
 
+def test_gemma_3_27b_windows_are_why_it_is_not_a_preset():
+    """Gemma-3-27B (text_config of the Gemma3Config in maxtext's hf_model_configs.py): 52 of 62 layers keep a
+    1024-token window; kvsim's allocators charge every layer for every token, so a preset would overstate its
+    KV 3.8x at 8K tokens and 6x at 128K (docs/models.md, "Presets")."""
+    m = spec("gemma-3-27b.json")
+    assert (m.num_layers, m.sliding_window_layers, m.sliding_window_tokens) == (62, 52, 1024)
+    assert m.num_params == pytest.approx(27e9, rel=0.01)
+    charged = lambda n: n * m.kv_bytes_per_token("bf16")  # noqa: E731
+    assert charged(1024) == m.kv_bytes_for_context(1024, "bf16")
+    assert charged(8192) / m.kv_bytes_for_context(8192, "bf16") == pytest.approx(3.76, abs=0.01)
+    assert charged(131072) / m.kv_bytes_for_context(131072, "bf16") == pytest.approx(5.96, abs=0.01)
+    assert not any(name.lower().startswith("gemma-3") for name in MODELS)
+
+
 def test_qwen_window_switched_off():
     m = spec("qwen2.5-72b.json")
     assert m.sliding_window_layers == 0 and m.kv_bytes_per_token("bf16") == 2 * 80 * 8 * 128 * 2
@@ -94,7 +108,10 @@ CURRENT = {"llama-3.1-8b.json": "Llama-3.1-8B", "llama-3.1-70b.json": "Llama-3.1
            "llama-3.3-70b.json": "Llama-3.3-70B", "llama-3.2-3b.json": "Llama-3.2-3B", "qwen2.5-3b.json": "Qwen2.5-3B",
            "qwen2.5-14b.json": "Qwen2.5-14B", "qwen2.5-32b.json": "Qwen2.5-32B", "qwen3-4b.json": "Qwen3-4B",
            "qwen3-8b.json": "Qwen3-8B", "qwen3-14b.json": "Qwen3-14B", "qwen3-32b.json": "Qwen3-32B",
-           "qwen3-30b-a3b.json": "Qwen3-30B-A3B", "gemma-2-9b.json": "Gemma-2-9B"}
+           "qwen3-30b-a3b.json": "Qwen3-30B-A3B", "gemma-2-9b.json": "Gemma-2-9B",
+           "qwen2.5-7b.json": "Qwen2.5-7B", "llama-3.2-1b.json": "Llama-3.2-1B", "qwen3-0.6b.json": "Qwen3-0.6B",
+           "qwen3-1.7b.json": "Qwen3-1.7B", "qwen3-235b-a22b.json": "Qwen3-235B-A22B",
+           "mixtral-8x22b-v0.1.json": "Mixtral-8x22B", "mistral-nemo-base-2407.json": "Mistral-Nemo-12B"}
 
 
 @pytest.mark.parametrize("file,preset", sorted(CURRENT.items()))
@@ -111,8 +128,24 @@ def test_current_presets_are_their_config_files(file, preset):
 
 
 def test_llama_3_1_presets_take_128k_prompts():
-    for name in ("Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "Llama-3.3-70B", "Llama-3.2-3B"):
+    for name in ("Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "Llama-3.3-70B", "Llama-3.2-3B", "Llama-3.2-1B",
+                 "Qwen2.5-7B"):
         assert MODELS[name].max_model_len_tokens == 131072 == 128 * 1024
+
+
+@pytest.mark.parametrize("preset,total,active", [
+    # published totals: model cards (Llama-3.2-1B 1.23B, Qwen3 0.6B/1.7B/235B-A22B, Mistral-Nemo 12B) and
+    # Mistral AI's Mixtral-8x22B announcement (141B total, 39B active)
+    ("Llama-3.2-1B", 1.23e9, None), ("Qwen3-0.6B", 0.6e9, None), ("Qwen3-1.7B", 1.7e9, None),
+    ("Qwen3-235B-A22B", 235e9, 22e9), ("Mixtral-8x22B", 141e9, 39e9), ("Mistral-Nemo-12B", 12.2e9, None),
+])
+def test_new_presets_weigh_what_their_model_cards_say(preset, total, active):
+    """The shape-derived counts land within 2 % of the published (rounded) totals: a typo'd shape in a
+    preset or its test copy would move them by far more."""
+    p = MODELS[preset]
+    assert p.num_params == pytest.approx(total, rel=0.02)
+    if active is not None:
+        assert p.params_per_token == pytest.approx(active, rel=0.02)
 
 
 def test_moe_weights_count_every_expert_and_flops_only_the_active_ones():

@@ -50,7 +50,13 @@ def test_gpu_did_you_mean_matches_distinctive_parts(tmp_path, typed, meant):
 @pytest.mark.parametrize("typed,meant", [("OPT-13", "OPT-13B"), ("Llama-3.1-70B-Instruct", "Llama-3.1-70B"),
                                          ("deepseek-v2", "DeepSeek-V3"), ("mixtral", "Mixtral-8x7B"),
                                          ("Meta-Llama-3.1-405B", "Llama-3.1-405B"), ("qwen3-30b", "Qwen3-30B-A3B"),
-                                         ("Gemma-2-27B", "Gemma-2-9B"), ("Lama-3-8B", "Llama-3-8B")])
+                                         ("Gemma-2-27B", "Gemma-2-9B"), ("Lama-3-8B", "Llama-3-8B"),
+                                         # Hugging Face repository ids, as users copy them from the hub
+                                         ("meta-llama/Llama-3.1-8B-Instruct", "Llama-3.1-8B"),
+                                         ("Qwen/Qwen3-235B-A22B-Instruct-2507", "Qwen3-235B-A22B"),
+                                         ("mistralai/Mistral-Nemo-Instruct-2407", "Mistral-Nemo-12B"),
+                                         ("mistralai/Mixtral-8x22B-Instruct-v0.1", "Mixtral-8x22B"),
+                                         ("meta-llama/Llama-3.2-1B-Instruct", "Llama-3.2-1B")])
 def test_model_did_you_mean(tmp_path, typed, meant):
     assert f"did you mean '{meant}'" in error(write(tmp_path, base(model=typed)))
 
@@ -60,6 +66,13 @@ def test_no_preset_of_another_family_is_offered(tmp_path):
     msg = error(write(tmp_path, base(model="Phi-3-mini")))
     assert "did you mean" not in msg and "valid presets" in msg and "config.json" in msg
     assert closest("Phi-3-mini", MODELS) is None
+
+
+def test_gemma_3_says_why_it_is_not_a_preset(tmp_path):
+    """No Gemma-2 did-you-mean for a Gemma 3 name: the error says why there is no preset and the way in."""
+    for typed in ("gemma-3-27b-it", "google/gemma-3-1b-pt", "Gemma3-12B"):
+        msg = error(write(tmp_path, base(model=typed)))
+        assert "did you mean" not in msg and "Gemma 3 is not a preset" in msg and "config.json" in msg
 
 
 def test_separators_and_case_find_current_presets(tmp_path):

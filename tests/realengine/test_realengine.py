@@ -177,14 +177,6 @@ def test_linear_fit_recovers_a_five_term_engine_and_prices_unseen_shapes(tmp_pat
         assert timing.step_time(sh.batch_shape()).duration_s == pytest.approx(exact, rel=0.03), (p, exact)
 
 
-def test_meta_paths_name_no_machine(tmp_path, monkeypatch):
-    from kvsim.realengine.calibrate import portable_path
-
-    monkeypatch.chdir(tmp_path)
-    assert portable_path(tmp_path / "calibration" / "x") == "calibration/x"
-    assert portable_path("/tmp/somewhere/else/cal2") == "cal2"
-
-
 def test_grid_needs_the_points_the_fit_uses():
     from kvsim.realengine.vllm_engine import EngineError
 

@@ -29,8 +29,39 @@ def test_committed_scenarios_are_the_generated_ones(tmp_path):
     for row in rows:
         committed = (vs.SCENARIO_DIR / f"{row['case_id']}.yaml").read_text()
         assert committed == vs.scenario_text(row), f"{row['case_id']}: rerun --write-scenarios"
-    assert len(vs.write_scenarios(rows, tmp_path)) == len(rows)
+    for row in rows:
+        if row["dataset"] == "sharegpt":
+            trace = (vs.SCENARIO_DIR / "traces" / f"{row['case_id']}.csv").read_text()
+            assert trace == vs.trace_text(row), f"{row['case_id']}: rerun --write-scenarios"
+    traces = sum(r["dataset"] == "sharegpt" for r in rows)
+    assert traces >= 6 and len(vs.write_scenarios(rows, tmp_path)) == len(rows) + traces
     assert vs.write_scenarios(rows, tmp_path) == []  # unchanged files are not rewritten
+
+
+def test_sharegpt_case_replays_the_printed_lengths():
+    row = next(r for r in vs.load_corpus() if r["case_id"] == "llama3-70b-h100x2-sharegpt-n80")
+    lines = vs.trace_text(row).splitlines()
+    assert lines[0] == vs.TRACE_HEADER and len(lines) == 1 + int(row["num_prompts"])
+    # the printed totals of the source file (total_input_tokens 19504, total_output_tokens 12789)
+    assert sum(i for i, _ in row["_lengths"]) == 19504 and sum(o for _, o in row["_lengths"]) == 12789
+    zero = vs.zero_output_requests(row)
+    assert zero and all(lines[1 + k] == f"0,{row['_lengths'][k][0]},1" for k in zero)
+    text = vs.scenario_text(row)
+    assert "chunked_prefill: false" in text and "max_num_batched_tokens: 2048" in text
+    assert f"file: traces/{row['case_id']}.csv" in text and "max_model_len_tokens: 2048" in text
+
+
+def test_lengths_that_do_not_match_num_prompts_are_one_line(tmp_path, capsys):
+    with open(vs.CORPUS, newline="") as f:
+        header, *body = list(csv.reader(f))
+    row = next(r for r in body if r[header.index("dataset")] == "sharegpt")
+    (tmp_path / "corpus.csv").write_text(",".join(header) + "\n")
+    with open(tmp_path / "corpus.csv", "a", newline="") as f:
+        csv.writer(f).writerow(row)
+    (tmp_path / vs.LENGTHS).write_text("case_id,index,input_len,output_len\n" + f"{row[0]},0,10,5\n")
+    assert vs.main(["--corpus", str(tmp_path / "corpus.csv"), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "has 1 requests in lengths.csv" in err and "num_prompts is 80" in err
 
 
 def test_a_file_it_did_not_generate_is_not_replaced(tmp_path):
@@ -42,16 +73,22 @@ def test_a_file_it_did_not_generate_is_not_replaced(tmp_path):
     assert mine.read_text() == "name: mine\n"
 
 
-def test_missing_field_is_one_line_naming_file_line_and_field(tmp_path, capsys):
+def _error_of_first_row_with(tmp_path, capsys, field: str, value: str) -> str:
+    """The error line of a corpus whose only row is the first one with ``field`` set to ``value``."""
     with open(vs.CORPUS, newline="") as f:
         header, first = list(csv.reader(f))[:2]
-    first[header.index("kvsim_gpu")] = ""
+    first[header.index(field)] = value
     bad = tmp_path / "corpus.csv"
     with open(bad, "w", newline="") as f:
         csv.writer(f).writerows([header, first])
     assert vs.main(["--corpus", str(bad), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and str(bad) in err and "line 2" in err and "'kvsim_gpu'" in err
+    assert err.count("\n") == 0 and str(bad) in err and "line 2" in err
+    return err
+
+
+def test_missing_field_is_one_line_naming_file_line_and_field(tmp_path, capsys):
+    assert "'kvsim_gpu'" in _error_of_first_row_with(tmp_path, capsys, "kvsim_gpu", "")
 
 
 def test_measure_closed_loop_starts_the_clock_at_admission():
@@ -63,6 +100,10 @@ def test_measure_closed_loop_starts_the_clock_at_admission():
     assert closed["request_throughput"] == pytest.approx(1.0)
     opened = vs.measure(q, closed_loop=False, which="median")
     assert opened["ttft_ms"] == pytest.approx(650.0) and opened["e2el_ms"] == pytest.approx(1500.0)
+    # a request the source printed with no text: its TTFT counts as 0, the others are unchanged
+    q["request_id"] = [0, 1]
+    zeroed = vs.measure(q, closed_loop=False, which="mean", zero_ttft=frozenset({1}))
+    assert zeroed["ttft_ms"] == pytest.approx(50.0) and zeroed["e2el_ms"] == opened["e2el_ms"]
 
 
 def test_compare_errors_and_pass_flags():
@@ -121,3 +162,18 @@ def test_fit_with_one_batch_size_or_kvsim_too_slow():
     rows, zero = _fit_rows([1, 8], lambda c: -0.002)  # kvsim already slower: no negative overhead
     assert vs.fit_overhead(rows, zero) == {"step_overhead_s": 0.0, "per_seq_s": 0.0,
                                            "residuals_s": {"c0": -0.002, "c1": -0.002}}
+
+
+def test_bad_engine_setting_is_one_line(tmp_path, capsys):
+    err = _error_of_first_row_with(tmp_path, capsys, "chunked_prefill", "maybe")
+    assert "chunked_prefill 'maybe'" in err and "true, false" in err
+
+
+def test_a_trace_file_it_did_not_write_is_not_replaced(tmp_path):
+    row = next(r for r in vs.load_corpus() if r["dataset"] == "sharegpt")
+    mine = tmp_path / "traces" / f"{row['case_id']}.csv"
+    mine.parent.mkdir()
+    mine.write_text("my,own,columns\n")
+    with pytest.raises(vs.CorpusError, match="not generated by this script"):
+        vs.write_scenarios([row], tmp_path)
+    assert mine.read_text() == "my,own,columns\n"

@@ -257,7 +257,11 @@ def test_decode_step_pricer_equals_decode_durations_step_by_step(name):
             assert _bits(got_parts[key]) == _bits(v), key
         assert _bits(T * pricer.kv_bytes_per_token) == _bits(want_kv)
         for k in sorted({0, 1, size // 2, size}):
-            assert decode_totals(pricer.parts(columns[:k]), want_kv, k) == decode_totals(want_parts, want_kv, k)
+            want_totals = decode_totals(want_parts, want_kv, k)
+            assert decode_totals(pricer.parts(columns[:k]), want_kv, k) == want_totals
+            got_totals = decode_totals(pricer.totals(columns[:k]), want_kv, k)  # summed without the matrix
+            assert got_totals == want_totals
+            assert [type(v) for v in got_totals[0].values()] == [type(v) for v in want_totals[0].values()]
 
 
 def test_decode_tables_grow_past_their_first_size():

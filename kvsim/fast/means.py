@@ -1,0 +1,102 @@
+"""A decode window's time-weighted means: the allocator sums it went through (:class:`Segments`),
+and :func:`window_means` over its steps (memory parts in tokens, batch size)."""
+
+from __future__ import annotations
+
+from itertools import chain
+from operator import mul
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from kvsim.kv.base import MemoryParts, UsageSums
+
+if TYPE_CHECKING:
+    from kvsim.fast.window import DecodeWindow
+
+_add = np.add.reduce  # == ndarray.sum (the same reduction), without its Python-level wrapper
+
+# windows of at most this many steps: time-weighted means in Python floats (numpy's per-call cost dominates)
+SMALL_WINDOW_STEPS = 24
+
+
+class Segments:
+    """A window's piecewise-constant allocator sums: from step ``starts[i]`` on, the sums
+    ``parts[i] = (held, useful, shared, cached free, external)`` tokens (a
+    :class:`~kvsim.kv.base.UsageSums` as a plain tuple: one is kept per block event)."""
+
+    __slots__ = ("starts", "parts")
+
+    def __init__(self, first: UsageSums) -> None:
+        self.starts: list[int] = [0]
+        self.parts: list[tuple[int, int, int, int, int]] = []
+        self.add_parts(first)
+
+    def add(self, first_step: int, usage: UsageSums) -> None:
+        self.starts.append(first_step)
+        self.add_parts(usage)
+
+    def add_parts(self, u: UsageSums) -> None:
+        self.parts.append((u.held_tokens, u.useful_tokens, u.shared_tokens, u.cached_free_tokens, u.external_tokens))
+
+
+def window_means(win: DecodeWindow, k: int, durations: np.ndarray, segments, capacity_tokens: int):
+    """Time-weighted means over the window's steps: ``(memory parts in tokens, batch size)``.
+
+    ``segments`` (:class:`Segments`, strictly increasing first steps, all < k) hold
+    piecewise-constant allocator sums; the written / batch / KV-read series are per step."""
+    parts = segments.parts
+    if k <= SMALL_WINDOW_STEPS:
+        return _window_means_small(win, k, durations, segments, capacity_tokens)
+    d = durations[:k]
+    total = float(_add(d))
+    vals = np.fromiter(chain.from_iterable(parts), np.float64, 5 * len(parts)).reshape(-1, 5)  # (segments, 5)
+    seg_time = np.add.reduceat(d, segments.starts)  # time spent in each segment
+    held, useful, shared, cached_free, external = (seg_time @ vals / total).tolist()
+    written = float(np.dot(win.written[:k], d)) / total
+    batch = float(np.dot(win.num_requests[:k], d)) / total
+    unshared = written if win.kv_tokens_read is win.written else float(np.dot(win.kv_tokens_read[:k], d)) / total
+    return _means(held, useful, shared, cached_free, external, written, unshared, parts, capacity_tokens), batch
+
+
+def _window_means_small(win: DecodeWindow, k: int, durations: np.ndarray, segments: Segments, capacity_tokens: int):
+    """:func:`window_means` of a short window in plain Python floats: below a few dozen values
+    numpy's fixed cost per call is most of the work. Sums run in step order (numpy's pairwise and
+    BLAS sums may differ from these in the last bits; either is deterministic)."""
+    d = durations[:k].tolist()
+    total = sum(d)
+    starts, parts = segments.starts, segments.parts
+    held = useful = shared = cached_free = external = 0.0
+    ends = starts[1:]
+    ends.append(k)
+    for s, e, p in zip(starts, ends, parts):
+        t = sum(d[s:e])
+        held += t * p[0]
+        useful += t * p[1]
+        shared += t * p[2]
+        cached_free += t * p[3]
+        external += t * p[4]
+    held /= total
+    useful /= total
+    shared /= total
+    cached_free /= total
+    external /= total
+    written = sum(map(mul, win.written[:k].tolist(), d)) / total
+    batch = sum(map(mul, win.num_requests[:k].tolist(), d)) / total
+    unshared = written if win.kv_tokens_read is win.written else sum(map(mul, win.kv_tokens_read[:k].tolist(), d)) / total
+    return _means(held, useful, shared, cached_free, external, written, unshared, parts, capacity_tokens), batch
+
+
+def _means(held: float, useful: float, shared: float, cached_free: float, external: float, written: float,
+           unshared: float, parts: list, capacity_tokens: int) -> MemoryParts:
+    """A window's MemoryParts from its time-weighted allocator sums and written slots (tokens)."""
+    return MemoryParts(
+        token_states=written - shared,
+        reservation=useful - written,
+        internal_frag=held - useful,
+        external_frag=external,
+        free=capacity_tokens - (held - shared) - external,
+        cached_free=cached_free,
+        peak_used=float(max([p[0] - p[2] for p in parts])),
+        unshared=unshared,
+    )

@@ -73,6 +73,9 @@ def register(subparsers) -> None:
     eg.add_argument("--mixed-chunks", nargs="+", type=positive_int, help="prefill chunk of the mixed steps")
     eg.add_argument("--eager", action="store_true", help="build the engine with enforce_eager (no torch.compile: "
                                                          "starts in seconds; use the same setting for replay)")
+    eg.add_argument("--fit", choices=["linear", "exact"], default="linear",
+                    help="--engine vllm: how step times become tables: linear (default: a five-term least-squares "
+                         "fit, robust to a noisy host) or exact (interpolate the measured medians; docs/calibration.md)")
 
     sub = p.add_subparsers(dest="calibrate_command", metavar="{report,peer-check,selfcheck,fit}")
     sub.required = False
@@ -167,7 +170,7 @@ def _measure_engine(args: argparse.Namespace) -> int:
         except ImportError:
             device = "cpu"
     out = run_engine_calibration(args.model, out=args.out, device=device, grid=grid, threads=args.threads,
-                                 force=args.force, eager=args.eager, log=lambda m: print(m, file=sys.stderr))
+                                 force=args.force, eager=args.eager, fit=args.fit, log=lambda m: print(m, file=sys.stderr))
     print(out)
     return 0
 

@@ -1,10 +1,13 @@
 """``kvsim calibrate --engine vllm``: whole-step times of a running vLLM, as a calibration directory.
 
-The engine is measured, not its kernels: every number is the wall time of one ``LLMEngine.step()``
-(scheduling, forward pass, sampling, output processing) at a known shape (kvsim.realengine.measure).
-``engine_steps.csv`` keeps those raw points; ``measurements.csv`` holds them decomposed into the
-tables the calibrated timing model reads (kvsim/timing/calibrated.py), so that at every measured
-pure-decode and pure-prefill point the model's step time equals the measured one:
+The engine is measured, not its kernels: every number is the time of one ``LLMEngine.step()``
+(scheduling, forward pass, sampling, output processing) at a known shape (kvsim.realengine.measure),
+both wall and process CPU time. On a CPU host the tables are built from the CPU time (the engine's
+own work; a shared host adds other processes' time to the wall clock), on CUDA from the wall time.
+``engine_steps.csv`` keeps the raw points; ``measurements.csv`` holds the tables the calibrated
+timing model reads (kvsim/timing/calibrated.py), built by ``--fit linear`` (the default: a
+five-term least-squares fit, kvsim.realengine.stepfit) or ``--fit exact`` (:func:`decompose`: at
+every measured pure-decode and pure-prefill point the model's step time equals the measured one):
 
 * per-token cost ``beta`` (s/token): the linear term of a fit ``P(n) = a + beta n + g n^2`` over the
   prefill steps without cached tokens; it is spread evenly over the four per-layer GEMM ops
@@ -28,15 +31,17 @@ import json
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from kvsim.calibration_data import schema as S
+from kvsim.realengine.stepfit import MIN_TIME_S, linear_tables, table_row
 from kvsim.realengine.vllm_engine import Engine, EngineError, EngineSettings, check_block_size, read_model_config
 
-MIN_TIME_S = 1e-7  # floor for a decomposed table entry (the log-log interpolation needs positive times)
+FITS = ("linear", "exact")  # how the step points become tables (kvsim.realengine.stepfit; decompose below)
+
 ENGINE_STEPS_FILE = "engine_steps.csv"
 
 
@@ -111,17 +116,6 @@ def measure_block_size(model_config: Path, cfg: dict, grid: EngineGrid, block_si
     return points, m.mismatched, settings.provenance()
 
 
-def _row(op: str, *, dtype: str, block_size: int = 0, batch: int = 0, context_len: float = 0, new_tokens: int = 0,
-         cached_tokens: int = 0, tokens: int = 0, median_s: float, repeats: int = 0, geometry=(0, 0, 0)) -> dict:
-    r = dict.fromkeys(S.COLUMNS, 0)
-    r.update(op=op, impl="vllm_engine_step", device="", dtype=dtype, compute_dtype=dtype, block_size=block_size,
-             batch=batch, context_len=context_len, new_tokens=new_tokens, cached_tokens=cached_tokens,
-             tokens=tokens, median_s=max(median_s, MIN_TIME_S), p10_s=max(median_s, MIN_TIME_S),
-             p90_s=max(median_s, MIN_TIME_S), mean_s=max(median_s, MIN_TIME_S), repeats=repeats, splits=1,
-             heads=geometry[0], kv_heads=geometry[1], head_dim=geometry[2])
-    return r
-
-
 def fit_per_token(prefill_uncached: list[tuple[int, float]]) -> float:
     """``beta`` of ``P(n) = a + beta n + g n^2`` (least squares, all terms >= 0)."""
     n = np.array([p[0] for p in prefill_uncached], dtype=float)
@@ -154,27 +148,27 @@ def decompose(points: list, num_layers: int, dtype: str, geometry: tuple[int, in
             slope, icpt = np.polyfit(x, y, 1) if len(pts) > 1 else (0.0, y[0])
             a[b] = float(min(max(icpt, 0.5 * y.min()), 0.95 * y.min()))
             for c, t in pts:
-                rows.append(_row(S.DECODE_PAGED, dtype=dtype, block_size=bs, batch=b, context_len=c, new_tokens=1,
+                rows.append(table_row(S.DECODE_PAGED, dtype=dtype, block_size=bs, batch=b, context_len=c, new_tokens=1,
                                  cached_tokens=c - 1, tokens=b, median_s=(t - a[b]) / L, geometry=geometry))
         fitted["per_step_s"][bs] = a
         lm = {s: max(v - beta * s, MIN_TIME_S) for s, v in a.items()}
         for p in (p for p in points if p.block_size == bs and p.kind == "prefill"):
             t = float(np.median(p.durations_s))
             n, k = p.prefill_tokens, p.prefill_cached
-            rows.append(_row(S.PREFILL_PAGED, dtype=dtype, block_size=bs, batch=1, context_len=n + k, new_tokens=n,
+            rows.append(table_row(S.PREFILL_PAGED, dtype=dtype, block_size=bs, batch=1, context_len=n + k, new_tokens=n,
                              cached_tokens=k, tokens=n, median_s=(t - beta * n - lm[min(lm)]) / L, geometry=geometry))
     # token and per-step curves: the first (smallest) block size's per-step costs (they do not depend on it
     # beyond noise; the per-block differences stay in the attention tables)
     first = min(fitted["per_step_s"])
     lm = {s: max(v - beta * s, MIN_TIME_S) for s, v in fitted["per_step_s"][first].items()}
     for s, v in sorted(lm.items()):
-        rows.append(_row(S.GEMM_LM_HEAD, dtype=dtype, batch=s, tokens=s, median_s=v))
+        rows.append(table_row(S.GEMM_LM_HEAD, dtype=dtype, batch=s, tokens=s, median_s=v))
     token_grid = sorted({1, *(p.decode_seqs for p in points if p.decode_seqs),
                          *(p.prefill_tokens for p in points if p.prefill_tokens),
                          *(p.decode_seqs + p.prefill_tokens for p in points)} - {0})
     for op in S.LAYER_GEMMS:
         for t in token_grid:
-            rows.append(_row(op, dtype="bf16", batch=t, tokens=t, median_s=beta * t / (len(S.LAYER_GEMMS) * L)))
+            rows.append(table_row(op, dtype="bf16", batch=t, tokens=t, median_s=beta * t / (len(S.LAYER_GEMMS) * L)))
     fitted["per_step_s"] = {str(k): {str(b): v for b, v in d.items()} for k, d in fitted["per_step_s"].items()}
     return rows, fitted
 
@@ -242,9 +236,21 @@ def _timing_for(d: Path, spec, kv_dtype: str, block_size: int):
     return CalibratedTiming(CalibratedTimingConfig(file=str(d), step_overhead_s=0.0), ctx)
 
 
+def portable_path(path: str | Path) -> str:
+    """A path for meta.json that names no one's machine: relative to the working directory when under it,
+    else only its last component (where a directory was written is no property of the calibration)."""
+    p = Path(path).expanduser().resolve()
+    try:
+        return p.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return p.name
+
+
 def run_engine_calibration(model: str, *, out: str | Path | None, device: str = "cpu", grid: EngineGrid = EngineGrid(),
-                           threads: int = 1, force: bool = False, eager: bool = False, log=print) -> Path:
-    """Measure, decompose, check on the hold-out mixed steps and write the calibration directory."""
+                           threads: int = 1, force: bool = False, eager: bool = False, fit: str = "linear",
+                           log=print) -> Path:
+    """Measure, fit (``fit``: linear, kvsim.realengine.stepfit; exact: :func:`decompose`), check on the
+    hold-out mixed steps and write the calibration directory."""
     import pandas as pd
 
     from kvsim.outdir import atomic_out_dir
@@ -252,6 +258,8 @@ def run_engine_calibration(model: str, *, out: str | Path | None, device: str = 
 
     if device not in ("cpu", "cuda"):
         raise EngineError(f"--device: {device!r} is not a device the vLLM engine path runs on; choose cpu or cuda")
+    if fit not in FITS:
+        raise EngineError(f"--fit: {fit!r} is not a fit; choose from {', '.join(FITS)}")
     config_path, cfg = read_model_config(model)
     grid.check(device)
     vllm = require_vllm()
@@ -267,8 +275,17 @@ def run_engine_calibration(model: str, *, out: str | Path | None, device: str = 
         points += pts
         mismatched += bad
     dtype = kv_dtype_of(cfg)
-    rows, fitted = decompose(points, spec.num_layers, dtype, (spec.num_attention_heads, spec.num_kv_heads,
-                                                              spec.head_dim))
+    # the engine's own work: on a CPU host the process CPU time of each step (the wall time also holds
+    # whatever time the shared host gave other processes: docs/studies.md (e)); on CUDA the wall time
+    basis = "cpu" if device == "cpu" else "wall"
+    priced = [replace(p, durations_s=list(p.cpu_s)) for p in points] if basis == "cpu" else points
+    geometry = (spec.num_attention_heads, spec.num_kv_heads, spec.head_dim)
+    if fit == "linear":
+        rows, fitted = linear_tables(priced, spec.num_layers, dtype, geometry, spec.max_model_len_tokens)
+    else:
+        rows, fitted = decompose(priced, spec.num_layers, dtype, geometry)
+    fitted = {"fit": fit, "step_time": f"{basis} time of each step (engine_steps.csv: "
+                                        f"{'cpu_median_s' if basis == 'cpu' else 'median_s'})", **fitted}
     for r in rows:
         r["device"] = device
     raw = pd.DataFrame([p.row() for p in points])
@@ -285,14 +302,16 @@ def run_engine_calibration(model: str, *, out: str | Path | None, device: str = 
                  "processor": platform.processor() or None, "loadavg_at_start": _loadavg()},
         "copy_bandwidth_bytes_per_s": copy_bandwidth(),
         "model": {"name": spec.name, **{k: getattr(spec, k) for k in S.MODEL_GEOMETRY_KEYS},
-                  "max_model_len_tokens": spec.max_model_len_tokens, "config_file": str(config_path)},
+                  "max_model_len_tokens": spec.max_model_len_tokens, "config_file": portable_path(config_path)},
         "weight_dtype": dtype, "kv_dtypes": [dtype], "block_sizes": sorted(grid.block_sizes),
         "decode_impl": "vllm_engine_step",
-        "timing": "time.perf_counter around each LLMEngine.step(); median of repeats after warm-up steps",
+        "timing": "time.perf_counter around each LLMEngine.step(); median of repeats after warm-up steps "
+                  "(engine_steps.csv: cpu_median_s is the process CPU time of the same steps: wall - CPU is time "
+                  "the host gave to other processes)",
         "grid": asdict(grid), "fitted": fitted, "mismatched_steps": mismatched,
-        "scenario_timing": {"kind": "calibrated", "file": _as_written(out),
-                            "note": "relative to the directory kvsim calibrate ran in (absolute when outside it); "
-                                    "a scenario's timing.file is relative to the scenario file"},
+        "scenario_timing": {"kind": "calibrated", "file": portable_path(out),
+                            "note": "relative to the directory kvsim calibrate ran in (only the directory's name "
+                                    "when outside it); a scenario's timing.file is relative to the scenario file"},
         "rows": len(rows), "points": len(points),
     }
     with atomic_out_dir(out, "calibrate", force=force) as tmp:
@@ -300,9 +319,10 @@ def run_engine_calibration(model: str, *, out: str | Path | None, device: str = 
         raw.to_csv(tmp / ENGINE_STEPS_FILE, index=False)
         meta["wall_s"] = round(time.monotonic() - t_start, 1)
         (tmp / S.META_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")
-        hold = [h for bs in grid.block_sizes for h in holdout_errors(points, _timing_for(tmp, spec, dtype, bs))]
+        hold = [h for bs in grid.block_sizes for h in holdout_errors(priced, _timing_for(tmp, spec, dtype, bs))]
         errs = np.abs([h["error"] for h in hold]) if hold else np.array([])
-        meta["holdout"] = {"what": "mixed steps (decode batch + one prefill chunk), never fitted", "points": hold,
+        meta["holdout"] = {"what": f"mixed steps (decode batch + one prefill chunk), never fitted ({basis} time)",
+                           "points": hold,
                            "mape": float(errs.mean()) if errs.size else None,
                            "max_ape": float(errs.max()) if errs.size else None}
         (tmp / S.META_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")
@@ -310,14 +330,6 @@ def run_engine_calibration(model: str, *, out: str | Path | None, device: str = 
     log(f"wrote {out} ({len(points)} step points, {len(rows)} table rows, {meta['wall_s']} s; hold-out mixed "
         f"steps: mean abs error {100 * mape:.1f} %)" if mape is not None else f"wrote {out}")
     return out
-
-
-def _as_written(path: Path) -> str:
-    """``path`` relative to the working directory when inside it (portable in a repository), else as is."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
 
 
 def _torch_version() -> str | None:

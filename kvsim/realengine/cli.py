@@ -3,7 +3,7 @@
 Usage::
 
     kvsim replay --engine vllm SCENARIO [--out DIR] [--model CONFIG.json] [--device cpu|cuda]
-                 [--threads N] [--eager] [--set KEY=VALUE ...] [--no-plots] [--force]
+                 [--threads N] [--eager] [--clock wall|cpu] [--set KEY=VALUE ...] [--no-plots] [--force]
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ def register(subparsers) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--threads", type=positive_int, default=1, help="CPU threads for the engine (OMP_NUM_THREADS)")
     p.add_argument("--eager", action="store_true", help="enforce_eager: no torch.compile (use what calibrate used)")
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="wall: real time (default); cpu: each step lasts its process CPU time and idle gaps are "
+                        "skipped, so a shared host's other processes are not in the timeline (docs/replay.md)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a scenario key (repeatable)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots and report.html")
     p.add_argument("--force", action="store_true", help="also replace another kvsim command's output at --out")
@@ -49,6 +52,6 @@ def handle(args: argparse.Namespace) -> int:
     loaded = load_scenario(args.file, args.set or [])
     out = replay_to_dir(loaded, Path(args.out) if args.out else None, model=args.model, threads=args.threads,
                         device=args.device, eager=args.eager, force=args.force, plots=not args.no_plots,
-                        log=None if args.quiet else (lambda m: print(m, file=sys.stderr)))
+                        log=None if args.quiet else (lambda m: print(m, file=sys.stderr)), clock=args.clock)
     print(out)
     return 0

@@ -27,13 +27,15 @@ class StepPoint:
     prefill_tokens: int
     prefill_cached: int
     durations_s: list[float] = field(default_factory=list)
+    cpu_s: list[float] = field(default_factory=list)  # process CPU time of the same steps
 
     def row(self) -> dict:
         d = np.asarray(self.durations_s, dtype=float)
         return {"kind": self.kind, "block_size": self.block_size, "decode_seqs": self.decode_seqs,
                 "decode_context": self.decode_context, "prefill_tokens": self.prefill_tokens,
                 "prefill_cached": self.prefill_cached, "repeats": len(d), "median_s": float(np.median(d)),
-                "p10_s": float(np.quantile(d, 0.1)), "p90_s": float(np.quantile(d, 0.9)), "mean_s": float(d.mean())}
+                "p10_s": float(np.quantile(d, 0.1)), "p90_s": float(np.quantile(d, 0.9)), "mean_s": float(d.mean()),
+                "cpu_median_s": float(np.median(self.cpu_s)) if self.cpu_s else float("nan")}
 
 
 class Measurer:
@@ -89,6 +91,7 @@ class Measurer:
                 continue
             if k >= self.warmup:
                 pt.durations_s.append(t1 - t0)
+                pt.cpu_s.append(self.eng.last_cpu_s)
         return pt
 
     def mixed(self, batch: int, context: int, chunk: int) -> StepPoint:
@@ -110,6 +113,7 @@ class Measurer:
                 continue
             if k >= self.warmup:
                 pt.durations_s.append(t1 - t0)
+                pt.cpu_s.append(self.eng.last_cpu_s)
                 ctx.append(s.decode_context / batch)
         self.eng.abort(ids)
         self._drain()

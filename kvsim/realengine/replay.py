@@ -29,6 +29,8 @@ from kvsim.realengine.tokens import prompt_tokens
 from kvsim.realengine.vllm_engine import Engine, EngineError, EngineSettings, read_model_config
 from kvsim.sched.request import RequestStatus
 
+ENGINE_STEPS_FILE = "engine_steps.parquet"  # per engine step: the shape vLLM scheduled and its wall time
+
 
 @dataclass
 class ReplayedRequest:
@@ -80,9 +82,28 @@ def settings_for(scn, model_file: Path, threads: int, device: str, eager: bool) 
                           threads=threads, seed=scn.seed, enforce_eager=eager)
 
 
+ENGINE_STEP_COLUMNS = ("step", "start_s", "duration_s", "cpu_s", "decode_seqs", "decode_context", "prefill_seqs",
+                       "prefill_tokens", "prefill_cached", "prefill_pairs", "max_prefill_cached", "new_requests",
+                       "preempted", "running", "waiting", "used_blocks")
+
+
+def engine_step_row(step: int, start: float, wall_s: float, cpu_s: float, sh) -> dict:
+    """One row of ``engine_steps.parquet``: the exact shape vLLM scheduled in a step and its wall time
+    (what ``steps.parquet`` aggregates away: the split of KV reads between decode and prefill)."""
+    return {"step": step, "start_s": start, "duration_s": wall_s, "cpu_s": cpu_s,
+            **{k: int(getattr(sh, k)) for k in ENGINE_STEP_COLUMNS[4:]}}
+
+
+CLOCKS = ("wall", "cpu")
+
+
 def run_trace(eng: Engine, trace, vocab: int, seed: int, kv: KVGeometry, steps_path: Path | None,
-              log=None) -> tuple[list[ReplayedRequest], StepRecorder, float, object]:
-    """Drive the engine through ``trace`` in real time. Returns (requests, recorder, end_s, steps table)."""
+              log=None, clock: str = "wall") -> tuple[list[ReplayedRequest], StepRecorder, float, list[dict]]:
+    """Drive the engine through ``trace``. ``clock``: ``wall`` -- in real time (arrivals on the wall clock,
+    each step lasting its wall time); ``cpu`` -- on the engine's own clock: each step lasts the process
+    CPU time it took and an idle engine jumps to the next arrival, so time other processes held the
+    core is not in the timeline (a shared host; docs/replay.md). The engine schedules and computes for
+    real either way. Returns (requests, recorder, end_s, engine step rows (:func:`engine_step_row`))."""
     n = len(trace)
     prompts = [prompt_tokens(trace, i, vocab, seed) for i in range(n)]  # before the clock starts
     reqs = [ReplayedRequest(i, float(trace.arrival_s[i]), int(trace.prompt_tokens[i])) for i in range(n)]
@@ -93,19 +114,28 @@ def run_trace(eng: Engine, trace, vocab: int, seed: int, kv: KVGeometry, steps_p
     capacity = usable * bs
     t_base = time.perf_counter() - float(trace.arrival_s[0]) if n else time.perf_counter()
     nxt, done, peak, last_end = 0, 0, 0, float(trace.arrival_s[0]) if n else 0.0
+    shapes: list[dict] = []
+    vnow = last_end  # the cpu clock
     while done < n:
-        now = time.perf_counter() - t_base
+        now = time.perf_counter() - t_base if clock == "wall" else vnow
         while nxt < n and trace.arrival_s[nxt] <= now:
             eng.add(str(nxt), prompts[nxt], int(wanted[nxt]))
             nxt += 1
         if not eng.has_unfinished():
             wait = float(trace.arrival_s[nxt]) - now
-            if wait > 0:
+            if clock == "cpu":
+                vnow = max(vnow, float(trace.arrival_s[nxt]))
+            elif wait > 0:
                 time.sleep(wait)
             continue
         t0, t1, outs = eng.step()
-        start, end = t0 - t_base, t1 - t_base
+        if clock == "wall":
+            start, end = t0 - t_base, t1 - t_base
+        else:
+            start, end = vnow, vnow + eng.last_cpu_s
+            vnow = end
         sh = eng.probe.last
+        shapes.append(engine_step_row(len(shapes), start, t1 - t0, eng.last_cpu_s, sh))
         if start > last_end:  # the engine waited (or the host added requests): an idle row
             rec.row(replica=0, idle=True, start_s=last_end, duration_s=start - last_end,
                     memory=_memory(sh, bs, capacity, peak, idle=True), running=sh.running, waiting=sh.waiting)
@@ -137,8 +167,8 @@ def run_trace(eng: Engine, trace, vocab: int, seed: int, kv: KVGeometry, steps_p
         last_end = end
         if log and finished and done % max(1, n // 10) == 0:
             log(f"  {done}/{n} finished at {end:.1f} s")
-    table = rec.close()
-    return reqs, rec, last_end, table
+    rec.close()
+    return reqs, rec, last_end, shapes
 
 
 def _index(request_id: str) -> int:
@@ -171,7 +201,7 @@ def model_file_of(loaded, override: str | None) -> Path:
 
 
 def replay_to_dir(loaded, out: Path | None, *, model: str | None = None, threads: int = 1, device: str = "cpu",
-                  eager: bool = False, force: bool = False, plots: bool = True, log=None) -> Path:
+                  eager: bool = False, force: bool = False, plots: bool = True, log=None, clock: str = "wall") -> Path:
     """Replay every run (variant) of ``loaded`` on the engine and write the directory (docs/replay.md):
     the layout of ``kvsim run`` (one subdirectory per variant), under kvsim.outdir's rules."""
     from kvsim.outdir import atomic_out_dir, check_out_dir
@@ -182,6 +212,9 @@ def replay_to_dir(loaded, out: Path | None, *, model: str | None = None, threads
 
     if device not in ("cpu", "cuda"):
         raise EngineError(f"--device: {device!r} is not a device the vLLM engine path runs on; choose cpu or cuda")
+    if clock not in CLOCKS or (clock == "cpu" and device != "cpu"):
+        raise EngineError(f"--clock: {clock!r} is not a clock for --device {device}; choose wall"
+                          + (" or cpu" if device == "cpu" else " (the CPU clock does not time GPU work)"))
     model_file = model_file_of(loaded, model)
     vocab = int(read_model_config(model_file)[1].get("vocab_size", 32000))
     settings = {name: settings_for(scn, model_file, threads, device, eager) for name, scn in loaded.runs.items()}
@@ -204,7 +237,7 @@ def replay_to_dir(loaded, out: Path | None, *, model: str | None = None, threads
             if log:
                 log(f"{name}: starting the engine ({settings[name].num_blocks - 1} KV blocks of "
                     f"{settings[name].block_size} tokens), then {len(trace)} requests in real time")
-            summary = _replay_one(scn, settings[name], trace, vocab, d, str(vllm.__version__), log)
+            summary = _replay_one(scn, settings[name], trace, vocab, d, str(vllm.__version__), log, clock)
             summary = {"name": name, "scenario": loaded.name, "kvsim_version": __version__, **summary}
             write_json(d / "summary.json", summary)
             if log:
@@ -221,7 +254,7 @@ def replay_to_dir(loaded, out: Path | None, *, model: str | None = None, threads
     return out
 
 
-def _replay_one(scn, settings: EngineSettings, trace, vocab: int, d: Path, version: str, log) -> dict:
+def _replay_one(scn, settings: EngineSettings, trace, vocab: int, d: Path, version: str, log, clock: str) -> dict:
     """One run on a fresh engine; writes steps.parquet and requests.parquet into ``d``; returns the summary."""
     import pandas as pd
 
@@ -231,7 +264,7 @@ def _replay_one(scn, settings: EngineSettings, trace, vocab: int, d: Path, versi
     eng = Engine(settings)
     try:
         wall0 = time.perf_counter()
-        reqs, rec, end_s, _ = run_trace(eng, trace, vocab, scn.seed, kv, d / "steps.parquet", log)
+        reqs, rec, end_s, shapes = run_trace(eng, trace, vocab, scn.seed, kv, d / "steps.parquet", log, clock)
         wall = time.perf_counter() - wall0
         capacity = eng.usable_blocks() * settings.block_size
     finally:
@@ -240,6 +273,7 @@ def _replay_one(scn, settings: EngineSettings, trace, vocab: int, d: Path, versi
     request_log.extend(reqs)
     table = log_table(request_log)
     write_parquet(d / "requests.parquet", table)
+    write_parquet(d / ENGINE_STEPS_FILE, pd.DataFrame(shapes, columns=list(ENGINE_STEP_COLUMNS)))
     steps = pd.read_parquet(d / "steps.parquet")
     summary = summarize(table, steps, SummaryInputs(
         capacity_tokens=capacity, kv=kv, prefix_caching=settings.prefix_caching,
@@ -247,7 +281,9 @@ def _replay_one(scn, settings: EngineSettings, trace, vocab: int, d: Path, versi
         start_s=float(trace.arrival_s[0]) if len(trace) else 0.0, itl=rec.itl,
         slo=scn.slo.as_dict() if scn.slo is not None else None, percentiles=tuple(scn.metrics.percentiles)))
     summary["measured"] = {"engine": "vllm", "version": version, "device": settings.device,
-                           "threads": settings.threads, "wall_s": round(wall, 2),
+                           "threads": settings.threads, "wall_s": round(wall, 2), "clock": clock,
+                           "busy_wall_s": round(sum(r["duration_s"] for r in shapes), 3),
+                           "busy_cpu_s": round(sum(r["cpu_s"] for r in shapes), 3),
                            "settings": settings.provenance(),
                            "note": "measured on a running engine (kvsim replay), not simulated"}
     return summary

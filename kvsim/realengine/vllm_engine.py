@@ -145,6 +145,7 @@ class Engine:
                               f"{first[:300]}") from None
         self.scheduler = self.llm.engine_core.engine_core.scheduler
         self.probe = StepProbe(self.scheduler)
+        self.last_cpu_s = 0.0
 
     # -- requests --------------------------------------------------------------------------------
     def add(self, request_id: str, token_ids: list[int], output_tokens: int, arrival_time: float | None = None) -> None:
@@ -157,10 +158,13 @@ class Engine:
         self.llm.abort_request(request_ids)
 
     def step(self) -> tuple[float, float, list]:
-        """One engine step: (wall start, wall end, RequestOutputs); the schedule is in ``probe.last``."""
-        t0 = time.perf_counter()
+        """One engine step: (wall start, wall end, RequestOutputs); the schedule is in ``probe.last`` and the
+        process CPU time the step took in ``last_cpu_s`` (below its wall time when the host ran others)."""
+        c0, t0 = time.process_time(), time.perf_counter()
         outs = self.llm.step()
-        return t0, time.perf_counter(), outs
+        t1 = time.perf_counter()
+        self.last_cpu_s = time.process_time() - c0
+        return t0, t1, outs
 
     def has_unfinished(self) -> bool:
         return self.llm.has_unfinished_requests()
@@ -191,6 +195,8 @@ class StepShape:
     decode_seqs: int = 0
     decode_context: int = 0  # sum over decode seqs of the KV tokens they attend to
     prefill_cached: int = 0  # sum over prefill chunks of the tokens already in KV before the chunk
+    prefill_pairs: int = 0  # sum over prefill chunks of n*c + n*(n+1)/2: causal (query, key) pairs
+    max_prefill_cached: int = 0  # the largest of those tokens already in KV (the longest prefix attended)
     new_requests: int = 0
     preempted: int = 0
     running: int = 0
@@ -198,6 +204,16 @@ class StepShape:
     used_blocks: int = 0
     held_tokens: int = 0  # sum over running requests of their computed tokens (unshared footprint)
     partial_slots: int = 0  # unused slots in running requests' last blocks (internal fragmentation)
+
+    def batch_shape(self):
+        """kvsim's :class:`~kvsim.timing.base.BatchShape` of one engine step (what a timing model prices)."""
+        from kvsim.timing.base import BatchShape
+
+        return BatchShape(num_seqs=self.prefill_seqs + self.decode_seqs, num_prefill_seqs=self.prefill_seqs,
+                          num_decode_seqs=self.decode_seqs, num_prefill_tokens=self.prefill_tokens,
+                          num_decode_tokens=self.decode_tokens,
+                          kv_tokens_read=self.decode_context + self.prefill_cached + self.prefill_tokens,
+                          attention_pairs=self.decode_context + self.prefill_pairs)
 
 
 class StepProbe:
@@ -233,6 +249,8 @@ class StepProbe:
                 s.prefill_tokens += n
                 s.prefill_seqs += 1
                 s.prefill_cached += before
+                s.prefill_pairs += n * before + n * (n + 1) // 2
+                s.max_prefill_cached = max(s.max_prefill_cached, before)
         s.new_requests = len(out.scheduled_new_reqs)
         s.preempted = len(out.preempted_req_ids or ())
         s.running = len(self.sched.running)

@@ -1,11 +1,11 @@
 """Committed calibration data carry no machine-specific absolute paths (a copy of the repository
 elsewhere reads them the same), and kvsim calibrate --engine writes scenario_timing.file relative to
-the directory it ran in."""
+the directory it ran in (only the directory's name when outside it)."""
 
 import json
 from pathlib import Path
 
-from kvsim.realengine.calibrate import _as_written
+from kvsim.realengine.calibrate import portable_path
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,7 +32,7 @@ def test_committed_meta_json_has_no_absolute_paths():
 
 def test_engine_calibration_writes_the_timing_file_relative_to_the_working_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert _as_written(tmp_path / "calibration" / "cpu") == "calibration/cpu"
-    assert _as_written(Path("calibration/cpu")) == "calibration/cpu"
+    assert portable_path(tmp_path / "calibration" / "cpu") == "calibration/cpu"
+    assert portable_path(Path("calibration/cpu")) == "calibration/cpu"
     outside = tmp_path.parent / "elsewhere"
-    assert _as_written(outside) == str(outside)
+    assert portable_path(outside) == "elsewhere"  # outside: the directory's name only, never an absolute path

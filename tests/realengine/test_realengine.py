@@ -97,10 +97,21 @@ def _synthetic_points(bs=32):
     return pts
 
 
-def test_decomposition_is_exact_at_measured_points(tmp_path):
+def _write_cal(d, rows, spec):
     import pandas as pd
 
     from kvsim.calibration_data import schema as S
+
+    d.mkdir()
+    pd.DataFrame(rows, columns=list(S.COLUMNS)).assign(device="cpu").to_csv(d / S.CSV_FILE, index=False)
+    meta = {"schema_version": S.SCHEMA_VERSION, "device": "cpu", "gpu_name": "vllm-cpu", "source": "engine",
+            "copy_bandwidth_bytes_per_s": 1e10, "kv_dtypes": ["bf16"], "decode_impl": "vllm_engine_step",
+            "model": {"name": spec.name, **{k: getattr(spec, k) for k in S.MODEL_GEOMETRY_KEYS}}}
+    (d / S.META_FILE).write_text(json.dumps(meta))
+    return _timing_for(d, spec, "bf16", 32)
+
+
+def test_decomposition_is_exact_at_measured_points(tmp_path):
     from kvsim.models.hf import read_config
     from kvsim.timing.base import BatchShape
 
@@ -109,14 +120,7 @@ def test_decomposition_is_exact_at_measured_points(tmp_path):
     pts = _synthetic_points()
     rows, fitted = decompose(pts, spec.num_layers, "bf16", (4, 2, 64))
     assert fitted["per_token_s"] > 0
-    d = tmp_path / "cal"
-    d.mkdir()
-    pd.DataFrame(rows, columns=list(S.COLUMNS)).assign(device="cpu").to_csv(d / S.CSV_FILE, index=False)
-    meta = {"schema_version": S.SCHEMA_VERSION, "device": "cpu", "gpu_name": "vllm-cpu", "source": "engine",
-            "copy_bandwidth_bytes_per_s": 1e10, "kv_dtypes": ["bf16"], "decode_impl": "vllm_engine_step",
-            "model": {"name": spec.name, **{k: getattr(spec, k) for k in S.MODEL_GEOMETRY_KEYS}}}
-    (d / S.META_FILE).write_text(json.dumps(meta))
-    timing = _timing_for(d, spec, "bf16", 32)  # an engine calibration: no allow_cpu_data, no extra overhead
+    timing = _write_cal(tmp_path / "cal", rows, spec)  # an engine calibration: no allow_cpu_data, no extra overhead
     assert timing.step_overhead_s == 0.0
     for p in pts:
         meas = p.durations_s[0]
@@ -133,6 +137,44 @@ def test_decomposition_is_exact_at_measured_points(tmp_path):
         assert timing.step_time(shape).duration_s == pytest.approx(meas, rel=1e-9), p
     hold = holdout_errors(pts, timing)
     assert len(hold) == 1 and abs(hold[0]["error"]) < 0.25  # additive engine: the mixed step adds up
+
+
+def test_linear_fit_recovers_a_five_term_engine_and_prices_unseen_shapes(tmp_path):
+    """An engine that is exactly the five-term model: the fit finds its terms, and the calibrated timing
+    model reading the tables prices shapes off the grid (ragged mixed steps, two prefill chunks, contexts
+    past the grid) within 3 % (the log-log interpolation between the dense rows)."""
+    from kvsim.models.hf import read_config
+    from kvsim.realengine.stepfit import TERMS, features, linear_tables
+    from kvsim.realengine.vllm_engine import StepShape
+
+    true = dict(zip(TERMS, (3e-3, 6e-5, 2e-5, 1.8e-7, 2.7e-8)))
+    rng = np.random.default_rng(0)
+
+    def t(p, noise=True):
+        v = float(np.dot(features(p), [true[k] for k in TERMS]))
+        return v * (1 + 0.05 * rng.standard_normal()) if noise else v
+
+    pts = [StepPoint("decode", 32, b, c + 1.0, 0, 0) for b in (1, 2, 4, 8, 16, 32) for c in (128, 512, 2048)]
+    pts += [StepPoint("prefill", 32, 0, 0.0, n, k) for n in (32, 128, 512, 2048) for k in (0, 1024)]
+    for p in pts:
+        p.durations_s = [t(p) for _ in range(9)]
+    spec = model_spec(MODEL, read_config(MODEL))
+    rows, fit = linear_tables(pts, spec.num_layers, "bf16", (4, 2, 64), spec.max_model_len_tokens)
+    for k in TERMS:
+        assert fit["terms"][k] == pytest.approx(true[k], rel=0.25), k
+    assert fit["fit_mape"] < 0.1
+    timing = _write_cal(tmp_path / "cal", rows, spec)
+    for sh in (StepShape(decode_seqs=24, decode_tokens=24, decode_context=24 * 1500),
+               StepShape(decode_seqs=3, decode_tokens=3, decode_context=3 * 5000),
+               StepShape(decode_seqs=20, decode_tokens=20, decode_context=20 * 900, prefill_seqs=1,
+                         prefill_tokens=700, prefill_cached=2500, prefill_pairs=700 * 2500 + 700 * 701 // 2),
+               StepShape(prefill_seqs=2, prefill_tokens=1000, prefill_cached=3000,
+                         prefill_pairs=500 * 1000 + 500 * 501 // 2 + 500 * 2000 + 500 * 501 // 2)):
+        p = StepPoint("mixed", 32, sh.decode_seqs, sh.decode_context / max(sh.decode_seqs, 1), sh.prefill_tokens,
+                      sh.prefill_cached)
+        exact = np.dot([1.0, sh.decode_seqs + sh.prefill_seqs, sh.decode_seqs + sh.prefill_tokens,
+                        sh.decode_context, sh.prefill_pairs], [fit["terms"][k] for k in TERMS])
+        assert timing.step_time(sh.batch_shape()).duration_s == pytest.approx(exact, rel=0.03), (p, exact)
 
 
 def test_grid_needs_the_points_the_fit_uses():
@@ -164,6 +206,8 @@ def test_tiny_engine_calibration(tmp_path):
     assert set(steps["kind"]) == {"decode", "prefill", "mixed"} and (steps["median_s"] > 0).all()
     assert len(steps) == 2 * 2 + 3 * 2 + 1
     assert meta["holdout"]["points"] and meta["holdout"]["mape"] is not None
+    assert meta["fitted"]["fit"] == "linear" and not os.path.isabs(meta["scenario_timing"]["file"])
+    assert not os.path.isabs(meta["model"]["config_file"]) and (steps["cpu_median_s"] > 0).all()
 
 
 @needs_vllm
@@ -188,3 +232,28 @@ def test_tiny_replay_matches_the_engine_counters(tmp_path):
         assert (req["ttft_s"] > 0).all() and s["requests_finished"] == 6
         assert s["preemptions"] == int(req["preemptions"].sum())
         assert 0 < s["kv"]["token_states_frac"] < 1 and s["measured"]["engine"] == "vllm"
+        eng = pd.read_parquet(out / v / "engine_steps.parquet")
+        assert len(eng) == int((~st["idle"]).sum()) and (eng["cpu_s"] > 0).all()
+        assert eng["prefill_tokens"].sum() == st["prefill_tokens"].sum()
+
+
+@needs_vllm
+def test_cpu_clock_replay_times_steps_by_their_cpu_time(tmp_path):
+    import pandas as pd
+
+    out = tmp_path / "rep"
+    r = kvsim("replay", "--engine", "vllm", str(ROOT / "scenarios" / "studies" / "vllm_cpu_replay.yaml"), "--eager",
+              "--no-plots", "--clock", "cpu", "--set", "trace.max_requests=4", "--set", "variants={}", "--set",
+              "baseline=null", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    st = pd.read_parquet(out / "steps.parquet")
+    eng = pd.read_parquet(out / "engine_steps.parquet")
+    busy = st[~st["idle"]]
+    assert np.allclose(busy["duration_s"].to_numpy(), eng["cpu_s"].to_numpy())
+    assert np.allclose(busy["start_s"].to_numpy(), eng["start_s"].to_numpy())
+    s = json.loads((out / "summary.json").read_text())
+    assert s["measured"]["clock"] == "cpu" and s["requests_finished"] == 4
+    assert s["measured"]["busy_cpu_s"] == pytest.approx(eng["cpu_s"].sum(), abs=1e-3)
+    r = kvsim("replay", "--engine", "vllm", str(ROOT / "scenarios" / "studies" / "vllm_cpu_replay.yaml"),
+              "--device", "cuda", "--clock", "cpu", "--out", str(tmp_path / "bad"))
+    one_line_exit_2(r, "--clock")

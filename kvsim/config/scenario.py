@@ -4,17 +4,18 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 import kvsim.kv  # noqa: F401  (registers allocator kinds)
 import kvsim.timing  # noqa: F401  (registers timing kinds)
-from kvsim.config.profiles import apply_engine_profile
+from kvsim.config.profiles import DEFAULT_PROFILE, PROFILE_NAMES, PROFILES, apply_engine_profile
 from kvsim.config.sections import (BeamSearchConfig, EngineConfig, GPUConfig, HostLinkConfig, KVBudgetConfig,
                                    KVDTypeName, LimitsConfig, MetricsConfig, ModelConfig, ParallelConfig,
                                    ReplicasConfig, SLOConfig, WeightDTypeName, _preset)
 from kvsim.config_base import StrictModel
+from kvsim.errors import did_you_mean, format_choices
 from kvsim.hw import GPUS, MODELS
 from kvsim.kv.eviction import EVICTION_POLICIES
 from kvsim.models.geometry import KVGeometry
@@ -41,9 +42,9 @@ _KIND_REGISTRIES = {k: reg for k, (reg, _) in (PLUGIN_SECTIONS | POLICY_KEYS).it
 
 class Scenario(StrictModel):
     name: str | None = Field(None, description="defaults to the file name without extension")
-    engine_profile: Literal["kvsim", "vllm-0.32"] = Field(
-        "kvsim", description="defaults for keys left out: kvsim (its own, the default) or vllm-0.32 "
-                             "(chunked prefill, per-chunk prompt blocks, prefix caching, no watermark)")
+    engine_profile: str = Field(
+        DEFAULT_PROFILE, description="defaults for keys left out, from one engine and version: "
+                                     f"{', '.join(PROFILE_NAMES)} (kvsim/config/profiles.py, docs/conformance.md)")
     description: str = ""
     seed: int = 0
     trace: TraceConfig
@@ -67,10 +68,29 @@ class Scenario(StrictModel):
                                                    "(default: the first variant)")
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
-    @model_validator(mode="before")
+    # what the engine profile filled, {dotted key: value} (profile_filled(); not a scenario key)
+    _profile_filled: dict = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
     @classmethod
-    def _engine_profile(cls, data):
-        return apply_engine_profile(data)
+    def _engine_profile(cls, data, handler):
+        data, filled = apply_engine_profile(data)
+        scn = handler(data)
+        scn._profile_filled = filled
+        return scn
+
+    @field_validator("engine_profile")
+    @classmethod
+    def _known_profile(cls, v: str) -> str:
+        if v not in PROFILES:
+            raise ValueError(f"unknown engine profile {v!r}{did_you_mean(v, list(PROFILE_NAMES))}; "
+                             f"valid choices: {format_choices(list(PROFILE_NAMES))}")
+        return v
+
+    def profile_filled(self) -> dict:
+        """``{"name": profile, "filled": {dotted key: value}}``: the keys the engine profile set
+        because the scenario left them out (summary.json and scenario.resolved.yaml record it)."""
+        return {"name": self.engine_profile, "filled": dict(self._profile_filled)}
 
     @field_validator("model", mode="before")
     @classmethod

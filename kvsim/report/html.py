@@ -238,7 +238,27 @@ def _headline_section(summaries: dict[str, dict], baseline: str | None = None) -
                    "every run is in compare/headline.csv.</p>")
     out.append(headline_html(h))
     out.append(_backends_line({lab: summaries[lab] for lab in shown}))
+    profiles = _profiles_line({lab: summaries[lab] for lab in shown})
+    if profiles:
+        out.append(profiles)
     return out
+
+
+def _profiles_line(summaries: dict[str, dict]) -> str:
+    """Which engine profile each run took its defaults from (``engine_profile``) and the keys it
+    filled; empty for results written before the key existed."""
+    by: dict[str, list[str]] = {}
+    for lab, s in summaries.items():
+        p = s.get("engine_profile")
+        if isinstance(p, dict):
+            filled = ", ".join(f"{k}={v}" for k, v in (p.get("filled") or {}).items()) or "nothing"
+            by.setdefault(f"{p.get('name')} (filled: {filled})", []).append(lab)
+    if not by:
+        return ""
+    if len(by) == 1:
+        return f'<p class="meta">Engine profile: {_esc(next(iter(by)))} (every run).</p>'
+    parts = "; ".join(f"{_esc(b)}: {_esc(', '.join(labs))}" for b, labs in by.items())
+    return f'<p class="meta">Engine profiles differ between runs: {parts}.</p>'
 
 
 def _backends_line(summaries: dict[str, dict]) -> str:

@@ -82,9 +82,9 @@ _PROFILES: tuple[EngineProfile, ...] = (
                    "only: API server 33 %, scheduling 29 % under v0.5.3); " + _NO_SOURCE_2MS),
     }),
     EngineProfile("vllm-2023", "the vLLM paper's system (Kwon et al., SOSP 2023; vLLM 0.1): v0 scheduler, "
-                  "PagedAttention v1 kernel for paged KV, a token budget of 2,560", {
-        "scheduler.max_num_batched_tokens": Fill(2560, "vLLM 0.1 EngineArgs.max_num_batched_tokens = 2560 "
-                                                       "(vllm/engine/arg_utils.py)"),
+                  "PagedAttention v1 kernel for paged KV (vLLM 0.1's 2,560-token budget is not filled: it "
+                  "would refuse every model longer than 2,560 tokens; kvsim keeps vLLM 0.2+'s "
+                  "max(max_model_len, 2048))", {
         "timing[analytical].attention_backend": Fill(
             "auto-2023", "the paper's PagedAttention kernel (vllm-paged-v1) for paged KV, FlashAttention-2 for "
                          "contiguous baselines (the paper's Fig. 18a compares against a contiguous kernel)"),

@@ -278,6 +278,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     del box
     summary = summarize(reqs, steps, summary_args)
     _add_prefix_ideal(summary, trace, geometry.block_size)
+    summary["engine_profile"] = scn.profile_filled()  # the profile and the keys it filled (docs/metrics.md)
     return RunResult(name=str(scn.name), scenario=scn, requests=reqs,
                      steps=None if steps_path is not None else steps, summary=summary,
                      trace_report=trace_report or {}, engine_wall_s=engine_wall, engine_rows=engine_rows)

@@ -17,7 +17,10 @@ def make_trace(rows):
 
 
 def make_scenario(**over):
+    # The mechanism tests that use this helper pin kvsim's own defaults (no prefix caching, no chunked
+    # prefill, prompt blocks at admission), not the default engine profile's (vllm-v1).
     raw = {
+        "engine_profile": "kvsim",
         "trace": {"file": "unused.csv"},
         "model": "OPT-13B",
         "kv_budget": {"tokens": 64},

@@ -238,7 +238,35 @@ def _headline_section(summaries: dict[str, dict], baseline: str | None = None) -
                    "every run is in compare/headline.csv.</p>")
     out.append(headline_html(h))
     out.append(_backends_line({lab: summaries[lab] for lab in shown}))
+    profiles = _profiles_line({lab: summaries[lab] for lab in shown})
+    if profiles:
+        out.append(profiles)
     return out
+
+
+def _profiles_line(summaries: dict[str, dict]) -> str:
+    """Which engine profile each run took its defaults from (``engine_profile``) and the keys it
+    filled (which depend on the run's allocator and timing kinds); empty for results written
+    before the key existed."""
+    names: dict[str, list[str]] = {}
+    fills: dict[str, list[str]] = {}
+    for lab, s in summaries.items():
+        p = s.get("engine_profile")
+        if isinstance(p, dict):
+            names.setdefault(str(p.get("name")), []).append(lab)
+            filled = ", ".join(f"{k}={v}" for k, v in (p.get("filled") or {}).items()) or "nothing"
+            fills.setdefault(filled, []).append(lab)
+    if not names:
+        return ""
+    if len(names) == 1:
+        head = f"Engine profile: {_esc(next(iter(names)))} (every run)"
+    else:
+        head = "Engine profiles differ between runs: " + "; ".join(
+            f"{_esc(n)}: {_esc(', '.join(labs))}" for n, labs in names.items())
+    if len(fills) == 1:
+        return f'<p class="meta">{head}; it filled {_esc(next(iter(fills)))}.</p>'
+    parts = "; ".join(f"{_esc(f)} ({_esc(', '.join(labs))})" for f, labs in fills.items())
+    return f'<p class="meta">{head}; it filled {parts}.</p>'
 
 
 def _backends_line(summaries: dict[str, dict]) -> str:

@@ -87,7 +87,9 @@ class Scheduler(WindowHooks):
         self._window_alloc: WindowAllocator | None = allocator if self.caps.windows else None  # type: ignore[assignment]
         if self.per_chunk and not self.caps.windows:
             raise ConfigError(f"scheduler.prompt_blocks: per_chunk needs an allocator with can_allocate "
-                             f"(the WindowAllocator capability), not {type(allocator).__name__}")
+                             f"(the WindowAllocator capability), not {type(allocator).__name__}; set "
+                             f"scheduler.prompt_blocks: at_admission (engine profiles vllm-v1 and sglang "
+                             f"fill per_chunk where it is left out) or engine_profile: kvsim")
         # Requests admitted at least once and not finished (running, swapped, preempted back to
         # waiting). Requests that end are written to ``log`` (a RequestSink, kvsim.sched.sink; the run
         # hands in kvsim.metrics.request_log.RequestLog) and dropped;

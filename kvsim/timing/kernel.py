@@ -86,7 +86,12 @@ AUTO_MLA_BACKEND = "flashmla"
 AUTO_2023 = "auto-2023"
 PAGED_2023_BACKEND = "vllm-paged-v1"  # the 2023 kernel (old name vllm-2023-paged)
 CONTIGUOUS_BACKEND = "contiguous"
-AUTO_NAMES = (AUTO, AUTO_2023)
+# ``attention_backend: auto-flashattention``: vLLM v1's choice on NVIDIA A100/H100/H200 -- the
+# FlashAttention paged kernel for every layout, an MLA kernel for MLA models (the vllm-v1 engine
+# profile fills it; its sources are in kvsim/config/profiles.py and docs/conformance.md).
+AUTO_FA = "auto-flashattention"
+FA_BACKEND = "flashattention-paged"
+AUTO_NAMES = (AUTO, AUTO_2023, AUTO_FA)
 
 # The static geometry one launch reads is the run's KV geometry (one GPU's heads and layers).
 KVLayout = KVGeometry
@@ -96,9 +101,13 @@ def resolve_backend(name: str, block_size: int | None, attention: str = "gqa") -
     """The backend a run uses for ``timing.attention_backend: name`` on a layout of ``block_size``
     (None: contiguous KV) for a model of ``attention`` kind (``gqa`` or ``mla``): ``auto`` ->
     :data:`AUTO_BACKEND` for every layout (:data:`AUTO_MLA_BACKEND` for MLA); ``auto-2023`` -> the
-    2023 paged kernel for paged layouts and ``contiguous`` for contiguous ones; else ``name``."""
+    2023 paged kernel for paged layouts and ``contiguous`` for contiguous ones;
+    ``auto-flashattention`` -> ``flashattention-paged`` for every layout (MLA: as ``auto``); else
+    ``name``."""
     if name == AUTO:
         return AUTO_MLA_BACKEND if attention == "mla" else AUTO_BACKEND
+    if name == AUTO_FA:
+        return AUTO_MLA_BACKEND if attention == "mla" else FA_BACKEND
     if name == AUTO_2023:
         return PAGED_2023_BACKEND if block_size else CONTIGUOUS_BACKEND
     return name

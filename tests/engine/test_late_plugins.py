@@ -140,7 +140,9 @@ def write_case(tmp_path, name: str, allocator: str, timing: str):
     lines += [f"{a:.6f},{p},{o}" for a, p, o in zip(arrivals, rng.integers(1, 300, n), rng.integers(1, 120, n))]
     (tmp_path / "trace.csv").write_text("\n".join(lines) + "\n")
     f = tmp_path / f"{name}.yaml"
-    f.write_text(f"trace: {{file: trace.csv}}\nmodel: OPT-13B\nkv_budget: {{tokens: 3000}}\n"
+    # engine_profile kvsim: prompt blocks at admission (per_chunk needs can_allocate, which this
+    # allocator leaves out on purpose: it has only the required calls)
+    f.write_text(f"engine_profile: kvsim\ntrace: {{file: trace.csv}}\nmodel: OPT-13B\nkv_budget: {{tokens: 3000}}\n"
                  f"allocator: {allocator}\ntiming: {timing}\n")
     return f
 

@@ -27,6 +27,8 @@ def rate_sweep_spec() -> dict:
                                     "arrival": {"process": "poisson", "rate_per_s": 1.0}},
                       "length_policy": "cap"},
             "model": "OPT-13B", "gpu": "A100-40GB",
+            # kvsim's own defaults: the plot tests rely on runs without prefix caching
+            "engine_profile": "kvsim",
         },
         "grid": {"allocator.block_size": BLOCKS, "trace.synthetic.arrival.rate_per_s": RATES},
     }

@@ -1,0 +1,181 @@
+"""Loading a scenario file: YAML, ``--set`` overrides, ``variants:`` merged onto the base, validation."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from kvsim.config.messages import format_validation_error
+from kvsim.config.scenario import _SHORTHAND_KEYS, PLUGIN_SECTIONS, POLICY_KEYS, Scenario
+from kvsim.config_base import reject_non_finite
+from kvsim.errors import ConfigError, did_you_mean, format_choices
+from kvsim.models import hf
+from kvsim.yamlio import YAMLSyntaxError, load_yaml
+
+
+@dataclass(frozen=True)
+class LoadedScenario:
+    path: Path
+    name: str
+    base: Scenario
+    variants: dict[str, Scenario]  # empty when the file has no variants
+
+    @property
+    def runs(self) -> dict[str, Scenario]:
+        """Name -> scenario for every run this file asks for (the base alone without variants)."""
+        return self.variants or {self.name: self.base}
+
+
+def _kind_default(key: str) -> str | None:
+    return (PLUGIN_SECTIONS.get(key) or POLICY_KEYS.get(key) or (None, None))[1]
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any, where: str) -> None:
+    keys = dotted.split(".")
+    if not all(keys):
+        raise ConfigError(f"{where}: bad key path {dotted!r}")
+    node = tree
+    for depth, k in enumerate(keys[:-1]):
+        nxt = node.get(k)
+        if nxt is None:
+            nxt = node[k] = {}
+        elif isinstance(nxt, str) and node is tree and k in ("model", "gpu", "host_link"):
+            # Expanding a preset name: {preset: NAME} keeps it overridable field by field.
+            nxt = node[k] = {"preset": nxt}
+        elif isinstance(nxt, str) and depth > 0 and k in _SHORTHAND_KEYS:
+            # Expanding a policy shorthand: victim: largest_kv -> {kind: largest_kv}.
+            nxt = node[k] = {"kind": nxt}
+        elif not isinstance(nxt, dict):
+            raise ConfigError(f"{where}: {dotted}: {k!r} is not a mapping (it is {nxt!r})")
+        node = nxt
+    last = keys[-1]
+    section = keys[-2] if len(keys) >= 2 else None
+    is_plugin = (len(keys) == 2 and section in PLUGIN_SECTIONS) or (len(keys) >= 3 and section in POLICY_KEYS)
+    if last == "kind" and is_plugin and node.get("kind", _kind_default(section)) != value:
+        node.clear()  # another kind: the old kind's keys would not apply (as for variants)
+    node[last] = value
+
+
+def parse_set(expr: str) -> tuple[str, Any]:
+    if "=" not in expr:
+        raise ConfigError(f"--set {expr!r}: expected path.to.key=value")
+    key, raw = expr.split("=", 1)
+    try:
+        value = load_yaml(raw, f"--set {expr}", loader=yaml.SafeLoader) if raw.strip() else ""
+    except YAMLSyntaxError:
+        value = raw  # not YAML: the string as typed
+    reject_non_finite(value, f"--set {expr}", prefix=key.strip())
+    return key.strip(), value
+
+
+def _undot(override: dict) -> dict:
+    """Turn ``{"allocator.block_size": 32}`` into ``{"allocator": {"block_size": 32}}``."""
+    out: dict = {}
+    for k, v in override.items():
+        if isinstance(v, dict):
+            v = _undot(v)
+        if isinstance(k, str) and "." in k:
+            _set_dotted(out, k, v, "variants")
+        elif isinstance(out.get(k), dict) and isinstance(v, dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _kind_of(section: str, value: Any) -> Any:
+    if isinstance(value, str) and section in _SHORTHAND_KEYS:
+        return value
+    return value.get("kind", _kind_default(section)) if isinstance(value, dict) else None
+
+
+def deep_merge(base: dict, override: dict, depth: int = 0) -> dict:
+    """Override wins. A plugin section or policy whose ``kind`` changes is replaced, not merged,
+    because the old kind's keys would be invalid for the new kind."""
+    out = copy.deepcopy(base)
+    for k, v in override.items():
+        old = out.get(k)
+        plugin = (depth == 0 and k in PLUGIN_SECTIONS) or (depth > 0 and k in POLICY_KEYS)
+        if plugin and isinstance(v, dict) and "kind" in v and v["kind"] != _kind_of(k, old):
+            out[k] = copy.deepcopy(v)
+        elif depth > 0 and k in _SHORTHAND_KEYS and isinstance(v, dict) and isinstance(old, str):
+            out[k] = deep_merge({"kind": old}, v, depth + 1)
+        elif depth == 0 and k in ("model", "gpu", "host_link") and isinstance(v, dict) and isinstance(old, str):
+            out[k] = deep_merge({"preset": old}, v, depth + 1)
+        elif isinstance(v, dict) and isinstance(old, dict):
+            out[k] = deep_merge(old, v, depth + 1)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def read_yaml_mapping(path: Path, what: str = "scenario") -> dict:
+    if not path.exists():
+        raise ConfigError(f"{path}: {what} file not found")
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory, expected a {what} YAML file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read {what} file: {e}") from None
+    raw = load_yaml(text, str(path))
+    if raw is None:
+        raise ConfigError(f"{path}: the {what} file is empty")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of keys at the top level, got {type(raw).__name__}")
+    bad = [k for k in raw if not isinstance(k, str)]
+    if bad:
+        raise ConfigError(f"{path}: top-level key {bad[0]!r} is not a string")
+    reject_non_finite(raw, str(path))
+    return raw
+
+
+def validate_scenario(raw: dict, file: str, prefix: str = "", sets: tuple[str, ...] = ()) -> Scenario:
+    try:
+        return Scenario.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, file, prefix, sets)) from None
+
+
+def expand_model(raw: dict, base_dir: Path | None, where: str, prefix: str = "") -> dict:
+    """``model: x.json`` -> the fields read from that Hugging Face config (relative to base_dir)."""
+    try:
+        return hf.expand_model_file(raw, base_dir)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {prefix}model: {e}") from None
+
+
+def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedScenario:
+    path = Path(path)
+    raw = read_yaml_mapping(path)
+    for expr in overrides:
+        key, value = parse_set(expr)
+        _set_dotted(raw, key, value, f"--set {expr}")
+    raw.setdefault("name", path.stem)
+    raw = expand_model(raw, path.parent, str(path))
+    sets = tuple(overrides)
+    base = validate_scenario(raw, str(path), sets=sets)
+    if base.baseline is not None and base.baseline not in base.variants:
+        raise ConfigError(f"{path}: baseline: {base.baseline!r} is not a variant"
+                          f"{did_you_mean(base.baseline, list(base.variants))}; valid choices: "
+                          f"{format_choices(list(base.variants)) if base.variants else '(the file has no variants)'}")
+    variants: dict[str, Scenario] = {}
+    base_raw = {k: v for k, v in raw.items() if k != "variants"}
+    for vname, override in base.variants.items():
+        if not isinstance(override, dict):
+            raise ConfigError(f"{path}: variants.{vname}: expected a mapping of overrides")
+        if "variants" in override:
+            raise ConfigError(f"{path}: variants.{vname}: variants cannot nest")
+        merged = deep_merge(base_raw, _undot(override))
+        # --set applies to every variant too: it is the user's last word.
+        for expr in overrides:
+            key, value = parse_set(expr)
+            _set_dotted(merged, key, value, f"--set {expr}")
+        merged = expand_model(merged, path.parent, str(path), prefix=f"variants.{vname}.")
+        variants[vname] = validate_scenario(merged, str(path), prefix=f"variants.{vname}.", sets=sets)
+    return LoadedScenario(path=path, name=str(base.name), base=base, variants=variants)

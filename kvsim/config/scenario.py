@@ -1,0 +1,228 @@
+"""The :class:`Scenario` model: every section of a scenario file, the plugin sections and policy keys
+(their registries and default kinds), and the checks across sections."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import Field, PrivateAttr, field_validator, model_validator
+
+import kvsim.kv  # noqa: F401  (registers allocator kinds)
+import kvsim.timing  # noqa: F401  (registers timing kinds)
+from kvsim.config.profiles import DEFAULT_PROFILE, PROFILE_NAMES, PROFILES, apply_engine_profile
+from kvsim.config.sections import (BeamSearchConfig, EngineConfig, GPUConfig, HostLinkConfig, KVBudgetConfig,
+                                   KVDTypeName, LimitsConfig, MetricsConfig, ModelConfig, ParallelConfig,
+                                   ReplicasConfig, SLOConfig, WeightDTypeName, _preset)
+from kvsim.config_base import StrictModel
+from kvsim.errors import did_you_mean, format_choices
+from kvsim.hw import GPUS, MODELS
+from kvsim.kv.eviction import EVICTION_POLICIES
+from kvsim.models.geometry import KVGeometry
+from kvsim.models.parallel import ParallelPlan, plan
+from kvsim.registry import ALLOCATORS, RESERVATIONS, ROUTERS, TIMING_MODELS, VICTIMS, plugin_union
+from kvsim.sched.config import SchedulerConfig
+from kvsim.sched.router import DEFAULT_ROUTER
+from kvsim.trace.config import TraceConfig
+
+AllocatorConfig = plugin_union(ALLOCATORS)
+TimingConfig = plugin_union(TIMING_MODELS)
+# Top-level plugin sections: registry and default kind.
+PLUGIN_SECTIONS = {"allocator": (ALLOCATORS, "paged"), "timing": (TIMING_MODELS, "analytical")}
+# Nested policy keys (scheduler.victim, replicas.router, allocator.reservation, allocator.eviction):
+# registry and default kind (None where it depends on the enclosing allocator). Policies accept a
+# bare kind name as shorthand for {kind: NAME}.
+POLICY_KEYS = {"victim": (VICTIMS, "latest_admitted"), "router": (ROUTERS, DEFAULT_ROUTER),
+               "reservation": (RESERVATIONS, None), "eviction": (EVICTION_POLICIES, "lru")}
+_SHORTHAND_KEYS = ("victim", "router", "reservation", "eviction")
+# Old scenario keys that still validate as aliases (see docs/scenario.md).
+DEPRECATED_KEYS = {"min_block_tokens": "block_size", "page_size": "block_size"}
+_KIND_REGISTRIES = {k: reg for k, (reg, _) in (PLUGIN_SECTIONS | POLICY_KEYS).items()}
+
+
+class Scenario(StrictModel):
+    name: str | None = Field(None, description="defaults to the file name without extension")
+    engine_profile: str = Field(
+        DEFAULT_PROFILE, description="defaults for keys left out, from one engine and version: "
+                                     f"{', '.join(PROFILE_NAMES)} (kvsim/config/profiles.py, docs/conformance.md)")
+    description: str = ""
+    seed: int = 0
+    trace: TraceConfig
+    model: ModelConfig
+    gpu: GPUConfig = Field(default_factory=lambda: GPUConfig(**GPUS["A100-80GB"].to_dict()))
+    kv_dtype: KVDTypeName = "fp16"
+    weight_dtype: WeightDTypeName = "fp16"
+    kv_budget: KVBudgetConfig = KVBudgetConfig()
+    host_link: HostLinkConfig | None = None
+    parallel: ParallelConfig = ParallelConfig()
+    allocator: AllocatorConfig = Field(default_factory=lambda: ALLOCATORS.default_config("paged"))  # type: ignore[valid-type]
+    scheduler: SchedulerConfig = SchedulerConfig()
+    timing: TimingConfig = Field(default_factory=lambda: TIMING_MODELS.default_config("analytical"))  # type: ignore[valid-type]
+    limits: LimitsConfig = LimitsConfig()
+    engine: EngineConfig = EngineConfig()
+    beam_search: BeamSearchConfig = BeamSearchConfig()
+    replicas: ReplicasConfig = ReplicasConfig()
+    slo: SLOConfig | None = Field(None, description="service-level objectives for goodput / SLO attainment")
+    metrics: MetricsConfig = MetricsConfig()
+    baseline: str | None = Field(None, description="the variant the headline table compares the others with "
+                                                   "(default: the first variant)")
+    variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    # what the engine profile filled, {dotted key: value} (profile_filled(); not a scenario key)
+    _profile_filled: dict = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _engine_profile(cls, data, handler):
+        data, filled = apply_engine_profile(data)
+        scn = handler(data)
+        scn._profile_filled = filled
+        return scn
+
+    @field_validator("engine_profile")
+    @classmethod
+    def _known_profile(cls, v: str) -> str:
+        if v not in PROFILES:
+            raise ValueError(f"unknown engine profile {v!r}{did_you_mean(v, list(PROFILE_NAMES))}; "
+                             f"valid choices: {format_choices(list(PROFILE_NAMES))}")
+        return v
+
+    def profile_filled(self) -> dict:
+        """``{"name": profile, "filled": {dotted key: value}}``: the keys the engine profile set
+        because the scenario left them out (summary.json and scenario.resolved.yaml record it)."""
+        return {"name": self.engine_profile, "filled": dict(self._profile_filled)}
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_preset(cls, v):
+        return _preset("model", v, MODELS)
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _gpu_preset(cls, v):
+        return _preset("gpu", v, GPUS)
+
+    @field_validator("host_link", mode="before")
+    @classmethod
+    def _link_preset(cls, v):
+        from kvsim.timing.transfer import link_presets
+
+        if v is None:
+            return v
+        return _preset("link", v, link_presets())
+
+    @field_validator("allocator", "timing", mode="before")
+    @classmethod
+    def _default_kind(cls, v, info):
+        if isinstance(v, dict) and "kind" not in v:
+            return {"kind": PLUGIN_SECTIONS[info.field_name][1], **v}
+        return v
+
+    @field_validator("variants")
+    @classmethod
+    def _variant_names(cls, v):
+        for name in v:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+                raise ValueError(f"variant name {name!r} must be letters, digits, '.', '_' or '-'")
+        return v
+
+    @model_validator(mode="after")
+    def _one_link(self):
+        if self.host_link is not None and "host_link_bandwidth_bytes_per_s" in self.timing.model_fields_set:
+            raise ValueError("give host_link or timing.host_link_bandwidth_bytes_per_s, not both "
+                             "(host_link replaces it with a per-copy latency and per-direction rates)")
+        return self
+
+    def legacy_host_link_bandwidth(self) -> float:
+        """The size-independent host-link rate of a scenario without ``host_link:`` (the timing
+        config's ``host_link_bandwidth_bytes_per_s``, where its kind has one, else the default)."""
+        from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S
+
+        return getattr(self.timing, "host_link_bandwidth_bytes_per_s", DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S)
+
+    def default_link_name(self) -> str:
+        """The link preset of a scenario without ``host_link:``: its GPU's (``gpu.host_link``), or ""
+        (the legacy size-independent rate) when the GPU names none, ``timing.host_link_bandwidth_bytes_per_s``
+        is given, or ``host_link:`` is."""
+        if self.host_link is not None or "host_link_bandwidth_bytes_per_s" in self.timing.model_fields_set:
+            return ""
+        return self.gpu.host_link
+
+    def link_profile(self):
+        """The host link copies are priced on: ``host_link``, else the GPU preset's, else the legacy
+        size-independent rate."""
+        from kvsim.timing.transfer import get_link, legacy_link
+
+        if self.host_link is not None:
+            return self.host_link.link()
+        if self.default_link_name():
+            return get_link(self.default_link_name())
+        return legacy_link(self.legacy_host_link_bandwidth())
+
+    @model_validator(mode="after")
+    def _store_needs_prefix_cache(self):
+        if self.replicas.shared_prefix_store is not None and not (
+                self.allocator.kind == "paged" and getattr(self.allocator, "prefix_caching", False)):
+            raise ValueError("replicas.shared_prefix_store needs allocator kind paged with prefix_caching: true")
+        return self
+
+    @model_validator(mode="after")
+    def _fits(self):
+        try:
+            p = self.parallel_plan()
+        except ValueError as e:
+            raise ValueError(str(e)) from None
+        if p.tensor * p.pipeline > 1 and self.timing.kind == "calibrated":
+            raise ValueError(f"parallel: timing kind 'calibrated' measures one GPU; use timing kind analytical "
+                             f"for tensor {p.tensor} x pipeline {p.pipeline}")
+        b = self.kv_budget
+        if b.allow_beyond_gpu or (b.tokens is None and b.bytes is None):
+            return self
+        fits = self.derived_kv_budget_bytes()
+        need = self.kv_budget_bytes()
+        if need > fits:
+            gpus = f"{p.tensor * p.pipeline} x " if p.tensor * p.pipeline > 1 else ""
+            if b.tokens is not None:
+                what = (f"kv_budget.tokens: {b.tokens:,} tokens x {p.kv.bytes_per_token:,} bytes per GPU = "
+                        f"{need / 2**30:.2f} GiB per GPU")
+                limit = f" (at most {max(fits, 0) // p.kv.bytes_per_token:,} tokens)"
+            else:
+                what, limit = f"kv_budget.bytes: {need / 2**30:.2f} GiB per GPU", ""
+            raise ValueError(
+                f"{what} is more than the {fits / 2**30:.2f} GiB{limit} that fits on {gpus}{self.gpu.name} "
+                f"({self.gpu.memory_bytes / 2**30:.1f} GiB x gpu_memory_utilization {b.gpu_memory_utilization} - "
+                f"weights {p.weight_bytes_per_gpu / 2**30:.1f} GiB - activation reserve "
+                f"{b.activation_reserve_bytes / 2**30:.1f} GiB); lower it, use more GPUs (parallel.tensor), or set "
+                f"kv_budget.allow_beyond_gpu: true for an unbounded-cache what-if")
+        return self
+
+    # -- derived quantities ----------------------------------------------------------------------
+    def parallel_plan(self) -> ParallelPlan:
+        """Per-GPU view of one replica (one GPU without ``parallel``)."""
+        return plan(self.model.spec(), self.gpu.spec(), self.kv_dtype, self.weight_dtype,
+                    self.parallel.tensor, self.parallel.pipeline)
+
+    def kv_geometry(self) -> KVGeometry:
+        """One GPU's KV geometry (kvsim/models/geometry.py), without the allocator's page size: a run
+        builds it once and completes it with ``with_block_size(allocator.block_size)``. Its
+        ``bytes_per_token`` (the fullest pipeline stage, this GPU's KV heads) sizes the KV pool."""
+        return self.parallel_plan().kv
+
+    @property
+    def weight_bytes(self) -> int:
+        """Weight bytes on one GPU (all of them without parallelism)."""
+        return self.parallel_plan().weight_bytes_per_gpu
+
+    def derived_kv_budget_bytes(self) -> int:
+        """What one GPU has for KV: memory x utilisation - weights - activation reserve."""
+        b = self.kv_budget
+        return int(self.gpu.memory_bytes * b.gpu_memory_utilization) - self.weight_bytes - b.activation_reserve_bytes
+
+    def kv_budget_bytes(self) -> int:
+        """The KV budget of one GPU (given, or derived)."""
+        b = self.kv_budget
+        if b.tokens is not None:
+            return b.tokens * self.kv_geometry().bytes_per_token
+        if b.bytes is not None:
+            return b.bytes
+        return self.derived_kv_budget_bytes()

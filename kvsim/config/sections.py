@@ -1,0 +1,255 @@
+"""The scenario's plain sections: model, GPU, host link, KV budget, parallelism, engine, replicas,
+limits, SLOs, metrics and beam search (each a pydantic model; presets by name for model, GPU and
+host link)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+from pydantic import Field, field_validator, model_validator
+
+from kvsim.config_base import Bytes, ByteRate, Number, StrictModel, Tokens
+from kvsim.errors import ConfigError, format_choices
+from kvsim.hw import KV_DTYPES, NOT_PRESETS, WEIGHT_DTYPE_BYTES, GPUSpec, ModelSpec
+from kvsim.kv.beam import DEFAULT_FORK_PROB
+from kvsim.metrics.summarize import DEFAULT_PERCENTILES
+from kvsim.models import hf
+from kvsim.models.names import did_you_mean_preset, lookup
+from kvsim.registry import ROUTERS, policy_field
+from kvsim.sched.router import DEFAULT_ROUTER
+
+KVDTypeName = Literal["fp16", "bf16", "fp8", "int8", "int4"]
+WeightDTypeName = Literal["fp32", "fp16", "bf16", "fp8", "int8", "int4"]
+assert set(get_args(KVDTypeName)) == set(KV_DTYPES) and set(get_args(WeightDTypeName)) == set(WEIGHT_DTYPE_BYTES)
+
+
+def _preset(kind: str, value: Any, presets: dict) -> Any:
+    """Accept a preset name (any case), or a mapping with ``preset: NAME`` plus field overrides; for
+    models also a Hugging Face ``config.json`` path (load_scenario resolves it against the scenario
+    file's folder first, see :func:`kvsim.models.hf.expand_model_file`; here: the current folder)."""
+    name = None
+    if isinstance(value, str):
+        name, value = value, {}
+    elif isinstance(value, dict) and "preset" in value:
+        value = dict(value)
+        name = value.pop("preset")
+        if not isinstance(name, str):
+            raise ValueError(f"preset must be a {kind} name")
+    if name is None:
+        return value
+    if kind == "model" and hf.is_config_path(name):
+        try:
+            return {**hf.load_model_file(name, None), **value}
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+    key = lookup(name, presets)
+    if key is None:
+        extra = " or a Hugging Face config.json path" if kind == "model" else ""
+        hint = did_you_mean_preset(name, presets, NOT_PRESETS if kind == "model" else None)
+        raise ValueError(f"unknown {kind} preset {name!r}{hint}; "
+                         f"valid presets: {format_choices(presets)}{extra}")
+    return {**presets[key].to_dict(), **value}
+
+
+class ModelConfig(StrictModel):
+    """A model's shape. Write a preset name (``model: Llama-3-8B``) or every field."""
+
+    name: str
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    num_params: Number = Field(gt=0)
+    max_model_len_tokens: Tokens = Field(gt=0)
+    gated_mlp: bool = True
+    source: str = ""
+    attention: Literal["gqa", "mla"] = Field(
+        "gqa", description="gqa: K and V per kv head (MHA/GQA/MQA); mla: one compressed latent per layer")
+    kv_lora_rank: int = Field(0, ge=0, description="MLA latent width (DeepSeek-V2/V3: 512)")
+    qk_rope_head_dim: int = Field(0, ge=0, description="MLA rope key width stored with the latent (64)")
+    sliding_window_tokens: Tokens = Field(0, ge=0, description="window of the sliding-window layers (0: none)")
+    sliding_window_layers: int = Field(0, ge=0, description="how many layers use the sliding window")
+    num_experts: int = Field(0, ge=0, description="MoE routed experts per MoE layer (0: dense)")
+    experts_per_token: int = Field(0, ge=0, description="MoE experts each token is routed to")
+    active_params: Number = Field(0.0, ge=0, description="parameters a token goes through (0: num_params)")
+
+    @model_validator(mode="after")
+    def _gqa(self):
+        if self.num_attention_heads % self.num_kv_heads:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                             f"num_kv_heads ({self.num_kv_heads})")
+        if self.attention == "mla" and not (self.kv_lora_rank and self.qk_rope_head_dim):
+            raise ValueError("attention mla needs kv_lora_rank and qk_rope_head_dim (DeepSeek-V3: 512 and 64)")
+        if self.sliding_window_layers > self.num_layers:
+            raise ValueError(f"sliding_window_layers ({self.sliding_window_layers}) is more than num_layers "
+                             f"({self.num_layers})")
+        if self.sliding_window_layers and not self.sliding_window_tokens:
+            raise ValueError("sliding_window_layers needs sliding_window_tokens")
+        if self.experts_per_token > self.num_experts:
+            raise ValueError(f"experts_per_token ({self.experts_per_token}) is more than num_experts "
+                             f"({self.num_experts})")
+        if self.active_params > self.num_params:
+            raise ValueError(f"active_params ({self.active_params:g}) is more than num_params ({self.num_params:g})")
+        return self
+
+    def spec(self) -> ModelSpec:
+        return ModelSpec(**self.model_dump())
+
+
+class GPUConfig(StrictModel):
+    """A GPU. Write a preset name (``gpu: A100-80GB``) or every field."""
+
+    name: str
+    memory_bytes: Bytes = Field(gt=0)
+    hbm_bandwidth_bytes_per_s: ByteRate = Field(gt=0)
+    bf16_flops_per_s: Number = Field(gt=0)
+    source: str = ""
+    interconnect: str = ""
+    interconnect_bandwidth_bytes_per_s: ByteRate = Field(
+        0.0, ge=0, description="GPU-GPU link, bytes/s per GPU in one direction (0: none; needed by parallel)")
+    allreduce_efficiency: float = Field(1.0, gt=0, le=1, description="achieved all-reduce bus bandwidth / peak")
+    allreduce_latency_s: float = Field(0.0, ge=0, description="fixed cost of one all-reduce")
+    num_sms: int | None = Field(None, gt=0, description="streaming multiprocessors (attention-kernel parallelism); "
+                                                          "unknown: the kernel model assumes enough parallelism")
+    host_link: str = Field("", description="GPU<->host link preset used without host_link: ('' = none known)")
+
+    @field_validator("host_link")
+    @classmethod
+    def _known_link(cls, v):
+        from kvsim.timing.transfer import link_presets
+
+        if v and v not in link_presets():
+            raise ValueError(f"unknown host link {v!r}; valid links: {', '.join(sorted(link_presets()))}")
+        return v
+
+    def spec(self) -> GPUSpec:
+        return GPUSpec(**self.model_dump())
+
+
+class HostLinkConfig(StrictModel):
+    """The GPU<->host link that swaps, tier loads, offload and prefetch use (kvsim.timing.transfer).
+    Write a preset name (``host_link: pcie-gen5-x16``) or ``{preset: NAME, field: value...}``, or
+    every field. Absent: the GPU preset's link (``gpu.host_link``), else the legacy
+    size-independent ``timing.host_link_bandwidth_bytes_per_s``."""
+
+    name: str
+    h2d_bandwidth_bytes_per_s: ByteRate = Field(gt=0, description="sustained host-to-device copy rate")
+    d2h_bandwidth_bytes_per_s: ByteRate = Field(gt=0, description="sustained device-to-host copy rate")
+    per_transfer_latency_s: float = Field(ge=0, description="fixed cost of one copy")
+    signalling_bandwidth_bytes_per_s: ByteRate = Field(0.0, ge=0, description="nominal rate, for reference")
+    source: str = ""
+    granularity: Literal["block", "run"] = Field(
+        "block", description="one copy per block, or per run of consecutive block ids")
+    layout: Literal["per_layer_kv", "per_layer", "contiguous"] = Field(
+        "per_layer_kv", description="copies per block: 2 x layers, layers, or 1")
+
+    def link(self):
+        from kvsim.timing.transfer import LinkProfile
+
+        return LinkProfile(self.name, self.h2d_bandwidth_bytes_per_s, self.d2h_bandwidth_bytes_per_s,
+                           self.per_transfer_latency_s, self.signalling_bandwidth_bytes_per_s, self.source)
+
+
+class KVBudgetConfig(StrictModel):
+    """KV memory, per GPU. Derived by default: ``memory x gpu_memory_utilization - weights -
+    activation reserve``; or given explicitly with exactly one of ``bytes`` (per GPU) / ``tokens``
+    (the replica's token capacity), which must fit in that derived amount unless
+    ``allow_beyond_gpu: true`` (an "unbounded cache" what-if)."""
+
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    activation_reserve_bytes: Bytes = Field(1 << 30, ge=0)
+    bytes: Bytes | None = Field(None, gt=0, description="KV bytes per GPU")
+    tokens: Tokens | None = Field(None, gt=0, description="KV capacity in tokens")
+    allow_beyond_gpu: bool = Field(
+        False, description="accept bytes/tokens beyond what the GPU memory holds (what-if studies)")
+
+    @model_validator(mode="after")
+    def _one(self):
+        if self.bytes is not None and self.tokens is not None:
+            raise ValueError("give at most one of bytes and tokens")
+        return self
+
+
+class ParallelConfig(StrictModel):
+    """GPUs per replica: ``tensor`` share every layer (Megatron-style), ``pipeline`` stages split the
+    layers. See docs/models.md#parallelism."""
+
+    tensor: int = Field(1, ge=1, le=1024, description="tensor-parallel GPUs (vLLM tensor_parallel_size)")
+    pipeline: int = Field(1, ge=1, le=1024, description="pipeline stages (vLLM pipeline_parallel_size)")
+
+
+class EngineConfig(StrictModel):
+    mode: Literal["fast", "step"] = Field(
+        "fast", description="fast: advance runs of pure decode steps at once (exact); step: one event per step")
+    max_window_steps: int = Field(4096, ge=2, description="most steps one decode window may cover")
+
+
+class SharedStoreConfig(StrictModel):
+    """A prefix store shared by all replicas (the Mooncake idea): blocks evicted by any replica land
+    there, and any replica can load them back at ``bandwidth_bytes_per_s``."""
+
+    capacity_bytes: Bytes = Field(gt=0)
+    bandwidth_bytes_per_s: ByteRate = Field(25e9, gt=0, description="e.g. an RDMA NIC, ~25 GB/s")
+
+
+class ReplicasConfig(StrictModel):
+    count: int = Field(1, ge=1, le=1024, description="engine replicas, each with the whole KV budget")
+    router: policy_field(ROUTERS, DEFAULT_ROUTER) = Field(  # type: ignore[valid-type]
+        DEFAULT_ROUTER, description="which replica gets an arriving request; a kind name or {kind: NAME} "
+                                    "(kvsim/sched/router.py)")
+    shared_prefix_store: SharedStoreConfig | None = None
+
+
+class LimitsConfig(StrictModel):
+    max_sim_time_s: float | None = Field(None, gt=0, description="stop with an error past this simulated time")
+    max_wall_time_s: float | None = Field(None, gt=0, description="stop with an error past this wall time")
+
+
+class SLOConfig(StrictModel):
+    """Service-level objectives per request, as vLLM's ``--goodput ttft:MS tpot:MS e2el:MS``: a
+    finished request is *good* when it meets every objective given (docs/metrics.md, goodput)."""
+
+    ttft_ms: float | None = Field(None, gt=0, allow_inf_nan=False, description="time to first token, ms")
+    tpot_ms: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                  description="time per output token after the first, ms")
+    e2e_ms: float | None = Field(None, gt=0, allow_inf_nan=False, description="end-to-end latency, ms")
+
+    @model_validator(mode="after")
+    def _at_least_one(self):
+        if self.ttft_ms is None and self.tpot_ms is None and self.e2e_ms is None:
+            raise ValueError("give at least one of ttft_ms, tpot_ms, e2e_ms")
+        return self
+
+    def as_dict(self) -> dict[str, float]:
+        """The objectives given, ``{name: ms}``."""
+        return {k: v for k, v in (("ttft_ms", self.ttft_ms), ("tpot_ms", self.tpot_ms), ("e2e_ms", self.e2e_ms))
+                if v is not None}
+
+
+class MetricsConfig(StrictModel):
+    """What ``summary.json`` reports beyond the fixed keys."""
+
+    percentiles: list[float] = Field(
+        default_factory=lambda: list(DEFAULT_PERCENTILES),
+        description="percentiles of TTFT, TPOT, ITL and E2EL in summary.json's serving section, each in (0, 100)")
+
+    @field_validator("percentiles")
+    @classmethod
+    def _valid_percentiles(cls, v):
+        if not v:
+            raise ValueError("give at least one percentile")
+        for q in v:
+            if not (0 < q < 100) or q != q:
+                raise ValueError(f"percentile {q} must be between 0 and 100 (exclusive)")
+        return sorted(set(float(q) for q in v))
+
+
+class BeamSearchConfig(StrictModel):
+    """The divergence model of beam-search requests (trace column ``beam``; docs/beam_search.md)."""
+
+    fork_prob: float = Field(DEFAULT_FORK_PROB, ge=0.0, le=1.0,
+                             description="per decode position and beam request: probability that one beam "
+                                         "is pruned and another forks (no public number; see docs/beam_search.md)")

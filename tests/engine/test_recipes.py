@@ -172,7 +172,9 @@ def write_trace(tmp_path, n=120, seed=3, prefixes=False):
 
 def scenario(tmp_path, name: str, body: str):
     f = tmp_path / f"{name}.yaml"
-    f.write_text("trace: {file: trace.csv}\nmodel: OPT-13B\nkv_budget: {tokens: 1500}\n" + body)
+    # engine_profile: kvsim -- prompt blocks at admission: the recipe allocator has no WindowAllocator
+    # capability, which the default profile's per-chunk prompt blocks need (docs/architecture.md)
+    f.write_text("engine_profile: kvsim\ntrace: {file: trace.csv}\nmodel: OPT-13B\nkv_budget: {tokens: 1500}\n" + body)
     return f
 
 

@@ -119,8 +119,8 @@ def predict_rejections(scn, trace, where: str = "scenario") -> dict[str, int]:
     max_len = scn.model.max_model_len_tokens
     sched = Scheduler(scn.scheduler, allocator, max_len, kv=scn.kv_geometry().with_block_size(allocator.block_size),
                       request_log=RequestLog())
-    samples = getattr(trace, "num_samples", None)
-    keys = getattr(trace, "prefix_keys", None)
+    samples = trace.num_samples
+    keys = trace.prefix_keys
     counts: Counter[str] = Counter()
     for i in range(len(trace)):
         kv = KVRequest(i, int(trace.prompt_tokens[i]), int(trace.output_tokens[i]), max_len,

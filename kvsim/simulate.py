@@ -91,7 +91,8 @@ def host_transfers(scn: Scenario, where: str = "scenario") -> HostTransfers:
             return HostTransfers(scn.link_profile())  # legacy: size-independent
         # the GPU preset's link, one copy per block per layer per K/V tensor (vLLM's swap_blocks)
         return HostTransfers(scn.link_profile(), num_layers=scn.model.spec().num_layers, legacy=False)
-    cpu = getattr(getattr(scn.allocator, "offload", None), "cpu", None)
+    offload = scn.allocator_offload()
+    cpu = offload.cpu if offload is not None else None
     if cpu is not None and cpu.bandwidth_bytes_per_s is not None:
         raise ConfigError(f"{where}: give host_link or allocator.offload.cpu.bandwidth_bytes_per_s, not both "
                           "(host_link prices CPU-tier loads per block, with its per-copy latency)")
@@ -122,15 +123,15 @@ def build_allocator(scn: Scenario, where: str = "scenario"):
     capacity_tokens = budget // bpt
     # A budget beyond the GPU's memory is a legitimate what-if (an "unbounded" cache), but naming
     # every block costs memory: cap what the block-id allocator would have to track.
-    block = getattr(scn.allocator, "block_size", None)
-    if block and getattr(scn.allocator, "prefix_caching", False) and capacity_tokens // block > MAX_TRACKED_BLOCKS:
+    block = scn.allocator_block_size()
+    if block and scn.allocator_prefix_caching() and capacity_tokens // block > MAX_TRACKED_BLOCKS:
         raise ConfigError(
             f"{where}: kv_budget: {budget / 2**30:.1f} GiB (GPU {scn.gpu.name} has "
             f"{scn.gpu.memory_bytes / 2**30:.1f} GiB memory) makes {capacity_tokens // block:,} blocks of "
             f"{block} tokens, more than the {MAX_TRACKED_BLOCKS:,} a prefix-caching allocator can track; "
             f"lower kv_budget or raise allocator.block_size"
         )
-    unit = getattr(scn.allocator, "block_size", None) or 1  # the smallest allocation, in tokens
+    unit = block or 1  # the smallest allocation, in tokens
     if capacity_tokens < unit:
         raise ConfigError(
             f"{where}: kv_budget: {budget} bytes hold {capacity_tokens} tokens of {bpt} bytes, "

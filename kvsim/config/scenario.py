@@ -140,6 +140,20 @@ class Scenario(StrictModel):
 
         return getattr(self.timing, "host_link_bandwidth_bytes_per_s", DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S)
 
+    # The allocator section is a plugin's config: the members other layers need are read here, in
+    # the config layer, so nothing outside it probes a plugin config with getattr (issue 24 item 2).
+    def allocator_block_size(self) -> int | None:
+        """The allocator's block size in tokens (None: a kind without blocks, e.g. contiguous)."""
+        return getattr(self.allocator, "block_size", None)
+
+    def allocator_prefix_caching(self) -> bool:
+        """Whether the allocator caches prefixes (False for a kind without the option)."""
+        return bool(getattr(self.allocator, "prefix_caching", False))
+
+    def allocator_offload(self):
+        """The allocator's ``offload`` (lower KV tiers) section, or None."""
+        return getattr(self.allocator, "offload", None)
+
     def default_link_name(self) -> str:
         """The link preset of a scenario without ``host_link:``: its GPU's (``gpu.host_link``), or ""
         (the legacy size-independent rate) when the GPU names none, ``timing.host_link_bandwidth_bytes_per_s``

@@ -70,7 +70,7 @@ def settings_for(scn, model_file: Path, threads: int, device: str, eager: bool) 
                           "recompute only: set it to 'recompute'")
     if scn.replicas.count != 1:
         raise EngineError(f"{where}: replicas.count is {scn.replicas.count}; replay runs one engine (set it to 1)")
-    if getattr(a, "offload", None) is not None:
+    if scn.allocator_offload() is not None:
         raise EngineError(f"{where}: allocator.offload is set; the vLLM replay has no KV tiers (remove it)")
     blocks = scn.kv_budget_bytes() // scn.kv_geometry().bytes_per_token // a.block_size
     tokens = s.max_num_batched_tokens if s.max_num_batched_tokens is not None else max(
@@ -78,7 +78,7 @@ def settings_for(scn, model_file: Path, threads: int, device: str, eager: bool) 
     return EngineSettings(model_config=model_file, block_size=a.block_size, num_blocks=int(blocks) + 1,
                           max_num_seqs=s.max_num_seqs, max_num_batched_tokens=int(tokens),
                           max_model_len=scn.model.max_model_len_tokens, chunked_prefill=s.chunked_prefill,
-                          prefix_caching=bool(getattr(a, "prefix_caching", False)), device=device,
+                          prefix_caching=scn.allocator_prefix_caching(), device=device,
                           threads=threads, seed=scn.seed, enforce_eager=eager)
 
 

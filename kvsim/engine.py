@@ -67,7 +67,10 @@ def _int_sum(values: np.ndarray) -> int:
 class UrgentTimeout(simpy.Event):
     """A timeout scheduled at URGENT priority (``simpy.Timeout`` is always NORMAL): an arrival at the
     same time as a step boundary is seen by that step's plan. It triggers itself as
-    ``simpy.Timeout`` does: already successful (value None) when scheduled."""
+    ``simpy.Timeout`` does: already successful (value None) when scheduled. Setting ``_ok`` /
+    ``_value`` in a subclass's own ``__init__`` is how SimPy's own event subclasses (``Timeout``,
+    ``Initialize``) are built: SimPy has no public call that schedules an already-triggered event
+    at a chosen priority and delay; no code outside this class writes SimPy's fields."""
 
     def __init__(self, env: simpy.Environment, delay: float):
         super().__init__(env)

@@ -289,7 +289,30 @@ def run_engine_calibration(model: str, *, out: str | Path | None, device: str = 
     for r in rows:
         r["device"] = device
     raw = pd.DataFrame([p.row() for p in points])
-    meta = {
+    meta = _engine_meta(vllm, device, threads, settings, spec, config_path, dtype, grid, fitted, mismatched, out,
+                        rows, points)
+    with atomic_out_dir(out, "calibrate", force=force) as tmp:
+        pd.DataFrame(rows, columns=list(S.COLUMNS)).to_csv(tmp / S.CSV_FILE, index=False)
+        raw.to_csv(tmp / ENGINE_STEPS_FILE, index=False)
+        meta["wall_s"] = round(time.monotonic() - t_start, 1)
+        (tmp / S.META_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+        hold = [h for bs in grid.block_sizes for h in holdout_errors(priced, _timing_for(tmp, spec, dtype, bs))]
+        errs = np.abs([h["error"] for h in hold]) if hold else np.array([])
+        meta["holdout"] = {"what": f"mixed steps (decode batch + one prefill chunk), never fitted ({basis} time)",
+                           "points": hold,
+                           "mape": float(errs.mean()) if errs.size else None,
+                           "max_ape": float(errs.max()) if errs.size else None}
+        (tmp / S.META_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    mape = meta["holdout"]["mape"]
+    log(f"wrote {out} ({len(points)} step points, {len(rows)} table rows, {meta['wall_s']} s; hold-out mixed "
+        f"steps: mean abs error {100 * mape:.1f} %)" if mape is not None else f"wrote {out}")
+    return out
+
+
+def _engine_meta(vllm, device: str, threads: int, settings: dict, spec, config_path, dtype: str, grid, fitted: dict,
+                 mismatched: int, out: Path, rows: list, points: list) -> dict:
+    """meta.json of an engine calibration: provenance (engine, versions, host, date), model, grid, fit."""
+    return {
         "schema_version": S.SCHEMA_VERSION, "device": device, "gpu_name": f"vllm-{device}",
         "source": "engine",
         "label": f"whole-step times of a running vLLM {vllm.__version__} engine on {device} "
@@ -314,22 +337,6 @@ def run_engine_calibration(model: str, *, out: str | Path | None, device: str = 
                                     "when outside it); a scenario's timing.file is relative to the scenario file"},
         "rows": len(rows), "points": len(points),
     }
-    with atomic_out_dir(out, "calibrate", force=force) as tmp:
-        pd.DataFrame(rows, columns=list(S.COLUMNS)).to_csv(tmp / S.CSV_FILE, index=False)
-        raw.to_csv(tmp / ENGINE_STEPS_FILE, index=False)
-        meta["wall_s"] = round(time.monotonic() - t_start, 1)
-        (tmp / S.META_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")
-        hold = [h for bs in grid.block_sizes for h in holdout_errors(priced, _timing_for(tmp, spec, dtype, bs))]
-        errs = np.abs([h["error"] for h in hold]) if hold else np.array([])
-        meta["holdout"] = {"what": f"mixed steps (decode batch + one prefill chunk), never fitted ({basis} time)",
-                           "points": hold,
-                           "mape": float(errs.mean()) if errs.size else None,
-                           "max_ape": float(errs.max()) if errs.size else None}
-        (tmp / S.META_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")
-    mape = meta["holdout"]["mape"]
-    log(f"wrote {out} ({len(points)} step points, {len(rows)} table rows, {meta['wall_s']} s; hold-out mixed "
-        f"steps: mean abs error {100 * mape:.1f} %)" if mape is not None else f"wrote {out}")
-    return out
 
 
 def _torch_version() -> str | None:

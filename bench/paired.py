@@ -59,7 +59,25 @@ def scenario_text(case: str) -> str:
     raise SystemExit(f"--case {case}: valid choices azure-{{{','.join(run_bench.ALLOCATORS)}}}, sharegpt-N")
 
 
+def knows_profiles(checkout: Path) -> bool:
+    """Whether ``checkout``'s kvsim has the ``engine_profile`` key (issue 22/23; older ones refuse it)."""
+    return (checkout / "kvsim" / "config" / "profiles.py").exists() or "engine_profile" in (
+        (checkout / "kvsim" / "config.py").read_text() if (checkout / "kvsim" / "config.py").exists() else "")
+
+
+def side_scenario(scenario: Path, checkout: Path) -> Path:
+    """The scenario for one side: without the ``engine_profile: kvsim`` line for a checkout from before
+    engine profiles (whose defaults are that profile's, so both sides run the same case)."""
+    if knows_profiles(checkout):
+        return scenario
+    old = scenario.with_name(f"{scenario.stem}-noprofile.yaml")
+    old.write_text("".join(line for line in scenario.read_text().splitlines(keepends=True)
+                           if line.strip() != "engine_profile: kvsim"))
+    return old
+
+
 def run_one(checkout: Path, scenario: Path, sets: list[str]) -> dict:
+    scenario = side_scenario(scenario, checkout)
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     out = subprocess.run([sys.executable, "-c", CHILD, str(scenario), *sets], capture_output=True, text=True,
                          env=env, cwd=checkout)

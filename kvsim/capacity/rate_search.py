@@ -138,6 +138,31 @@ def search(evaluate: Callable[[float], Evaluation], lo: float, hi: float, tol: f
     return result("ok", good, bad)
 
 
+def why_below_range(r: VariantCapacity, attainment: float) -> str | None:
+    """For a ``below_range`` result: why its lowest scale missed. When the requests rejected there
+    (a prompt that can never fit is rejected at every rate) already exceed what an objective lets miss,
+    no rate can meet it, and the line says so instead of suggesting a lower ``--lo``."""
+    if r.status != "below_range" or not r.evaluations:
+        return None
+    low = r.evaluations[0]
+    n, rej = low.requests_total, low.requests_rejected
+    joint, pct = split_objectives(r.slo_ms)
+    blocked = []
+    for key in pct:
+        allowed = n - max(math.ceil(percentile_key(key)[0] / 100.0 * n), 1)
+        if rej > allowed:
+            blocked.append(f"{key} lets at most {allowed} miss")
+    if joint and rej > n - math.ceil(attainment * n):
+        blocked.append(f"attainment {attainment:g} lets at most {n - math.ceil(attainment * n)} miss")
+    if blocked:
+        return (f"{r.variant}: {rej} of {n} requests are rejected at rate_scale {low.rate_scale:g} (summary.json "
+                f"rejected_by_reason says why; they miss at every rate) and {'; '.join(blocked)}: no rate meets "
+                f"the SLOs; relax the objective or change what rejects them")
+    reached = "".join(f", {k} {v:.4g} ms" for k, v in low.percentiles_ms.items())
+    return (f"{r.variant}: misses already at rate_scale {low.rate_scale:g} (attainment {low.attainment:.3f}"
+            f"{reached}, {rej} of {n} rejected); try a lower --lo")
+
+
 def max_steps(lo: float, hi: float, tol: float) -> int:
     """Evaluations the search makes at most: ``lo``, ``hi`` and the bisection steps until
     ``hi / lo <= 1 + tol`` (each halves the log-width)."""

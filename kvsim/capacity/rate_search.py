@@ -31,6 +31,7 @@ class Evaluation:
     meets: bool
     percentiles_ms: dict = field(default_factory=dict)  # pQ_METRIC_ms -> the value reached (inf: unserved)
     key: str = ""  # what was simulated (scenario at this scale, trace sha256, objectives, kvsim version)
+    rejected_by_reason: dict = field(default_factory=dict)  # summary.json's: reject_reason -> requests
     reused: bool = False  # taken from an earlier capacity.json, not simulated (not written out)
 
 
@@ -155,9 +156,10 @@ def why_below_range(r: VariantCapacity, attainment: float) -> str | None:
     if joint and rej > n - math.ceil(attainment * n):
         blocked.append(f"attainment {attainment:g} lets at most {n - math.ceil(attainment * n)} miss")
     if blocked:
-        return (f"{r.variant}: {rej} of {n} requests are rejected at rate_scale {low.rate_scale:g} (summary.json "
-                f"rejected_by_reason says why; they miss at every rate) and {'; '.join(blocked)}: no rate meets "
-                f"the SLOs; relax the objective or change what rejects them")
+        why = ", ".join(f"{k}: {v}" for k, v in low.rejected_by_reason.items()) or "reasons: see summary.json"
+        return (f"{r.variant}: {rej} of {n} requests are rejected at rate_scale {low.rate_scale:g} ({why}; "
+                f"docs/metrics.md) and {'; '.join(blocked)}: no rate meets the SLOs; relax the objective or "
+                f"change what rejects them")
     reached = "".join(f", {k} {v:.4g} ms" for k, v in low.percentiles_ms.items())
     return (f"{r.variant}: misses already at rate_scale {low.rate_scale:g} (attainment {low.attainment:.3f}"
             f"{reached}, {rej} of {n} rejected); try a lower --lo")
@@ -271,7 +273,8 @@ def evaluator(scn, base_dir: Path, slo: dict[str, float], attainment: float, whe
                           goodput_requests_per_s=float(sm["slo"]["goodput_requests_per_s"]),
                           throughput_requests_per_s=float(sm["throughput_requests_per_s"]),
                           requests_total=int(sm["requests_total"]), requests_rejected=int(sm["requests_rejected"]),
-                          meets=meets(att, reached), percentiles_ms=reached, key=key)
+                          meets=meets(att, reached), percentiles_ms=reached, key=key,
+                          rejected_by_reason=dict(sm.get("rejected_by_reason") or {}))
 
     return evaluate
 

@@ -192,12 +192,12 @@ def test_below_range_says_when_rejections_alone_block_the_objective():
     from kvsim.capacity import VariantCapacity, why_below_range
 
     def below(slo, pct):
-        e = Evaluation(0.25, 0.5, 0.97, 0.1, 0.1, 100, 3, False, pct)
+        e = Evaluation(0.25, 0.5, 0.97, 0.1, 0.1, 100, 3, False, pct, rejected_by_reason={"exceeds_max_model_len": 3})
         return VariantCapacity("v", "below_range", None, 0.25, None, None, None, (e,), slo)
 
     blocked = why_below_range(below({"p99_ttft_ms": 2000.0}, {"p99_ttft_ms": float("inf")}), 0.9)
     assert "3 of 100 requests are rejected" in blocked and "p99_ttft_ms lets at most 1 miss" in blocked
-    assert "no rate meets" in blocked
+    assert "no rate meets" in blocked and "exceeds_max_model_len: 3" in blocked
     joint = why_below_range(below({"ttft_ms": 500.0}, {}), 0.99)
     assert "attainment 0.99 lets at most 1 miss" in joint
     plain = why_below_range(below({"p95_ttft_ms": 2000.0}, {"p95_ttft_ms": 2500.0}), 0.9)

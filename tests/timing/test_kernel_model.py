@@ -207,6 +207,8 @@ def test_profile_file_round_trip(tmp_path):
     (lambda s: re.sub(r"max_bandwidth_utilisation: .*", "max_bandwidth_utilisation: 1.5", s),
      "max_bandwidth_utilisation"),
     (lambda s: re.sub(r"bytes_in_flight_per_unit: .*", "bytes_in_flight_per_unit: -5", s), "bytes_in_flight_per_unit"),
+    (lambda s: s + "ctas_per_sm: -1\n", "ctas_per_sm"),
+    (lambda s: s + "host_floor_s: .inf\n", "host_floor_s"),
     (lambda s: s.replace("split_kv: true", "split_kv: maybe"), "split_kv"),
     (lambda s: s + "page_overhead: 1\n", "page_overhead"),
     (lambda s: s.replace("[fp8]", "[fp7]"), "fused_dequant_kv_dtypes"),
@@ -316,3 +318,33 @@ def test_mla_models_resolve_auto_to_flashmla_in_a_run():
     assert timing.attention_backend == "flashmla"
     # one latent per token and layer, read once by all 16 query heads of a GPU: 1,152 bytes in bf16
     assert timing.kernel.layout.kv_bytes_per_token_layer == 1152 and timing.kernel.heads_par == 1
+
+
+def test_rounds_of_resident_units_give_the_wave_sawtooth():
+    # Llama-2-7B (32 heads, no split): batch 6 is 192 units, one round of 2 x 108 = 216; batch 7 is
+    # 224 units, a full round plus 8 that stream at the concurrency of 8 (the corpus' sawtooth)
+    lay = KVLayout.from_model(MODELS["Llama-2-7B"], "fp16", 16)
+    base = replace(load_backend("flashattention-paged"), split_kv=False)
+    per_token = {}
+    for rounds in (0.0, 2.0):
+        for sharp in (False, True):
+            prof = replace(base, ctas_per_sm=rounds, units_per_sm_to_saturate=1.0,
+                           bytes_in_flight_per_unit=0.0 if sharp else base.bytes_in_flight_per_unit)
+            km = KernelModel(prof, lay, 2.039e12, 108)
+            per_token[rounds, sharp] = [km.time_s(n, n * 3648, n * 228) / n for n in (6, 7, 13)]
+    for sharp in (False, True):
+        six, seven, thirteen = per_token[2.0, sharp]
+        assert seven > 1.15 * six and thirteen < seven  # the step at the round, and its fading
+        assert per_token[0.0, sharp][1] <= per_token[0.0, sharp][0] * 1.0001  # no rounds: no step
+    # one round (batch 6) is the saturation form itself
+    assert per_token[2.0, False][0] == pytest.approx(per_token[0.0, False][0], rel=1e-12)
+
+
+def test_host_floor_bounds_short_launches_only():
+    lay = KVLayout.from_model(MODELS["Llama-2-7B"], "fp16", 16)
+    base = load_backend("flashinfer-paged")
+    plain = KernelModel(replace(base, host_floor_s=0.0), lay, 2.039e12, 108)
+    floored = KernelModel(replace(base, host_floor_s=2.4e-5), lay, 2.039e12, 108)
+    assert floored.time_s(1, 32, 2) == pytest.approx(lay.num_layers * 2.4e-5)  # a tiny launch: the floor
+    assert plain.time_s(1, 32, 2) < floored.time_s(1, 32, 2)
+    assert floored.time_s(64, 64 * 4096, 64 * 256) == plain.time_s(64, 64 * 4096, 64 * 256)  # a long one: none

@@ -26,10 +26,9 @@ FITTED = {"vllm-paged": ("launch_overhead_s", "unit_overhead_s", "page_overhead_
           # FlashInfer's own rows (Vidur's A100 Llama-3-8B FlashInfer profile, flashinfer PR #2055): the
           # FlashAttention set without the per-page cost (FlashInfer's is carried by the DRAM-efficiency
           # term from its README, docs/kernel_model.md)
-          # term from its README, docs/kernel_model.md), plus the host floor: Vidur profiled FlashInfer
-          # eagerly, and its batch-1 launches take 24-25 us whatever the context (32 KB to 10 MB of KV)
+          # term from its README, docs/kernel_model.md)
           "flashinfer-paged": ("launch_overhead_s", "unit_overhead_s", "max_bandwidth_utilisation",
-                               "units_per_sm_to_saturate", "overlap", "bytes_in_flight_per_unit", "host_floor_s"),
+                               "units_per_sm_to_saturate", "overlap", "bytes_in_flight_per_unit"),
           # FlashMLA's rows are one launch shape (batch 128 x 4,096 tokens) at three head counts: they fix
           # one level, the bytes its work units keep in flight; the rest comes from the FlashAttention fit
           "flashmla": ("bytes_in_flight_per_unit",)}
@@ -63,7 +62,7 @@ START_BASE = {"vllm-paged": dict(launch_overhead_s=4.6e-6, unit_overhead_s=3.5e-
                                            ctas_per_sm=0.0),
               "flashinfer-paged": dict(launch_overhead_s=4.6e-6, unit_overhead_s=3.5e-8, max_bandwidth_utilisation=0.907,
                                        units_per_sm_to_saturate=2.37, overlap=0.0, bytes_in_flight_per_unit=2048.0,
-                                       ctas_per_sm=0.0, host_floor_s=0.0),
+                                       ctas_per_sm=0.0),
               "flashmla": dict(bytes_in_flight_per_unit=2048.0)}
 # Profiles with too few corpus rows of their own to fit take a family's fitted time constants (never its
 # page cost): FlashInfer's decode kernel and FlashAttention over contiguous KV used the Vidur A100
@@ -81,7 +80,7 @@ TIE = 0.005  # weighted MAPE difference below which two fits count as equally go
 BOUNDS = {"max_bandwidth_utilisation": (0.05, 1.0), "bytes_in_flight_per_unit": (16.0, 1e6), "overlap": (0.0, 1.0), "units_per_sm_to_saturate": (0.05, 64.0),
           "query_head_reads": (0.0, 1.0)}
 STEP_START, STEP_END = 0.5, 0.004  # relative step of the coordinate search, halved when no step helps
-SEEDS = {"page_overhead_s": 1e-10, "unit_overhead_s": 1e-9, "host_floor_s": 1e-5}  # a zero constant restarts here
+SEEDS = {"page_overhead_s": 1e-10, "unit_overhead_s": 1e-9}  # a zero constant restarts here
 
 
 def _weight(rows_of_source: int) -> float:

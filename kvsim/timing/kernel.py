@@ -32,11 +32,10 @@ docs/kernel_model.md)::
       fetches      = P * kv_heads                                (page, kv head) pairs fetched
       stream_s     = bytes / (peak_hbm_bw * max_bandwidth_utilisation * parallelism * dram_eff)
       fixed_s      = unit_overhead_s * units + page_overhead_s * fetches   (per-unit and per-page work)
-      time_layer   = max(host_floor_s, launch_overhead_s + (stream_s + fixed_s - overlap * min(stream_s, fixed_s)))
+      time_layer   = launch_overhead_s + (stream_s + fixed_s - overlap * min(stream_s, fixed_s))
                      [+ dequant_s: an unfused fp8/int8 KV is first converted to fp16 by a separate
                       pass reading the quantised bytes and writing fp16 ones; attention then streams
-                      the fp16 bytes]   (host_floor_s: a host that issues launches slower than the GPU
-                      runs short ones, no CUDA graph; 0 = none)
+                      the fp16 bytes]
     kernel time = layers * time_layer
 
 ``overlap`` in [0, 1] is how much of the per-unit and per-page work the kernel hides under its
@@ -232,7 +231,6 @@ class KernelModel:
         self._unit_oh = p.unit_overhead_s
         self._page_oh = p.page_overhead_s
         self._overlap = p.overlap
-        self._floor = p.host_floor_s
         self._half = p.dram_chunk_half_bytes
         self._dequant_bytes = None if self.fused else self.dequant_bytes_per_token
         self._n_size = 0
@@ -360,8 +358,6 @@ class KernelModel:
         else:
             den = self._n_lists[2][n1]
         t = overlapped_time(self._launch, unit + self._page_oh * (P * self._kvh), sb / den, self._overlap, min)
-        if self._floor != 0.0:
-            t = max(t, self._floor)
         if self._dequant_bytes is not None:
             t = t + (self._launch + T * self._dequant_bytes / self.bw)
         return self._L * t
@@ -420,8 +416,6 @@ class KernelModel:
             else:
                 fixed = fixed + self._page_oh * (np.asarray(P, dtype=np.float64) * self._kvh)
         t = overlapped_time(self._launch, fixed, sb / den, self._overlap, np.minimum)
-        if self._floor != 0.0:
-            t = np.maximum(t, self._floor)
         if self._dequant_bytes is not None:
             t += self._launch + Tf * self._dequant_bytes / self.bw
         if len(T) and np.minimum.reduce(T) <= 0:

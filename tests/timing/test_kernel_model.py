@@ -208,7 +208,6 @@ def test_profile_file_round_trip(tmp_path):
      "max_bandwidth_utilisation"),
     (lambda s: re.sub(r"bytes_in_flight_per_unit: .*", "bytes_in_flight_per_unit: -5", s), "bytes_in_flight_per_unit"),
     (lambda s: s + "ctas_per_sm: -1\n", "ctas_per_sm"),
-    (lambda s: s + "host_floor_s: .inf\n", "host_floor_s"),
     (lambda s: s.replace("split_kv: true", "split_kv: maybe"), "split_kv"),
     (lambda s: s + "page_overhead: 1\n", "page_overhead"),
     (lambda s: s.replace("[fp8]", "[fp7]"), "fused_dequant_kv_dtypes"),
@@ -339,12 +338,3 @@ def test_rounds_of_resident_units_give_the_wave_sawtooth():
     # one round (batch 6) is the saturation form itself
     assert per_token[2.0, False][0] == pytest.approx(per_token[0.0, False][0], rel=1e-12)
 
-
-def test_host_floor_bounds_short_launches_only():
-    lay = KVLayout.from_model(MODELS["Llama-2-7B"], "fp16", 16)
-    base = load_backend("flashinfer-paged")
-    plain = KernelModel(replace(base, host_floor_s=0.0), lay, 2.039e12, 108)
-    floored = KernelModel(replace(base, host_floor_s=2.4e-5), lay, 2.039e12, 108)
-    assert floored.time_s(1, 32, 2) == pytest.approx(lay.num_layers * 2.4e-5)  # a tiny launch: the floor
-    assert plain.time_s(1, 32, 2) < floored.time_s(1, 32, 2)
-    assert floored.time_s(64, 64 * 4096, 64 * 256) == plain.time_s(64, 64 * 4096, 64 * 256)  # a long one: none

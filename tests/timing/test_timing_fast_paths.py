@@ -87,8 +87,6 @@ def reference_time_s(km: KernelModel, num_seqs, kv_tokens, kv_pages):
     stream = sb / (km.bw * par * eff)
     fixed = p.unit_overhead_s * units + p.page_overhead_s * fetches
     t = p.launch_overhead_s + (stream + fixed - p.overlap * mn(stream, fixed))
-    if p.host_floor_s:  # the host's least time per launch (no CUDA graph)
-        t = mx(t, p.host_floor_s)
     if not km.fused:
         t = t + (p.launch_overhead_s + T * km.dequant_bytes_per_token / km.bw)
     return lay.num_layers * where(T, t, 0.0)
@@ -104,8 +102,7 @@ def _kernels():
                     replace(base, overlap=0.0 if base.overlap else 0.7),
                     replace(base, bytes_in_flight_per_unit=0.0 if base.bytes_in_flight_per_unit else 1500.0),
                     replace(base, ctas_per_sm=0.0 if base.ctas_per_sm else 2.0),
-                    replace(base, ctas_per_sm=0.0 if base.ctas_per_sm else 1.5, bytes_in_flight_per_unit=0.0),
-                    replace(base, host_floor_s=0.0 if base.host_floor_s else 2.2e-5)]
+                    replace(base, ctas_per_sm=0.0 if base.ctas_per_sm else 1.5, bytes_in_flight_per_unit=0.0)]
         if base.split_rule != "fill":
             variants.append(replace(base, split_rule="partition"))
         for prof in variants:

@@ -338,3 +338,15 @@ def test_rounds_of_resident_units_give_the_wave_sawtooth():
     # one round (batch 6) is the saturation form itself
     assert per_token[2.0, False][0] == pytest.approx(per_token[0.0, False][0], rel=1e-12)
 
+
+
+def test_the_fp8_study_profile_is_the_builtin_flashinfer_profile_unfused():
+    # scenarios/studies/profiles/flashinfer-paged-unfused.yaml isolates fusion (docs/studies.md, study
+    # d): every constant must be the built-in profile's, or a refit would make the study compare two fits
+    root = Path(__file__).resolve().parents[2]
+    copy = load_profile_file(root / "scenarios" / "studies" / "profiles" / "flashinfer-paged-unfused.yaml")
+    builtin = load_backend("flashinfer-paged")
+    assert copy.fused_dequant_kv_dtypes == () and builtin.fused_dequant_kv_dtypes == ("fp8",)
+    same = replace(copy, name=builtin.name, description=builtin.description, source=builtin.source,
+                   fused_dequant_kv_dtypes=builtin.fused_dequant_kv_dtypes)
+    assert same == builtin

@@ -4,8 +4,10 @@
 constants and the model's error on the fit and held-out rows; ``--write`` stores the constants in
 the built-in profiles (kvsim/timing/backends/*.yaml keep their flags; only the fitted numbers change).
 
-Objective: the mean relative error of the kernel time, each row weighted by 1 / (fit rows of its
-source), so a source with 174 rows and one with 3 count the same. Search: coordinate descent in
+Objective: the mean relative error of the kernel time, each row weighted by 1 / sqrt(fit rows of its
+source), so a source's weight grows as the square root of its rows. ``ctas_per_sm`` (rounds of
+resident work units) is not searched: each start holds a value, and the first start within TIE of the
+best is kept (docs/kernel_model.md, "How the constants are fitted"). Search: coordinate descent in
 multiplicative steps (numpy only; every step is a full re-evaluation, so it is slow but exact and
 deterministic). Families share their constants: vLLM's v1 and v2 kernels are one code base (v2 =
 v1 + 512-token partitions + a reduction), so they are fitted together.

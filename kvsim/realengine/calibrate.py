@@ -99,7 +99,6 @@ class EngineGrid:
                                               + max(self.mixed_batches, default=0))}
 
 
-ROUND_KEYS = ("kind", "block_size", "decode_seqs", "decode_context", "prefill_tokens", "prefill_cached")
 ENGINE_ROUNDS_FILE = "engine_rounds.csv"  # per point and round: its median, and when (s from the start) it ran
 
 
@@ -137,8 +136,8 @@ def measure_block_size(model_config: Path, cfg: dict, grid: EngineGrid, block_si
             t_round, setup0 = time.monotonic(), m.setup_steps
             for i, (kind, args) in enumerate(plan):
                 t_pt, setup_pt = time.monotonic() - t_origin, m.setup_steps
-                pt = getattr(m, kind)(*args)
-                per_round.append({**{k: getattr(pt, k) for k in ROUND_KEYS}, "round": r,
+                pt = {"decode": m.decode, "prefill": m.prefill, "mixed": m.mixed}[kind](*args)
+                per_round.append({**pt.key(), "round": r,
                                   "start_s": round(t_pt, 3), "kept": len(pt.durations_s),
                                   "setup_steps": m.setup_steps - setup_pt,
                                   "median_s": float(np.median(pt.durations_s)) if pt.durations_s else float("nan"),

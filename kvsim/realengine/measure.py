@@ -41,6 +41,12 @@ class StepPoint:
     probe_s: list[float] = field(default_factory=list)  # of cpu_s: kvsim reading the schedule (StepProbe)
     thread_s: list[float] = field(default_factory=list)  # of cpu_s: the stepping thread's own CPU time
 
+    def key(self) -> dict:
+        """What the point is (its shape), without its measurements."""
+        return {"kind": self.kind, "block_size": self.block_size, "decode_seqs": self.decode_seqs,
+                "decode_context": self.decode_context, "prefill_tokens": self.prefill_tokens,
+                "prefill_cached": self.prefill_cached}
+
     def round_medians(self, values: list[float] | None = None) -> list[float]:
         """Per round, the median of its kept steps (``values``: durations_s by default, or cpu_s)."""
         v = np.asarray(self.durations_s if values is None else values, dtype=float)
@@ -77,9 +83,7 @@ class StepPoint:
     def row(self) -> dict:
         d = np.asarray(self.durations_s, dtype=float)
         cpu = self.round_medians(self.cpu_s) if self.cpu_s else []
-        return {"kind": self.kind, "block_size": self.block_size, "decode_seqs": self.decode_seqs,
-                "decode_context": self.decode_context, "prefill_tokens": self.prefill_tokens,
-                "prefill_cached": self.prefill_cached, "repeats": len(d), "rounds": len(set(self.rounds)) or 1,
+        return {**self.key(), "repeats": len(d), "rounds": len(set(self.rounds)) or 1,
                 "median_s": self.median_s(),
                 "p10_s": float(np.quantile(d, 0.1)), "p90_s": float(np.quantile(d, 0.9)), "mean_s": float(d.mean()),
                 "cpu_median_s": float(np.median(cpu)) if cpu else float("nan"),

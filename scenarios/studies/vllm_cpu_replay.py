@@ -9,7 +9,7 @@ The process CPU time of one engine step drifts by 20-100 % over minutes on a sha
 (e)), so a calibration and a replay minutes apart differ by the host, not only by the model.
 
 * ``--mode interleave`` (default): P pairs, each ``kvsim calibrate --engine vllm`` (the grid in rounds:
-  --rounds 3 --repeats 3) then ``kvsim replay --engine vllm`` of scenarios/studies/vllm_cpu_replay.yaml
+  --rounds 5 --repeats 3) then ``kvsim replay --engine vllm`` of scenarios/studies/vllm_cpu_replay.yaml
   (cal 1, replay 1, cal 2, replay 2, ...), so both sides of a pair sample the same stretch of host time;
   prediction j is ``kvsim run`` with calibration j and is compared with replay j (per pair) and across
   pairs (the median of the pair errors, and median prediction against median replay);
@@ -54,7 +54,7 @@ GRIDS = {  # the study's grid (every shape the replay runs lies inside it) and a
     "study": ["--block-sizes", "32", "--batches", "1", "2", "4", "8", "16", "24", "32", "48", "64",
               "--contexts", "128", "512", "1024", "2048", "4096", "--chunks", "32", "128", "512", "1024", "2048",
               "--cached", "0", "1024", "3072", "--mixed-batches", "4", "16", "32", "--mixed-chunks", "128", "512",
-              "1024", "--rounds", "3", "--repeats", "3"],
+              "1024", "--rounds", "5", "--repeats", "3"],
     "tiny": ["--block-sizes", "32", "--batches", "1", "4", "--contexts", "64", "256", "--chunks", "32", "64", "256",
              "--cached", "0", "64", "--mixed-batches", "4", "--mixed-chunks", "64", "--rounds", "2", "--repeats", "2",
              "--warmup", "1"],

@@ -123,32 +123,9 @@ def measure_block_size(model_config: Path, cfg: dict, grid: EngineGrid, block_si
     t0 = time.monotonic()
     eng = Engine(settings)
     log(f"block size {block_size}: engine up in {time.monotonic() - t0:.0f} s")
-    plan = ([("decode", (b, c)) for b in grid.batches for c in grid.contexts]
-            + [("prefill", (n, k)) for n in grid.chunks for k in grid.cached]
-            + [("mixed", (b, c, n)) for b in grid.mixed_batches for c in grid.mixed_contexts for n in grid.mixed_chunks])
-    points: list = []
-    per_round: list[dict] = []
     try:
         m = Measurer(eng, int(cfg.get("vocab_size", 32000)), grid.warmup, grid.repeats)
-        # every point once per round, the same order each round (the decoder prefixes then stay in the
-        # prefix cache: needs()); a point's time is the median of its rounds' medians
-        for r in range(grid.rounds):
-            t_round, setup0 = time.monotonic(), m.setup_steps
-            for i, (kind, args) in enumerate(plan):
-                t_pt, setup_pt = time.monotonic() - t_origin, m.setup_steps
-                pt = {"decode": m.decode, "prefill": m.prefill, "mixed": m.mixed}[kind](*args)
-                per_round.append({**pt.key(), "round": r,
-                                  "start_s": round(t_pt, 3), "kept": len(pt.durations_s),
-                                  "setup_steps": m.setup_steps - setup_pt,
-                                  "median_s": float(np.median(pt.durations_s)) if pt.durations_s else float("nan"),
-                                  "cpu_median_s": float(np.median(pt.cpu_s)) if pt.cpu_s else float("nan")})
-                if r == 0:
-                    pt.rounds = [0] * len(pt.durations_s)
-                    points.append(pt)
-                else:
-                    points[i].merge(pt, r)
-            log(f"block size {block_size}: round {r + 1}/{grid.rounds} in {time.monotonic() - t_round:.0f} s "
-                f"({m.setup_steps - setup0} set-up steps)")
+        points, per_round = measure_rounds(m, grid, t_origin, lambda msg: log(f"block size {block_size}: {msg}"))
     finally:
         eng.close()
     empty = [p for p in points if not p.durations_s]
@@ -157,6 +134,34 @@ def measure_block_size(model_config: Path, cfg: dict, grid: EngineGrid, block_si
         raise EngineError(f"block size {block_size}: the engine never ran the {p.kind} step (decode seqs "
                           f"{p.decode_seqs}, prefill {p.prefill_tokens} + {p.prefill_cached} cached) as asked")
     return points, m.mismatched, settings.provenance(), per_round
+
+
+def measure_rounds(m, grid: EngineGrid, t_origin: float, log) -> tuple[list, list[dict]]:
+    """Every grid point once per round, the same order each round (the decoder prefixes then stay in the
+    prefix cache: :meth:`EngineGrid.needs`); returns the points (each with all its rounds' steps: its
+    time is the median of its rounds' medians) and the rows of engine_rounds.csv."""
+    plan = ([("decode", (b, c)) for b in grid.batches for c in grid.contexts]
+            + [("prefill", (n, k)) for n in grid.chunks for k in grid.cached]
+            + [("mixed", (b, c, n)) for b in grid.mixed_batches for c in grid.mixed_contexts for n in grid.mixed_chunks])
+    measure = {"decode": m.decode, "prefill": m.prefill, "mixed": m.mixed}
+    points: list = []
+    per_round: list[dict] = []
+    for r in range(grid.rounds):
+        t_round, setup0 = time.monotonic(), m.setup_steps
+        for i, (kind, args) in enumerate(plan):
+            t_pt, setup_pt = time.monotonic() - t_origin, m.setup_steps
+            pt = measure[kind](*args)
+            per_round.append({**pt.key(), "round": r, "start_s": round(t_pt, 3), "kept": len(pt.durations_s),
+                              "setup_steps": m.setup_steps - setup_pt,
+                              "median_s": float(np.median(pt.durations_s)) if pt.durations_s else float("nan"),
+                              "cpu_median_s": float(np.median(pt.cpu_s)) if pt.cpu_s else float("nan")})
+            if r == 0:
+                pt.rounds = [0] * len(pt.durations_s)
+                points.append(pt)
+            else:
+                points[i].merge(pt, r)
+        log(f"round {r + 1}/{grid.rounds} in {time.monotonic() - t_round:.0f} s ({m.setup_steps - setup0} set-up steps)")
+    return points, per_round
 
 
 def fit_per_token(prefill_uncached: list[tuple[int, float]]) -> float:

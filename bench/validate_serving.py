@@ -244,7 +244,8 @@ def scenario_text(row: dict) -> str:
 
 # why each case's engine_profile matches its engine version (docs/validation.md, "Engine profiles")
 PROFILE_NOTES = {
-    "vllm-v0.6": "vLLM 0.5.4: the v0 engine (no chunked prefill below 32K, no prefix caching, watermark 0.01)",
+    "vllm-v0.6": "vLLM's V0 engine (0.5-0.6; and V0's encoder-decoder runner, which served Mllama until "
+                 "vllm-project/vllm#24907, 2025-09): no chunked prefill below 32K, no prefix caching, watermark 0.01",
     "vllm-v1": "vLLM of 2025 (version not stated): the v1 engine, the default since vLLM 0.8.0 (assumed)",
     "sglang": "SGLang: radix cache (page 1), chunked prefill 8192, overlapped scheduler",
     "vllm-2023": "the vLLM paper's engine", "vllm-0.32": "vLLM 0.32.0", "kvsim": "kvsim's pre-profile defaults",

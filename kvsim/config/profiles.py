@@ -66,11 +66,11 @@ _PROFILES: tuple[EngineProfile, ...] = (
                                    "for non-MLA models on compute capability 8.x/9.x (A100, H100, H200), an MLA "
                                    "backend for MLA models (kvsim: flashmla); Blackwell (10.x) prefers "
                                    "FLASHINFER, not modelled"),
-        "timing[analytical].step_overhead_s": Fill(0.003373, f"no public per-step constant: {_FIT}, 7 vLLM v1 cases"),
+        "timing[analytical].step_overhead_s": Fill(0.002056, f"no public per-step constant: {_FIT}, 6 vLLM v1 cases"),
         "timing[analytical].allreduce": Fill("vllm-custom", _VLLM_AR),
         "timing[analytical].moe_align_kernel": Fill("vllm", _VLLM_ALIGN),
-        "timing[analytical].moe_layer_s": Fill(2.45e-05, f"{_FIT}, 7 vLLM v1 cases (2 of them MoE)"),
-        "timing[analytical].overhead": Fill({"per_prefill_seq_s": 0.0022625}, f"{_FIT}, 7 vLLM v1 cases"),
+        "timing[analytical].moe_layer_s": Fill(5.1e-05, f"{_FIT}, 6 vLLM v1 cases (2 of them MoE)"),
+        "timing[analytical].overhead": Fill({"per_prefill_seq_s": 0.00358}, f"{_FIT}, 6 vLLM v1 cases"),
     }),
     EngineProfile("vllm-0.32", "vLLM 0.32.0 exactly: today the same as vllm-v1", inherits="vllm-v1"),
     EngineProfile("vllm-v0.6", "vLLM 0.6 (v0 engine): no chunked prefill or prefix caching by default, prompt "
@@ -87,11 +87,11 @@ _PROFILES: tuple[EngineProfile, ...] = (
                                     "capability >= 8 with fp16/bf16 (XFORMERS, i.e. PagedAttention v1/v2 "
                                     "decode, for fp8 KV, Volta/Turing or sliding windows)"),
         "timing[analytical].step_overhead_s": Fill(
-            0.000564, "no public per-step constant (the v0.6.0 blog post, 2024-09-05, gives shares of wall time "
-                      f"only: API server 33 %, scheduling 29 % under v0.5.3): {_FIT}, 2 vLLM 0.5.4 cases"),
+            0.001133, "no public per-step constant (the v0.6.0 blog post, 2024-09-05, gives shares of wall time "
+                      f"only: API server 33 %, scheduling 29 % under v0.5.3): {_FIT}, 3 vLLM V0 cases"),
         "timing[analytical].allreduce": Fill("vllm-custom", _VLLM_AR),
         "timing[analytical].moe_align_kernel": Fill("vllm", _VLLM_ALIGN),
-        "timing[analytical].overhead": Fill({"per_prefill_seq_s": 0.0050845}, f"{_FIT}, 2 vLLM 0.5.4 cases"),
+        "timing[analytical].overhead": Fill({"per_prefill_seq_s": 0.0050119}, f"{_FIT}, 3 vLLM V0 cases"),
     }),
     EngineProfile("vllm-2023", "the vLLM paper's system (Kwon et al., SOSP 2023; vLLM 0.1): v0 scheduler, "
                   "PagedAttention v1 kernel for paged KV (vLLM 0.1's 2,560-token budget is not filled: it "
@@ -102,8 +102,8 @@ _PROFILES: tuple[EngineProfile, ...] = (
                          "contiguous baselines (the paper's Fig. 18a compares against a contiguous kernel)"),
         "timing[analytical].allreduce": Fill("nccl", "vLLM 0.1 all-reduced over NCCL (torch.distributed); its "
                                                      "custom all-reduce came with vllm-project/vllm#2192 (0.3)"),
-        "timing[analytical].step_overhead_s": Fill(0.002, _NO_SOURCE_2MS + " (vllm-v0.6's fitted value is vLLM 0.5.4's, "
-                                                                     "not the paper's engine)"),
+        "timing[analytical].step_overhead_s": Fill(0.002, _NO_SOURCE_2MS + " (vllm-v0.6's fitted value is vLLM V0's of "
+                                                                     "2024-25, not the paper's engine)"),
         "timing[analytical].overhead": Fill(None, "no per-request constant for the paper's engine"),
     }, inherits="vllm-v0.6"),
     EngineProfile("sglang", "SGLang (0.4-0.5): radix cache with 1-token pages, chunked prefill of 8,192 tokens, "

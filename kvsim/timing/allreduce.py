@@ -27,7 +27,6 @@ Sources and what moved: docs/engine_overhead.md, "All-reduce".
 
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -35,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.errors import ConfigError
+from kvsim.timing.profile_file import read_data_rows
 
 NCCL = "nccl"
 ALLREDUCE_KINDS = (NCCL, "vllm-custom", "sglang-custom")
@@ -65,23 +65,16 @@ def load_curves(path: Path = CURVES_FILE) -> dict[tuple[str, str, int], AllReduc
     """``(implementation, interconnect, tensor degree) -> curve`` from the data file. A row with a
     missing or invalid field is one ConfigError naming the file, line and field."""
     points: dict[tuple[str, str, int], list[tuple[float, float, str]]] = {}
-    with open(path, newline="") as f:
-        for line, row in enumerate(csv.DictReader(f), start=2):
-            for key in _FIELDS:
-                if not (row.get(key) or "").strip():
-                    raise ConfigError(f"{path}: line {line}: field {key!r} is missing")
-            if row["implementation"] not in ALLREDUCE_KINDS[1:]:
-                raise ConfigError(f"{path}: line {line}: implementation {row['implementation']!r}: valid: "
-                                  f"{', '.join(ALLREDUCE_KINDS[1:])}")
-            try:
-                tp, size, lat = int(row["tensor_parallel"]), float(row["message_bytes"]), float(row["latency_us"])
-            except ValueError:
-                raise ConfigError(f"{path}: line {line}: tensor_parallel, message_bytes, latency_us must be "
-                                  "numbers") from None
-            if tp < 2 or size <= 0 or lat <= 0:
-                raise ConfigError(f"{path}: line {line}: tensor_parallel >= 2, message_bytes > 0, latency_us > 0")
-            key = (row["implementation"], row["interconnect"], tp)
-            points.setdefault(key, []).append((size, lat * 1e-6, row["source"]))
+    for line, row in read_data_rows(path, _FIELDS, ALLREDUCE_KINDS[1:]):
+        try:
+            tp, size, lat = int(row["tensor_parallel"]), float(row["message_bytes"]), float(row["latency_us"])
+        except ValueError:
+            raise ConfigError(f"{path}: line {line}: tensor_parallel, message_bytes, latency_us must be "
+                              "numbers") from None
+        if tp < 2 or size <= 0 or lat <= 0:
+            raise ConfigError(f"{path}: line {line}: tensor_parallel >= 2, message_bytes > 0, latency_us > 0")
+        key = (row["implementation"], row["interconnect"], tp)
+        points.setdefault(key, []).append((size, lat * 1e-6, row["source"]))
     curves = {}
     for key, pts in points.items():
         pts.sort()

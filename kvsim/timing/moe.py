@@ -38,7 +38,6 @@ table. Every layer is counted as an MoE layer (DeepSeek-V3's 3 dense layers of 6
 
 from __future__ import annotations
 
-import csv
 import math
 from functools import lru_cache
 from pathlib import Path
@@ -47,6 +46,7 @@ import numpy as np
 
 from kvsim.errors import ConfigError
 from kvsim.hw import ModelSpec
+from kvsim.timing.profile_file import read_data_rows
 
 MOE_ALIGN_KINDS = ("none", "vllm", "sglang")
 ALIGN_FILE = Path(__file__).parent / "data" / "moe" / "moe_align.csv"
@@ -58,21 +58,14 @@ def load_align(path: Path = ALIGN_FILE) -> dict[str, dict[int, dict[int, float]]
     """``implementation -> {num_experts: {top_k: seconds}}`` from the data file (one ConfigError line
     naming the file, line and field for a bad row)."""
     out: dict[str, dict[int, dict[int, float]]] = {}
-    with open(path, newline="") as f:
-        for line, row in enumerate(csv.DictReader(f), start=2):
-            for key in _ALIGN_FIELDS:
-                if not (row.get(key) or "").strip():
-                    raise ConfigError(f"{path}: line {line}: field {key!r} is missing")
-            if row["implementation"] not in MOE_ALIGN_KINDS[1:]:
-                raise ConfigError(f"{path}: line {line}: implementation {row['implementation']!r}: valid: "
-                                  f"{', '.join(MOE_ALIGN_KINDS[1:])}")
-            try:
-                e, k, us = int(row["num_experts"]), int(row["top_k"]), float(row["latency_us"])
-            except ValueError:
-                raise ConfigError(f"{path}: line {line}: num_experts, top_k, latency_us must be numbers") from None
-            if e < 2 or k < 1 or us <= 0:
-                raise ConfigError(f"{path}: line {line}: num_experts >= 2, top_k >= 1, latency_us > 0")
-            out.setdefault(row["implementation"], {}).setdefault(e, {})[k] = us * 1e-6
+    for line, row in read_data_rows(path, _ALIGN_FIELDS, MOE_ALIGN_KINDS[1:]):
+        try:
+            e, k, us = int(row["num_experts"]), int(row["top_k"]), float(row["latency_us"])
+        except ValueError:
+            raise ConfigError(f"{path}: line {line}: num_experts, top_k, latency_us must be numbers") from None
+        if e < 2 or k < 1 or us <= 0:
+            raise ConfigError(f"{path}: line {line}: num_experts >= 2, top_k >= 1, latency_us > 0")
+        out.setdefault(row["implementation"], {}).setdefault(e, {})[k] = us * 1e-6
     return out
 
 

@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/validate_serving.py                  # run every case, print + write the tables
     .venv/bin/python bench/validate_serving.py --write-scenarios  # (re)generate scenarios/validation/*.yaml
-    .venv/bin/python bench/validate_serving.py --fit            # also fit the CPU overhead on the fit cases
+    .venv/bin/python bench/validate_serving.py --fit            # also fit each engine profile's unsourced
+                                                                # constants (FIT_PARAMS) on its fit cases
     .venv/bin/python bench/validate_serving.py --update-docs    # and put the tables into docs/validation.md
 
 The corpus is ``scenarios/validation/corpus.csv``: one published benchmark run a row, with its source
@@ -36,8 +37,11 @@ once) and latencies start at arrival. Metrics are vLLM's (benchmark_serving.py
 ``calculate_metrics``): request throughput = finished / (last finish - first send), TTFT, TPOT =
 (E2EL - TTFT) / (output - 1), E2EL; the statistic compared is the one the source printed.
 
+Each case runs on the ``engine_profile`` its corpus row names (the engine version it reproduces).
 Writes ``results/validation/<label>.csv`` (one row per case: published, predicted, relative error
-per metric, pass flags) and ``summary.json``; prints the tables. Targets (issue 23, item 8):
+per metric, pass flags, ``new_deployment`` for a held-out case whose deployment has no fit case) and
+``summary.json`` (pass rates per split, and with ``--fit`` the fitted constants per profile and the
+observations they came from); prints the tables. Targets (issue 23, item 8):
 request throughput and TPOT within 20 %, TTFT within 35 %, on at least 80 % of the cases.
 Deterministic: same corpus and kvsim => byte-identical tables.
 """

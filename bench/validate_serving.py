@@ -60,6 +60,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.serving_fit import (FIT_METRICS, FIT_PARAMS, FIT_STEP, nnls, param_overrides,  # noqa: E402,F401
+                               robust_fit, zero_values)
+from bench.serving_fit import fit_constants as _fit_constants  # noqa: E402
+from bench.serving_tables import SPLITS, TARGETS, markdown, pass_rates, write_table  # noqa: E402,F401
+
 CORPUS = ROOT / "scenarios" / "validation" / "corpus.csv"
 SCENARIO_DIR = ROOT / "scenarios" / "validation"
 LENGTHS = "lengths.csv"  # per-request lengths of the sharegpt cases, beside the corpus
@@ -72,9 +77,6 @@ REQUIRED = ("case_id", "source_url", "source_date", "engine", "engine_version", 
             "tensor_parallel", "weight_dtype", "dataset", "input_len", "output_len", "num_prompts",
             "request_rate", "max_concurrency", "stat", "split")
 METRICS = ("request_throughput", "output_throughput", "ttft_ms", "tpot_ms", "e2el_ms")  # where printed
-# relative error bounds (issue 23); output token throughput is held to the request-throughput bound
-# (with fixed output lengths the two differ by a constant factor)
-TARGETS = {"request_throughput": 0.20, "output_throughput": 0.20, "tpot_ms": 0.20, "ttft_ms": 0.35}
 DOC_START, DOC_END = "<!-- validation-tables:start -->", "<!-- validation-tables:end -->"
 
 
@@ -355,166 +357,9 @@ def compare(rows: list[dict], predictions: dict[str, dict]) -> list[dict]:
     return table
 
 
-SPLITS = ("all", "fit", "holdout", "new-deployment")  # new-deployment: held out, no fit case of its deployment
-
-
-def _in_split(r: dict, split: str) -> bool:
-    if split == "new-deployment":
-        return r.get("new_deployment") == "yes"
-    return split == "all" or r["split"] == split
-
-
-def pass_rates(table: list[dict]) -> dict:
-    """Per target metric and split: cases within the bound / cases with a published value."""
-    rates = {}
-    for split in SPLITS:
-        rows = [r for r in table if _in_split(r, split)]
-        for m in TARGETS:
-            flags = [r[f"{m}_ok"] for r in rows if r[f"{m}_ok"]]
-            rates[f"{split}.{m}"] = {"within": flags.count("yes"), "cases": len(flags)}
-    return rates
-
-
-# --fit: the constants fitted per engine profile on that profile's fit cases (every other timing
-# term keeps its sourced value); a profile not named here fits nothing. docs/validation.md, "The fit".
-FIT_PARAMS = {"vllm-v1": ("step_overhead_s", "moe_layer_s", "per_prefill_seq_s"),
-              "vllm-v0.6": ("step_overhead_s", "per_prefill_seq_s"),
-              "sglang": ("moe_layer_s",)}
-FIT_STEP = {"step_overhead_s": 1e-3, "moe_layer_s": 5e-5, "per_prefill_seq_s": 5e-3}  # finite differences
-FIT_METRICS = ("request_throughput", "tpot_ms", "ttft_ms")
-
-
-def param_overrides(values: dict[str, float]) -> list[str]:
-    """``--set`` overrides that give a case these fitted constants."""
-    out = []
-    if "step_overhead_s" in values:
-        out.append(f"timing.step_overhead_s={values['step_overhead_s']!r}")
-    if "moe_layer_s" in values:
-        out.append(f"timing.moe_layer_s={values['moe_layer_s']!r}")
-    if "per_prefill_seq_s" in values:
-        out.append(f"timing.overhead={{per_prefill_seq_s: {values['per_prefill_seq_s']!r}}}")
-    return out
-
-
-def zero_values(row: dict) -> dict[str, float]:
-    return {p: 0.0 for p in FIT_PARAMS.get(row["engine_profile"], ())}
-
-
-def nnls(a: list[list[float]], y: list[float]) -> list[float]:
-    """Least squares ``min |A x - y|`` with ``x >= 0`` for a few unknowns: the best unconstrained
-    solution over every subset of free unknowns that is non-negative (the others 0)."""
-    import itertools
-
-    import numpy as np
-
-    A, Y = np.asarray(a, dtype=float), np.asarray(y, dtype=float)
-    k = A.shape[1]
-    best, best_r = [0.0] * k, float(Y @ Y)
-    for size in range(1, k + 1):
-        for free in itertools.combinations(range(k), size):
-            sub = A[:, free]
-            x, *_ = np.linalg.lstsq(sub, Y, rcond=None)
-            if (x < 0).any():
-                continue
-            r = float(((sub @ x - Y) ** 2).sum())
-            if r < best_r - 1e-15:
-                full = [0.0] * k
-                for i, v in zip(free, x):
-                    full[i] = float(v)
-                best, best_r = full, r
-    return best
-
-
-def robust_fit(a: list[list[float]], y: list[float], iterations: int = 500) -> list[float]:
-    """``min sum |A x - y|`` with ``x >= 0`` (least absolute deviations, by iteratively reweighted
-    :func:`nnls`, weights ``1 / max(|residual|, 1e-6)``): a case that misses for a reason these
-    constants do not stand for moves the fit by its sign, not by its size. Deterministic."""
-    import numpy as np
-
-    A, Y = np.asarray(a, dtype=float), np.asarray(y, dtype=float)
-    x = np.asarray(nnls(a, y))
-    for _ in range(iterations):
-        w = np.sqrt(1.0 / np.maximum(np.abs(A @ x - Y), 1e-6))
-        new = np.asarray(nnls((A * w[:, None]).tolist(), (Y * w).tolist()))
-        if np.allclose(new, x, rtol=1e-10, atol=1e-13):
-            break
-        x = new
-    return [float(v) for v in x]
-
-
 def fit_constants(rows: list[dict], zero: dict[str, dict], bumped: dict[str, dict[str, dict]]) -> dict:
-    """Per engine profile, the constants of :data:`FIT_PARAMS` fitted on its fit cases: the least
-    absolute sum (:func:`robust_fit`), every constant >= 0, of each published target metric's error
-    relative to its bound (``(published - kvsim) / (bound x published)``: 1 is a case at the edge
-    of its target), the metrics linearised around the run without the fitted constants (``zero``)
-    by finite differences (``bumped[param]``: the fit cases run with that constant at
-    :data:`FIT_STEP` and the others 0). Held-out cases never enter."""
-    out = {}
-    for profile, params in FIT_PARAMS.items():
-        a, y, used = [], [], []
-        for row in rows:
-            if row["split"] != "fit" or row["engine_profile"] != profile:
-                continue
-            cid = row["case_id"]
-            for m in FIT_METRICS:
-                pub = _published(row, m)
-                if pub != pub or pub == 0:
-                    continue
-                w = 1.0 / (TARGETS[m] * pub)
-                y.append((pub - zero[cid][m]) * w)
-                a.append([(bumped[p][cid][m] - zero[cid][m]) / FIT_STEP[p] * w for p in params])
-                used.append(f"{cid}:{m}")
-        if not a:
-            continue
-        x = robust_fit(a, y)
-        out[profile] = {"values": {p: round(v, 6 if p == "step_overhead_s" else 7) for p, v in zip(params, x)},
-                        "observations": used}
-    return out
-
-
-def write_table(table: list[dict], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(table[0]), lineterminator="\n")
-        w.writeheader()
-        w.writerows(table)
-
-
-def _fmt(v, pct=False):
-    if v != v:
-        return "–"
-    return f"{v:+.0%}" if pct else (f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}")
-
-
-def markdown(table: list[dict], title: str) -> str:
-    head = ("| case | split | req/s pub | kvsim | err | out tok/s pub | kvsim | err | TTFT ms pub | kvsim | err "
-            "| TPOT ms pub | kvsim | err |\n|---|---|" + "---:|" * 12)
-    lines = [f"**{title}**", "", head]
-    for r in table:
-        cells = [r["case_id"], r["split"] + (" (new)" if r.get("new_deployment") == "yes" else "")]
-        for m in ("request_throughput", "output_throughput", "ttft_ms", "tpot_ms"):
-            cells += [_fmt(r[f"{m}_published"]), _fmt(r[f"{m}_kvsim"]), _fmt(r[f"{m}_error"], pct=True)]
-        lines.append("| " + " | ".join(cells) + " |")
-    rates = pass_rates(table)
-    lines.append("")
-    for split in SPLITS:
-        parts = [f"{m.replace('_ms', '')} {rates[f'{split}.{m}']['within']}/{rates[f'{split}.{m}']['cases']}"
-                 for m in TARGETS]
-        parts.append(f"throughput (req/s or tok/s) {_throughput_ok(table, split)}")
-        lines.append(f"- within target ({split}): " + ", ".join(parts))
-    return "\n".join(lines) + "\n"
-
-
-def _throughput_ok(table: list[dict], split: str) -> str:
-    """Cases whose published throughput (request, else output tokens) is within its bound."""
-    flags = []
-    for r in table:
-        if not _in_split(r, split):
-            continue
-        flag = r["request_throughput_ok"] or r["output_throughput_ok"]
-        if flag:
-            flags.append(flag)
-    return f"{flags.count('yes')}/{len(flags)}"
+    """:func:`bench.serving_fit.fit_constants` on this corpus's targets and published values."""
+    return _fit_constants(rows, zero, bumped, TARGETS, _published)
 
 
 def update_docs(text: str, doc: Path = DOC) -> None:

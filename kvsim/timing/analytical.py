@@ -86,16 +86,11 @@ class AnalyticalTimingConfig(StrictModel):
         None, description="CPU overhead that scales with the batch: per_seq_s (per scheduled sequence per "
                           "step), per_prefill_token_s (per prompt token computed); absent: none "
                           "(docs/engine_overhead.md)")
-    allreduce: Literal[ALLREDUCE_KINDS] = Field(
-        "nccl", description="what prices the tensor-parallel all-reduces: nccl (the GPU preset's NCCL latency + "
-                            "ring bandwidth), vllm-custom or sglang-custom (the engine's own small-message "
-                            "all-reduce, a measured latency curve where one exists for the GPU's interconnect "
-                            "and the tensor degree; NCCL otherwise), docs/engine_overhead.md")
-    moe_align_kernel: Literal[MOE_ALIGN_KINDS] = Field(
-        "none", description="MoE models: whose token-alignment kernel each MoE layer runs per step (vllm, "
-                            "sglang: its measured time; none: not priced), docs/engine_overhead.md")
-    moe_layer_s: float = Field(0.0, ge=0, description="MoE models: further fixed time per MoE layer per step "
-                               "(routing, expert-kernel launches; fitted, no public figure), docs/engine_overhead.md")
+    allreduce: Literal[ALLREDUCE_KINDS] = Field("nccl", description="tensor-parallel all-reduces: nccl, or the "
+                                                "engine's own (measured curves), docs/engine_overhead.md")
+    moe_align_kernel: Literal[MOE_ALIGN_KINDS] = Field("none", description="MoE: the per-layer token-alignment "
+                                                       "kernel priced (measured), docs/engine_overhead.md")
+    moe_layer_s: float = Field(0.0, ge=0, description="MoE: further fixed time per MoE layer per step (fitted)")
     host_link_bandwidth_bytes_per_s: ByteRate = Field(
         DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, gt=0, description="GPU<->host link for swaps (PCIe Gen5 x16 ~ 64 GB/s)"
     )
@@ -128,14 +123,12 @@ class AnalyticalTiming:
         self.cfg = cfg
         self.kv_bytes_per_token = ctx.kv_bytes_per_token
         self.bandwidth_bytes_per_s = ctx.gpu.hbm_bandwidth_bytes_per_s * cfg.bandwidth_efficiency
-        # roofline weights_s(n); an MoE model's layers add their fixed time (kvsim.timing.moe)
-        self.weights = WeightReads(m, ctx.weight_bytes, self.bandwidth_bytes_per_s,
+        self.weights = WeightReads(m, ctx.weight_bytes, self.bandwidth_bytes_per_s,  # + MoE layers' fixed time
                                    moe_fixed_s(m, cfg.moe_align_kernel, cfg.moe_layer_s))
         self.flops_per_s = ctx.gpu.bf16_flops_per_s * cfg.compute_efficiency * ctx.tensor_parallel
         self.linear_flops_per_token = 2.0 * m.params_per_token  # MoE: the active experts only
-        # tensor/pipeline parallel communication (0.0 on one GPU; kvsim.timing.allreduce: its one
-        # definition). NCCL's linear comm_s(n) = per_step + per_token * n is inlined in the hot paths;
-        # an engine's custom all-reduce is a per-token-count table (self.comm.scalar_s / array_s)
+        # parallel communication (kvsim.timing.allreduce, its one definition; 0.0 on one GPU): the
+        # linear NCCL form is inlined in the hot paths, a custom all-reduce is self.comm's table
         self.comm = StepComm(ctx, cfg.allreduce)
         self._comm_linear = self.comm.linear
         self._comm_s_per_step = ctx.comm_s_per_step
@@ -246,10 +239,8 @@ class AnalyticalTiming:
         swap_s = self.transfers.swap_s(shape.swap_in_bytes, shape.swap_in_copies,
                                        shape.swap_out_bytes, shape.swap_out_copies) + shape.tier_load_s
         # parallelism: StepComm (the same doubles as decode_durations' comm row)
-        if self._comm_linear:
-            comm_s = self._comm_s_per_step + self._comm_s_per_token * num_tokens
-        else:
-            comm_s = self.comm.scalar_s(num_tokens)
+        comm_s = (self._comm_s_per_step + self._comm_s_per_token * num_tokens if self._comm_linear
+                  else self.comm.scalar_s(num_tokens))
         if self._overhead_row is None:
             overhead_s = self.cfg.step_overhead_s
         else:

@@ -73,6 +73,8 @@ def resolved_dict(scn: Scenario) -> dict:
     sched = d.get("scheduler") or {}
     if sched.get("prompt_blocks") == "at_admission" and sched.get("reserve_full_isl") is True:
         del sched["prompt_blocks"], sched["reserve_full_isl"]
+    if sched.get("prefill_only_steps") is False:
+        del sched["prefill_only_steps"]  # absent = mixed steps, as before the key existed
     return d
 
 

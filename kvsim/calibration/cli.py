@@ -6,7 +6,7 @@ Usage::
                     [--time-budget-s S] [--decode-impl auto|triton|torch] [--kv-dtypes D ...]
                     [--block-sizes N ...] [--repeats N] [--warmup N] [--report]
     kvsim calibrate --engine vllm --model CONFIG.json [--device cpu|cuda] [--threads N] [--block-sizes N ...]
-                    [--batches N ...] [--contexts N ...] [--chunks N ...] [--cached N ...] [--eager]
+                    [--batches N ...] [--contexts N ...] [--chunks N ...] [--cached N ...] [--rounds R] [--eager]
     kvsim calibrate report DIR [--no-plots]
     kvsim calibrate peer-check [--vidur-dir DIR] [--calibration DIR] [--csv FILE]
     kvsim calibrate selfcheck [--device auto|cuda|cpu]
@@ -51,7 +51,8 @@ def register(subparsers) -> None:
                    help="auto: Triton kernel on CUDA, torch reference on CPU; triton on CPU needs TRITON_INTERPRET=1")
     p.add_argument("--kv-dtypes", nargs="+", choices=["fp16", "bf16", "fp8"], help="restrict the KV dtypes")
     p.add_argument("--block-sizes", nargs="+", type=positive_int, help="restrict the block sizes (1..512)")
-    p.add_argument("--repeats", type=positive_int, help="timed calls per point")
+    p.add_argument("--repeats", type=positive_int, help="timed calls per point (--engine vllm: steps kept per point "
+                                                         "per round, default 3)")
     p.add_argument("--warmup", type=int, help="untimed calls per point")
     p.add_argument("--mem-fraction", type=float, default=0.4, help="fraction of free device memory for buffers")
     p.add_argument("--seed", type=int, default=0)
@@ -71,6 +72,10 @@ def register(subparsers) -> None:
     eg.add_argument("--cached", nargs="+", type=int, help="cached tokens before a prefill chunk (must include 0)")
     eg.add_argument("--mixed-batches", nargs="+", type=positive_int, help="decode batch of the mixed steps")
     eg.add_argument("--mixed-chunks", nargs="+", type=positive_int, help="prefill chunk of the mixed steps")
+    eg.add_argument("--rounds", type=positive_int,
+                    help="--engine vllm: passes over the whole grid (default 3): every point is measured once per "
+                         "round (--warmup then --repeats steps) and its time is the median of its rounds' medians, "
+                         "so it spans the calibration's whole duration, not one moment of a drifting host")
     eg.add_argument("--eager", action="store_true", help="build the engine with enforce_eager (no torch.compile: "
                                                          "starts in seconds; use the same setting for replay)")
     eg.add_argument("--fit", choices=["linear", "exact"], default="linear",
@@ -160,7 +165,8 @@ def _measure_engine(args: argparse.Namespace) -> int:
              "mixed_batches": args.mixed_batches, "mixed_chunks": args.mixed_chunks, "block_sizes": args.block_sizes}
     grid = replace(grid, **{k: tuple(sorted(set(v))) for k, v in given.items() if v},
                    **({"repeats": args.repeats} if args.repeats is not None else {}),
-                   **({"warmup": args.warmup} if args.warmup is not None else {}))
+                   **({"warmup": args.warmup} if args.warmup is not None else {}),
+                   **({"rounds": args.rounds} if args.rounds is not None else {}))
     device = args.device
     if device == "auto":
         try:

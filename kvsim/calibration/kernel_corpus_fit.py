@@ -4,8 +4,10 @@
 constants and the model's error on the fit and held-out rows; ``--write`` stores the constants in
 the built-in profiles (kvsim/timing/backends/*.yaml keep their flags; only the fitted numbers change).
 
-Objective: the mean relative error of the kernel time, each row weighted by 1 / (fit rows of its
-source), so a source with 174 rows and one with 3 count the same. Search: coordinate descent in
+Objective: the mean relative error of the kernel time, each row weighted by 1 / sqrt(fit rows of its
+source), so a source's weight grows as the square root of its rows. ``ctas_per_sm`` (rounds of
+resident work units) is not searched: each start holds a value, and the first start within TIE of the
+best is kept (docs/kernel_model.md, "How the constants are fitted"). Search: coordinate descent in
 multiplicative steps (numpy only; every step is a full re-evaluation, so it is slow but exact and
 deterministic). Families share their constants: vLLM's v1 and v2 kernels are one code base (v2 =
 v1 + 512-token partitions + a reduction), so they are fitted together.
@@ -23,18 +25,33 @@ FITTED = {"vllm-paged": ("launch_overhead_s", "unit_overhead_s", "page_overhead_
           "flashattention-paged": ("launch_overhead_s", "unit_overhead_s", "page_overhead_s",
                                    "max_bandwidth_utilisation", "units_per_sm_to_saturate", "overlap",
                                    "bytes_in_flight_per_unit"),
+          # FlashInfer's own rows (Vidur's A100 Llama-3-8B FlashInfer profile, flashinfer PR #2055): the
+          # FlashAttention set without the per-page cost (FlashInfer's is carried by the DRAM-efficiency
+          # term from its README, docs/kernel_model.md)
+          # term from its README, docs/kernel_model.md)
+          "flashinfer-paged": ("launch_overhead_s", "unit_overhead_s", "max_bandwidth_utilisation",
+                               "units_per_sm_to_saturate", "overlap", "bytes_in_flight_per_unit"),
           # FlashMLA's rows are one launch shape (batch 128 x 4,096 tokens) at three head counts: they fix
           # one level, the bytes its work units keep in flight; the rest comes from the FlashAttention fit
           "flashmla": ("bytes_in_flight_per_unit",)}
-FAMILIES = {"flashattention-paged": ("flashattention-paged",), "vllm-paged": ("vllm-paged-v1", "vllm-paged-v2"),
-            "flashmla": ("flashmla",)}
+FAMILIES = {"flashattention-paged": ("flashattention-paged",), "flashinfer-paged": ("flashinfer-paged",),
+            "vllm-paged": ("vllm-paged-v1", "vllm-paged-v2"), "flashmla": ("flashmla",)}
 # Starts for the search: vLLM's per-page cost and GQA re-reads both grow with the pages read, and the
 # corpus' vLLM rows (all page 16, GQA groups of 7-8) cannot separate them (weighted MAPE 0.1422 with
 # re-reads vs 0.1419 with a 6x per-page cost and none). The re-read start is listed first and kept
 # on a tie: a per-page cost would also slow every MHA launch, where the vLLM paper's kernel band
 # (20-26 % over FasterTransformer, tests/timing/test_kernel_model.py) holds with the smaller one.
+# ctas_per_sm (rounds of resident work units, docs/kernel_model.md) is never searched: each start holds
+# one value, 0 (no rounds) first, so rounds are kept only where they fit the fit rows better by TIE; each
+# is tried with both saturation forms (Little's law, and the sharp cap: bytes in flight held at 0).
+ROUNDS = (1.0, 2.0, 3.0, 4.0)
+_SHARP = {"bytes_in_flight_per_unit": 0.0, "units_per_sm_to_saturate": 1.0, "hold": ("bytes_in_flight_per_unit",)}
+_ROUND_STARTS = (*({"overlap": 0.5, "ctas_per_sm": c} for c in ROUNDS),
+                 *({"overlap": 0.5, "ctas_per_sm": c, **_SHARP} for c in ROUNDS))
 STARTS = {"vllm-paged": ({"query_head_reads": 0.25}, {"query_head_reads": 0.0}),
-          "flashattention-paged": ({"overlap": 0.0, "hold": ("overlap",)}, {"overlap": 0.0}, {"overlap": 0.5})}
+          "flashattention-paged": ({"overlap": 0.0, "hold": ("overlap",)}, {"overlap": 0.0}, {"overlap": 0.5},
+                                   *_ROUND_STARTS),
+          "flashinfer-paged": ({"overlap": 0.5}, *_ROUND_STARTS)}
 # (a start's "hold": constants kept at the start value: the additive form, overlap 0, is a start of
 # its own because the coordinate search from overlap 0 drifts into a worse local optimum)
 # Every search starts from the constants kvsim had before the corpus (the Vidur A100 fit and the
@@ -43,7 +60,11 @@ START_BASE = {"vllm-paged": dict(launch_overhead_s=4.6e-6, unit_overhead_s=3.5e-
                                  units_per_sm_to_saturate=2.37, overlap=0.0, query_head_reads=0.0),
               "flashattention-paged": dict(launch_overhead_s=4.6e-6, unit_overhead_s=3.5e-8, page_overhead_s=0.0,
                                            max_bandwidth_utilisation=0.907, units_per_sm_to_saturate=2.37,
-                                           overlap=0.0, query_head_reads=0.0, bytes_in_flight_per_unit=2048.0),
+                                           overlap=0.0, query_head_reads=0.0, bytes_in_flight_per_unit=2048.0,
+                                           ctas_per_sm=0.0),
+              "flashinfer-paged": dict(launch_overhead_s=4.6e-6, unit_overhead_s=3.5e-8, max_bandwidth_utilisation=0.907,
+                                       units_per_sm_to_saturate=2.37, overlap=0.0, bytes_in_flight_per_unit=2048.0,
+                                       ctas_per_sm=0.0),
               "flashmla": dict(bytes_in_flight_per_unit=2048.0)}
 # Profiles with too few corpus rows of their own to fit take a family's fitted time constants (never its
 # page cost): FlashInfer's decode kernel and FlashAttention over contiguous KV used the Vidur A100
@@ -51,11 +72,12 @@ START_BASE = {"vllm-paged": dict(launch_overhead_s=4.6e-6, unit_overhead_s=3.5e-
 # vLLM's kernels take only the saturation (the GPU memory system's bytes in flight, measured on the
 # FlashAttention rows): their 12 GQA rows fit their own launch, unit, page and re-read costs.
 TIME_CONSTANTS = ("launch_overhead_s", "unit_overhead_s", "max_bandwidth_utilisation", "units_per_sm_to_saturate",
-                  "overlap", "bytes_in_flight_per_unit")
+                  "overlap", "bytes_in_flight_per_unit", "ctas_per_sm")
 SATURATION = ("max_bandwidth_utilisation", "bytes_in_flight_per_unit")
-BORROWERS = {"flashattention-paged": {"flashinfer-paged": TIME_CONSTANTS, "contiguous": TIME_CONSTANTS,
-                                      "flashmla": TIME_CONSTANTS, "vllm-paged-v1": SATURATION,
-                                      "vllm-paged-v2": SATURATION}}
+# FlashInfer has rows of its own since the Vidur Llama-3-8B profile entered the corpus: it is a family
+BORROWERS = {"flashattention-paged": {"contiguous": TIME_CONSTANTS, "flashmla": TIME_CONSTANTS,
+                                      "vllm-paged-v1": SATURATION, "vllm-paged-v2": SATURATION}}
+HELD_FORM = ("ctas_per_sm",)  # form constants a start sets and the search never moves
 TIE = 0.005  # weighted MAPE difference below which two fits count as equally good
 BOUNDS = {"max_bandwidth_utilisation": (0.05, 1.0), "bytes_in_flight_per_unit": (16.0, 1e6), "overlap": (0.0, 1.0), "units_per_sm_to_saturate": (0.05, 64.0),
           "query_head_reads": (0.0, 1.0)}
@@ -120,10 +142,15 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m kvsim.calibration.kernel_corpus_fit", description=__doc__)
     ap.add_argument("--write", action="store_true", help="store the fitted constants in the built-in profiles")
+    ap.add_argument("--family", choices=sorted(FAMILIES), action="append",
+                    help="fit only this family (repeatable; default all, in order; borrowers of a family "
+                         "left out keep their files' constants)")
     args = ap.parse_args(argv)
     corpus = load_corpus()
     lent: dict[str, dict] = {}  # backend -> time constants borrowed from an earlier family's fit
     for fam, backends in FAMILIES.items():
+        if args.family and fam not in args.family:
+            continue
         params = _fit_and_report(fam, backends, corpus, lent)
         for b, keys in BORROWERS.get(fam, {}).items():
             lent[b] = {k: params[k] for k in keys}
@@ -149,7 +176,10 @@ def _fit_and_report(fam: str, backends, corpus, lent: dict) -> dict:
         hold = start.pop("hold", ())
         p_start = {b: replace(p, **{**START_BASE[fam], **start}) for b, p in profiles.items()}
         cand, cerr = fit_family(fit_rows, p_start, tuple(k for k in FITTED[fam] if k not in hold))
-        cand = {**{k: getattr(next(iter(p_start.values())), k) for k in hold}, **cand}
+        first = next(iter(p_start.values()))
+        # held constants and the start's rounds (never searched) belong to the candidate too
+        kept = (*hold, *(k for k in HELD_FORM if k in START_BASE[fam] or k in start))
+        cand = {**{k: getattr(first, k) for k in kept}, **cand}
         print(f"  start {start}{' holding ' + ', '.join(hold) if hold else ''}: weighted MAPE {cerr:.4f}")
         results.append((cand, cerr))
     # the first start within TIE of the best: the corpus cannot tell them apart, the order can
@@ -169,12 +199,14 @@ def _write_constants(backend: str, params: dict) -> None:
 
     path = resources.files("kvsim.timing.backends") / f"{backend}.yaml"
     lines = path.read_text().splitlines()
-    out = []
+    out, seen = [], set()
     for line in lines:
         key = line.split(":", 1)[0]
         if key in params:
             line = f"{key}: {float(f'{params[key]:.3g}')!r}"
+            seen.add(key)
         out.append(line)
+    out += [f"{key}: {float(f'{params[key]:.3g}')!r}" for key in params if key not in seen]  # keys new to the file
     with open(str(path), "w") as fh:
         fh.write("\n".join(out) + "\n")
 

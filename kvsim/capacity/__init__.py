@@ -41,6 +41,7 @@ writes those two files there and replaces them only when ``capacity.json`` says 
 from kvsim.capacity.rate_search import (  # noqa: F401  (the package's API)
     KEY_FORMS, MARKER, PERCENTILE_KEY, SLO_KEYS, Evaluation, TraceCache, VariantCapacity, capacity, check_search,
     evaluation_key, evaluator, max_steps, parse_slo, percentile_key, percentile_values, search, split_objectives,
+    why_below_range,
 )
 from kvsim.capacity.store import (  # noqa: F401
     check_out, keep_unfinished, known_evaluations, results_frame, table_text, write_outputs,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from kvsim.capacity.rate_search import Evaluation, capacity, parse_slo
+from kvsim.capacity.rate_search import Evaluation, capacity, parse_slo, why_below_range
 from kvsim.capacity.store import check_out, keep_unfinished, known_evaluations, table_text, write_outputs
 from kvsim.errors import Interrupted
 from kvsim.units import SET_HELP_UNITS
@@ -32,6 +32,10 @@ def _cmd_capacity(args) -> int:
         raise Interrupted(keep_unfinished(out, meta, known, done)) from None
     written = write_outputs(out, results, meta)
     print(table_text(results))
+    for r in results:
+        why = why_below_range(r, args.attainment)
+        if why:
+            print(why)
     for p in written.values():
         print(p)
     return 0

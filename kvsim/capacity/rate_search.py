@@ -31,6 +31,7 @@ class Evaluation:
     meets: bool
     percentiles_ms: dict = field(default_factory=dict)  # pQ_METRIC_ms -> the value reached (inf: unserved)
     key: str = ""  # what was simulated (scenario at this scale, trace sha256, objectives, kvsim version)
+    rejected_by_reason: dict = field(default_factory=dict)  # summary.json's: reject_reason -> requests
     reused: bool = False  # taken from an earlier capacity.json, not simulated (not written out)
 
 
@@ -136,6 +137,32 @@ def search(evaluate: Callable[[float], Evaluation], lo: float, hi: float, tol: f
         else:
             bad = mid
     return result("ok", good, bad)
+
+
+def why_below_range(r: VariantCapacity, attainment: float) -> str | None:
+    """For a ``below_range`` result: why its lowest scale missed. When the requests rejected there
+    (a prompt that can never fit is rejected at every rate) already exceed what an objective lets miss,
+    no rate can meet it, and the line says so instead of suggesting a lower ``--lo``."""
+    if r.status != "below_range" or not r.evaluations:
+        return None
+    low = r.evaluations[0]
+    n, rej = low.requests_total, low.requests_rejected
+    joint, pct = split_objectives(r.slo_ms)
+    blocked = []
+    for key in pct:
+        allowed = n - max(math.ceil(percentile_key(key)[0] / 100.0 * n), 1)
+        if rej > allowed:
+            blocked.append(f"{key} lets at most {allowed} miss")
+    if joint and rej > n - math.ceil(attainment * n):
+        blocked.append(f"attainment {attainment:g} lets at most {n - math.ceil(attainment * n)} miss")
+    if blocked:
+        why = ", ".join(f"{k}: {v}" for k, v in low.rejected_by_reason.items()) or "reasons: see summary.json"
+        return (f"{r.variant}: {rej} of {n} requests are rejected at rate_scale {low.rate_scale:g} ({why}; "
+                f"docs/metrics.md) and {'; '.join(blocked)}: no rate meets the SLOs; relax the objective or "
+                f"change what rejects them")
+    reached = "".join(f", {k} {v:.4g} ms" for k, v in low.percentiles_ms.items())
+    return (f"{r.variant}: misses already at rate_scale {low.rate_scale:g} (attainment {low.attainment:.3f}"
+            f"{reached}, {rej} of {n} rejected); try a lower --lo")
 
 
 def max_steps(lo: float, hi: float, tol: float) -> int:
@@ -246,7 +273,8 @@ def evaluator(scn, base_dir: Path, slo: dict[str, float], attainment: float, whe
                           goodput_requests_per_s=float(sm["slo"]["goodput_requests_per_s"]),
                           throughput_requests_per_s=float(sm["throughput_requests_per_s"]),
                           requests_total=int(sm["requests_total"]), requests_rejected=int(sm["requests_rejected"]),
-                          meets=meets(att, reached), percentiles_ms=reached, key=key)
+                          meets=meets(att, reached), percentiles_ms=reached, key=key,
+                          rejected_by_reason=dict(sm.get("rejected_by_reason") or {}))
 
     return evaluate
 

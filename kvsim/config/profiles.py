@@ -79,6 +79,10 @@ _PROFILES: tuple[EngineProfile, ...] = (
                                                  "max_model_len > 32K (that case is not modelled)"),
         "scheduler.prompt_blocks": Fill("at_admission", "vLLM v0 Scheduler._schedule_prefills allocates the whole "
                                                         "prompt's blocks when it admits a request"),
+        "scheduler.prefill_only_steps": Fill(
+            True, "vLLM v0 Scheduler._schedule_default (vllm/core/scheduler.py, vllm-project/vllm commit 0054e1fa): "
+                  "\"Don't schedule decodes if prefills are scheduled\"; the 0.2-era _schedule (as kept in forks) "
+                  "returned a prompt_run=True output as soon as it admitted a prompt"),
         "allocator[paged].watermark": Fill(0.01, _V0),
         "allocator[paged].prefix_caching": Fill(False, "vLLM 0.6 EngineArgs.enable_prefix_caching = False"),
         "allocator[radix].watermark": Fill(0.01, _V0),

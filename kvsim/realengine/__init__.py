@@ -7,7 +7,9 @@
 * :mod:`kvsim.realengine.calibrate` -- ``kvsim calibrate --engine vllm``: step times over a grid,
   written as a calibration directory (docs/calibration.md, "Calibrating against a running engine");
 * :mod:`kvsim.realengine.replay` -- ``kvsim replay --engine vllm``: a scenario's trace run through
-  the engine in real time, written as ``kvsim run`` writes a run (docs/replay.md).
+  the engine in real time, written as ``kvsim run`` writes a run (docs/replay.md);
+* :mod:`kvsim.realengine.probe` -- ``python -m kvsim.realengine.probe``: one fixed reference step on a
+  fresh engine, timed to see how the host's speed drifts (docs/replay.md, "Host drift").
 
 vLLM is imported only inside functions that run the engine: nothing here needs it to be imported.
 """

@@ -2,7 +2,10 @@
 
 The engine is measured, not its kernels: every number is the time of one ``LLMEngine.step()``
 (scheduling, forward pass, sampling, output processing) at a known shape (kvsim.realengine.measure),
-both wall and process CPU time. On a CPU host the tables are built from the CPU time (the engine's
+both wall and process CPU time. The grid is measured in rounds (``EngineGrid.rounds``): every point
+once per round, and a point's time is the median across rounds of each round's median, so it spans
+the calibration's whole duration (a shared VM's speed drifts by tens of percent over minutes:
+docs/studies.md (e)); ``engine_rounds.csv`` keeps each round's medians with their start times. On a CPU host the tables are built from the CPU time (the engine's
 own work; a shared host adds other processes' time to the wall clock), on CUDA from the wall time.
 ``engine_steps.csv`` keeps the raw points; ``measurements.csv`` holds the tables the calibrated
 timing model reads (kvsim/timing/calibrated.py), built by ``--fit linear`` (the default: a
@@ -55,8 +58,9 @@ class EngineGrid:
     mixed_contexts: tuple[int, ...] = (512,)
     mixed_chunks: tuple[int, ...] = (128, 512)
     block_sizes: tuple[int, ...] = (32, 128)
-    warmup: int = 2
-    repeats: int = 5
+    warmup: int = 2  # untimed steps per point per round
+    repeats: int = 3  # steps kept per point per round
+    rounds: int = 3  # passes over the whole grid: a point's time is the median of its rounds' medians
 
     def check(self, device: str) -> None:
         if 1 not in self.batches:
@@ -65,6 +69,8 @@ class EngineGrid:
             raise EngineError("--cached: must include 0 (the per-token cost is fitted on uncached prefills)")
         if len([c for c in self.chunks]) < 3:
             raise EngineError("--chunks: give at least 3 prefill chunk sizes (the per-token fit has 3 terms)")
+        if self.rounds < 1 or self.repeats < 1:
+            raise EngineError("--rounds/--repeats: give at least 1")
         if len(self.contexts) < 2:
             raise EngineError("--contexts: give at least 2 decode contexts (a line per batch size)")
         for bs in self.block_sizes:
@@ -77,16 +83,33 @@ class EngineGrid:
         pre = max(self.chunks) + max(self.cached)
         tokens = max(max(self.batches) * seq, max(self.mixed_batches, default=0) * seq + max(self.mixed_chunks, default=0),
                      2 * pre)
+        # the decoder slots' prompts stay in the prefix cache between points and rounds (kvsim.realengine.measure):
+        # room for the longest slot sequences plus one round's fresh allocations (LRU evicts those first)
+        steps, bs = self.warmup + self.repeats, max(self.block_sizes)
+        slots = max(max(self.batches), max(self.mixed_batches, default=0)) * max(max(self.contexts),
+                                                                                 max(self.mixed_contexts, default=0))
+        fresh = (sum(steps * n + k for n in self.chunks for k in self.cached)
+                 + steps * len(self.mixed_contexts) * len(self.mixed_batches) * sum(self.mixed_chunks)
+                 + sum(b * (out + 2 * bs) for b in self.batches) * len(self.contexts)
+                 + sum(b * (out + 2 * bs) for b in self.mixed_batches) * len(self.mixed_contexts) * len(self.mixed_chunks))
+        tokens = max(tokens, int(1.1 * (slots + fresh)))
         return {"max_model_len": max(seq, pre) + 8, "tokens": tokens,
                 "max_num_seqs": max(max(self.batches), max(self.mixed_batches, default=0)) + 2,
                 "max_num_batched_tokens": max(2048, max(self.chunks), max(self.mixed_chunks, default=0)
                                               + max(self.mixed_batches, default=0))}
 
 
+ENGINE_ROUNDS_FILE = "engine_rounds.csv"  # per point and round: its median, and when (s from the start) it ran
+
+
 def measure_block_size(model_config: Path, cfg: dict, grid: EngineGrid, block_size: int, device: str,
-                       threads: int, log, eager: bool = False) -> tuple[list, int, dict]:
+                       threads: int, log, eager: bool = False, t_origin: float | None = None
+                       ) -> tuple[list, int, dict, list[dict]]:
+    """Measure the grid on one engine, ``grid.rounds`` passes; returns (points, mismatched steps,
+    engine settings, per-round rows of engine_rounds.csv)."""
     from kvsim.realengine.measure import Measurer
 
+    t_origin = time.monotonic() if t_origin is None else t_origin
     need = grid.needs()
     limit = int(cfg.get("max_position_embeddings") or need["max_model_len"])
     if need["max_model_len"] > limit:
@@ -102,10 +125,7 @@ def measure_block_size(model_config: Path, cfg: dict, grid: EngineGrid, block_si
     log(f"block size {block_size}: engine up in {time.monotonic() - t0:.0f} s")
     try:
         m = Measurer(eng, int(cfg.get("vocab_size", 32000)), grid.warmup, grid.repeats)
-        points = [m.decode(b, c) for b in grid.batches for c in grid.contexts]
-        points += [m.prefill(n, k) for n in grid.chunks for k in grid.cached]
-        points += [m.mixed(b, c, n) for b in grid.mixed_batches for c in grid.mixed_contexts
-                   for n in grid.mixed_chunks]
+        points, per_round = measure_rounds(m, grid, t_origin, lambda msg: log(f"block size {block_size}: {msg}"))
     finally:
         eng.close()
     empty = [p for p in points if not p.durations_s]
@@ -113,7 +133,35 @@ def measure_block_size(model_config: Path, cfg: dict, grid: EngineGrid, block_si
         p = empty[0]
         raise EngineError(f"block size {block_size}: the engine never ran the {p.kind} step (decode seqs "
                           f"{p.decode_seqs}, prefill {p.prefill_tokens} + {p.prefill_cached} cached) as asked")
-    return points, m.mismatched, settings.provenance()
+    return points, m.mismatched, settings.provenance(), per_round
+
+
+def measure_rounds(m, grid: EngineGrid, t_origin: float, log) -> tuple[list, list[dict]]:
+    """Every grid point once per round, the same order each round (the decoder prefixes then stay in the
+    prefix cache: :meth:`EngineGrid.needs`); returns the points (each with all its rounds' steps: its
+    time is the median of its rounds' medians) and the rows of engine_rounds.csv."""
+    plan = ([("decode", (b, c)) for b in grid.batches for c in grid.contexts]
+            + [("prefill", (n, k)) for n in grid.chunks for k in grid.cached]
+            + [("mixed", (b, c, n)) for b in grid.mixed_batches for c in grid.mixed_contexts for n in grid.mixed_chunks])
+    measure = {"decode": m.decode, "prefill": m.prefill, "mixed": m.mixed}
+    points: list = []
+    per_round: list[dict] = []
+    for r in range(grid.rounds):
+        t_round, setup0 = time.monotonic(), m.setup_steps
+        for i, (kind, args) in enumerate(plan):
+            t_pt, setup_pt = time.monotonic() - t_origin, m.setup_steps
+            pt = measure[kind](*args)
+            per_round.append({**pt.key(), "round": r, "start_s": round(t_pt, 3), "kept": len(pt.durations_s),
+                              "setup_steps": m.setup_steps - setup_pt,
+                              "median_s": float(np.median(pt.durations_s)) if pt.durations_s else float("nan"),
+                              "cpu_median_s": float(np.median(pt.cpu_s)) if pt.cpu_s else float("nan")})
+            if r == 0:
+                pt.rounds = [0] * len(pt.durations_s)
+                points.append(pt)
+            else:
+                points[i].merge(pt, r)
+        log(f"round {r + 1}/{grid.rounds} in {time.monotonic() - t_round:.0f} s ({m.setup_steps - setup0} set-up steps)")
+    return points, per_round
 
 
 def fit_per_token(prefill_uncached: list[tuple[int, float]]) -> float:
@@ -133,7 +181,7 @@ def decompose(points: list, num_layers: int, dtype: str, geometry: tuple[int, in
     """Measured step points (all block sizes) -> measurements.csv rows + the fitted scalars."""
     L = num_layers
     rows: list[dict] = []
-    uncached = sorted((p.prefill_tokens, float(np.median(p.durations_s))) for p in points
+    uncached = sorted((p.prefill_tokens, p.median_s()) for p in points
                       if p.kind == "prefill" and p.prefill_cached == 0)
     # the per-token term is a property of the forward pass, not of the block size: one fit over all
     beta = fit_per_token(uncached)
@@ -142,7 +190,7 @@ def decompose(points: list, num_layers: int, dtype: str, geometry: tuple[int, in
         dec = [p for p in points if p.block_size == bs and p.kind == "decode"]
         a = {}
         for b in sorted({p.decode_seqs for p in dec}):
-            pts = [(p.decode_context, float(np.median(p.durations_s))) for p in dec if p.decode_seqs == b]
+            pts = [(p.decode_context, p.median_s()) for p in dec if p.decode_seqs == b]
             x = np.array([q[0] for q in pts])
             y = np.array([q[1] for q in pts])
             slope, icpt = np.polyfit(x, y, 1) if len(pts) > 1 else (0.0, y[0])
@@ -153,7 +201,7 @@ def decompose(points: list, num_layers: int, dtype: str, geometry: tuple[int, in
         fitted["per_step_s"][bs] = a
         lm = {s: max(v - beta * s, MIN_TIME_S) for s, v in a.items()}
         for p in (p for p in points if p.block_size == bs and p.kind == "prefill"):
-            t = float(np.median(p.durations_s))
+            t = p.median_s()
             n, k = p.prefill_tokens, p.prefill_cached
             rows.append(table_row(S.PREFILL_PAGED, dtype=dtype, block_size=bs, batch=1, context_len=n + k, new_tokens=n,
                              cached_tokens=k, tokens=n, median_s=(t - beta * n - lm[min(lm)]) / L, geometry=geometry))
@@ -187,7 +235,7 @@ def holdout_errors(points: list, timing) -> list[dict]:
         shape = BatchShape(num_seqs=b + 1, num_prefill_seqs=1, num_decode_seqs=b, num_prefill_tokens=n,
                            num_decode_tokens=b, kv_tokens_read=kv_read, attention_pairs=pairs)
         pred = timing.step_time(shape).duration_s
-        meas = float(np.median(p.durations_s))
+        meas = p.median_s()
         out.append({"block_size": p.block_size, "decode_seqs": b, "decode_context": round(p.decode_context, 1),
                     "prefill_tokens": n, "measured_s": meas, "predicted_s": pred, "error": pred / meas - 1})
     return out
@@ -269,11 +317,12 @@ def run_engine_calibration(model: str, *, out: str | Path | None, device: str = 
 
     check_out_dir(out, "calibrate", force=force)  # refuse a bad --out before minutes of measuring
     t_start = time.monotonic()
-    points, mismatched, settings = [], 0, {}
+    points, mismatched, settings, per_round = [], 0, {}, []
     for bs in grid.block_sizes:
-        pts, bad, settings = measure_block_size(config_path, cfg, grid, bs, device, threads, log, eager)
+        pts, bad, settings, rnd = measure_block_size(config_path, cfg, grid, bs, device, threads, log, eager, t_start)
         points += pts
         mismatched += bad
+        per_round += rnd
     dtype = kv_dtype_of(cfg)
     # the engine's own work: on a CPU host the process CPU time of each step (the wall time also holds
     # whatever time the shared host gave other processes: docs/studies.md (e)); on CUDA the wall time
@@ -294,6 +343,7 @@ def run_engine_calibration(model: str, *, out: str | Path | None, device: str = 
     with atomic_out_dir(out, "calibrate", force=force) as tmp:
         pd.DataFrame(rows, columns=list(S.COLUMNS)).to_csv(tmp / S.CSV_FILE, index=False)
         raw.to_csv(tmp / ENGINE_STEPS_FILE, index=False)
+        pd.DataFrame(per_round).to_csv(tmp / ENGINE_ROUNDS_FILE, index=False)
         meta["wall_s"] = round(time.monotonic() - t_start, 1)
         (tmp / S.META_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")
         hold = [h for bs in grid.block_sizes for h in holdout_errors(priced, _timing_for(tmp, spec, dtype, bs))]
@@ -328,15 +378,27 @@ def _engine_meta(vllm, device: str, threads: int, settings: dict, spec, config_p
                   "max_model_len_tokens": spec.max_model_len_tokens, "config_file": portable_path(config_path)},
         "weight_dtype": dtype, "kv_dtypes": [dtype], "block_sizes": sorted(grid.block_sizes),
         "decode_impl": "vllm_engine_step",
-        "timing": "time.perf_counter around each LLMEngine.step(); median of repeats after warm-up steps "
-                  "(engine_steps.csv: cpu_median_s is the process CPU time of the same steps: wall - CPU is time "
-                  "the host gave to other processes)",
+        "timing": "time.perf_counter around each LLMEngine.step(); the grid measured in rounds (every point "
+                  "once per round, warm-up steps then repeats), a point's time the median across rounds of each "
+                  "round's median (engine_steps.csv; engine_rounds.csv has each round's median and start time; "
+                  "cpu_median_s is the process CPU time of the same steps: wall - CPU is time the host gave to "
+                  "other processes)",
+        "rounds": grid.rounds, "drift": _drift(points),
         "grid": asdict(grid), "fitted": fitted, "mismatched_steps": mismatched,
         "scenario_timing": {"kind": "calibrated", "file": portable_path(out),
                             "note": "relative to the directory kvsim calibrate ran in (only the directory's name "
                                     "when outside it); a scenario's timing.file is relative to the scenario file"},
         "rows": len(rows), "points": len(points),
     }
+
+
+def _drift(points: list) -> dict:
+    """How much the rounds disagree: per point (max - min) / median of its rounds' CPU medians (the host's
+    drift over the calibration; with one round there is none to see)."""
+    spread = [p.row()["cpu_round_spread"] for p in points if p.cpu_s]
+    spread = [v for v in spread if v == v]
+    return {"what": "per point, (max - min) / median of its rounds' CPU-time medians",
+            "median": float(np.median(spread)) if spread else None, "max": float(max(spread)) if spread else None}
 
 
 def _torch_version() -> str | None:

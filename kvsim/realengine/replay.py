@@ -84,14 +84,19 @@ def settings_for(scn, model_file: Path, threads: int, device: str, eager: bool) 
 
 ENGINE_STEP_COLUMNS = ("step", "start_s", "duration_s", "cpu_s", "decode_seqs", "decode_context", "prefill_seqs",
                        "prefill_tokens", "prefill_cached", "prefill_pairs", "max_prefill_cached", "new_requests",
-                       "preempted", "running", "waiting", "used_blocks")
+                       "preempted", "running", "waiting", "used_blocks", "gc_s", "probe_s", "thread_s")
+SHAPE_COLUMNS = ENGINE_STEP_COLUMNS[4:-3]
 
 
-def engine_step_row(step: int, start: float, wall_s: float, cpu_s: float, sh) -> dict:
+def engine_step_row(step: int, start: float, wall_s: float, cpu_s: float, sh, gc_s: float = 0.0,
+                    probe_s: float = 0.0, thread_s: float = 0.0) -> dict:
     """One row of ``engine_steps.parquet``: the exact shape vLLM scheduled in a step and its wall time
-    (what ``steps.parquet`` aggregates away: the split of KV reads between decode and prefill)."""
+    (what ``steps.parquet`` aggregates away: the split of KV reads between decode and prefill); ``gc_s``
+    and ``probe_s``: the parts of ``cpu_s`` spent in Python's garbage collector and in reading the schedule;
+    ``thread_s``: the stepping thread's own CPU time (``cpu_s`` counts every thread of the process)."""
     return {"step": step, "start_s": start, "duration_s": wall_s, "cpu_s": cpu_s,
-            **{k: int(getattr(sh, k)) for k in ENGINE_STEP_COLUMNS[4:]}}
+            **{k: int(getattr(sh, k)) for k in SHAPE_COLUMNS}, "gc_s": gc_s, "probe_s": probe_s,
+            "thread_s": thread_s}
 
 
 CLOCKS = ("wall", "cpu")
@@ -135,7 +140,8 @@ def run_trace(eng: Engine, trace, vocab: int, seed: int, kv: KVGeometry, steps_p
             start, end = vnow, vnow + eng.last_cpu_s
             vnow = end
         sh = eng.probe.last
-        shapes.append(engine_step_row(len(shapes), start, t1 - t0, eng.last_cpu_s, sh))
+        shapes.append(engine_step_row(len(shapes), start, t1 - t0, eng.last_cpu_s, sh, eng.last_gc_s,
+                                      eng.probe.last_probe_s, eng.last_thread_s))
         if start > last_end:  # the engine waited (or the host added requests): an idle row
             rec.row(replica=0, idle=True, start_s=last_end, duration_s=start - last_end,
                     memory=_memory(sh, bs, capacity, peak, idle=True), running=sh.running, waiting=sh.waiting)
@@ -284,6 +290,8 @@ def _replay_one(scn, settings: EngineSettings, trace, vocab: int, d: Path, versi
                            "threads": settings.threads, "wall_s": round(wall, 2), "clock": clock,
                            "busy_wall_s": round(sum(r["duration_s"] for r in shapes), 3),
                            "busy_cpu_s": round(sum(r["cpu_s"] for r in shapes), 3),
+                           "busy_gc_s": round(sum(r["gc_s"] for r in shapes), 3),  # of busy_cpu_s
+                           "busy_probe_s": round(sum(r["probe_s"] for r in shapes), 3),  # of busy_cpu_s
                            "settings": settings.provenance(),
                            "note": "measured on a running engine (kvsim replay), not simulated"}
     return summary

@@ -68,7 +68,7 @@ def fit_linear(points: list) -> dict:
     """Fit the five terms over the decode and prefill points (medians); residuals per point."""
     fitted = [p for p in points if p.kind in ("decode", "prefill")]
     X = np.array([features(p) for p in fitted])
-    y = np.array([float(np.median(p.durations_s)) for p in fitted])
+    y = np.array([p.median_s() for p in fitted])
     c = nnls_relative(X, y)
     res = X @ c / y - 1
     return {"model": "t = a0 + g*seqs + beta*tokens + kd*decode_kv + kp*prefill_pairs (relative least squares)",

@@ -146,6 +146,19 @@ class Engine:
         self.scheduler = self.llm.engine_core.engine_core.scheduler
         self.probe = StepProbe(self.scheduler)
         self.last_cpu_s = 0.0
+        self.last_gc_s = 0.0  # CPU time Python's garbage collector took inside the last step (part of last_cpu_s)
+        self.last_thread_s = 0.0  # CPU time of this thread alone (last_cpu_s also holds the process's other threads)
+        self._gc_total, self._gc_t0 = 0.0, None
+        import gc
+
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_t0 = time.process_time()
+        elif self._gc_t0 is not None:
+            self._gc_total += time.process_time() - self._gc_t0
+            self._gc_t0 = None
 
     # -- requests --------------------------------------------------------------------------------
     def add(self, request_id: str, token_ids: list[int], output_tokens: int, arrival_time: float | None = None) -> None:
@@ -160,10 +173,13 @@ class Engine:
     def step(self) -> tuple[float, float, list]:
         """One engine step: (wall start, wall end, RequestOutputs); the schedule is in ``probe.last`` and the
         process CPU time the step took in ``last_cpu_s`` (below its wall time when the host ran others)."""
-        c0, t0 = time.process_time(), time.perf_counter()
+        g0 = self._gc_total
+        c0, h0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
         outs = self.llm.step()
         t1 = time.perf_counter()
         self.last_cpu_s = time.process_time() - c0
+        self.last_thread_s = time.thread_time() - h0
+        self.last_gc_s = self._gc_total - g0
         return t0, t1, outs
 
     def has_unfinished(self) -> bool:
@@ -173,6 +189,10 @@ class Engine:
         return int(self.scheduler.kv_cache_manager.block_pool.num_gpu_blocks) - 1  # block 0: null block
 
     def close(self) -> None:
+        import gc
+
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
         try:
             self.llm.engine_core.shutdown()
         except Exception:  # noqa: BLE001 -- best effort on teardown
@@ -226,11 +246,14 @@ class StepProbe:
         self.sched = scheduler
         self.block_size = int(scheduler.cache_config.block_size)
         self.last = StepShape()
+        self.last_probe_s = 0.0  # CPU time reading the schedule took (inside the step's CPU time, ours not vLLM's)
         inner = scheduler.schedule
 
         def schedule(*a, **kw):
             out = inner(*a, **kw)
+            c0 = time.process_time()
             self.last = self._shape(out)
+            self.last_probe_s = time.process_time() - c0
             return out
 
         scheduler.schedule = schedule

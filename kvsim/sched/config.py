@@ -21,6 +21,11 @@ class SchedulerConfig(StrictModel):
         description="token budget per step; default max(max_model_len, 2048), or 2048 with chunked prefill",
     )
     chunked_prefill: bool = False
+    prefill_only_steps: bool = Field(
+        False,
+        description="without chunked prefill: a step that admits prompts runs only those prompts, the running "
+                    "requests decode from the next step on (vLLM v0's default scheduler); false: admitted prompts "
+                    "join the running requests' decode step (vLLM v1). No effect with chunked_prefill: true")
     prompt_blocks: Literal["at_admission", "per_chunk"] = Field(
         "at_admission",
         description="at_admission: a request takes blocks for its whole prompt when admitted; per_chunk: "

@@ -24,6 +24,10 @@ tokens, within a per-step token budget. The phases of one ``schedule()`` call:
    when scheduled, in phase 1; ``reserve_full_isl: false`` admits once the first chunk fits). Leading prompt blocks found in the prefix cache count as computed (at
    least the last token is always computed). Without chunked prefill the rest of the prompt is
    scheduled whole or not at all; with it, the head may take the remaining budget.
+   ``scheduler.prefill_only_steps`` (vLLM v0 without chunked prefill, ``Scheduler._schedule_default``:
+   "don't schedule decodes if prefills are scheduled") tries this phase first, with the whole
+   budget, and a step that admits anyone runs only those prompts; otherwise phases 0-2 follow and
+   nobody is admitted in that step.
 
 Requests that could never run are rejected when they arrive and counted: longer than the model's
 max length (prompt + output), or larger than the whole KV budget. The scheduler never sees block ids.
@@ -75,6 +79,8 @@ class Scheduler(WindowHooks):
         self.max_num_seqs = cfg.max_num_seqs
         self.token_budget = cfg.token_budget(max_model_len_tokens)
         self.chunked_prefill = cfg.chunked_prefill
+        # vLLM v0 without chunked prefill: admissions first, and a step that admits runs no decodes
+        self.prefill_only_steps = cfg.prefill_only_steps and not cfg.chunked_prefill
         # per_chunk: blocks for each scheduled chunk only (vLLM v1), after the reserve_full_isl check
         self.per_chunk = cfg.prompt_blocks == "per_chunk"
         self.reserve_full_isl = cfg.reserve_full_isl
@@ -245,17 +251,22 @@ class Scheduler(WindowHooks):
     # -- one step --------------------------------------------------------------------------------
     def schedule(self, now_s: float) -> StepPlan:
         """Plan one step, in four phases (module docstring): the decode group, the running requests
-        one by one, swap-ins, admissions. Then the step's batch shape."""
+        one by one, swap-ins, admissions; with ``prefill_only_steps`` admissions first, and a step
+        that admits is that prompt-only step. Then the step's batch shape."""
         if self._plan is not None:
             raise RuntimeError("schedule() called twice without on_step_done()")
         step = StepDraft(self.token_budget)
-        group_decodes = self._group_phase(step)
-        if group_decodes < len(self.running):
-            self._running_phase(step, group_decodes)
-        if self.swapped:
-            self._swap_in_phase(step)
-        if self.waiting and not self.swapped:
+        group_decodes = 0
+        if self.prefill_only_steps and self.waiting and not self.swapped:
             self._admit_phase(step, now_s)
+        if not step.admitted:
+            group_decodes = self._group_phase(step)
+            if group_decodes < len(self.running):
+                self._running_phase(step, group_decodes)
+            if self.swapped:
+                self._swap_in_phase(step)
+            if self.waiting and not self.swapped and not self.prefill_only_steps:
+                self._admit_phase(step, now_s)
         plan = StepPlan(
             scheduled=tuple([(rid, n) for rid, (n, _) in step.scheduled.items()]),
             shape=batch_shape(step, self.requests, self.allocator.block_size, self.want_context_lens, group_decodes),

@@ -22,7 +22,8 @@ class WindowHooks:
         req = self.waiting.head
         if req is None or self.swapped or num_running + req.num_samples > self.max_num_seqs:
             return False
-        budget = self.token_budget - num_running
+        # prompt-only steps (vLLM v0) give admissions the whole budget; otherwise decodes take theirs first
+        budget = self.token_budget if self.prefill_only_steps else self.token_budget - num_running
         if budget <= 0:
             return False
         cached = self.cached_prefix_tokens(req)

@@ -44,13 +44,17 @@ class BackendProfile:
     # bytes one work unit keeps in flight (Little's law saturation, docs/kernel_model.md); 0 = the
     # sharp cap min(1, units / (SMs x units_per_sm_to_saturate))
     bytes_in_flight_per_unit: float = 0.0
+    # work units resident per SM at once (a launch runs in rounds of SMs x ctas_per_sm units; the last,
+    # partly filled round streams at its own, lower concurrency, docs/kernel_model.md); 0 = no rounds
+    ctas_per_sm: float = 0.0
     source: str = ""  # where the file came from (path), filled by the loader
 
     NUMERIC = ("launch_overhead_s", "unit_overhead_s", "max_bandwidth_utilisation", "units_per_sm_to_saturate",
                "min_split_tokens", "page_overhead_s", "dram_chunk_half_bytes")
     FLAGS = ("split_kv", "gqa_grouped", "whole_page_reads")
     # keys older profile files may omit
-    OPTIONAL = {"overlap": 0.0, "split_rule": "fill", "query_head_reads": 0.0, "bytes_in_flight_per_unit": 0.0}
+    OPTIONAL = {"overlap": 0.0, "split_rule": "fill", "query_head_reads": 0.0, "bytes_in_flight_per_unit": 0.0,
+                "ctas_per_sm": 0.0}
 
     def to_yaml_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
@@ -110,6 +114,9 @@ def parse_profile(data, where: str) -> BackendProfile:
     inflight = data.get("bytes_in_flight_per_unit", BackendProfile.OPTIONAL["bytes_in_flight_per_unit"])
     if not _finite_number(inflight) or inflight < 0:
         raise ConfigError(f"{where}: key 'bytes_in_flight_per_unit' must be a number >= 0, got {inflight!r}")
+    resident = data.get("ctas_per_sm", BackendProfile.OPTIONAL["ctas_per_sm"])
+    if not _finite_number(resident) or resident < 0:
+        raise ConfigError(f"{where}: key 'ctas_per_sm' must be a number >= 0, got {resident!r}")
     rule = data.get("split_rule", BackendProfile.OPTIONAL["split_rule"])
     if rule not in SPLIT_RULES:
         raise ConfigError(f"{where}: key 'split_rule' must be one of {format_choices(SPLIT_RULES)}, got {rule!r}")
@@ -128,7 +135,7 @@ def parse_profile(data, where: str) -> BackendProfile:
         max_bandwidth_utilisation=float(u), units_per_sm_to_saturate=float(vals["units_per_sm_to_saturate"]),
         min_split_tokens=int(vals["min_split_tokens"]), page_overhead_s=float(vals["page_overhead_s"]),
         dram_chunk_half_bytes=float(vals["dram_chunk_half_bytes"]), overlap=float(overlap), split_rule=rule,
-        query_head_reads=float(rereads), bytes_in_flight_per_unit=float(inflight),
+        query_head_reads=float(rereads), bytes_in_flight_per_unit=float(inflight), ctas_per_sm=float(resident),
         source=where,
     )
 

@@ -21,6 +21,11 @@ docs/kernel_model.md)::
                      units x q bytes in flight over the GPU's DRAM latency, combined harmonically with
                      the cap: units_half = peak_hbm_bw * max_bandwidth_utilisation * dram_latency / q)
                    = min(1, units / (num_sms * units_per_sm_to_saturate))   with q = 0 (1 if num_sms unknown)
+                     with ctas_per_sm > 0 (rounds): the launch runs in rounds of R = num_sms * ctas_per_sm
+                     units, waves = ceil(units / R), the last one holding tail = units - (waves - 1) * R;
+                     a round of u units costs c(u) = u + units_half (Little's law) or max(u, num_sms *
+                     units_per_sm_to_saturate) (sharp cap) unit-streams, and
+                     parallelism = units / ((waves - 1) * c(R) + c(tail))   (one round: the forms above)
       chunk_bytes  = block_size * head_dim * elem_bytes           contiguous bytes per page fetch
                    = (T/n) * head_dim * elem_bytes               contiguous KV: one run per sequence
       dram_eff     = chunk_bytes / (chunk_bytes + dram_chunk_half_bytes)
@@ -137,6 +142,11 @@ def overlapped_time(launch, fixed, stream, overlap: float, minimum):
     return launch + (stream + fixed - overlap * minimum(stream, fixed))
 
 
+def _fceil(x: float) -> float:
+    """math.ceil as a double (exact: the counts are far below 2**53), as np.ceil gives for arrays."""
+    return float(math.ceil(x))
+
+
 def _exact_product(a: float, b: float) -> float | None:
     """``a * b`` when that double is the exact product, else None."""
     prod = float(a) * float(b)
@@ -182,6 +192,11 @@ class KernelModel:
             if memory_latency_s is None:  # a caller without a GPU preset: the fallback GPU's (gpu_memory.py)
                 memory_latency_s = dram_latency_s(FALLBACK_GPU)
             self.units_half = self.bw * memory_latency_s / p.bytes_in_flight_per_unit
+        # rounds of resident work units (ctas_per_sm > 0 and a known SM count): R and c(R), bound once
+        self.round_units = None
+        if p.ctas_per_sm > 0.0 and num_sms is not None:
+            self.round_units = float(num_sms * p.ctas_per_sm)
+            self.full_round_cost = self._round_cost(self.round_units, max)
         self.whole_pages = p.whole_page_reads and lay.block_size is not None
         if lay.block_size is not None:
             chunk = lay.block_size * self.head_token_bytes
@@ -252,21 +267,33 @@ class KernelModel:
             self._n_size = size
             return
         unit = self._unit_oh * units
-        bwpar = self._parallel_bw(units, np.minimum)
+        bwpar = self._parallel_bw(units, np.minimum, np.maximum, np.ceil)
         rows = [unit, bwpar] if self.dram_eff is None else [unit, bwpar, bwpar * self.dram_eff]
         self._n_table = np.array(rows)
         self._n_lists = [row.tolist() for row in rows]  # Python floats: the same doubles, cheaper to index
         self._n_size = size
 
-    def _parallel_bw(self, units, minimum):
+    def _parallel_bw(self, units, minimum, maximum=max, ceil=None):
         """Launch-size saturation: peak x utilisation x units / (units + units_half) (Little's law), or
-        x min(1, units / units to saturate) (the sharp cap); ``minimum`` is ``min`` for numbers,
-        ``np.minimum`` for arrays (the same doubles)."""
+        x min(1, units / units to saturate) (the sharp cap), or, with rounds of resident units, x units
+        over the rounds' cost (module docstring); ``minimum``/``maximum``/``ceil`` are the scalar
+        functions for numbers (``ceil`` None: math.ceil as a float), numpy's for arrays (the same doubles)."""
+        if self.round_units is not None:
+            waves = _fceil(units / self.round_units) if ceil is None else ceil(units / self.round_units)
+            tail = units - (waves - 1.0) * self.round_units
+            return self.bw * (units / ((waves - 1.0) * self.full_round_cost + self._round_cost(tail, maximum)))
         if self.units_half is not None:
             return self.bw * (units / (units + self.units_half))
         if self.units_sat is None:
             return self.bw * (units * 0.0 + 1.0)
         return self.bw * minimum(units / self.units_sat, 1.0)
+
+    def _round_cost(self, units, maximum):
+        """Unit-streams one round of ``units`` concurrent work units costs: units + units_half (Little's
+        law), max(units, units to saturate) (sharp cap) -- the saturation forms above, per round."""
+        if self.units_half is not None:
+            return units + self.units_half
+        return maximum(units, self.units_sat)
 
     def _pages(self, num_seqs, kv_tokens, kv_pages):
         """Pages a launch fetches (numbers or arrays): one per sequence for a contiguous kernel, the
@@ -366,7 +393,7 @@ class KernelModel:
             splits = self._v2_splits(base, cap, ctx) if self._v2 else np.minimum(want, cap)
             units = base * splits
             unit = self._unit_oh * units
-            bwpar = self._parallel_bw(units, np.minimum)
+            bwpar = self._parallel_bw(units, np.minimum, np.maximum, np.ceil)
         else:
             n1 = np.maximum(n, 1)
             try:

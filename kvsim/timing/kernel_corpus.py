@@ -181,6 +181,12 @@ class ErrorRow:
     util_points: int  # points with measured utilisation >= 40 %
     util_max_abs: float  # largest |predicted - measured| utilisation there (fraction; nan if none)
     util_mean_abs: float  # mean |predicted - measured| utilisation there (fraction; nan if none)
+    util_misses: int = 0  # of those rows, how many are more than UTIL_BOUND off
+
+
+# issue 23's targets for held-out rows: time error <= TIME_TARGET for a backend with >= MIN_HELDOUT rows,
+# utilisation within UTIL_BOUND (a fraction of peak) where the measured utilisation is >= UTIL_FLOOR
+TIME_TARGET, MIN_HELDOUT, UTIL_BOUND, UTIL_FLOOR = 0.15, 20, 0.05, 0.40
 
 
 def error_table(points, profiles: dict) -> list[ErrorRow]:
@@ -194,10 +200,24 @@ def error_table(points, profiles: dict) -> list[ErrorRow]:
     out = []
     for (b, g, s), vals in sorted(groups.items()):
         rels = [v[0] for v in vals]
-        hi = [abs(v[1] - v[2]) for v in vals if v[2] >= 0.40]
+        hi = [abs(v[1] - v[2]) for v in vals if v[2] >= UTIL_FLOOR]
         out.append(ErrorRow(b, g, s, len(vals), sum(rels) / len(rels), max(rels), len(hi),
-                            max(hi) if hi else float("nan"), sum(hi) / len(hi) if hi else float("nan")))
+                            max(hi) if hi else float("nan"), sum(hi) / len(hi) if hi else float("nan"),
+                            sum(h > UTIL_BOUND for h in hi)))
     return out
+
+
+def target_verdict(row: ErrorRow) -> str:
+    """One line on a held-out (backend, all GPUs) row against issue 23's targets."""
+    if row.points < MIN_HELDOUT:
+        return f"{row.points} held-out rows (< {MIN_HELDOUT}): target not claimed"
+    time_ok = "met" if row.mape <= TIME_TARGET else "NOT met"
+    if not row.util_points:
+        return f"time {row.mape:.1%} on {row.points} rows ({time_ok}); no row at >= {UTIL_FLOOR:.0%} utilisation"
+    util_ok = "met" if row.util_mean_abs <= UTIL_BOUND else "NOT met"
+    return (f"time {row.mape:.1%} on {row.points} rows ({time_ok}); utilisation {row.util_mean_abs * 100:.1f} pts "
+            f"mean ({util_ok} on the mean), {row.util_misses} of {row.util_points} rows more than "
+            f"{UTIL_BOUND * 100:.0f} pts off")
 
 
 def corpus_summary(points) -> list[tuple[str, str, int, int]]:

@@ -184,3 +184,23 @@ def test_unserved_percentile_is_null_in_json(tmp_path):
     doc = json.loads((tmp_path / "capacity.json").read_text())
     assert doc["variants"][0]["evaluations"][0]["percentiles_ms"] == {"p99_ttft_ms": None}
     assert known_evaluations(tmp_path)["k"].percentiles_ms == {"p99_ttft_ms": float("inf")}
+
+
+def test_below_range_says_when_rejections_alone_block_the_objective():
+    """3 of 100 requests rejected at the lowest scale: p99 (at most 1 may miss) and attainment 0.99 can
+    never be met, and the line says so; p95 (5 may miss) is a plain miss that a lower --lo may fix."""
+    from kvsim.capacity import VariantCapacity, why_below_range
+
+    def below(slo, pct):
+        e = Evaluation(0.25, 0.5, 0.97, 0.1, 0.1, 100, 3, False, pct, rejected_by_reason={"exceeds_max_model_len": 3})
+        return VariantCapacity("v", "below_range", None, 0.25, None, None, None, (e,), slo)
+
+    blocked = why_below_range(below({"p99_ttft_ms": 2000.0}, {"p99_ttft_ms": float("inf")}), 0.9)
+    assert "3 of 100 requests are rejected" in blocked and "p99_ttft_ms lets at most 1 miss" in blocked
+    assert "no rate meets" in blocked and "exceeds_max_model_len: 3" in blocked
+    joint = why_below_range(below({"ttft_ms": 500.0}, {}), 0.99)
+    assert "attainment 0.99 lets at most 1 miss" in joint
+    plain = why_below_range(below({"p95_ttft_ms": 2000.0}, {"p95_ttft_ms": 2500.0}), 0.9)
+    assert "no rate meets" not in plain and "try a lower --lo" in plain and "p95_ttft_ms 2500 ms" in plain
+    ok = VariantCapacity("v", "ok", 1.0, 1.1, 2.0, 0.95, 1.0, (), {"ttft_ms": 500.0})
+    assert why_below_range(ok, 0.9) is None

@@ -79,6 +79,10 @@ def test_profiles_inherit_and_override():
     assert (old.allocator.watermark, old.allocator.prefix_caching, old.scheduler.prompt_blocks) == \
         (v06.allocator.watermark, v06.allocator.prefix_caching, v06.scheduler.prompt_blocks) == (0.01, False, "at_admission")
     assert (old.timing.attention_backend, v06.timing.attention_backend) == ("auto-2023", "flashattention-paged")
+    # vLLM v0 runs prompt-only steps; v1 (the default) and kvsim's own defaults mix prompts into decodes
+    assert old.scheduler.prefill_only_steps and v06.scheduler.prefill_only_steps
+    assert not Scenario.model_validate(BASE).scheduler.prefill_only_steps
+    assert not Scenario.model_validate({**BASE, "engine_profile": "kvsim"}).scheduler.prefill_only_steps
     assert old.scheduler.max_num_batched_tokens is None and old.scheduler.token_budget(2048) == 2048
     sg = Scenario.model_validate({**BASE, "engine_profile": "sglang"})
     assert (sg.allocator.kind, sg.allocator.block_size, sg.scheduler.token_budget(4096)) == ("radix", 1, 8192)

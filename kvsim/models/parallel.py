@@ -67,6 +67,13 @@ class ParallelPlan:
     weight_bytes_per_rank: int  # one tensor rank's share summed over the stages (timing)
     comm_s_per_step: float  # fixed latency of a step's all-reduces and stage sends
     comm_s_per_token: float  # + this per token in the step
+    # the tensor all-reduces alone (the rest of comm_s is the stage sends): how many a step makes,
+    # the bytes each carries per token, and their part of comm_s_per_step / comm_s_per_token (NCCL's
+    # ring model); an engine with its own small-message all-reduce reprices them (kvsim.timing.allreduce)
+    allreduces_per_step: int = 0
+    allreduce_bytes_per_token: int = 0
+    allreduce_s_per_step: float = 0.0
+    allreduce_s_per_token: float = 0.0
 
     def comm_s(self, num_tokens: int) -> float:
         return self.comm_s_per_step + self.comm_s_per_token * num_tokens
@@ -81,7 +88,8 @@ def plan(model: ModelSpec, gpu: GPUSpec, kv_dtype: str, weight_dtype: str, tenso
         raise ValueError(why)
     kv = KVGeometry.for_gpu(model, kv_dtype, tensor, layers_per_stage(model.num_layers, pipeline))
     weights = model.num_params * WEIGHT_DTYPE_BYTES[weight_dtype]
-    comm_step = comm_token = 0.0
+    comm_step = comm_token = ar_step = ar_token = 0.0
+    allreduces = act = 0
     if tensor > 1 or pipeline > 1:
         bw = gpu.interconnect_bandwidth_bytes_per_s * gpu.allreduce_efficiency
         if bw <= 0:
@@ -92,9 +100,13 @@ def plan(model: ModelSpec, gpu: GPUSpec, kv_dtype: str, weight_dtype: str, tenso
         ring = 2 * (tensor - 1) / tensor
         comm_token = (allreduces * ring + (pipeline - 1)) * act / bw
         comm_step = (allreduces + (pipeline - 1)) * gpu.allreduce_latency_s
+        ar_token = allreduces * ring * act / bw
+        ar_step = allreduces * gpu.allreduce_latency_s
     return ParallelPlan(
         tensor=tensor, pipeline=pipeline, kv=kv,
         weight_bytes_per_gpu=int(weights / (tensor * pipeline)),
         weight_bytes_per_rank=int(weights / tensor),
         comm_s_per_step=comm_step, comm_s_per_token=comm_token,
+        allreduces_per_step=allreduces, allreduce_bytes_per_token=act if allreduces else 0,
+        allreduce_s_per_step=ar_step, allreduce_s_per_token=ar_token,
     )

@@ -58,10 +58,11 @@ from pydantic import Field, field_validator
 from kvsim.config_base import ByteRate, StrictModel
 from kvsim.hw import ModelSpec
 from kvsim.registry import TIMING_MODELS
+from kvsim.timing.allreduce import ALLREDUCE_KINDS, StepComm
 from kvsim.timing.base import BatchShape, DecodeParts, StepTiming, split_kv_tokens
 from kvsim.timing.fitted_steps import FittedDecodeSteps
 from kvsim.timing.context import TimingContext
-from kvsim.timing.moe import WeightReads
+from kvsim.timing.moe import MOE_ALIGN_KINDS, WeightReads, moe_fixed_s
 from kvsim.timing.overhead import EngineOverheadConfig, StepOverhead
 from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, step_transfers
 from kvsim.errors import did_you_mean, format_choices
@@ -85,6 +86,11 @@ class AnalyticalTimingConfig(StrictModel):
         None, description="CPU overhead that scales with the batch: per_seq_s (per scheduled sequence per "
                           "step), per_prefill_token_s (per prompt token computed); absent: none "
                           "(docs/engine_overhead.md)")
+    allreduce: Literal[ALLREDUCE_KINDS] = Field("nccl", description="tensor-parallel all-reduces: nccl, or the "
+                                                "engine's own (measured curves), docs/engine_overhead.md")
+    moe_align_kernel: Literal[MOE_ALIGN_KINDS] = Field("none", description="MoE: the per-layer token-alignment "
+                                                       "kernel priced (measured), docs/engine_overhead.md")
+    moe_layer_s: float = Field(0.0, ge=0, description="MoE: further fixed time per MoE layer per step (fitted)")
     host_link_bandwidth_bytes_per_s: ByteRate = Field(
         DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, gt=0, description="GPU<->host link for swaps (PCIe Gen5 x16 ~ 64 GB/s)"
     )
@@ -117,13 +123,17 @@ class AnalyticalTiming:
         self.cfg = cfg
         self.kv_bytes_per_token = ctx.kv_bytes_per_token
         self.bandwidth_bytes_per_s = ctx.gpu.hbm_bandwidth_bytes_per_s * cfg.bandwidth_efficiency
-        self.weights = WeightReads(m, ctx.weight_bytes, self.bandwidth_bytes_per_s)  # roofline weights_s(n)
+        self.weights = WeightReads(m, ctx.weight_bytes, self.bandwidth_bytes_per_s,  # + MoE layers' fixed time
+                                   moe_fixed_s(m, cfg.moe_align_kernel, cfg.moe_layer_s))
         self.flops_per_s = ctx.gpu.bf16_flops_per_s * cfg.compute_efficiency * ctx.tensor_parallel
         self.linear_flops_per_token = 2.0 * m.params_per_token  # MoE: the active experts only
-        self.comm_s = ctx.comm_s  # tensor/pipeline parallel communication (0.0 on one GPU)
-        self._comm_s_per_step = ctx.comm_s_per_step  # comm_s(n) = per_step + per_token * n, inlined
+        # parallel communication (kvsim.timing.allreduce, its one definition; 0.0 on one GPU): the
+        # linear NCCL form is inlined in the hot paths, a custom all-reduce is self.comm's table
+        self.comm = StepComm(ctx, cfg.allreduce)
+        self._comm_linear = self.comm.linear
+        self._comm_s_per_step = ctx.comm_s_per_step
         self._comm_s_per_token = ctx.comm_s_per_token
-        self._no_comm = ctx.comm_s_per_step == 0.0 and ctx.comm_s_per_token == 0.0
+        self._no_comm = self.comm.none
         # the engine's CPU time per step (kvsim.timing.overhead: its one definition); a constant stays
         # the float step_overhead_s, else it is a row of the decode table after the comm row
         self.overhead = StepOverhead(cfg.step_overhead_s, cfg.overhead)
@@ -199,7 +209,8 @@ class AnalyticalTiming:
         rows = [np.zeros(size), layers + lm, layers, lm, np.zeros(size), np.zeros(size),
                 n * self.kv_bytes_per_token / self.bandwidth_bytes_per_s]
         if not self._no_comm:
-            rows.append(self._comm_s_per_step + self._comm_s_per_token * n)
+            rows.append(self._comm_s_per_step + self._comm_s_per_token * n if self._comm_linear
+                        else self.comm.array_s(n))
         if self._overhead_row is not None:
             rows.append(self.overhead.decode_row(n))
         self._decode_table = np.array(rows)
@@ -227,12 +238,13 @@ class AnalyticalTiming:
             attn_kv_s = self.kernel.time_scalar(seqs, T, shape.kv_pages_read or None)
         swap_s = self.transfers.swap_s(shape.swap_in_bytes, shape.swap_in_copies,
                                        shape.swap_out_bytes, shape.swap_out_copies) + shape.tier_load_s
-        # parallelism: TimingContext.comm_s (the same expression in decode_durations)
-        comm_s = self._comm_s_per_step + self._comm_s_per_token * num_tokens
+        # parallelism: StepComm (the same doubles as decode_durations' comm row)
+        comm_s = (self._comm_s_per_step + self._comm_s_per_token * num_tokens if self._comm_linear
+                  else self.comm.scalar_s(num_tokens))
         if self._overhead_row is None:
             overhead_s = self.cfg.step_overhead_s
         else:
-            overhead_s = self.overhead.time_s(seqs, shape.num_prefill_tokens)
+            overhead_s = self.overhead.time_s(seqs, shape.num_prefill_tokens, num_pre)
         if num_pre and T:
             pre_kv, _ = split_kv_tokens(shape)
             pre_att = attn_kv_s * (pre_kv / T)
@@ -356,7 +368,8 @@ class AnalyticalTiming:
         if ov_row is not None:
             overhead_s = self.overhead.decode_row(num_seqs)
         if not no_comm:
-            comm_s = self._comm_s_per_step + self._comm_s_per_token * num_seqs
+            comm_s = (self._comm_s_per_step + self._comm_s_per_token * num_seqs if self._comm_linear
+                      else self.comm.array_s(num_seqs))
         weights_s = self.weights.array_s(num_seqs)
         kv_s = attn_kv_s + num_seqs * kvb / self.bandwidth_bytes_per_s
         linear_s = self.linear_flops_per_token * num_seqs / self.flops_per_s

@@ -235,7 +235,8 @@ class CalibratedTiming:
                                        shape.swap_out_bytes, shape.swap_out_copies) + shape.tier_load_s
         attn_s = dec_s + pre_s
         overhead_s = (self.step_overhead_s if self.overhead.constant else
-                      self.overhead.time_s(shape.num_prefill_seqs + shape.num_decode_seqs, shape.num_prefill_tokens))
+                      self.overhead.time_s(shape.num_prefill_seqs + shape.num_decode_seqs, shape.num_prefill_tokens,
+                                           shape.num_prefill_seqs))
         duration = attn_s + gemm_s + lm_s + elem_s + overhead_s + swap_s
         return StepTiming(
             duration_s=duration,

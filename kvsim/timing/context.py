@@ -26,6 +26,12 @@ class TimingContext:
     pipeline_parallel: int = 1  # stages (sequential within a step)
     comm_s_per_step: float = 0.0  # all-reduce + stage-send latency per step (0 without parallelism)
     comm_s_per_token: float = 0.0  # all-reduce + stage-send transfer time per token in the step
+    # the tensor all-reduces within comm_s (ParallelPlan's fields of the same names): an engine with
+    # its own small-message all-reduce reprices them (kvsim.timing.allreduce)
+    allreduces_per_step: int = 0
+    allreduce_bytes_per_token: int = 0
+    allreduce_s_per_step: float = 0.0
+    allreduce_s_per_token: float = 0.0
     # -- host link (docs/transfer_model.md) -------------------------------------------------------
     # None or legacy: swaps cost (bytes in + out) / the timing model's host_link_bandwidth_bytes_per_s
     host_transfers: HostTransfers | None = None

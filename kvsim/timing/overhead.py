@@ -5,6 +5,7 @@ each step's duration, defined here once for the scalar (``step_time``), array (`
 and stepwise (``FittedDecodeSteps.column``) evaluations::
 
     overhead_s = step_overhead_s + per_seq_s * num_seqs + per_prefill_token_s * num_prefill_tokens
+                 + per_prefill_seq_s * num_prefill_seqs
 
 * ``step_overhead_s`` (the timing model's existing key): fixed per step -- gathering the last step's
   results, scheduling the next one, launching it (a CUDA graph replay or eager launches).
@@ -16,6 +17,11 @@ and stepwise (``FittedDecodeSteps.column``) evaluations::
 * ``overhead.per_prefill_token_s``: per new prompt token computed in the step -- the per-request
   work that scales with the prompt (tokenisation, input preparation of a long chunk), charged in the
   step that computes those tokens.
+* ``overhead.per_prefill_seq_s``: per prefill sequence in the step -- the fixed work of taking a
+  request in (the API server's request handling and tokenisation call, adding it to the engine,
+  its first output's detokenisation and first streamed chunk), charged in the step that computes
+  its prompt. BatchShape counts prefill sequences, not new requests, so a prompt split over several
+  chunks pays it once per chunk (exact without chunked prefill, and for prompts of one chunk).
 
 Sources and the fitted constants: docs/engine_overhead.md. Defaults are 0, so
 ``overhead_s == step_overhead_s`` exactly (``x + 0.0 * n == x`` for every finite ``n >= 0``) and a
@@ -37,25 +43,34 @@ class EngineOverheadConfig(StrictModel):
                              "preparation, sampling, detokenisation, output streaming (docs/engine_overhead.md)")
     per_prefill_token_s: float = Field(0.0, ge=0, description="CPU time per new prompt token computed in a "
                                        "step: tokenisation and input preparation (docs/engine_overhead.md)")
+    per_prefill_seq_s: float = Field(0.0, ge=0, description="CPU time per prefill sequence (chunk) in a step: "
+                                     "taking a request in -- API server, tokenisation call, adding it to the "
+                                     "engine, its first streamed output (docs/engine_overhead.md)")
 
 
 class StepOverhead:
     """The overhead term of one deployment: built once per timing model, evaluated on ints or arrays."""
 
-    __slots__ = ("per_step_s", "per_seq_s", "per_prefill_token_s", "constant")
+    __slots__ = ("per_step_s", "per_seq_s", "per_prefill_token_s", "per_prefill_seq_s", "constant")
 
     def __init__(self, step_overhead_s: float, cfg: EngineOverheadConfig | None = None):
         cfg = cfg or EngineOverheadConfig()
         self.per_step_s = float(step_overhead_s)
         self.per_seq_s = float(cfg.per_seq_s)
         self.per_prefill_token_s = float(cfg.per_prefill_token_s)
+        self.per_prefill_seq_s = float(cfg.per_prefill_seq_s)
         # no batch-dependent term: every step costs per_step_s (the callers keep a float, no array row)
-        self.constant = self.per_seq_s == 0.0 and self.per_prefill_token_s == 0.0
+        self.constant = self.per_seq_s == 0.0 and self.per_prefill_token_s == 0.0 and self.per_prefill_seq_s == 0.0
 
-    def time_s(self, num_seqs, num_prefill_tokens=0):
-        """The overhead of a step of ``num_seqs`` scheduled sequences computing ``num_prefill_tokens``
-        prompt tokens (ints, or int arrays: the same IEEE operations element by element)."""
-        return self.per_step_s + self.per_seq_s * num_seqs + self.per_prefill_token_s * num_prefill_tokens
+    def time_s(self, num_seqs, num_prefill_tokens=0, num_prefill_seqs=0):
+        """The overhead of a step of ``num_seqs`` scheduled sequences, ``num_prefill_seqs`` of them
+        prefill chunks computing ``num_prefill_tokens`` prompt tokens (ints, or int arrays: the same
+        IEEE operations element by element). Without the per-prefill-sequence term the expression is
+        the one before it existed, operation for operation."""
+        t = self.per_step_s + self.per_seq_s * num_seqs + self.per_prefill_token_s * num_prefill_tokens
+        if self.per_prefill_seq_s == 0.0:
+            return t
+        return t + self.per_prefill_seq_s * num_prefill_seqs
 
     def decode_row(self, num_seqs: np.ndarray) -> np.ndarray:
         """``time_s(n, 0)`` for an int64 array of batch sizes (decode steps compute no prompt tokens)."""

@@ -1,8 +1,11 @@
-"""Reading a model-parameter profile YAML (GEMM profiles, host-link profiles, backend profiles): one place for the
-file-level checks, so each model validates only its own parameters."""
+"""Reading a model-parameter profile YAML (GEMM profiles, host-link profiles, backend profiles) or a small
+measurement CSV (all-reduce curves, MoE kernel times): one place for the file-level checks, so each
+model validates only its own parameters."""
 
 from __future__ import annotations
 
+import csv
+from collections.abc import Iterator
 from pathlib import Path
 
 from kvsim.errors import ConfigError
@@ -17,6 +20,22 @@ def read_yaml_file(path: str | Path, what: str):
     except OSError as e:
         raise ConfigError(f"{path}: cannot read {what} ({e.__class__.__name__})") from None
     return path, load_yaml(text, str(path))
+
+
+def read_data_rows(path: str | Path, fields: tuple[str, ...], implementations: tuple[str, ...]
+                   ) -> Iterator[tuple[int, dict]]:
+    """``(line, row)`` of a measurement CSV whose every row gives every one of ``fields`` and an
+    ``implementation`` among ``implementations``; otherwise one ConfigError naming the file, the
+    line and the field. The caller parses its own numbers."""
+    with open(path, newline="") as f:
+        for line, row in enumerate(csv.DictReader(f), start=2):
+            for key in fields:
+                if not (row.get(key) or "").strip():
+                    raise ConfigError(f"{path}: line {line}: field {key!r} is missing")
+            if row["implementation"] not in implementations:
+                raise ConfigError(f"{path}: line {line}: implementation {row['implementation']!r}: valid: "
+                                  f"{', '.join(implementations)}")
+            yield line, row
 
 
 def read_params_file(path: str | Path, what: str) -> tuple[Path, dict, dict]:

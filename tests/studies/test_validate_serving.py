@@ -134,34 +134,62 @@ def test_one_case_runs_back_to_back_and_deterministically():
     # the E2ELs and request throughput is 1 / mean E2EL
     assert a["request_throughput"] == pytest.approx(1e3 / a["e2el_ms"], rel=1e-9)
     # more CPU time per step makes every decode step (so TPOT) longer by exactly that much
+    base = vs.run_case(row, ["timing.step_overhead_s=0.002"])
     slow = vs.run_case(row, ["timing.step_overhead_s=0.012"])
-    assert slow["tpot_ms"] - a["tpot_ms"] == pytest.approx(10.0, rel=1e-6)
+    assert slow["tpot_ms"] - base["tpot_ms"] == pytest.approx(10.0, rel=1e-6)
 
 
-def _fit_rows(concurrencies, residual):
-    rows, zero = [], {}
-    for i, c in enumerate(concurrencies):
-        rows.append({"case_id": f"c{i}", "split": "fit", "tpot_ms": "20", "max_concurrency": str(c)})
-        zero[f"c{i}"] = {"tpot_ms": 20.0 - residual(c) * 1e3}
-    rows.append({"case_id": "held", "split": "holdout", "tpot_ms": "99", "max_concurrency": "4"})
-    zero["held"] = {"tpot_ms": 0.0}  # a held-out case never enters the fit
-    return rows, zero
+def test_nnls_recovers_non_negative_constants_and_clips_negative_ones():
+    a = [[1.0, 0.0], [1.0, 2.0], [1.0, 5.0], [0.0, 1.0]]
+    y = [0.3 * r[0] + 0.1 * r[1] for r in a]
+    assert vs.nnls(a, y) == pytest.approx([0.3, 0.1], rel=1e-9)
+    assert vs.robust_fit(a, y) == pytest.approx([0.3, 0.1], rel=1e-6)
+    # one far-off row moves least absolute deviations by its sign only: the others' constants stay
+    assert vs.robust_fit(a + [[1.0, 0.0]], y + [9.0]) == pytest.approx([0.3, 0.1], rel=1e-3)
+    # the data want a negative second constant: it is 0 and the first is the mean of its rows
+    x = vs.nnls([[1.0, 0.0], [1.0, 1.0]], [1.0, 0.0])
+    assert x[1] == 0.0 and x[0] == pytest.approx(0.5)
+    assert vs.nnls([[1.0]], [-2.0]) == [0.0]  # kvsim already slower: no negative overhead
 
 
-def test_fit_recovers_per_step_and_per_sequence_terms():
-    rows, zero = _fit_rows([1, 1, 8, 32], lambda c: 0.0015 + 4e-5 * c)
-    fit = vs.fit_overhead(rows, zero)
-    assert fit["step_overhead_s"] == pytest.approx(0.0015, abs=1e-6)
-    assert fit["per_seq_s"] == pytest.approx(4e-5, rel=1e-4) and "held" not in fit["residuals_s"]
+def _fit_case(cid, split, profile, tpot, ttft):
+    return {"case_id": cid, "split": split, "engine_profile": profile, "tpot_ms": str(tpot), "ttft_ms": str(ttft),
+            "request_throughput": ""}
 
 
-def test_fit_with_one_batch_size_or_kvsim_too_slow():
-    rows, zero = _fit_rows([1, 1, 1], lambda c: 0.003)
-    assert vs.fit_overhead(rows, zero)["step_overhead_s"] == pytest.approx(0.003) and \
-        vs.fit_overhead(rows, zero)["per_seq_s"] == 0.0
-    rows, zero = _fit_rows([1, 8], lambda c: -0.002)  # kvsim already slower: no negative overhead
-    assert vs.fit_overhead(rows, zero) == {"step_overhead_s": 0.0, "per_seq_s": 0.0,
-                                           "residuals_s": {"c0": -0.002, "c1": -0.002}}
+def test_fit_uses_only_the_fit_cases_of_each_profile():
+    """Metrics linear in the constants: the fit gives back the constants that produced them."""
+    rows = [_fit_case("a", "fit", "vllm-v0.6", 12.0, 60.0), _fit_case("b", "fit", "vllm-v0.6", 12.0, 110.0),
+            _fit_case("held", "holdout", "vllm-v0.6", 99.0, 999.0)]
+    # zero run: TPOT 10 ms, TTFT 50 ms; a's prefill has 1 sequence, b's 2 per step (d TTFT / d q)
+    zero = {c: {"tpot_ms": 10.0, "ttft_ms": 50.0, "request_throughput": 1.0} for c in ("a", "b", "held")}
+    slope = {"a": {"step_overhead_s": (1e3, 1e3), "per_prefill_seq_s": (0.0, 1e3)},
+             "b": {"step_overhead_s": (1e3, 1e3), "per_prefill_seq_s": (0.0, 2e3)}}
+    bumped = {p: {c: {"tpot_ms": 10.0 + slope[c][p][0] * vs.FIT_STEP[p],
+                      "ttft_ms": 50.0 + slope[c][p][1] * vs.FIT_STEP[p], "request_throughput": 1.0}
+                  for c in ("a", "b")} for p in ("step_overhead_s", "per_prefill_seq_s")}
+    fit = vs.fit_constants(rows, zero, bumped)
+    got = fit["vllm-v0.6"]["values"]
+    # TPOT +2 ms -> step 2 ms; TTFT a: 50 + 2 + 1 x q = 60 -> q = 8 ms; b: 50 + 2 + 2 x q = 110 -> q = 29 ms:
+    # the fit lies between what the two cases ask for
+    assert got["step_overhead_s"] == pytest.approx(0.002, rel=0.05)
+    assert 0.008 - 1e-6 <= got["per_prefill_seq_s"] <= 0.029 + 1e-6
+    assert not any(o.startswith("held") for o in fit["vllm-v0.6"]["observations"])
+    assert list(fit) == ["vllm-v0.6"]  # no fit case of another profile: nothing fitted there
+
+
+def test_param_overrides_are_kvsim_run_set_keys():
+    assert vs.param_overrides({"step_overhead_s": 0.003, "moe_layer_s": 2e-05, "per_prefill_seq_s": 0.004}) == [
+        "timing.step_overhead_s=0.003", "timing.moe_layer_s=2e-05", "timing.overhead={per_prefill_seq_s: 0.004}"]
+
+
+def test_every_case_names_the_profile_of_its_engine_version():
+    for row in vs.load_corpus():
+        text = vs.scenario_text(row)
+        assert f"engine_profile: {row['engine_profile']}" in text
+        if row["engine"] == "vllm" and row["engine_version"].startswith("v0.5"):
+            assert row["engine_profile"] == "vllm-v0.6"  # vLLM 0.5.x: the v0 engine
+        assert (row["engine"] == "sglang") == (row["engine_profile"] == "sglang")
 
 
 def test_bad_engine_setting_is_one_line(tmp_path, capsys):
@@ -177,3 +205,8 @@ def test_a_trace_file_it_did_not_write_is_not_replaced(tmp_path):
     with pytest.raises(vs.CorpusError, match="not generated by this script"):
         vs.write_scenarios([row], tmp_path)
     assert mine.read_text() == "my,own,columns\n"
+
+
+def test_unknown_engine_profile_is_one_line(tmp_path, capsys):
+    err = _error_of_first_row_with(tmp_path, capsys, "engine_profile", "vllm-9")
+    assert "engine_profile 'vllm-9'" in err and "vllm-v1" in err and "sglang" in err

@@ -80,3 +80,29 @@ def test_tensor_parallel_halves_each_ranks_expert_reads():
         a = one.step_time(shape).breakdown_s["weights_read_s"]
         b = two.step_time(shape).breakdown_s["weights_read_s"]
         assert b == pytest.approx(a / 2, rel=1e-9)
+
+
+def test_moe_layers_fixed_time_enters_every_step_once():
+    """timing.moe_align_kernel / moe_layer_s: num_layers x (alignment kernel + per-layer constant)."""
+    from kvsim.timing.moe import align_kernel_s, moe_fixed_s
+
+    m = MODELS["DeepSeek-V3"]
+    assert align_kernel_s("vllm", 256, 8) == pytest.approx(65.376e-6) and align_kernel_s("none", 256, 8) == 0.0
+    assert align_kernel_s("sglang", 128, 8) == pytest.approx(19.936e-6)
+    assert align_kernel_s("vllm", 8, 2) == align_kernel_s("vllm", 32, 2)  # the end value below 32 experts
+    fixed = moe_fixed_s(m, "vllm", 1e-5)
+    assert fixed == pytest.approx(61 * (65.376e-6 + 1e-5))
+    assert moe_fixed_s(MODELS["Llama-3-8B"], "vllm", 1e-5) == 0.0  # dense: nothing
+    p = plan(m, GPUS["H200-141GB"], "bf16", "fp8", tensor=8)
+    ctx = TimingContext(m, GPUS["H200-141GB"], p.kv.with_block_size(16), p.weight_bytes_per_rank, Path("."),
+                        tensor_parallel=8, comm_s_per_step=p.comm_s_per_step, comm_s_per_token=p.comm_s_per_token)
+    base = AnalyticalTiming(AnalyticalTimingConfig(), ctx)
+    more = AnalyticalTiming(AnalyticalTimingConfig(moe_align_kernel="vllm", moe_layer_s=1e-5), ctx)
+    for n in (1, 8, 64):
+        a, b = base.step_time(decode_shape(n, n * 1000, n * 63)), more.step_time(decode_shape(n, n * 1000, n * 63))
+        assert b.breakdown_s["weights_read_s"] - a.breakdown_s["weights_read_s"] == pytest.approx(fixed, rel=1e-9)
+        assert b.duration_s - a.duration_s == pytest.approx(fixed, rel=1e-9)
+    n = np.array([1, 8, 64, 3000], np.int64)
+    d, _, _ = more.decode_durations(n, n * 1000, n * 63)
+    assert [x.hex() for x in d] == [more.step_time(decode_shape(int(k), int(k) * 1000, int(k) * 63)).duration_s.hex()
+                                    for k in n]

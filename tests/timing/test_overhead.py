@@ -80,3 +80,15 @@ def test_negative_or_unknown_keys_are_refused():
         EngineOverheadConfig(per_seq_s=-1.0)
     with pytest.raises(ValueError, match="per_token_s"):
         EngineOverheadConfig(per_token_s=1.0)
+
+
+def test_per_prefill_sequence_term_is_charged_in_prefill_steps_only():
+    ov = StepOverhead(0.002, EngineOverheadConfig(per_prefill_seq_s=0.004))
+    assert not ov.constant and ov.time_s(5, 700, 2) == 0.002 + 0.0 * 5 + 0.0 * 700 + 0.004 * 2
+    t = _timing(per_prefill_seq_s=0.004)
+    assert t.step_time(_mixed_shape()).breakdown_s["overhead_s"] == 0.003 + 0.004  # one prefill chunk
+    assert t.step_time(decode_shape(64, 64 * 700, 64 * 44)).breakdown_s["overhead_s"] == 0.003
+    n = np.array([1, 9, 200], np.int64)
+    d, _, _ = t.decode_durations(n, n * 500, n * 32)
+    assert [x.hex() for x in d] == [t.step_time(decode_shape(int(k), int(k) * 500, int(k) * 32)).duration_s.hex()
+                                    for k in n]

@@ -180,12 +180,20 @@ def test_kernel_tables_grow_and_stay_exact():
 
 # -- AnalyticalTiming: decode_durations == step_time, part by part ---------------------------------
 def _timing(model="Llama-2-7B", block=16, gemm_model="fitted", backend="auto", comm=(0.0, 0.0), tp=1, dtype="fp16",
-            gpu="A100-80GB", overhead=None):
+            gpu="A100-80GB", overhead=None, allreduce="nccl"):
     m = MODELS[model]
+    ar = {}
+    if allreduce != "nccl":  # the plan's all-reduce fields, so a measured custom curve reprices them
+        from kvsim.models.parallel import plan
+
+        p = plan(m, GPUS[gpu], dtype, "bf16", tp)
+        comm = (p.comm_s_per_step, p.comm_s_per_token)
+        ar = dict(allreduces_per_step=p.allreduces_per_step, allreduce_bytes_per_token=p.allreduce_bytes_per_token,
+                  allreduce_s_per_step=p.allreduce_s_per_step, allreduce_s_per_token=p.allreduce_s_per_token)
     ctx = TimingContext(m, GPUS[gpu], KVGeometry.for_gpu(m, dtype, tp, block_size=block), m.weight_bytes() // tp,
-                        Path("."), tensor_parallel=tp, comm_s_per_step=comm[0], comm_s_per_token=comm[1])
+                        Path("."), tensor_parallel=tp, comm_s_per_step=comm[0], comm_s_per_token=comm[1], **ar)
     return AnalyticalTiming(AnalyticalTimingConfig(gemm_model=gemm_model, attention_backend=backend,
-                                                   overhead=overhead), ctx)
+                                                   overhead=overhead, allreduce=allreduce), ctx)
 
 
 TIMINGS = {
@@ -205,6 +213,10 @@ TIMINGS = {
     "fitted-overhead-comm": dict(model="Llama-3-70B", gpu="H100-SXM-80GB", tp=4, comm=(2.1e-5, 3.3e-9),
                                  overhead={"per_seq_s": 2.9e-6}),
     "roofline-overhead": dict(gemm_model="roofline", overhead={"per_seq_s": 5e-6}),
+    # the engine's own all-reduce (kvsim.timing.allreduce): a per-token-count comm table
+    "fitted-tp4-custom-allreduce": dict(model="Llama-3-70B", gpu="H100-SXM-80GB", tp=4, allreduce="vllm-custom",
+                                        overhead={"per_seq_s": 2.9e-6, "per_prefill_seq_s": 1e-3}),
+    "moe-mla-custom-allreduce": dict(model="DeepSeek-V3", gpu="H200-141GB", tp=8, allreduce="sglang-custom"),
 }
 
 

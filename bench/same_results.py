@@ -10,7 +10,7 @@ bench/run_bench.py's text in this one) and compares, per variant:
 * ``summary.json``: sha256; when they differ, every differing field with its two values (floats that
   sum per row can differ in the last digits where the fast engine groups steps into other rows);
 * ``steps.parquet``: sha256; when the row grouping differs, the two tables are cut at the engine
-  steps where both start a row, and per piece the integer columns' sums (steps, tokens, finishes,
+  steps where both start a row (a row's first engine step: the sum of ``num_steps`` before it), and per piece the integer columns' sums (steps, tokens, finishes,
   evictions, pages, bytes), the maxima (batch size, running, peak bytes) and the end time must be
   equal, the time-weighted memory columns within 1e-9 relative.
 
@@ -113,10 +113,11 @@ def compare_steps(a: Path, b: Path) -> str:
     problems = []
     for rep in sorted(set(sa["replica"]) | set(sb["replica"])):
         x, y = sa[sa["replica"] == rep], sb[sb["replica"] == rep]
-        common = np.intersect1d(x["step"].to_numpy(), y["step"].to_numpy())
+        first = [np.cumsum(t["num_steps"].to_numpy()) - t["num_steps"].to_numpy() for t in (x, y)]  # engine step a row starts at
+        common = np.intersect1d(first[0], first[1])
         pieces = []
-        for t in (x, y):
-            piece = np.searchsorted(common, t["step"].to_numpy(), side="right") - 1
+        for t, f in zip((x, y), first):
+            piece = np.searchsorted(common, f, side="right") - 1
             w = t["duration_s"].to_numpy()
             g = pd.DataFrame({c: t[c].to_numpy() for c in SUM_COLS})
             g = g.assign(**{f"w_{c}": t[c].to_numpy() * w for c in MEAN_COLS}, duration_s=w)

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
 from pydantic import Field, model_validator
 
 from kvsim.config_base import StrictModel, Tokens
@@ -230,6 +231,15 @@ class PagedAllocator(PagedCore):
             self.lower.offload(evicted)
         return b
 
+    def _new_blocks(self, n: int) -> list[int]:
+        """``_new_block`` ``n`` times (the offloads, which touch only the lower tiers, after the takes)."""
+        evicted: list = []
+        blocks = self.blocks.take_many(n, evicted)
+        if evicted and self.lower:
+            for key in evicted:
+                self.lower.offload(key)
+        return blocks
+
     def allocate(self, req: KVRequest, hold_tokens: int) -> Allocation | None:
         rid = req.request_id
         self.ledger.require_new(rid, hold_tokens)
@@ -250,8 +260,7 @@ class PagedAllocator(PagedCore):
             key = self._key(req, k)
             self.lower.load(tier, key)
             loaded_keys.append(key)
-        for _ in range(total - len(hits)):
-            table.append(self._new_block())
+        table += self._new_blocks(total - len(hits))
         for k, key in enumerate(loaded_keys, start=len(hits)):  # loaded blocks are cached again
             pool.cache(table[k], key, req.priority)
         self.block_tables[rid] = table
@@ -301,8 +310,7 @@ class PagedAllocator(PagedCore):
         if need > 0:
             if need > self.blocks.num_free:
                 return False
-            for _ in range(need):
-                table.append(self._new_block())
+            table += self._new_blocks(need)
             self.ledger.set_held(request_id, len(table) * self.block_size)
         if num_tokens < self.ledger.written_of(request_id):
             raise ValueError(f"request {request_id}: written tokens cannot shrink")
@@ -388,12 +396,20 @@ class PagedAllocator(PagedCore):
         req = self._requests[rid]
         table = self.block_tables[rid]
         pool = self.blocks
+        key_to_block = pool.key_to_block
+        keys = req.block_keys
+        # self._key for these blocks at once (int keys from the trace, then (request, block))
+        trace_keys = [] if keys is None else [int(x) for x in keys[start:full]] if not isinstance(keys, np.ndarray) \
+            else keys[start:full].tolist()
+        lower = self.lower if self.lower else None
         for k in range(start, full):
-            key = self._key(req, k)
-            if key in pool.key_to_block:
+            i = k - start
+            key = trace_keys[i] if i < len(trace_keys) else (rid, k)
+            if key in key_to_block:
                 continue  # the same content is already cached in another block: keep that one
             pool.cache(table[k], key, req.priority)
-            self.lower.recomputed(key)
+            if lower is not None:
+                lower.recomputed(key)
         self._registered[rid] = full
 
     def free(self, request_id: int) -> None:
@@ -408,8 +424,7 @@ class PagedAllocator(PagedCore):
             pool.set_refs({b: pool.ref_counts[b] - (bt.refs[b] - 1) for b in table})
         if geo is not None:  # drop the extra references of the samples first
             pool.add_refs(table[:self._shared_blocks.pop(request_id)], -(geo.n - 1))
-        for b in reversed(table):  # tail first: see the eviction order in kvsim.kv.eviction
-            pool.release(b)
+        pool.release_many(reversed(table))  # tail first: see the eviction order in kvsim.kv.eviction
 
     def usage(self, head: KVRequest | None = None, head_hold_tokens: int = 0) -> KVUsage:
         # Any free block can serve any request: paging has no external fragmentation.

@@ -1,12 +1,15 @@
 """Paired speed comparison of two kvsim checkouts on one bench/run_bench.py case.
 
-    .venv/bin/python bench/paired.py OLD NEW [--case azure-paged-16] [--pairs 5] [--set KEY=VALUE ...]
+    .venv/bin/python bench/paired.py OLD NEW [--case azure-paged-16] [--pairs 5] [--profile vllm-v1]
+                                     [--set KEY=VALUE ...]
 
 OLD and NEW are checkout directories (e.g. a detached `git worktree add --detach /tmp/old <commit>`).
 Each pair runs the case once in a fresh Python process per checkout (PYTHONPATH and working directory
 = that checkout), alternating which one goes first, so load changes on a shared machine hit both
 sides alike. Cases: azure-paged-16, azure-contiguous-max, azure-buddy, sharegpt-N (N requests of
 the synthetic ShareGPT-like trace), all built from bench/run_bench.py's scenario text in this checkout.
+That text pins ``engine_profile: kvsim``; ``--profile NAME`` runs the case under another engine
+profile instead (e.g. the default ``vllm-v1``; both checkouts must know engine profiles then).
 
 Per run it records the event-loop wall seconds (`engine_wall_s`), the CPU seconds of `simulate.run`
 and the engine step count (which must agree between the sides when the results are unchanged). It
@@ -45,6 +48,16 @@ print(json.dumps({"event_loop_s": res.engine_wall_s, "run_cpu_s": c1 - c0, "run_
 """
 
 MEASURES = ("event_loop_s", "run_cpu_s")
+PROFILE_LINE = "engine_profile: kvsim\n"
+
+
+def with_profile(text: str, profile: str | None) -> str:
+    """The bench case's text under ``profile`` (None: as run_bench.py pins it, ``kvsim``)."""
+    if profile is None:
+        return text
+    if PROFILE_LINE not in text:
+        raise SystemExit("bench/run_bench.py's BASE no longer pins engine_profile: kvsim (update paired.py)")
+    return text.replace(PROFILE_LINE, f"engine_profile: {profile}\n")
 
 
 def scenario_text(case: str) -> str:
@@ -70,6 +83,9 @@ def side_scenario(scenario: Path, checkout: Path) -> Path:
     engine profiles (whose defaults are that profile's, so both sides run the same case)."""
     if knows_profiles(checkout):
         return scenario
+    if PROFILE_LINE not in scenario.read_text():
+        raise SystemExit(f"{checkout}: predates engine profiles, so it can only run engine_profile: kvsim "
+                         f"(drop --profile)")
     old = scenario.with_name(f"{scenario.stem}-noprofile.yaml")
     old.write_text("".join(line for line in scenario.read_text().splitlines(keepends=True)
                            if line.strip() != "engine_profile: kvsim"))
@@ -92,6 +108,8 @@ def main() -> int:
     ap.add_argument("new", type=Path)
     ap.add_argument("--case", default="azure-paged-16")
     ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--profile", help="engine profile to run the case under instead of run_bench.py's "
+                                      "engine_profile: kvsim (e.g. vllm-v1, the default)")
     ap.add_argument("--set", dest="sets", action="append", default=["engine.mode=fast"],
                     help="scenario override for both sides (default engine.mode=fast)")
     args = ap.parse_args()
@@ -99,7 +117,7 @@ def main() -> int:
     rows: dict[str, list[dict]] = {"old": [], "new": []}
     with tempfile.TemporaryDirectory(prefix="kvsim-paired-") as tmp:
         scenario = Path(tmp) / f"{args.case}.yaml"
-        scenario.write_text(scenario_text(args.case))
+        scenario.write_text(with_profile(scenario_text(args.case), args.profile))
         for i in range(args.pairs):
             order = ("old", "new") if i % 2 == 0 else ("new", "old")
             for side in order:
@@ -107,7 +125,7 @@ def main() -> int:
             o, n = rows["old"][-1], rows["new"][-1]
             print(f"pair {i + 1}: " + "  ".join(f"{m} {o[m]:.3f} -> {n[m]:.3f} ({n[m] / o[m]:.3f})" for m in MEASURES)
                   + f"  steps {o['engine_steps']} / {n['engine_steps']}", flush=True)
-    print(f"{args.case}, {args.pairs} pairs, {' '.join(args.sets)}: new = {sides['new']}, old = {sides['old']}")
+    print(f"{args.case}, {args.pairs} pairs, profile {args.profile or 'kvsim'}, {' '.join(args.sets)}: new = {sides['new']}, old = {sides['old']}")
     for m in MEASURES:
         old = [r[m] for r in rows["old"]]
         new = [r[m] for r in rows["new"]]

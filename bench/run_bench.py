@@ -111,8 +111,8 @@ def run_reference() -> dict:
 # engine_profile: kvsim -- the configuration below is the one Vidur was measured with (vLLM v0-style:
 # 1 % watermark, no prefix caching, whole-prompt blocks at admission), so the bench stays like for like
 # with its earlier figures. The default profile (vllm-v1) turns prefix caching on, which runs the
-# block-id allocator without the grouped decode path: bench/README.md ("What the default profile
-# costs") gives the measured cost.
+# block-id allocator (every block through its pool): bench/README.md ("What the default profile
+# costs", "h-bidgroup") gives the measured cost; bench/paired.py --profile vllm-v1 measures it.
 BASE = """
 name: bench-{name}
 engine_profile: kvsim

@@ -20,14 +20,16 @@ A window of K steps starting with the scheduled step 0 is exact when, for steps 
   for this bound, which only makes windows shorter), so no preemption happens.
 
 Two implementations share these rules. With an allocator that grows every request by one token
-in one call (the block-counting paged allocator, contiguous, buddy) all running requests are
-members of the replica's lazy decode group (:mod:`kvsim.fast.group`): :func:`plan_group_window`
-builds the arrays from the group's finish keys and :func:`apply_group_window` advances step by
-step through the allocator, which touches only requests at a block boundary, so a window costs
-O(steps + events) instead of O(running requests); it counts frees inside the window exactly and
-stops where a block is not free. Allocators that name blocks (prefix caching, tiers, radix) and
-requests with parallel samples use :func:`plan_decode_window` / :func:`block_limited_steps` /
-:func:`apply_decode_window`, which replay block allocations request by request.
+in one call (both paged allocators -- the block-id one takes and registers blocks at block
+boundaries in allocation order --, contiguous, buddy) all running requests are members of the
+replica's lazy decode group (:mod:`kvsim.fast.group`): :func:`plan_group_window` builds the
+arrays from the group's finish keys and :func:`apply_group_window` advances step by step through
+the allocator, which touches only requests at a block boundary, so a window costs O(steps +
+events) instead of O(running requests); it counts frees inside the window exactly and stops where
+a block is not free. Allocators without that call (radix), requests with parallel samples, the
+block-id paged allocator under swap preemption, and steps planned one request at a time use
+:func:`plan_decode_window` / :func:`block_limited_steps` / :func:`apply_decode_window`, which
+replay block allocations request by request.
 
 This module holds the window arrays (:class:`DecodeWindow`), the request-by-request
 implementation and the page counts both use; the group implementation is

@@ -351,6 +351,12 @@ class SlotLedger:
         self.step_count = clock
         return done, free_blocks - left
 
+    def full_at(self, step: int):
+        """The requests whose written count equals their held slots at step count ``step`` (so the
+        decode step from ``step`` needs a new block for each); needs ``track_boundaries``. The set
+        is the ledger's own: read it, do not keep or change it."""
+        return self._bounds.get(step, ())
+
     def set_written_many(self, request_ids, written_tokens) -> None:
         """Bulk ``set_written`` (each value within the request's held slots)."""
         for r, w in zip(request_ids, written_tokens):

@@ -19,6 +19,10 @@ Prefix caching (``prefix_caching: true``):
   other request shares, which a preempted request still hits when it is readmitted.
 * A block is registered in the cache when ``ensure_slots`` makes it full (at scheduling time, like
   vLLM's ``cache_blocks``); if another block already holds that key, the new one stays unkeyed.
+  A bulk decode step (``grow_all_by_one``, the decode group's call) does the same at block
+  boundaries only: the ledger tracks which requests fill or outgrow their last block at which step,
+  and those take and register blocks in allocation order (the scheduler's running order), so block
+  ids, evictions and registrations are those of one ``ensure_slots`` per request.
 * On admission the longest run of leading cached blocks is hit, but at least the last prompt token
   is always computed: at most ``(num_tokens - 1) // block_size`` blocks can hit, so an exact
   full-prompt repeat does not hit its last block. A hit on a free block takes it out of the free
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
 from pydantic import Field, model_validator
 
 from kvsim.config_base import StrictModel, Tokens
@@ -86,7 +91,7 @@ class PagedAllocator(PagedCore):
     def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0,
                  prefix_caching: bool = False, eviction=None, offload: OffloadConfig | None = None,
                  bytes_per_token: int = 0):
-        super().__init__(num_blocks, block_size, watermark)
+        super().__init__(num_blocks, block_size, watermark, track_boundaries=True)
         self.prefix_caching = prefix_caching
         self.blocks = BlockPool(num_blocks, eviction)
         self.lower = LowerTiers(offload, bytes_per_token, block_size)
@@ -94,6 +99,10 @@ class PagedAllocator(PagedCore):
         self._shared_blocks: dict[int, int] = {}  # sampled request -> leading table blocks its samples share
         self._requests: dict[int, KVRequest] = {}
         self._registered: dict[int, int] = {}  # request -> blocks of its table already considered
+        # request -> allocation order: the scheduler's running order (admission order), in which a
+        # bulk decode step (grow_all_by_one) takes blocks and registers them, as step by step
+        self._order: dict[int, int] = {}
+        self._allocations = 0
         # counters (read by the metrics)
         self.hit_blocks = 0
         self.query_blocks = 0
@@ -222,6 +231,15 @@ class PagedAllocator(PagedCore):
             self.lower.offload(evicted)
         return b
 
+    def _new_blocks(self, n: int) -> list[int]:
+        """``_new_block`` ``n`` times (the offloads, which touch only the lower tiers, after the takes)."""
+        evicted: list = []
+        blocks = self.blocks.take_many(n, evicted)
+        if evicted and self.lower:
+            for key in evicted:
+                self.lower.offload(key)
+        return blocks
+
     def allocate(self, req: KVRequest, hold_tokens: int) -> Allocation | None:
         rid = req.request_id
         self.ledger.require_new(rid, hold_tokens)
@@ -242,11 +260,12 @@ class PagedAllocator(PagedCore):
             key = self._key(req, k)
             self.lower.load(tier, key)
             loaded_keys.append(key)
-        for _ in range(total - len(hits)):
-            table.append(self._new_block())
+        table += self._new_blocks(total - len(hits))
         for k, key in enumerate(loaded_keys, start=len(hits)):  # loaded blocks are cached again
             pool.cache(table[k], key, req.priority)
         self.block_tables[rid] = table
+        self._order[rid] = self._allocations
+        self._allocations += 1
         self.ledger.add(rid, self._final_written(req), total * self.block_size)
         if req.num_samples > 1:
             self._start_sequences(req, hold_tokens, table)
@@ -291,8 +310,7 @@ class PagedAllocator(PagedCore):
         if need > 0:
             if need > self.blocks.num_free:
                 return False
-            for _ in range(need):
-                table.append(self._new_block())
+            table += self._new_blocks(need)
             self.ledger.set_held(request_id, len(table) * self.block_size)
         if num_tokens < self.ledger.written_of(request_id):
             raise ValueError(f"request {request_id}: written tokens cannot shrink")
@@ -334,6 +352,42 @@ class PagedAllocator(PagedCore):
         self.ledger.set_written(rid, bt.written_slots())
         return True
 
+    def grow_all_by_one(self) -> bool:
+        """A decode step for every admitted request at once, all or nothing (BulkDecodeGrowth): the
+        same blocks, block ids, evictions and prefix-cache registrations as ``ensure_slots(r,
+        written + 1)`` for each request in allocation order, touching only the requests at a block
+        boundary (the ledger tracks them): those whose held slots are all written take a block, those
+        whose last held slot this step writes register it (a full block). False (nothing changed)
+        with samples or beams, or if the blocks needed are not free."""
+        if self.seqs.samples or self.seqs.beams:
+            return False
+        ledger = self.ledger
+        clock = ledger.step_count
+        takers = ledger.full_at(clock)
+        need = len(takers)
+        if need > self.blocks.num_free:
+            return False
+        fills = ledger.full_at(clock + 1) if self.prefix_caching else ()
+        if need or fills:
+            self._boundary_step(takers, fills)
+        ledger.grow_steps(self.block_size, need, 1, 0, [])
+        return True
+
+    def _boundary_step(self, takers, fills) -> None:
+        """The block events of one bulk decode step, request by request in allocation order: a taker
+        takes one block (and with one-token blocks fills it at once), a filler registers its last block."""
+        one = self.block_size == 1
+        tables = self.block_tables
+        order = self._order
+        events = sorted(takers | fills if takers and fills else takers or fills, key=order.__getitem__)
+        for rid in events:
+            table = tables[rid]
+            took = rid in takers
+            if took:
+                table.append(self._new_block())
+            if self.prefix_caching and (rid in fills or (one and took)):
+                self._register_full_blocks(rid, len(table) * self.block_size)
+
     def _register_full_blocks(self, rid: int, num_tokens: int) -> None:
         full = num_tokens // self.block_size
         start = self._registered[rid]
@@ -342,17 +396,26 @@ class PagedAllocator(PagedCore):
         req = self._requests[rid]
         table = self.block_tables[rid]
         pool = self.blocks
+        key_to_block = pool.key_to_block
+        keys = req.block_keys
+        # self._key for these blocks at once (int keys from the trace, then (request, block))
+        trace_keys = [] if keys is None else [int(x) for x in keys[start:full]] if not isinstance(keys, np.ndarray) \
+            else keys[start:full].tolist()
+        lower = self.lower if self.lower else None
         for k in range(start, full):
-            key = self._key(req, k)
-            if key in pool.key_to_block:
+            i = k - start
+            key = trace_keys[i] if i < len(trace_keys) else (rid, k)
+            if key in key_to_block:
                 continue  # the same content is already cached in another block: keep that one
             pool.cache(table[k], key, req.priority)
-            self.lower.recomputed(key)
+            if lower is not None:
+                lower.recomputed(key)
         self._registered[rid] = full
 
     def free(self, request_id: int) -> None:
         self.ledger.remove(request_id)
         table = self.block_tables.pop(request_id)
+        del self._order[request_id]
         self._requests.pop(request_id, None)
         self._registered.pop(request_id, None)
         geo, bt = self.seqs.drop(request_id)
@@ -361,8 +424,7 @@ class PagedAllocator(PagedCore):
             pool.set_refs({b: pool.ref_counts[b] - (bt.refs[b] - 1) for b in table})
         if geo is not None:  # drop the extra references of the samples first
             pool.add_refs(table[:self._shared_blocks.pop(request_id)], -(geo.n - 1))
-        for b in reversed(table):  # tail first: see the eviction order in kvsim.kv.eviction
-            pool.release(b)
+        pool.release_many(reversed(table))  # tail first: see the eviction order in kvsim.kv.eviction
 
     def usage(self, head: KVRequest | None = None, head_hold_tokens: int = 0) -> KVUsage:
         # Any free block can serve any request: paging has no external fragmentation.
@@ -399,6 +461,12 @@ class PagedAllocator(PagedCore):
             if geo is not None:
                 intra += shared * (n - 1)
         assert len(self.block_tables) == len(self.ledger), "block tables and ledger disagree"
+        assert self._order.keys() == self.block_tables.keys(), "allocation order and block tables disagree"
+        if self.prefix_caching:  # full blocks are registered as they fill (lazily too: grow_all_by_one)
+            for r in self.block_tables:
+                if r not in self.seqs.samples and r not in self.seqs.beams:
+                    full = self.ledger.written_of(r) // self.block_size
+                    assert self._registered[r] == full, f"request {r}: {self._registered[r]} blocks registered, {full} full"
         self.blocks.check(owners, intra)
         self.lower.check(self.blocks.key_to_block)
         if not self.prefix_caching:

@@ -56,6 +56,27 @@ class BlockPool:
         self.ref_counts[b] = 1
         return b, key
 
+    def take_many(self, n: int, evicted: list) -> list[int]:
+        """``take`` ``n`` times: the blocks in order; the keys evicted on the way are appended to
+        ``evicted`` in eviction order."""
+        pop = self.free.pop
+        block_key = self.block_key
+        refs = self.ref_counts
+        out = []
+        for _ in range(n):
+            b = pop()
+            key = block_key[b]
+            if key is not None:
+                self.cached_free -= 1
+                del self.key_to_block[key]
+                block_key[b] = None
+                self.block_stats.pop(b, None)
+                self.evictions += 1
+                evicted.append(key)
+            refs[b] = 1
+            out.append(b)
+        return out
+
     def hits_in_free(self, blocks: list[int]) -> int:
         """How many of ``blocks`` (cache hits) are free now (a hit takes them out of the pool)."""
         refs = self.ref_counts
@@ -92,6 +113,22 @@ class BlockPool:
         counts = self.ref_counts
         for b, n in refs.items():
             counts[b] = n
+
+    def release_many(self, blocks) -> None:
+        """``release`` each of ``blocks`` in order."""
+        refs = self.ref_counts
+        add = self.free.add
+        stats = self.block_stats
+        block_key = self.block_key
+        for b in blocks:
+            n = refs[b] - 1
+            refs[b] = n
+            if n == 0:
+                add(b, stats.get(b))
+                if block_key[b] is not None:
+                    self.cached_free += 1
+            else:
+                self.shared_extra -= 1
 
     def release(self, b: int) -> None:
         """Drop one reference to ``b``; the last one returns it to the free pool (content kept)."""

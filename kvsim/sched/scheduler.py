@@ -126,12 +126,18 @@ class Scheduler(WindowHooks):
     def install_decode_path(self, path: DecodeFastPath) -> bool:
         """Use ``path`` for lazy decode steps (the engine calls this once, before the run, when the
         allocator has ``BulkDecodeGrowth`` + ``LazyLedger``). Returns whether it is on: not for a
-        timing model that needs each request's context length."""
+        timing model that needs each request's context length, nor with swap preemption on an
+        allocator that names its blocks (BlockRuns)."""
         if not isinstance(path, DecodeFastPath):
             raise TypeError(f"{type(path).__name__} is not a DecodeFastPath")
         if self.running or self.swapped or self.num_finished:
             raise RuntimeError("install_decode_path after the run started")
         if not self.caps.decode_group or self.want_context_lens:
+            return False
+        if self.host.enabled and self.caps.block_runs:
+            # An allocator that names its blocks takes a bulk decode step's blocks in allocation
+            # order; a swapped-in request is allocated anew but returns to its admission place in
+            # the running list, so that order would differ from a one-by-one step's.
             return False
         self._decode = path
         self._lazy = not self._any_samples

@@ -73,5 +73,12 @@ def test_the_engine_installs_the_group_only_in_fast_mode_with_the_capabilities()
     assert "decode group on" in line
     rep, line = replica(CountingPagedAllocator(100, 16), "step")
     assert rep.group is None and not rep.scheduler.decode_group_enabled and "step mode" in line
-    rep, line = replica(PagedAllocator(100, 16), "fast")  # names its blocks: no BulkDecodeGrowth
+    rep, line = replica(PagedAllocator(100, 16, prefix_caching=True), "fast")  # bulk steps by block ids
+    assert isinstance(rep.group, DecodeGroup) and rep.scheduler.decode_group_enabled
+    # ... but not with swap preemption: a swapped-in request is allocated anew yet keeps its place
+    # in the running order, which a bulk step's allocation order would not follow
+    swap = Scheduler(SchedulerConfig(preemption_mode="swap", swap_space_bytes=10**9), PagedAllocator(100, 16), 4096,
+                     request_log=RequestLog())
+    rep = Replica(0, swap, ConstantTiming(ConstantTimingConfig()))
+    rep.install_fast_path("fast")
     assert rep.group is None and not rep.scheduler.decode_group_enabled

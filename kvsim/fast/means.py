@@ -67,15 +67,18 @@ def _window_means_small(win: DecodeWindow, k: int, durations: np.ndarray, segmen
     total = sum(d)
     starts, parts = segments.starts, segments.parts
     held = useful = shared = cached_free = external = 0.0
-    ends = starts[1:]
-    ends.append(k)
-    for s, e, p in zip(starts, ends, parts):
-        t = sum(d[s:e])
-        held += t * p[0]
-        useful += t * p[1]
-        shared += t * p[2]
-        cached_free += t * p[3]
-        external += t * p[4]
+    if len(starts) == k:  # a segment per step (the usual case): each one's time is its step's duration
+        seg_times = d
+    else:
+        ends = starts[1:]
+        ends.append(k)
+        seg_times = [sum(d[s:e]) for s, e in zip(starts, ends)]
+    for t, (h, u, sh, cf, ex) in zip(seg_times, parts):
+        held += t * h
+        useful += t * u
+        shared += t * sh
+        cached_free += t * cf
+        external += t * ex
     held /= total
     useful /= total
     shared /= total

@@ -94,12 +94,12 @@ def _means(held: float, useful: float, shared: float, cached_free: float, extern
            unshared: float, parts: list, capacity_tokens: int) -> MemoryParts:
     """A window's MemoryParts from its time-weighted allocator sums and written slots (tokens)."""
     return MemoryParts(
-        token_states=written - shared,
-        reservation=useful - written,
-        internal_frag=held - useful,
-        external_frag=external,
-        free=capacity_tokens - (held - shared) - external,
-        cached_free=cached_free,
-        peak_used=float(max([p[0] - p[2] for p in parts])),
-        unshared=unshared,
+        written - shared,  # token_states
+        useful - written,  # reservation
+        held - useful,  # internal_frag
+        external,  # external_frag
+        capacity_tokens - (held - shared) - external,  # free
+        cached_free,
+        float(max([p[0] - p[2] for p in parts])),  # peak_used
+        unshared,
     )

@@ -69,14 +69,16 @@ class FittedDecodeSteps:
         kvb, bw = self.kv_bytes_per_token, self.bandwidth_bytes_per_s
         afpp, fps = self.attention_flops_per_pair, self.flops_per_s
         ov_row, no_comm, overhead_s = self.overhead_row, self.no_comm, self.overhead_s
-        r = self.rows
+        size, r = self.size, self.rows
+        linear_r, gemm_r, lm_r, write_r = r[1], r[2], r[3], r[6]
         for s in range(lo, hi):
             n = num_seqs[s]
             kv = kv_tokens_read[s]
-            if n >= self.size:
+            if n >= size:
                 self.timing._grow_decode_table(n)
                 self._load()
-                r = self.rows
+                size, r = self.size, self.rows
+                linear_r, gemm_r, lm_r, write_r = r[1], r[2], r[3], r[6]
             if time_scalar is None:
                 attn = kv * kvb / bw
             else:
@@ -84,11 +86,11 @@ class FittedDecodeSteps:
                 attn = time_scalar(n, kv, p if p > 0 else None)
             flops = afpp * kv / fps
             dec = attn if attn >= flops else flops  # np.maximum(attn, flops)
-            kv_write = r[6][n]
-            linear = r[1][n]
+            kv_write = write_r[n]
+            linear = linear_r[n]
             duration = linear + dec
             duration += kv_write
-            col = (attn + kv_write, linear, r[2][n], r[3][n], flops, dec, kv_write)
+            col = (attn + kv_write, linear, gemm_r[n], lm_r[n], flops, dec, kv_write)
             if ov_row is None:
                 duration += overhead_s
             else:

@@ -162,21 +162,29 @@ class AttentionBackendNamed(Protocol):
 class DecodeStepPricer(Protocol):
     """What :class:`ScalarDecodeSteps` hands out: decode steps priced one at a time.
 
-    ``column(num_seqs, kv_tokens_read, kv_pages_read)`` (Python ints) returns ``(duration, parts)``:
-    the duration must equal element j of ``decode_durations`` (and so ``step_time``) bit for bit for
-    that step, and ``parts`` is an opaque per-step value; ``parts(columns)`` returns the breakdown
-    ``decode_durations`` would give for the steps whose ``parts`` are ``columns`` (in step order),
-    summed by :func:`decode_totals` the same way; ``totals(columns)`` is that breakdown for
-    ``decode_totals(..., len(columns))`` alone (it may come summed already: :class:`SummedParts`);
-    ``kv_bytes_per_token`` converts the steps' KV tokens to the bytes ``decode_durations`` reports."""
+    ``price(num_seqs, kv_tokens_read, kv_pages_read, lo, hi, t, durations, times, columns)`` prices
+    steps ``lo .. hi-1`` of the per-step lists (Python ints), the first starting at time ``t``: it
+    appends each step's duration to ``durations``, its end (``t`` plus the durations, added one by
+    one) to ``times`` and its ``parts`` (an opaque per-step value) to ``columns``, and returns the
+    last end. Each duration must equal element j of ``decode_durations`` (and so ``step_time``) bit
+    for bit for that step. ``column(num_seqs, kv_tokens_read, kv_pages_read)`` is one step of it:
+    ``(duration, parts)``. ``parts(columns)`` returns the breakdown ``decode_durations`` would give
+    for the steps whose ``parts`` are ``columns`` (in step order), summed by :func:`decode_totals`
+    the same way; ``totals(columns, kv_tokens_read=None)`` is that breakdown for
+    ``decode_totals(..., len(columns))`` alone (it may come summed already, with the KV bytes of
+    those steps' ``kv_tokens_read``: :class:`SummedParts`); ``kv_bytes_per_token`` converts the
+    steps' KV tokens to the bytes ``decode_durations`` reports."""
 
     kv_bytes_per_token: int
+
+    def price(self, num_seqs: list, kv_tokens_read: list, kv_pages_read: list, lo: int, hi: int, t: float,
+              durations: list, times: list, columns: list) -> float: ...
 
     def column(self, num_seqs: int, kv_tokens_read: int, kv_pages_read: int) -> tuple[float, object]: ...
 
     def parts(self, columns: list) -> dict: ...
 
-    def totals(self, columns: list) -> dict: ...
+    def totals(self, columns: list, kv_tokens_read: list | None = None) -> dict: ...
 
 
 @runtime_checkable

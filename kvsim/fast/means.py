@@ -67,15 +67,18 @@ def _window_means_small(win: DecodeWindow, k: int, durations: np.ndarray, segmen
     total = sum(d)
     starts, parts = segments.starts, segments.parts
     held = useful = shared = cached_free = external = 0.0
-    ends = starts[1:]
-    ends.append(k)
-    for s, e, p in zip(starts, ends, parts):
-        t = sum(d[s:e])
-        held += t * p[0]
-        useful += t * p[1]
-        shared += t * p[2]
-        cached_free += t * p[3]
-        external += t * p[4]
+    if len(starts) == k:  # a segment per step (the usual case): each one's time is its step's duration
+        seg_times = d
+    else:
+        ends = starts[1:]
+        ends.append(k)
+        seg_times = [sum(d[s:e]) for s, e in zip(starts, ends)]
+    for t, (h, u, sh, cf, ex) in zip(seg_times, parts):
+        held += t * h
+        useful += t * u
+        shared += t * sh
+        cached_free += t * cf
+        external += t * ex
     held /= total
     useful /= total
     shared /= total
@@ -91,12 +94,12 @@ def _means(held: float, useful: float, shared: float, cached_free: float, extern
            unshared: float, parts: list, capacity_tokens: int) -> MemoryParts:
     """A window's MemoryParts from its time-weighted allocator sums and written slots (tokens)."""
     return MemoryParts(
-        token_states=written - shared,
-        reservation=useful - written,
-        internal_frag=held - useful,
-        external_frag=external,
-        free=capacity_tokens - (held - shared) - external,
-        cached_free=cached_free,
-        peak_used=float(max([p[0] - p[2] for p in parts])),
-        unshared=unshared,
+        written - shared,  # token_states
+        useful - written,  # reservation
+        held - useful,  # internal_frag
+        external,  # external_frag
+        capacity_tokens - (held - shared) - external,  # free
+        cached_free,
+        float(max([p[0] - p[2] for p in parts])),  # peak_used
+        unshared,
     )

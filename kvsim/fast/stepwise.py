@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.fast.window import DecodeWindow
+from kvsim.timing.base import SummedParts
 
 
 class StepwiseTimes:
@@ -17,11 +18,11 @@ class StepwiseTimes:
     step-by-step scheduler would plan differently, usually a few steps into the planned horizon,
     and only the steps before it are priced."""
 
-    __slots__ = ("_column", "_pricer", "_win", "_n", "_kv", "_pages", "_times", "_durations", "_columns")
+    __slots__ = ("_price", "_pricer", "_win", "_n", "_kv", "_pages", "_times", "_durations", "_columns")
 
     def __init__(self, pricer, win: DecodeWindow, start_s: float, step0_s: float):
         self._pricer = pricer
-        self._column = pricer.column
+        self._price = pricer.price
         self._win = win
         self._n = win.num_seqs.tolist()
         self._kv = win.kv_tokens_read.tolist()
@@ -34,21 +35,17 @@ class StepwiseTimes:
         times = self._times
         s = len(times) - 1  # the next step to price
         if j > s:
-            column, durations, columns = self._column, self._durations, self._columns
-            n, kv, pages = self._n, self._kv, self._pages
-            t = times[s]
-            for s in range(s, j):
-                d, parts = column(n[s], kv[s], pages[s])
-                durations.append(d)
-                columns.append(parts)
-                t += d
-                times.append(t)
+            self._price(self._n, self._kv, self._pages, s, j, times[s], self._durations, times, self._columns)
         return times[j]
 
     def settle(self, k: int):
         """``(durations of steps 0..k-1, (None, breakdown parts of steps 1..k-1, their KV bytes
-        read))``: what the engine takes from ``decode_durations`` in a window of ``k`` steps."""
+        read))``: what the engine takes from ``decode_durations`` in a window of ``k`` steps (the
+        parts may come summed, with the KV bytes: :class:`~kvsim.timing.base.SummedParts`)."""
         self[k]
         durations = np.array(self._durations[:k], dtype=np.float64)
+        parts = self._pricer.totals(self._columns[:k - 1], self._kv[1:k])
+        if isinstance(parts, SummedParts) and parts.kv_bytes is not None:
+            return durations, (None, parts, None)
         kv_bytes = self._win.kv_tokens_read[1:k] * self._pricer.kv_bytes_per_token
-        return durations, (None, self._pricer.totals(self._columns[:k - 1]), kv_bytes)
+        return durations, (None, parts, kv_bytes)

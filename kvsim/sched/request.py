@@ -82,7 +82,7 @@ class Request:
     def of_view(cls, kv: KVRequest, arrival_s: float, replica: int) -> Request:
         """A fresh (never admitted) request from its allocator view, arrival time and replica."""
         req = cls(kv.request_id, arrival_s, kv.prompt_tokens, kv.output_tokens, kv.max_model_len_tokens,
-                  priority=kv.priority, num_samples=kv.num_samples, kv=kv)
+                  kv.priority, None, kv.num_samples, None, kv)
         req.replica = replica
         return req
 
@@ -205,8 +205,9 @@ class WaitingQueue:
     def _take_head_row(self) -> Request:
         """Remove the tail's first row and return its Request."""
         i = self._head
-        obj = self._obj.popleft()
-        req = self._build(i, obj)
+        req = self._obj.popleft()
+        if type(req) is KVRequest:  # (_build, inlined: once per queued arrival)
+            req = Request.of_view(req, self._arrival[i], self._replica[i])
         if not self._obj:
             del self._arrival[:], self._replica[:]
             self._head = 0

@@ -162,21 +162,29 @@ class AttentionBackendNamed(Protocol):
 class DecodeStepPricer(Protocol):
     """What :class:`ScalarDecodeSteps` hands out: decode steps priced one at a time.
 
-    ``column(num_seqs, kv_tokens_read, kv_pages_read)`` (Python ints) returns ``(duration, parts)``:
-    the duration must equal element j of ``decode_durations`` (and so ``step_time``) bit for bit for
-    that step, and ``parts`` is an opaque per-step value; ``parts(columns)`` returns the breakdown
-    ``decode_durations`` would give for the steps whose ``parts`` are ``columns`` (in step order),
-    summed by :func:`decode_totals` the same way; ``totals(columns)`` is that breakdown for
-    ``decode_totals(..., len(columns))`` alone (it may come summed already: :class:`SummedParts`);
-    ``kv_bytes_per_token`` converts the steps' KV tokens to the bytes ``decode_durations`` reports."""
+    ``price(num_seqs, kv_tokens_read, kv_pages_read, lo, hi, t, durations, times, columns)`` prices
+    steps ``lo .. hi-1`` of the per-step lists (Python ints), the first starting at time ``t``: it
+    appends each step's duration to ``durations``, its end (``t`` plus the durations, added one by
+    one) to ``times`` and its ``parts`` (an opaque per-step value) to ``columns``, and returns the
+    last end. Each duration must equal element j of ``decode_durations`` (and so ``step_time``) bit
+    for bit for that step. ``column(num_seqs, kv_tokens_read, kv_pages_read)`` is one step of it:
+    ``(duration, parts)``. ``parts(columns)`` returns the breakdown ``decode_durations`` would give
+    for the steps whose ``parts`` are ``columns`` (in step order), summed by :func:`decode_totals`
+    the same way; ``totals(columns, kv_tokens_read=None)`` is that breakdown for
+    ``decode_totals(..., len(columns))`` alone (it may come summed already, with the KV bytes of
+    those steps' ``kv_tokens_read``: :class:`SummedParts`); ``kv_bytes_per_token`` converts the
+    steps' KV tokens to the bytes ``decode_durations`` reports."""
 
     kv_bytes_per_token: int
+
+    def price(self, num_seqs: list, kv_tokens_read: list, kv_pages_read: list, lo: int, hi: int, t: float,
+              durations: list, times: list, columns: list) -> float: ...
 
     def column(self, num_seqs: int, kv_tokens_read: int, kv_pages_read: int) -> tuple[float, object]: ...
 
     def parts(self, columns: list) -> dict: ...
 
-    def totals(self, columns: list) -> dict: ...
+    def totals(self, columns: list, kv_tokens_read: list | None = None) -> dict: ...
 
 
 @runtime_checkable
@@ -289,17 +297,18 @@ SMALL_SUM_STEPS = 24  # decode_totals: a DecodeParts of at most this many steps 
 
 
 class SummedParts(dict):
-    """A :class:`DecodeParts` of ``steps`` (<= ``SMALL_SUM_STEPS``) steps already summed: ``sums[i]``
-    is row ``i``'s sum in step order (what :func:`decode_totals` computes from the matrix), the
-    other names hold floats as in DecodeParts. Only ``decode_totals(parts, kv, steps)`` reads it."""
+    """What :func:`decode_totals` returns for a :class:`DecodeParts` of ``steps`` (<=
+    ``SMALL_SUM_STEPS``) steps, summed already: the breakdown by name (a row's sum in step order,
+    ``value * steps`` for a part that is the same every step) and, where known, the steps' KV bytes
+    read (``kv_bytes``; None: decode_totals sums the KV bytes it is given). Only
+    ``decode_totals(parts, kv, steps)`` reads it."""
 
-    __slots__ = ("sums", "rows", "steps")
+    __slots__ = ("steps", "kv_bytes")
 
-    def __init__(self, parts: dict, sums: list[float], rows: dict[str, int], steps: int):
-        super().__init__(parts)
-        self.sums = sums
-        self.rows = rows
+    def __init__(self, totals: dict, steps: int, kv_bytes: int | None = None):
+        super().__init__(totals)
         self.steps = steps
+        self.kv_bytes = kv_bytes
 
 
 def decode_totals(parts: dict, kv_read_bytes, k: int) -> tuple[dict[str, float], int]:
@@ -309,13 +318,13 @@ def decode_totals(parts: dict, kv_read_bytes, k: int) -> tuple[dict[str, float],
     every step (summed as ``value * k``). A :class:`DecodeParts` is summed in one reduction (up to
     ``SMALL_SUM_STEPS`` steps: in step order, in Python floats; the two may differ in the last
     bits); an array that appears under several names is summed once."""
-    kv = kv_read_bytes[:k]
-    kv_bytes = sum(kv.tolist()) if k <= SMALL_SUM_STEPS and kv.dtype.kind in "iu" else int(np.add.reduce(kv))
     if isinstance(parts, SummedParts):
         if k != parts.steps:
             raise ValueError(f"decode_totals: SummedParts of {parts.steps} steps summed over {k}")
-        rows, sums = parts.rows, parts.sums
-        return {name: (sums[rows[name]] if name in rows else v * k) for name, v in parts.items()}, kv_bytes
+        if parts.kv_bytes is not None:
+            return dict(parts), parts.kv_bytes
+        return dict(parts), _kv_sum(kv_read_bytes, k)
+    kv_bytes = _kv_sum(kv_read_bytes, k)
     if isinstance(parts, DecodeParts):
         if k <= SMALL_SUM_STEPS:  # numpy's fixed cost per call would be most of the work
             sums = [sum(row) for row in parts.matrix[:, :k].tolist()]
@@ -334,3 +343,9 @@ def decode_totals(parts: dict, kv_read_bytes, k: int) -> tuple[dict[str, float],
         else:
             breakdown[name] = v * k
     return breakdown, kv_bytes
+
+
+def _kv_sum(kv_read_bytes, k: int) -> int:
+    """decode_totals' KV bytes: the first ``k`` steps' sum, a Python int."""
+    kv = kv_read_bytes[:k]
+    return sum(kv.tolist()) if k <= SMALL_SUM_STEPS and kv.dtype.kind in "iu" else int(np.add.reduce(kv))

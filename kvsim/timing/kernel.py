@@ -264,6 +264,7 @@ class KernelModel:
             # want = max(ceil(units_sat / base), 1); vllm-v2 does not use want)
             want = units if self._v2 else np.maximum(np.ceil(self.units_sat / units), 1.0)
             self._n_table = np.array([n1, units, want])
+            self._n_lists = self._n_table.tolist()  # time_scalar reads base and want from these
             self._n_size = size
             return
         unit = self._unit_oh * units
@@ -328,7 +329,10 @@ class KernelModel:
             n1 = 1
         sb = (P * bs if self.whole_pages else T) * self.stream_bytes_per_token
         if self._split:
-            base = float(n1 * self.heads_par)
+            if n1 >= self._n_size:
+                self._grow_n_table(n1)
+            lists = self._n_lists  # base = n1 * heads_par and want = max(ceil(units_sat / base), 1), tabulated
+            base = lists[1][n1]
             ctx = T / n1
             cap = float(math.ceil(ctx / self._min_split))
             if cap < 1.0:
@@ -336,9 +340,7 @@ class KernelModel:
             if self._v2:
                 splits = self._v2_splits(base, cap, ctx)
             else:
-                want = float(math.ceil(self.units_sat / base))
-                if want < 1.0:
-                    want = 1.0
+                want = lists[2][n1]
                 splits = cap if cap < want else want
             units = base * splits
             unit = self._unit_oh * units

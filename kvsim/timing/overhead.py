@@ -2,7 +2,7 @@
 
 A serving engine spends part of every step outside the GPU kernels. kvsim prices it as one term of
 each step's duration, defined here once for the scalar (``step_time``), array (``decode_durations``)
-and stepwise (``FittedDecodeSteps.column``) evaluations::
+and stepwise (``FittedDecodeSteps.price``) evaluations::
 
     overhead_s = step_overhead_s + per_seq_s * num_seqs + per_prefill_token_s * num_prefill_tokens
                  + per_prefill_seq_s * num_prefill_seqs

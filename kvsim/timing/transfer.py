@@ -217,6 +217,8 @@ class HostTransfers:
         Legacy: ``(in_bytes + out_bytes) / bandwidth`` exactly as before."""
         if self.legacy:
             return (in_bytes + out_bytes) / self.link.h2d_bandwidth_bytes_per_s
+        if not in_bytes and not out_bytes:  # most steps: nothing moves, and transfer_time_s is 0.0 both ways
+            return 0.0
         return (transfer_time_s(in_bytes, in_copies, self.link, "h2d")
                 + transfer_time_s(out_bytes, out_copies, self.link, "d2h"))
 

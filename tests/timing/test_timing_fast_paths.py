@@ -6,6 +6,8 @@
 * AnalyticalTiming.decode_durations element j == step_time(decode shape j).duration_s, and every
   breakdown part == step_time's, across GEMM models, parallelism, layouts and tables that grow;
 * decode_totals over a DecodeParts matrix == the per-array sums it replaces, for every prefix.
+* the stepwise pricer (decode_step_pricer: price, column, parts, totals) == decode_durations and
+  decode_totals over the same steps, durations, start times and breakdown sums.
 """
 
 from __future__ import annotations
@@ -288,6 +290,41 @@ def test_decode_step_pricer_equals_decode_durations_step_by_step(name):
             got_totals = decode_totals(pricer.totals(columns[:k]), want_kv, k)  # summed without the matrix
             assert got_totals == want_totals
             assert [type(v) for v in got_totals[0].values()] == [type(v) for v in want_totals[0].values()]
+
+
+@pytest.mark.parametrize("name", sorted(TIMINGS))
+def test_decode_step_pricer_prices_runs_of_steps_as_the_window_would(name):
+    """``price`` over runs of steps (as StepwiseTimes calls it) gives decode_durations' durations and
+    the window's start times ``np.add.accumulate([start, d...])``, bit for bit; ``totals`` with the
+    steps' KV tokens is decode_totals of the same steps, KV bytes included."""
+    timing = _timing(**TIMINGS[name])
+    pricer = timing.decode_step_pricer()
+    if pricer is None:
+        return
+    rng = np.random.default_rng(len(name) + 200)
+    block = timing.block_size
+    size = 30
+    n = rng.integers(1, 300, size).astype(np.int64)
+    n[7] = 1600  # the decode table grows in the middle of a run
+    ctx = rng.integers(1, 8000, size)
+    T = (n * ctx).astype(np.int64)
+    pages = (n * -(-ctx // block) if block else n).astype(np.int64)
+    pages[rng.random(size) < 0.25] = 0
+    want, want_parts, want_kv = timing.decode_durations(n, T, pages)
+    start = 12.345
+    want_times = np.add.accumulate(np.concatenate(([start], want)))
+    durations, times, columns = [], [start], []
+    t = start
+    for lo, hi in ((0, 1), (1, 9), (9, 9), (9, size)):  # runs, as the replay asks for them
+        t = pricer.price(n.tolist(), T.tolist(), pages.tolist(), lo, hi, t, durations, times, columns)
+        assert t == times[-1]
+    assert _bits(durations) == _bits(want) and _bits(times) == _bits(want_times)
+    for k in sorted({1, 5, SMALL_SUM_STEPS, size}):
+        want_totals = decode_totals(want_parts, want_kv, k)
+        got = decode_totals(pricer.totals(columns[:k], T[:k].tolist()), want_kv, k)
+        assert got == want_totals
+        assert [type(v) for v in got[0].values()] == [type(v) for v in want_totals[0].values()]
+        assert type(got[1]) is int
 
 
 def test_decode_tables_grow_past_their_first_size():

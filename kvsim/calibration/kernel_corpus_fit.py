@@ -5,7 +5,11 @@ constants and the model's error on the fit and held-out rows; ``--write`` stores
 the built-in profiles (kvsim/timing/backends/*.yaml keep their flags; only the fitted numbers change).
 
 Objective: the mean relative error of the kernel time, each row weighted by 1 / sqrt(fit rows of its
-source), so a source's weight grows as the square root of its rows. ``ctas_per_sm`` (rounds of
+source), so a source's weight grows as the square root of its rows. A row timed around an eager
+library call (corpus column ``timing`` = ``eager-wrapper``) is compared with the model's kernel time
+raised to its source's host floor (kvsim.timing.kernel_corpus.host_floors, read from that source's
+smallest-batch fit rows): the floor is the measurement's, so it enters the comparison only and never
+the profile's constants. ``ctas_per_sm`` (rounds of
 resident work units) is not searched: each start holds a value, and the first start within TIE of the
 best is kept (docs/kernel_model.md, "How the constants are fitted"). Search: coordinate descent in
 multiplicative steps (numpy only; every step is a full re-evaluation, so it is slow but exact and
@@ -27,7 +31,6 @@ FITTED = {"vllm-paged": ("launch_overhead_s", "unit_overhead_s", "page_overhead_
                                    "bytes_in_flight_per_unit"),
           # FlashInfer's own rows (Vidur's A100 Llama-3-8B FlashInfer profile, flashinfer PR #2055): the
           # FlashAttention set without the per-page cost (FlashInfer's is carried by the DRAM-efficiency
-          # term from its README, docs/kernel_model.md)
           # term from its README, docs/kernel_model.md)
           "flashinfer-paged": ("launch_overhead_s", "unit_overhead_s", "max_bandwidth_utilisation",
                                "units_per_sm_to_saturate", "overlap", "bytes_in_flight_per_unit"),
@@ -92,15 +95,16 @@ def _weight(rows_of_source: int) -> float:
 
 
 def _objective(points, profiles, params: dict) -> float:
-    from kvsim.timing.kernel_corpus import predict, profile_for
+    from kvsim.timing.kernel_corpus import as_measured, host_floors, predict, profile_for
 
+    floors = host_floors(points)  # eagerly timed sources' host floors, from these (fit) rows
     tuned = {b: replace(p, **params) for b, p in profiles.items()}
     counts: dict[str, int] = {}
     for p in points:
         counts[p.source_id] = counts.get(p.source_id, 0) + 1
     total = 0.0
     for p in points:
-        t = predict(p, profile_for(p, tuned))[0]
+        t = as_measured(p, predict(p, profile_for(p, tuned))[0], floors)
         total += abs(t - p.time_s) / p.time_s * _weight(counts[p.source_id])
     return total / sum(_weight(c) * c for c in counts.values())
 

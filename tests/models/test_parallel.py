@@ -194,6 +194,9 @@ def test_attention_time_of_the_same_schedule_falls_about_as_one_over_t(backend):
     # the unsplit 2023 kernel has one work unit per (query head, sequence): 64 x 8 = 512 at T = 8 keep
     # fewer bytes in flight than 64 x 64 (Little's-law saturation, docs/kernel_model.md), so its
     # time falls a little slower than a split-KV kernel's
-    slack = 1.6 if backend == "vllm-2023-paged" else 1.35
+    # the split-KV kernels pay a fitted per-work-unit cost (flashinfer-paged's 1.29e-8 s, fitted on the
+    # public corpus, docs/kernel_model.md) over the many KV splits one KV head per GPU makes at T = 8:
+    # 1.36 / T there, where the streaming alone is exactly 1 / T
+    slack = 1.6 if backend == "vllm-2023-paged" else 1.4
     for t in (2, 4, 8):
         assert 1 / t < att[t] / att[1] < slack / t, (t, att[t] / att[1])

@@ -74,6 +74,44 @@ class FreeBlockQueue:
         self._in_queue[block_id] = True
         self.num_free += 1
 
+    def popleft_many(self, n: int) -> list[int]:
+        """``popleft`` ``n`` times: the first ``n`` blocks, unlinked as one run."""
+        if n > self.num_free:
+            raise ValueError(f"popleft_many({n}) with {self.num_free} free blocks")
+        nxt = self._next
+        in_queue = self._in_queue
+        out = []
+        b = nxt[self._head]
+        for _ in range(n):
+            out.append(b)
+            in_queue[b] = False
+            b = nxt[b]
+        nxt[self._head] = b
+        self._prev[b] = self._head
+        self.num_free -= n
+        return out
+
+    def append_many(self, blocks) -> None:
+        """``append`` each of ``blocks`` in order, linked as one run."""
+        prev, nxt, in_queue = self._prev, self._next, self._in_queue
+        last = prev[self._tail]
+        added = 0
+        for b in blocks:
+            if in_queue[b]:
+                break
+            nxt[last] = b
+            prev[b] = last
+            in_queue[b] = True
+            last = b
+            added += 1
+        else:
+            b = None
+        nxt[last] = self._tail
+        prev[self._tail] = last
+        self.num_free += added
+        if b is not None:
+            raise RuntimeError(f"append_many() called with block {b}, which is already free")
+
     def all_free_blocks(self) -> list[int]:
         """Front-to-back order. Mainly for tests and invariant checks (O(n))."""
         out = []

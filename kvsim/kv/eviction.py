@@ -26,8 +26,10 @@ Ties always break by block id, so runs are reproducible.
 
 Writing a policy: the free pool object needs only the members of
 :class:`kvsim.kv.protocol.EvictionPolicy` (``num_free``, ``in``, ``pop``, ``remove``, ``add``); a
-``history_depth`` (K of the access times :class:`BlockStats` keeps), ``check_invariants()`` and
-``order()`` are optional capabilities the allocator checks once when it is built. Declare a factory
+``history_depth`` (K of the access times :class:`BlockStats` keeps), ``ignores_block_stats``
+(True: the policy never reads ``stats``, so none are built), ``pop_many``/``add_many`` (a request's
+blocks in one call), ``check_invariants()`` and ``order()`` are optional capabilities the allocator
+checks once when it is built. Declare a factory
 ``factory(cfg, num_blocks) -> pool`` with ``@EVICTION_POLICIES.policy("name")`` (``params={...}``
 for parameters; :func:`kvsim.registry.declare_policy` makes the config class) any time before the
 scenario is loaded; ``eviction: {kind: name}`` (or ``eviction: name``) then
@@ -86,6 +88,7 @@ class LRUFreePool:
     """vLLM's free-block queue (see module docstring)."""
 
     history_depth = 1
+    ignores_block_stats = True  # StatsBlindEviction: the order is the order of frees
 
     def __init__(self, num_blocks: int):
         self.queue = FreeBlockQueue(num_blocks)
@@ -105,6 +108,12 @@ class LRUFreePool:
 
     def add(self, block: int, stats: BlockStats | None) -> None:
         self.queue.append(block)
+
+    def pop_many(self, n: int) -> list[int]:
+        return self.queue.popleft_many(n)
+
+    def add_many(self, blocks: list[int], stats) -> None:
+        self.queue.append_many(blocks)
 
     def order(self) -> list[int]:
         return self.queue.all_free_blocks()

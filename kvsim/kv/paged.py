@@ -395,21 +395,17 @@ class PagedAllocator(PagedCore):
             return
         req = self._requests[rid]
         table = self.block_tables[rid]
-        pool = self.blocks
-        key_to_block = pool.key_to_block
         keys = req.block_keys
         # self._key for these blocks at once (int keys from the trace, then (request, block))
         trace_keys = [] if keys is None else [int(x) for x in keys[start:full]] if not isinstance(keys, np.ndarray) \
             else keys[start:full].tolist()
-        lower = self.lower if self.lower else None
-        for k in range(start, full):
-            i = k - start
-            key = trace_keys[i] if i < len(trace_keys) else (rid, k)
-            if key in key_to_block:
-                continue  # the same content is already cached in another block: keep that one
-            pool.cache(table[k], key, req.priority)
-            if lower is not None:
-                lower.recomputed(key)
+        if len(trace_keys) < full - start:
+            trace_keys += [(rid, k) for k in range(start + len(trace_keys), full)]
+        # content already cached in another block keeps that block
+        cached = self.blocks.cache_new(table[start:full], trace_keys, req.priority)
+        if self.lower:
+            for key in cached:
+                self.lower.recomputed(key)
         self._registered[rid] = full
 
     def free(self, request_id: int) -> None:

@@ -15,6 +15,8 @@ Counters kept here because every change goes through the pool:
 
 from __future__ import annotations
 
+from itertools import repeat
+
 from kvsim.kv.eviction import EVICTION_POLICIES, BlockStats, LRUEvictionConfig
 from kvsim.kv.protocol import EvictionPolicy, eviction_capabilities
 
@@ -30,6 +32,7 @@ class BlockPool:
             raise ValueError(f"eviction kind {eviction.kind!r}: a new pool must hold all {num_blocks} blocks, "
                              f"it holds {self.free.num_free}")
         self.history_k = self.caps.history_depth
+        self.keeps_stats = not self.caps.ignores_stats  # else no BlockStats are built (StatsBlindEviction)
         self.ref_counts = [0] * num_blocks
         self.block_key: list[object] = [None] * num_blocks
         self.key_to_block: dict[object, int] = {}
@@ -59,22 +62,24 @@ class BlockPool:
     def take_many(self, n: int, evicted: list) -> list[int]:
         """``take`` ``n`` times: the blocks in order; the keys evicted on the way are appended to
         ``evicted`` in eviction order."""
-        pop = self.free.pop
         block_key = self.block_key
         refs = self.ref_counts
-        out = []
-        for _ in range(n):
-            b = pop()
+        if self.caps.bulk:
+            out = self.free.pop_many(n)
+        else:
+            pop = self.free.pop
+            out = [pop() for _ in range(n)]
+        stats = self.block_stats
+        for b in out:
             key = block_key[b]
             if key is not None:
                 self.cached_free -= 1
                 del self.key_to_block[key]
                 block_key[b] = None
-                self.block_stats.pop(b, None)
+                stats.pop(b, None)
                 self.evictions += 1
                 evicted.append(key)
             refs[b] = 1
-            out.append(b)
         return out
 
     def hits_in_free(self, blocks: list[int]) -> int:
@@ -98,9 +103,29 @@ class BlockPool:
         """Key block ``b`` by ``key`` in the prefix cache, with a fresh access history."""
         self.key_to_block[key] = b
         self.block_key[b] = key
-        stats = BlockStats(self.tick, self.history_k)
-        stats.touch(self.tick, priority)
-        self.block_stats[b] = stats
+        if self.keeps_stats:
+            stats = BlockStats(self.tick, self.history_k)
+            stats.touch(self.tick, priority)
+            self.block_stats[b] = stats
+
+    def cache_new(self, blocks: list[int], keys: list, priority: int) -> list:
+        """``cache(blocks[i], keys[i])`` in order for each key not cached yet (a key already cached,
+        in another block or earlier in this call, keeps that block); the keys cached, in order."""
+        key_to_block = self.key_to_block
+        block_key = self.block_key
+        out = []
+        if self.keeps_stats:
+            for b, key in zip(blocks, keys):
+                if key not in key_to_block:
+                    self.cache(b, key, priority)
+                    out.append(key)
+            return out
+        for b, key in zip(blocks, keys):
+            if key not in key_to_block:
+                key_to_block[key] = b
+                block_key[b] = key
+                out.append(key)
+        return out
 
     def add_refs(self, blocks, n: int) -> None:
         """``n`` more references to each of ``blocks`` from the same request (samples); negative to drop."""
@@ -117,9 +142,22 @@ class BlockPool:
     def release_many(self, blocks) -> None:
         """``release`` each of ``blocks`` in order."""
         refs = self.ref_counts
-        add = self.free.add
         stats = self.block_stats
         block_key = self.block_key
+        if self.caps.bulk:
+            freed = []
+            for b in blocks:
+                n = refs[b] - 1
+                refs[b] = n
+                if n == 0:
+                    freed.append(b)
+                    if block_key[b] is not None:
+                        self.cached_free += 1
+                else:
+                    self.shared_extra -= 1
+            self.free.add_many(freed, [stats.get(b) for b in freed] if self.keeps_stats else repeat(None))
+            return
+        add = self.free.add
         for b in blocks:
             n = refs[b] - 1
             refs[b] = n

@@ -309,6 +309,27 @@ class ScoredEviction(Protocol):
     def score(self, stats: BlockStats) -> tuple: ...
 
 
+@runtime_checkable
+class StatsBlindEviction(Protocol):
+    """``ignores_block_stats``: True if the policy's order never reads the ``stats`` that ``add``
+    receives (LRU: the order of the free queue is the order of frees). The allocator then builds
+    no :class:`~kvsim.kv.eviction.BlockStats` and passes None to ``add`` for every block."""
+
+    ignores_block_stats: bool
+
+
+@runtime_checkable
+class BulkFreePool(Protocol):
+    """``pop_many(n)``: the ``n`` blocks that ``n`` calls of ``pop`` would return, in that order
+    (only called when ``num_free >= n``); ``add_many(blocks, stats)``: ``add`` for each block in
+    order, ``stats`` an iterable with one entry per block. One call per request instead of one per
+    block."""
+
+    def pop_many(self, n: int) -> list[int]: ...
+
+    def add_many(self, blocks: list[int], stats) -> None: ...
+
+
 @dataclass(frozen=True)
 class EvictionCapabilities:
     """What an eviction policy offers beyond :class:`EvictionPolicy`, checked once per allocator."""
@@ -317,6 +338,8 @@ class EvictionCapabilities:
     self_check: bool  # SelfCheckingPool
     reuse_order: bool  # ReuseOrder
     scored: bool  # ScoredEviction
+    ignores_stats: bool  # StatsBlindEviction with ignores_block_stats True
+    bulk: bool  # BulkFreePool
 
 
 _EVICTION_MEMBERS = ("num_free", "__contains__", "pop", "remove", "add")
@@ -331,5 +354,9 @@ def eviction_capabilities(pool: object) -> EvictionCapabilities:
     depth = pool.history_depth if isinstance(pool, AccessHistoryDepth) else 1
     if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
         raise TypeError(f"{type(pool).__name__}.history_depth must be an int >= 1, got {depth!r}")
+    blind = pool.ignores_block_stats if isinstance(pool, StatsBlindEviction) else False
+    if not isinstance(blind, bool):
+        raise TypeError(f"{type(pool).__name__}.ignores_block_stats must be True or False, got {blind!r}")
     return EvictionCapabilities(history_depth=depth, self_check=isinstance(pool, SelfCheckingPool),
-                                reuse_order=isinstance(pool, ReuseOrder), scored=isinstance(pool, ScoredEviction))
+                                reuse_order=isinstance(pool, ReuseOrder), scored=isinstance(pool, ScoredEviction),
+                                ignores_stats=blind, bulk=isinstance(pool, BulkFreePool))

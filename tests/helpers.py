@@ -51,6 +51,9 @@ SIGINT_DRIVER = """
 import os, signal, sys
 import kvsim.api as api
 from kvsim import cli
+# a job started in the background by a non-interactive shell inherits SIGINT ignored (POSIX), and
+# Python then installs no KeyboardInterrupt handler; a user's terminal delivers Ctrl-C, so do as it does
+signal.signal(signal.SIGINT, signal.default_int_handler)
 real, calls = api.run_scenario, []
 def run_scenario(*a, **k):
     calls.append(1)

@@ -75,6 +75,10 @@ def resolved_dict(scn: Scenario) -> dict:
         del sched["prompt_blocks"], sched["reserve_full_isl"]
     if sched.get("prefill_only_steps") is False:
         del sched["prefill_only_steps"]  # absent = mixed steps, as before the key existed
+    if sched.get("mixed_chunk") is True:
+        del sched["mixed_chunk"]  # likewise (issue 23: SGLang's prefill batches)
+    if "max_prefill_tokens" in sched and sched["max_prefill_tokens"] is None:
+        del sched["max_prefill_tokens"]
     return d
 
 

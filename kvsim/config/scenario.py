@@ -11,9 +11,9 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 import kvsim.kv  # noqa: F401  (registers allocator kinds)
 import kvsim.timing  # noqa: F401  (registers timing kinds)
 from kvsim.config.profiles import DEFAULT_PROFILE, PROFILE_NAMES, PROFILES, apply_engine_profile
-from kvsim.config.sections import (BeamSearchConfig, EngineConfig, GPUConfig, HostLinkConfig, KVBudgetConfig,
-                                   KVDTypeName, LimitsConfig, MetricsConfig, ModelConfig, ParallelConfig,
-                                   ReplicasConfig, SLOConfig, WeightDTypeName, _preset)
+from kvsim.config.sections import (DEFAULT_GPU, BeamSearchConfig, EngineConfig, GPUConfig, HostLinkConfig,
+                                   KVBudgetConfig, KVDTypeName, LimitsConfig, MetricsConfig, ModelConfig,
+                                   ParallelConfig, ReplicasConfig, SLOConfig, WeightDTypeName, _preset)
 from kvsim.config_base import StrictModel
 from kvsim.errors import did_you_mean, format_choices
 from kvsim.hw import GPUS, MODELS
@@ -49,7 +49,7 @@ class Scenario(StrictModel):
     seed: int = 0
     trace: TraceConfig
     model: ModelConfig
-    gpu: GPUConfig = Field(default_factory=lambda: GPUConfig(**GPUS["A100-80GB"].to_dict()))
+    gpu: GPUConfig = Field(default_factory=lambda: GPUConfig(**GPUS[DEFAULT_GPU].to_dict()))
     kv_dtype: KVDTypeName = "fp16"
     weight_dtype: WeightDTypeName = "fp16"
     kv_budget: KVBudgetConfig = KVBudgetConfig()

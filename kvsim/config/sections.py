@@ -99,6 +99,9 @@ class ModelConfig(StrictModel):
         return ModelSpec(**self.model_dump())
 
 
+DEFAULT_GPU = "A100-80GB"  # the GPU preset of a scenario without gpu:
+
+
 class GPUConfig(StrictModel):
     """A GPU. Write a preset name (``gpu: A100-80GB``) or every field."""
 

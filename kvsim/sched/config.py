@@ -25,7 +25,19 @@ class SchedulerConfig(StrictModel):
         False,
         description="without chunked prefill: a step that admits prompts runs only those prompts, the running "
                     "requests decode from the next step on (vLLM v0's default scheduler); false: admitted prompts "
-                    "join the running requests' decode step (vLLM v1). No effect with chunked_prefill: true")
+                    "join the running requests' decode step (vLLM v1). No effect with chunked_prefill: true "
+                    "(see mixed_chunk)")
+    mixed_chunk: bool = Field(
+        True,
+        description="with chunked_prefill: prompt chunks join the running requests' decode step (vLLM v1; SGLang's "
+                    "--enable-mixed-chunk); false: a step with prompt work runs only that (the prompt the last step "
+                    "cut continues first, then admissions with the rest of the budget) and the running requests "
+                    "decode when no prompt can go on (SGLang's default). No effect without chunked_prefill")
+    max_prefill_tokens: Tokens | None = Field(
+        None, ge=1,
+        description="a waiting request joins a step that already admitted or continued a prompt only if its "
+                    "uncached prompt tokens are fewer than this minus the tokens the step holds so far (SGLang's "
+                    "max_prefill_tokens, PrefillAdder.add_one_req); null: no such limit")
     prompt_blocks: Literal["at_admission", "per_chunk"] = Field(
         "at_admission",
         description="at_admission: a request takes blocks for its whole prompt when admitted; per_chunk: "

@@ -26,6 +26,8 @@ def check_scheduler(sched: Scheduler) -> None:
         assert r.status == RequestStatus.RUNNING, f"{r} in running list"
         assert sched.allocator.held_tokens(r.request_id) >= r.num_computed_tokens, f"{r}: computed > held"
         assert 0 <= r.num_computed_tokens <= r.num_tokens, f"{r}: computed out of range"
+    for r in sched._chunks:  # prompts the last step cut: still short of their tokens while running
+        assert r.status != RequestStatus.RUNNING or r.num_computed_tokens < r.num_tokens, f"{r}: cut but caught up"
     for r in sched.waiting:
         assert r.status == RequestStatus.WAITING, f"{r} in waiting queue"
         assert r.num_computed_tokens == 0, f"{r}: waiting with computed tokens"

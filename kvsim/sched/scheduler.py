@@ -24,10 +24,12 @@ tokens, within a per-step token budget. The phases of one ``schedule()`` call:
    when scheduled, in phase 1; ``reserve_full_isl: false`` admits once the first chunk fits). Leading prompt blocks found in the prefix cache count as computed (at
    least the last token is always computed). Without chunked prefill the rest of the prompt is
    scheduled whole or not at all; with it, the head may take the remaining budget.
-   ``scheduler.prefill_only_steps`` (vLLM v0 without chunked prefill, ``Scheduler._schedule_default``:
-   "don't schedule decodes if prefills are scheduled") tries this phase first, with the whole
-   budget, and a step that admits anyone runs only those prompts; otherwise phases 0-2 follow and
-   nobody is admitted in that step.
+   Prompt-only steps (:mod:`kvsim.sched.prefill`; ``scheduler.prefill_only_steps``: vLLM v0 without
+   chunked prefill, ``Scheduler._schedule_default``: "don't schedule decodes if prefills are
+   scheduled"; ``scheduler.mixed_chunk: false``: SGLang's default with chunked prefill) try prompt
+   work first, with the whole budget: the prompts the last step cut, then this phase; a step that
+   schedules any runs only that prompt work; otherwise phases 0-2 follow and nobody is admitted in
+   that step.
 
 Requests that could never run are rejected when they arrive and counted: longer than the model's
 max length (prompt + output), or larger than the whole KV budget. The scheduler never sees block ids.
@@ -50,6 +52,7 @@ from kvsim.kv.protocol import KVAllocator, WindowAllocator, allocator_capabiliti
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.fastpath import DecodeFastPath
 from kvsim.sched.plan import StepPlan
+from kvsim.sched.prefill import PrefillPhases
 from kvsim.sched.invariants import check_scheduler
 from kvsim.sched.request import Request, RequestStatus, WaitingQueue, batch_tokens
 from kvsim.sched.shape import StepDraft, batch_shape
@@ -66,7 +69,7 @@ REJECT_KV = "exceeds_kv_capacity"
 REJECT_BUDGET = "exceeds_batch_token_budget"
 
 
-class Scheduler(WindowHooks):
+class Scheduler(WindowHooks, PrefillPhases):
     def __init__(self, cfg: SchedulerConfig, allocator: KVAllocator, max_model_len_tokens: int,
                  want_context_lens: bool = False, kv: KVGeometry | None = None,
                  host_transfers: HostTransfers | None = None,
@@ -79,8 +82,11 @@ class Scheduler(WindowHooks):
         self.max_num_seqs = cfg.max_num_seqs
         self.token_budget = cfg.token_budget(max_model_len_tokens)
         self.chunked_prefill = cfg.chunked_prefill
-        # vLLM v0 without chunked prefill: admissions first, and a step that admits runs no decodes
-        self.prefill_only_steps = cfg.prefill_only_steps and not cfg.chunked_prefill
+        # prompt-only steps (kvsim.sched.prefill): a step with prompt work runs no decodes. vLLM v0
+        # without chunked prefill (prefill_only_steps); SGLang's default with it (mixed_chunk: false)
+        self.prefill_only_steps = not cfg.mixed_chunk if cfg.chunked_prefill else cfg.prefill_only_steps
+        self.max_prefill_tokens = cfg.max_prefill_tokens
+        self._chunks: list[Request] = []  # running requests whose prompt the last step cut (on_step_done)
         # per_chunk: blocks for each scheduled chunk only (vLLM v1), after the reserve_full_isl check
         self.per_chunk = cfg.prompt_blocks == "per_chunk"
         self.reserve_full_isl = cfg.reserve_full_isl
@@ -263,9 +269,9 @@ class Scheduler(WindowHooks):
             raise RuntimeError("schedule() called twice without on_step_done()")
         step = StepDraft(self.token_budget)
         group_decodes = 0
-        if self.prefill_only_steps and self.waiting and not self.swapped:
-            self._admit_phase(step, now_s)
-        if not step.admitted:
+        if self.prefill_only_steps and (self.waiting or self._chunks) and not self.swapped:
+            self._prompt_only_step(step, now_s)
+        if not step.scheduled:
             group_decodes = self._group_phase(step)
             if group_decodes < len(self.running):
                 self._running_phase(step, group_decodes)
@@ -355,51 +361,6 @@ class Scheduler(WindowHooks):
             step.scheduled[req.request_id] = (n, cost)
             step.budget -= cost
 
-    def _admit_phase(self, step: StepDraft, now_s: float) -> None:
-        """Phase 3: waiting requests, FCFS, only if nothing was preempted or is swapped out."""
-        alloc = self.allocator
-        waiting, running = self.waiting, self.running
-        while (waiting.head is not None and not self.swapped and not step.preempted and step.budget > 0
-               and self.num_running_seqs() + waiting.head.num_samples <= self.max_num_seqs):
-            req = waiting.head
-            cached = self.cached_prefix_tokens(req)
-            n = req.num_tokens - cached
-            cost = req.batch_tokens(n, computed=cached)
-            if cost > step.budget:
-                n = req.positions_within(step.budget, computed=cached) if self.chunked_prefill else 0
-                if not n:
-                    break
-                cost = req.batch_tokens(n, computed=cached)
-            hold = req.num_tokens
-            if self.per_chunk:  # vLLM v1: check the whole prompt fits (reserve_full_isl), hold one chunk
-                if self.reserve_full_isl and not alloc.can_allocate(req.kv, req.num_tokens):
-                    break
-                hold = cached + n
-            got = alloc.allocate(req.kv, hold)
-            if got is None:
-                break
-            if got.cached_tokens != cached:
-                raise RuntimeError(f"request {req.request_id}: cache hit changed between peek and allocate")
-            req.num_computed_tokens = cached
-            self.host.load(req, got, step)
-            if not alloc.ensure_slots(req.request_id, cached + n):
-                raise RuntimeError(f"request {req.request_id}: admitted but its first chunk does not fit")
-            waiting.popleft()
-            self.requests[req.request_id] = req
-            req.status = RequestStatus.RUNNING
-            req.admit_seq = self._admit_counter
-            self._admit_counter += 1
-            if math.isnan(req.admitted_s):
-                req.admitted_s = now_s
-                req.cached_tokens = cached
-                req.cpu_hit_tokens = got.cpu_tokens
-                req.ssd_hit_tokens = got.ssd_tokens
-                req.remote_hit_tokens = got.remote_tokens
-            running.append(req)
-            step.admitted.append(req.request_id)
-            step.scheduled[req.request_id] = (n, cost)
-            step.budget -= cost
-
     def num_running_seqs(self) -> int:
         """Running sequences (a request with n parallel samples counts n), for ``max_num_seqs``."""
         if not self._any_samples:
@@ -435,10 +396,13 @@ class Scheduler(WindowHooks):
         if plan.group_decodes:
             done = path.advance()
         group_done = len(done)
+        cut: list[Request] = []  # prompts this step cut at the budget (a prompt-only step continues them first)
         for rid, n in plan.scheduled:
             req = self.requests[rid]
             req.num_computed_tokens += n
-            if req.num_computed_tokens == req.num_tokens:  # caught up: this step sampled a token
+            if req.num_computed_tokens != req.num_tokens:
+                cut.append(req)
+            else:  # caught up: this step sampled a token
                 req.num_generated += 1
                 if math.isnan(req.first_token_s):
                     req.first_token_s = now_s
@@ -447,6 +411,7 @@ class Scheduler(WindowHooks):
                     done.append(req)
                 elif joins:
                     path.join(req)
+        self._chunks = cut
         if group_done and len(done) > group_done:
             done.sort(key=lambda r: r.admit_seq)  # the order a one-by-one step finishes them in
         if done:

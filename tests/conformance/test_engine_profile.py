@@ -108,3 +108,29 @@ def test_an_unknown_profile_is_one_line_naming_file_key_and_choices(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert str(f) in r.stderr and "engine_profile" in r.stderr
     assert all(name in r.stderr for name in PROFILES)
+
+
+@pytest.mark.parametrize("gpu,budget", [
+    ("H200-141GB", 8192), ("H100-SXM-80GB", 8192), ("A100-80GB", 8192), ("A100-40GB", 4096), ("L40S", 4096),
+    ({"preset": "L40S", "memory_bytes": 24 << 30}, 2048), ({"preset": "H200-141GB", "memory_bytes": 192 << 30}, 16384),
+])
+def test_sglang_chunk_size_follows_the_gpu_memory(gpu, budget):
+    # SGLang v0.5.7 ServerArgs._handle_gpu_memory_settings: chunked_prefill_size by GPU memory
+    s = Scenario.model_validate({**BASE, "engine_profile": "sglang", "gpu": gpu})
+    assert s.scheduler.max_num_batched_tokens == budget
+    assert s.profile_filled()["filled"]["scheduler.max_num_batched_tokens"] == budget
+    assert (s.scheduler.mixed_chunk, s.scheduler.prefill_only_steps, s.scheduler.max_prefill_tokens) == \
+        (False, True, 16384)
+    own = Scenario.model_validate({**BASE, "engine_profile": "sglang", "gpu": gpu,
+                                   "scheduler": {"max_num_batched_tokens": 1000}})
+    assert own.scheduler.max_num_batched_tokens == 1000  # an explicit key wins
+    assert "scheduler.max_num_batched_tokens" not in own.profile_filled()["filled"]
+
+
+def test_only_sglang_runs_prompt_only_chunked_steps():
+    for name in PROFILES:
+        s = Scenario.model_validate({**BASE, "engine_profile": name})
+        assert s.scheduler.mixed_chunk is (name != "sglang"), name
+        assert (s.scheduler.max_prefill_tokens is None) is (name != "sglang"), name
+        if name != "sglang":
+            assert "mixed_chunk" not in resolved_dict(s)["scheduler"], name

@@ -188,3 +188,23 @@ def test_fast_equals_step_with_prompt_only_steps(alloc):
                        "scheduler": {"prefill_only_steps": True}}, rows)
     assert_same(step, fast)
     assert ((fast.steps["prefill_tokens"] > 0) & (fast.steps["decode_tokens"] > 0)).sum() == 0
+
+
+@pytest.mark.parametrize("alloc,blocks", [
+    ({"kind": "paged", "block_size": 16, "watermark": 0.0}, "per_chunk"),
+    ({"kind": "paged", "block_size": 16, "watermark": 0.01}, "at_admission"),
+    ({"kind": "radix", "block_size": 1}, "per_chunk"),
+    ({"kind": "contiguous", "reservation": "oracle"}, "at_admission"),
+])
+def test_fast_equals_step_with_prompt_only_chunked_steps(alloc, blocks):
+    # SGLang's default (scheduler.mixed_chunk: false): a step with prompt work (cut prompts first,
+    # then admissions, prompts cut at the budget) holds no decodes; windows end where the head might
+    # be admitted with the whole budget.
+    rows = random_rows(250, seed=15, rate=30.0, prompt=(1, 700))
+    step, fast = both({"kv_budget": {"tokens": 5000}, "allocator": alloc, "timing": TIMING,
+                       "scheduler": {"chunked_prefill": True, "mixed_chunk": False, "prompt_blocks": blocks,
+                                     "max_num_batched_tokens": 256, "max_prefill_tokens": 400}}, rows)
+    assert_same(step, fast)
+    st = fast.steps
+    assert ((st["prefill_tokens"] > 0) & (st["decode_tokens"] > 0)).sum() == 0
+    assert (st["prefill_tokens"] == 256).sum() > 10  # prompts were cut at the budget

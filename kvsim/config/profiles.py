@@ -7,6 +7,11 @@ model. It fills only keys the scenario leaves out: an explicit key always wins, 
 inherits its file's profile and may name another. Each value carries its source
 (docs/conformance.md, "Engine profiles", prints the same table).
 
+A profile's ``batch_rule`` (kvsim/config/batch_defaults.py) fills ``scheduler.max_num_seqs`` and
+``scheduler.max_num_batched_tokens`` from the validated scenario (its GPU, the model's context
+limit, chunked prefill): an engine derives them when it starts, so they are not one value per
+profile. The fixed fills come first, the rule sees their result (:func:`batch_fills`).
+
 Keys are dotted paths into the raw scenario; ``section[kind].key`` applies only when that plugin
 section resolves to ``kind`` (``allocator[paged].prefix_caching``); ``allocator.kind`` is the kind
 used when the scenario names none. Only the analytical timing model is filled: a calibrated one
@@ -16,11 +21,11 @@ measured its own kernels, and with an engine-measured calibration its own overhe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvsim.config.sections import DEFAULT_GPU, GPUConfig, _preset
-from kvsim.hw import GPUS, GiB
+from kvsim.config.batch_defaults import BatchContext, sglang_server_batch, vllm_v0_batch, vllm_v1_server_batch
 
 DEFAULT_PROFILE = "vllm-v1"
 
@@ -39,36 +44,11 @@ _FIT = "fitted on the serving corpus's fit cases only, no public figure (docs/va
 
 @dataclass(frozen=True)
 class Fill:
-    value: Any  # the value, or a ByGpuMemory rule resolved against the scenario's GPU
+    value: Any
     source: str
 
 
-@dataclass(frozen=True)
-class ByGpuMemory:
-    """A fill that follows the GPU's memory: the value of the first ``(below_gib, value)`` whose
-    bound the GPU's memory (``gpu.memory_bytes``) is under, else ``above``; ``unknown`` where the
-    scenario's GPU does not resolve (its own validator then reports it)."""
-
-    steps: tuple[tuple[int, Any], ...]
-    above: Any
-    unknown: Any
-
-    def value_for(self, memory_bytes: int | None) -> Any:
-        if memory_bytes is None:
-            return self.unknown
-        for below_gib, value in self.steps:
-            if memory_bytes < below_gib * GiB:
-                return value
-        return self.above
-
-
-def _gpu_memory_bytes(data: dict) -> int | None:
-    """The memory of a raw scenario's GPU (preset name, preset with overrides, or every field;
-    the default preset without ``gpu:``), or None if it does not resolve."""
-    try:
-        return GPUConfig.model_validate(_preset("gpu", data.get("gpu", DEFAULT_GPU), GPUS)).memory_bytes
-    except (ValueError, TypeError):  # pydantic's ValidationError is a ValueError
-        return None
+BatchRule = Callable[[BatchContext], "tuple[dict[str, int], str]"]
 
 
 # SGLang v0.5.7 (the PyPI release sglang-0.5.7; python/sglang/srt/...): what its scheduler does by default
@@ -81,6 +61,8 @@ class EngineProfile:
     summary: str
     fills: dict[str, Fill] = field(default_factory=dict)
     inherits: str | None = None
+    # the scheduler's batch limits the engine derives from the GPU and model (None: the parent's)
+    batch_rule: BatchRule | None = None
 
 
 _PROFILES: tuple[EngineProfile, ...] = (
@@ -106,7 +88,7 @@ _PROFILES: tuple[EngineProfile, ...] = (
         "timing[analytical].moe_align_kernel": Fill("vllm", _VLLM_ALIGN),
         "timing[analytical].moe_layer_s": Fill(5.1e-05, f"{_FIT}, 6 vLLM v1 cases (2 of them MoE)"),
         "timing[analytical].overhead": Fill({"per_prefill_seq_s": 0.00358}, f"{_FIT}, 6 vLLM v1 cases"),
-    }),
+    }, batch_rule=vllm_v1_server_batch),
     EngineProfile("vllm-0.32", "vLLM 0.32.0 exactly: today the same as vllm-v1", inherits="vllm-v1"),
     EngineProfile("vllm-v0.6", "vLLM 0.6 (v0 engine): no chunked prefill or prefix caching by default, prompt "
                   "blocks at admission, watermark 0.01, FlashAttention paged decode", {
@@ -131,7 +113,7 @@ _PROFILES: tuple[EngineProfile, ...] = (
         "timing[analytical].allreduce": Fill("vllm-custom", _VLLM_AR),
         "timing[analytical].moe_align_kernel": Fill("vllm", _VLLM_ALIGN),
         "timing[analytical].overhead": Fill({"per_prefill_seq_s": 0.0051656}, f"{_FIT}, 3 vLLM V0 cases"),
-    }),
+    }, batch_rule=vllm_v0_batch),
     EngineProfile("vllm-2023", "the vLLM paper's system (Kwon et al., SOSP 2023; vLLM 0.1): v0 scheduler, "
                   "PagedAttention v1 kernel for paged KV (vLLM 0.1's 2,560-token budget is not filled: it "
                   "would refuse every model longer than 2,560 tokens; kvsim keeps vLLM 0.2+'s "
@@ -152,11 +134,6 @@ _PROFILES: tuple[EngineProfile, ...] = (
                                         "turns it off); page_size 1 (ServerArgs.page_size)"),
         "scheduler.chunked_prefill": Fill(True, "SGLang ServerArgs.chunked_prefill_size set by default"),
         "scheduler.prompt_blocks": Fill("per_chunk", "SGLang allocates KV for each prefill chunk it schedules"),
-        "scheduler.max_num_batched_tokens": Fill(
-            ByGpuMemory(((35, 2048), (60, 4096), (160, 8192)), above=16384, unknown=4096),
-            f"{_SGL} server_args.py ServerArgs._handle_gpu_memory_settings: chunked_prefill_size 2048 on GPUs "
-            "under 35 GiB, 4096 under 60 GiB (A100-40GB, L40S), 8192 under 160 GiB (A100-80GB, H100, H200), 16384 "
-            "above (B200, MI300X); 4096 when the memory is unknown"),
         "scheduler.mixed_chunk": Fill(
             False, f"{_SGL} ServerArgs.enable_mixed_chunk = False; managers/scheduler.py "
                    "Scheduler.get_next_batch_to_run runs the batch get_new_batch_prefill builds (\"Run prefill first "
@@ -183,7 +160,7 @@ _PROFILES: tuple[EngineProfile, ...] = (
             "sglang", "SGLang's moe_align_block_size kernel: 19.9 us (128 experts) / 22.8 us (256) at 16 tokens on an "
                       "H200, printed in sgl-project/sglang#4327 (docs/engine_overhead.md, 'MoE layers')"),
         "timing[analytical].moe_layer_s": Fill(5.65e-05, f"{_FIT}, 2 SGLang cases"),
-    }),
+    }, batch_rule=sglang_server_batch),
 )
 
 PROFILES: dict[str, EngineProfile] = {p.name: p for p in _PROFILES}
@@ -194,6 +171,36 @@ def profile_fills(name: str) -> dict[str, Fill]:
     """Every fill of profile ``name``, its parents' first (a child's value wins)."""
     p = PROFILES[name]
     return {**(profile_fills(p.inherits) if p.inherits else {}), **p.fills}
+
+
+def profile_batch_rule(name: str) -> BatchRule | None:
+    """Profile ``name``'s batch rule, or its nearest parent's (None: it derives no batch limits)."""
+    p = PROFILES[name]
+    if p.batch_rule is not None or p.inherits is None:
+        return p.batch_rule
+    return profile_batch_rule(p.inherits)
+
+
+def batch_fills(name: str, ctx: BatchContext) -> tuple[dict[str, int], str]:
+    """``({scheduler key: value}, source)``: the batch limits profile ``name`` derives for ``ctx``
+    (only those ``ctx`` leaves out; nothing for a profile without a rule or an unknown name)."""
+    rule = profile_batch_rule(name) if name in PROFILES else None
+    return rule(ctx) if rule is not None else ({}, "")
+
+
+def apply_batch_rule(data: Any, ctx: BatchContext) -> tuple[Any, dict[str, int], dict[str, str]]:
+    """``(data with the batch limits its profile derives for ctx, {dotted key: value}, {dotted key:
+    source})``; ``ctx`` describes the scenario validated once with the fixed fills. A ``scheduler``
+    that is not a mapping (a config object built in code) is taken as it is."""
+    if not isinstance(data, dict) or not isinstance(data.get("scheduler", {}), dict):
+        return data, {}, {}
+    name = data.get("engine_profile", DEFAULT_PROFILE)
+    values, source = batch_fills(name, ctx) if isinstance(name, str) else ({}, "")
+    if not values:
+        return data, {}, {}
+    out = {**data, "scheduler": {**(data.get("scheduler") or {}), **values}}
+    filled = {f"scheduler.{k}": v for k, v in values.items()}
+    return out, filled, dict.fromkeys(filled, source)
 
 
 # Back-compatible view: {profile: {dotted key: value}}.
@@ -209,20 +216,19 @@ def _split(key: str) -> tuple[str, str | None, str]:
     return section, (kind.rstrip("]") or None), leaf
 
 
-def apply_engine_profile(data: Any) -> tuple[Any, dict[str, Any]]:
-    """``(data with its profile's fills, {dotted key: value filled})`` for a raw scenario mapping.
+def apply_engine_profile(data: Any) -> tuple[Any, dict[str, Any], dict[str, str]]:
+    """``(data with its profile's fills, {dotted key: value filled}, {dotted key: its source})`` for
+    a raw scenario mapping.
 
     A key the scenario gives (or a section that is not a mapping) is never touched; an unknown
     profile name fills nothing (the ``engine_profile`` field's Literal reports it with the choices)."""
     if not isinstance(data, dict):
-        return data, {}
+        return data, {}, {}
     name = data.get("engine_profile", DEFAULT_PROFILE)
     if not isinstance(name, str) or name not in PROFILES:
-        return data, {}
-    out, filled = dict(data), {}
+        return data, {}, {}
+    out, filled, sources = dict(data), {}, {}
     for key, fill in profile_fills(name).items():
-        if isinstance(fill.value, ByGpuMemory):
-            fill = Fill(fill.value.value_for(_gpu_memory_bytes(data)), fill.source)
         section, kind, leaf = _split(key)
         node = out.get(section)
         if node is None:
@@ -232,11 +238,11 @@ def apply_engine_profile(data: Any) -> tuple[Any, dict[str, Any]]:
         if section in _PLUGIN_DEFAULT_KINDS and leaf == "kind":
             if "kind" not in node:
                 out[section] = {**node, "kind": fill.value}
-                filled[key] = fill.value
+                filled[key], sources[key] = fill.value, fill.source
             continue
         if kind is not None and node.get("kind", _PLUGIN_DEFAULT_KINDS[section]) != kind:
             continue
         if leaf not in node:
             out[section] = {**node, leaf: fill.value}
-            filled[f"{section}.{leaf}"] = fill.value
-    return out, filled
+            filled[f"{section}.{leaf}"], sources[f"{section}.{leaf}"] = fill.value, fill.source
+    return out, filled, sources

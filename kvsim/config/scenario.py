@@ -10,7 +10,8 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 import kvsim.kv  # noqa: F401  (registers allocator kinds)
 import kvsim.timing  # noqa: F401  (registers timing kinds)
-from kvsim.config.profiles import DEFAULT_PROFILE, PROFILE_NAMES, PROFILES, apply_engine_profile
+from kvsim.config.batch_defaults import BatchContext
+from kvsim.config.profiles import DEFAULT_PROFILE, PROFILE_NAMES, PROFILES, apply_batch_rule, apply_engine_profile
 from kvsim.config.sections import (DEFAULT_GPU, BeamSearchConfig, EngineConfig, GPUConfig, HostLinkConfig,
                                    KVBudgetConfig, KVDTypeName, LimitsConfig, MetricsConfig, ModelConfig,
                                    ParallelConfig, ReplicasConfig, SLOConfig, WeightDTypeName, _preset)
@@ -68,15 +69,25 @@ class Scenario(StrictModel):
                                                    "(default: the first variant)")
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
-    # what the engine profile filled, {dotted key: value} (profile_filled(); not a scenario key)
+    # what the engine profile filled, {dotted key: value}, and each value's source (profile_filled(),
+    # profile_sources(); not scenario keys)
     _profile_filled: dict = PrivateAttr(default_factory=dict)
+    _profile_sources: dict = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="wrap")
     @classmethod
     def _engine_profile(cls, data, handler):
-        data, filled = apply_engine_profile(data)
+        if not isinstance(data, dict):  # e.g. a Scenario already validated: it keeps its own record
+            return handler(data)
+        data, filled, sources = apply_engine_profile(data)
         scn = handler(data)
-        scn._profile_filled = filled
+        # the batch limits an engine derives from its GPU and model: read off the validated scenario,
+        # then validated again with them (only where the profile has a rule and the scenario left them out)
+        data, more, more_sources = apply_batch_rule(data, scn.batch_context())
+        if more:
+            scn = handler(data)
+            filled, sources = {**filled, **more}, {**sources, **more_sources}
+        scn._profile_filled, scn._profile_sources = filled, sources
         return scn
 
     @field_validator("engine_profile")
@@ -91,6 +102,21 @@ class Scenario(StrictModel):
         """``{"name": profile, "filled": {dotted key: value}}``: the keys the engine profile set
         because the scenario left them out (summary.json and scenario.resolved.yaml record it)."""
         return {"name": self.engine_profile, "filled": dict(self._profile_filled)}
+
+    def profile_sources(self) -> dict:
+        """``{dotted key: source}`` for every key in ``profile_filled()["filled"]`` (scenario.resolved.yaml)."""
+        return dict(self._profile_sources)
+
+    def batch_context(self) -> BatchContext:
+        """What an engine profile's batch rule reads (kvsim/config/batch_defaults.py): this scenario's
+        GPU, the model's context limit, chunked prefill, and the two batch limits where given."""
+        s = self.scheduler
+        given = s.model_fields_set
+        return BatchContext(gpu_name=self.gpu.name, gpu_memory_bytes=self.gpu.memory_bytes,
+                            max_model_len=self.model.max_model_len_tokens, chunked_prefill=s.chunked_prefill,
+                            max_num_seqs=s.max_num_seqs if "max_num_seqs" in given else None,
+                            max_num_batched_tokens=s.max_num_batched_tokens if "max_num_batched_tokens" in given
+                            else None)
 
     @field_validator("model", mode="before")
     @classmethod

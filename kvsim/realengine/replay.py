@@ -73,8 +73,7 @@ def settings_for(scn, model_file: Path, threads: int, device: str, eager: bool) 
     if scn.allocator_offload() is not None:
         raise EngineError(f"{where}: allocator.offload is set; the vLLM replay has no KV tiers (remove it)")
     blocks = scn.kv_budget_bytes() // scn.kv_geometry().bytes_per_token // a.block_size
-    tokens = s.max_num_batched_tokens if s.max_num_batched_tokens is not None else max(
-        2048, scn.model.max_model_len_tokens if not s.chunked_prefill else 2048)
+    tokens = s.token_budget(scn.model.max_model_len_tokens)  # the simulator's, engine profile's fill included
     return EngineSettings(model_config=model_file, block_size=a.block_size, num_blocks=int(blocks) + 1,
                           max_num_seqs=s.max_num_seqs, max_num_batched_tokens=int(tokens),
                           max_model_len=scn.model.max_model_len_tokens, chunked_prefill=s.chunked_prefill,

@@ -15,10 +15,12 @@ VictimConfig = policy_field(VICTIMS, DEFAULT_VICTIM)
 
 
 class SchedulerConfig(StrictModel):
-    max_num_seqs: int = Field(256, ge=1, description="most requests running in one step")
+    max_num_seqs: int = Field(256, ge=1, description="most requests running in one step (the vllm-v1 engine "
+                                                    "profile fills it by GPU: docs/conformance.md, 'Batch limits')")
     max_num_batched_tokens: Tokens | None = Field(
         None, ge=1,
-        description="token budget per step; default max(max_model_len, 2048), or 2048 with chunked prefill",
+        description="token budget per step; default max(max_model_len, 2048), or 2048 with chunked prefill "
+                    "(engine profiles fill it: vllm-v1 by GPU as `vllm serve` does, 8192 on H100/H200)",
     )
     chunked_prefill: bool = False
     prefill_only_steps: bool = Field(

@@ -83,7 +83,8 @@ def test_profiles_inherit_and_override():
     assert old.scheduler.prefill_only_steps and v06.scheduler.prefill_only_steps
     assert not Scenario.model_validate(BASE).scheduler.prefill_only_steps
     assert not Scenario.model_validate({**BASE, "engine_profile": "kvsim"}).scheduler.prefill_only_steps
-    assert old.scheduler.max_num_batched_tokens is None and old.scheduler.token_budget(2048) == 2048
+    # v0 (0.5-0.6) budget: max(max_model_len, 2048), whatever the GPU; Llama-2-7B's context is 4096
+    assert old.scheduler.max_num_batched_tokens == v06.scheduler.max_num_batched_tokens == 4096
     sg = Scenario.model_validate({**BASE, "engine_profile": "sglang"})
     assert (sg.allocator.kind, sg.allocator.block_size, sg.scheduler.token_budget(4096)) == ("radix", 1, 8192)
     assert sg.timing.step_overhead_s == 0.0
@@ -134,3 +135,122 @@ def test_only_sglang_runs_prompt_only_chunked_steps():
         assert (s.scheduler.max_prefill_tokens is None) is (name != "sglang"), name
         if name != "sglang":
             assert "mixed_chunk" not in resolved_dict(s)["scheduler"], name
+
+
+# -- batch limits derived from the GPU (vLLM's EngineArgs.get_batch_defaults, `vllm serve`) --------------
+
+def _sched(gpu, **extra):
+    s = Scenario.model_validate({**BASE, "gpu": gpu, **extra})
+    return s, s.scheduler.max_num_batched_tokens, s.scheduler.max_num_seqs
+
+
+def test_vllm_v1_batch_limits_follow_the_gpu_as_vllm_serve_picks_them():
+    # >= 70 GiB and not an A100: 8192 tokens, 1024 sequences; an A100 or a smaller GPU: 2048 / 256
+    for gpu in ("H100-SXM-80GB", "H100-PCIe-80GB", "H200-141GB"):
+        assert _sched(gpu)[1:] == (8192, 1024), gpu
+    for gpu in ("A100-40GB", "A100-80GB", "L40S"):
+        assert _sched(gpu)[1:] == (2048, 256), gpu
+    # >= 160 GiB (B200-class, no preset): 16384 / 1024; an 80 GiB GPU not named A100 takes the 70 GiB tier
+    big = {"preset": "H200-141GB", "name": "B200-180GB", "memory_bytes": 180 * 2**30}
+    assert _sched(big)[1:] == (16384, 1024)
+    assert _sched({"preset": "A100-80GB", "name": "A800-80GB"})[1:] == (8192, 1024)
+    assert _sched({"preset": "H100-SXM-80GB", "name": "H100-64GB", "memory_bytes": 64 * 2**30})[1:] == (2048, 256)
+    # vllm-0.32 inherits the rule, kvsim fills nothing, vllm-v0.6 does not look at the GPU
+    assert _sched("H100-SXM-80GB", engine_profile="vllm-0.32")[1:] == (8192, 1024)
+    assert _sched("H100-SXM-80GB", engine_profile="kvsim")[1:] == (None, 256)
+    assert _sched("H100-SXM-80GB", engine_profile="vllm-v0.6")[1:] == (4096, 256)
+
+
+def test_vllm_v1_batch_limits_adjust_to_the_model_and_explicit_values_win():
+    # without chunked prefill a whole prompt must fit: at least max_model_len (Llama-3.1-8B: 131072)
+    s, tokens, _ = _sched("H100-SXM-80GB", model="Llama-3.1-8B", scheduler={"chunked_prefill": False})
+    assert tokens == 131072 and s.scheduler.token_budget(131072) == 131072
+    # a default budget is at most max_num_seqs x max_model_len; a default max_num_seqs at most the budget
+    assert _sched("H100-SXM-80GB", model={"preset": "Llama-2-7B", "max_model_len_tokens": 512},
+                  scheduler={"max_num_seqs": 4})[1:] == (2048, 4)
+    assert _sched("H100-SXM-80GB", scheduler={"max_num_batched_tokens": 512})[1:] == (512, 512)
+    s, tokens, seqs = _sched("H100-SXM-80GB", scheduler={"max_num_batched_tokens": 4096, "max_num_seqs": 64})
+    assert (tokens, seqs) == (4096, 64)
+    assert not any(k.startswith("scheduler.max_num") for k in s.profile_filled()["filled"])
+    # vllm-v0.6 with chunked prefill: vLLM 0.5-0.6's SchedulerConfig took 512
+    assert _sched("A100-80GB", engine_profile="vllm-v0.6", scheduler={"chunked_prefill": True})[1] == 512
+
+
+def test_the_derived_limits_are_recorded_with_their_source():
+    s, _, _ = _sched("H100-SXM-80GB")
+    filled, sources = s.profile_filled()["filled"], s.profile_sources()
+    assert (filled["scheduler.max_num_batched_tokens"], filled["scheduler.max_num_seqs"]) == (8192, 1024)
+    src = sources["scheduler.max_num_batched_tokens"]
+    assert "get_batch_defaults" in src and "OPENAI_API_SERVER" in src and "H100-SXM-80GB" in src
+    assert set(sources) == set(filled) and all(sources.values())
+    assert resolved_dict(s)["scheduler"]["max_num_batched_tokens"] == 8192
+    a100 = _sched("A100-80GB")[0]
+    assert "A100" in a100.profile_sources()["scheduler.max_num_batched_tokens"]
+
+
+def test_variants_derive_their_own_limits(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text("trace: {file: x.csv}\nmodel: Llama-2-7B\ngpu: A100-80GB\n"
+                 "variants:\n  a100: {}\n  h100: {gpu: H100-SXM-80GB}\n  pinned: {gpu: H100-SXM-80GB, "
+                 "scheduler: {max_num_batched_tokens: 2048}}\n")
+    runs = load_scenario(f).runs
+    assert {n: r.scheduler.token_budget(4096) for n, r in runs.items()} == {"a100": 2048, "h100": 8192, "pinned": 2048}
+    assert runs["pinned"].scheduler.max_num_seqs == 1024  # the H100 tier's, the budget being given
+
+
+class _FakeGPU:
+    """vLLM's current_platform as get_batch_defaults reads it, on an NVIDIA GPU."""
+
+    def __init__(self, name: str, memory_bytes: int):
+        self.name, self.memory_bytes = name, memory_bytes
+
+    def get_device_total_memory(self, device_id: int = 0) -> int:
+        return self.memory_bytes
+
+    def get_device_name(self, device_id: int = 0) -> str:
+        return self.name
+
+    def is_tpu(self) -> bool:
+        return False
+
+    def is_cpu(self) -> bool:
+        return False
+
+
+def _vllm_serve_defaults(monkeypatch, gpu, max_model_len, chunked, seqs, tokens):
+    """What the installed vLLM's EngineArgs sets for `vllm serve` on ``gpu`` (its own code, run on a
+    stand-in platform and model config)."""
+    import types
+
+    import vllm.engine.arg_utils as au
+    from vllm.usage.usage_lib import UsageContext
+
+    monkeypatch.setattr(au, "current_platform", _FakeGPU(f"NVIDIA {gpu.name}", gpu.memory_bytes))
+    args = au.EngineArgs.__new__(au.EngineArgs)  # only the fields the method reads
+    args.pipeline_parallel_size = args.tensor_parallel_size = 1
+    args.max_num_batched_tokens, args.max_num_seqs, args.enable_chunked_prefill = tokens, seqs, chunked
+    args.performance_mode = "balanced"
+    model = types.SimpleNamespace(max_model_len=max_model_len, is_multimodal_model=False, is_mm_prefix_lm=False)
+    args._set_default_max_num_seqs_and_batched_tokens_args(
+        UsageContext.OPENAI_API_SERVER, model, types.SimpleNamespace(use_batched_dp_moe=False))
+    return args.max_num_batched_tokens, args.max_num_seqs
+
+
+def test_vllm_v1_batch_limits_match_the_installed_vllm(monkeypatch):
+    pytest.importorskip("vllm")
+    from kvsim.hw import GPUS
+
+    gpus = [*GPUS.values(), dataclasses.replace(GPUS["H200-141GB"], name="B200-180GB", memory_bytes=180 * 2**30)]
+    checked = 0
+    for gpu in gpus:
+        for mml in (512, 4096, 131072):
+            for chunked in (True, False):
+                for seqs, tokens in ((None, None), (4, None), (None, 1024), (64, 256)):
+                    sched = {"chunked_prefill": chunked, **({"max_num_seqs": seqs} if seqs else {}),
+                             **({"max_num_batched_tokens": tokens} if tokens else {})}
+                    s = Scenario.model_validate({**BASE, "gpu": gpu.to_dict(), "scheduler": sched,
+                                                 "model": {"preset": "Llama-2-7B", "max_model_len_tokens": mml}})
+                    want = _vllm_serve_defaults(monkeypatch, gpu, mml, chunked, seqs, tokens)
+                    assert (s.scheduler.token_budget(mml), s.scheduler.max_num_seqs) == want, (gpu.name, sched, mml)
+                    checked += 1
+    assert checked == len(gpus) * 24

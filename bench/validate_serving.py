@@ -28,6 +28,9 @@ Engine settings. ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``
 and ``gpu_memory_utilization`` carry the run's server flags or the defaults of its engine version when
 the source names them; an empty cell keeps the script's defaults (chunked prefill on, as vLLM v1;
 ``max_num_seqs`` 256, or the client concurrency of a closed loop; kvsim's other defaults).
+``kv_cache_gib`` (instead of ``gpu_memory_utilization``) is the KV memory per GPU the engine printed,
+written as ``kv_budget.bytes``. ``total_input_tokens`` / ``total_generated_tokens`` are the printed
+totals; a random row whose totals are more than 5 % off num_prompts x its lengths is refused.
 
 A case with ``max_concurrency`` is a closed loop (the client keeps that many requests in flight):
 kvsim runs all requests arriving at once with ``scheduler.max_num_seqs = max_concurrency``, and a
@@ -206,6 +209,13 @@ def _concurrency(row: dict) -> int | None:
     return None if v in ("", "none") else int(v)
 
 
+def _output_note(row: dict) -> str:
+    gen = _engine(row, "total_generated_tokens")
+    if not gen:
+        return "--ignore-eos"
+    return f"printed total generated {gen} (num_prompts x this: {int(row['num_prompts']) * int(row['output_len'])})"
+
+
 def _engine(row: dict, key: str) -> str:
     return (row.get(key) or "").strip()
 
@@ -227,7 +237,7 @@ def scenario_text(row: dict) -> str:
                  f"    num_requests: {int(row['num_prompts'])}",
                  f"    arrival: {arrival}",
                  f"    prompt_tokens: {{kind: fixed, value: {int(row['input_len'])}}}",
-                 f"    output_tokens: {{kind: fixed, value: {int(row['output_len'])}}}   # --ignore-eos"]
+                 f"    output_tokens: {{kind: fixed, value: {int(row['output_len'])}}}   # {_output_note(row)}"]
         lengths = f"{row['dataset']} {row['input_len']}/{row['output_len']} tokens"
     seqs = _engine(row, "max_num_seqs")
     if conc:

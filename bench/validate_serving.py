@@ -28,6 +28,9 @@ Engine settings. ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``
 and ``gpu_memory_utilization`` carry the run's server flags or the defaults of its engine version when
 the source names them; an empty cell keeps the script's defaults (chunked prefill on, as vLLM v1;
 ``max_num_seqs`` 256, or the client concurrency of a closed loop; kvsim's other defaults).
+``kv_cache_gib`` (instead of ``gpu_memory_utilization``) is the KV memory per GPU the engine printed,
+written as ``kv_budget.bytes``. ``total_input_tokens`` / ``total_generated_tokens`` are the printed
+totals; a random row whose totals are more than 5 % off num_prompts x its lengths is refused.
 
 A case with ``max_concurrency`` is a closed loop (the client keeps that many requests in flight):
 kvsim runs all requests arriving at once with ``scheduler.max_num_seqs = max_concurrency``, and a
@@ -129,7 +132,9 @@ def _profile_names() -> tuple[str, ...]:
     from kvsim.config.profiles import PROFILE_NAMES
 
     return PROFILE_NAMES
-ENGINE_INTS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens")
+ENGINE_INTS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "total_input_tokens",
+               "total_generated_tokens")
+TOTALS_BOUND = 0.05  # printed totals vs num_prompts x lengths (the inclusion rule in docs/validation.md)
 
 
 def _check_engine_fields(path: Path, line: int, row: dict) -> None:
@@ -140,14 +145,32 @@ def _check_engine_fields(path: Path, line: int, row: dict) -> None:
     v = (row.get("chunked_prefill") or "").strip()
     if v not in ("", "true", "false"):
         raise CorpusError(f"{path}: line {line}: chunked_prefill {v!r}: valid: true, false, empty")
-    v = (row.get("gpu_memory_utilization") or "").strip()
-    if v:
-        try:
-            ok = 0 < float(v) <= 1
-        except ValueError:
-            ok = False
-        if not ok:
-            raise CorpusError(f"{path}: line {line}: gpu_memory_utilization {v!r}: a number in (0, 1] or empty")
+    for key, top in (("gpu_memory_utilization", 1.0), ("kv_cache_gib", math.inf)):
+        v = (row.get(key) or "").strip()
+        if v:
+            try:
+                ok = 0 < float(v) <= top
+            except ValueError:
+                ok = False
+            if not ok:
+                raise CorpusError(f"{path}: line {line}: {key} {v!r}: a number in (0, {top:g}] or empty")
+    if _engine(row, "gpu_memory_utilization") and _engine(row, "kv_cache_gib"):
+        raise CorpusError(f"{path}: line {line}: give at most one of gpu_memory_utilization and kv_cache_gib")
+    if row.get("dataset") == "random":
+        _check_totals(path, line, row)
+
+
+def _check_totals(path: Path, line: int, row: dict) -> None:
+    """A random case's printed totals (where given) must be within TOTALS_BOUND of num_prompts x its
+    lengths, else its lengths are not known (the run did not fix them or did not force the outputs)."""
+    for key, length in (("total_input_tokens", "input_len"), ("total_generated_tokens", "output_len")):
+        v = _engine(row, key)
+        if not v:
+            continue
+        want = int(row["num_prompts"]) * int(row[length])
+        if abs(int(v) - want) > TOTALS_BOUND * want:
+            raise CorpusError(f"{path}: line {line}: {key} {v} is not within {TOTALS_BOUND:.0%} of num_prompts x "
+                              f"{length} = {want}: the lengths are not known (docs/validation.md, inclusion rule)")
 
 
 def load_lengths(path: Path) -> dict[str, list[tuple[int, int]]]:
@@ -186,6 +209,13 @@ def _concurrency(row: dict) -> int | None:
     return None if v in ("", "none") else int(v)
 
 
+def _output_note(row: dict) -> str:
+    gen = _engine(row, "total_generated_tokens")
+    if not gen:
+        return "--ignore-eos"
+    return f"printed total generated {gen} (num_prompts x this: {int(row['num_prompts']) * int(row['output_len'])})"
+
+
 def _engine(row: dict, key: str) -> str:
     return (row.get(key) or "").strip()
 
@@ -207,7 +237,7 @@ def scenario_text(row: dict) -> str:
                  f"    num_requests: {int(row['num_prompts'])}",
                  f"    arrival: {arrival}",
                  f"    prompt_tokens: {{kind: fixed, value: {int(row['input_len'])}}}",
-                 f"    output_tokens: {{kind: fixed, value: {int(row['output_len'])}}}   # --ignore-eos"]
+                 f"    output_tokens: {{kind: fixed, value: {int(row['output_len'])}}}   # {_output_note(row)}"]
         lengths = f"{row['dataset']} {row['input_len']}/{row['output_len']} tokens"
     seqs = _engine(row, "max_num_seqs")
     if conc:
@@ -220,7 +250,7 @@ def scenario_text(row: dict) -> str:
         sched.append(f"max_num_batched_tokens: {_engine(row, 'max_num_batched_tokens')}")
     mml = _engine(row, "max_model_len")
     model = f"{{preset: {row['kvsim_model']}, max_model_len_tokens: {mml}}}" if mml else row["kvsim_model"]
-    util = _engine(row, "gpu_memory_utilization")
+    util, kv = _engine(row, "gpu_memory_utilization"), _engine(row, "kv_cache_gib")
     lines = [
         HEADER,
         f"# case {row['case_id']}: {row['source_url']} ({row['source_date']})",
@@ -239,6 +269,8 @@ def scenario_text(row: dict) -> str:
         f"parallel: {{tensor: {int(row['tensor_parallel'])}}}",
         *([] if row["engine_profile"] == "sglang" else ["allocator: {kind: paged, block_size: 16}"]),
         *([f"kv_budget: {{gpu_memory_utilization: {util}}}"] if util else []),
+        *([f"kv_budget: {{bytes: {round(float(kv) * 2**30)}, allow_beyond_gpu: true}}   # the engine's printed KV "
+           f"cache memory, {kv} GiB per GPU (its gpu_memory_utilization is not stated)"] if kv else []),
         "scheduler:",
         *(f"  {s}" for s in sched),
         "timing:",
@@ -252,7 +284,7 @@ def scenario_text(row: dict) -> str:
 PROFILE_NOTES = {
     "vllm-v0.6": "vLLM's V0 engine (0.5-0.6; and V0's encoder-decoder runner, which served Mllama until "
                  "vllm-project/vllm#24907, 2025-09): no chunked prefill below 32K, no prefix caching, watermark 0.01",
-    "vllm-v1": "vLLM of 2025 (version not stated): the v1 engine, the default since vLLM 0.8.0 (assumed)",
+    "vllm-v1": "vLLM's V1 engine, the default since vLLM 0.8.0 (assumed where the run does not state its version)",
     "sglang": "SGLang: radix cache (page 1), chunked prefill 8192, overlapped scheduler",
     "vllm-2023": "the vLLM paper's engine", "vllm-0.32": "vLLM 0.32.0", "kvsim": "kvsim's pre-profile defaults",
 }

@@ -210,3 +210,37 @@ def test_a_trace_file_it_did_not_write_is_not_replaced(tmp_path):
 def test_unknown_engine_profile_is_one_line(tmp_path, capsys):
     err = _error_of_first_row_with(tmp_path, capsys, "engine_profile", "vllm-9")
     assert "engine_profile 'vllm-9'" in err and "vllm-v1" in err and "sglang" in err
+
+
+def test_random_rows_with_printed_totals_agree_with_their_lengths():
+    rows = [r for r in vs.load_corpus() if r["dataset"] == "random" and r.get("total_input_tokens")]
+    assert len(rows) >= 15
+    for r in rows:
+        n = int(r["num_prompts"])
+        assert abs(int(r["total_input_tokens"]) - n * int(r["input_len"])) <= 0.05 * n * int(r["input_len"])
+        assert abs(int(r["total_generated_tokens"]) - n * int(r["output_len"])) <= 0.05 * n * int(r["output_len"])
+    # one printout, copied: dennislee22 README Test 4, 10 prompts of 1,024/1,024
+    row = next(r for r in rows if r["case_id"] == "qwen2-7b-a100x1-u25-i1024-o1024-n10")
+    assert (row["total_input_tokens"], row["total_generated_tokens"]) == ("10239", "10240")
+    assert "printed total generated 10240" in vs.scenario_text(row)
+
+
+def test_totals_off_by_more_than_five_percent_are_one_line(tmp_path, capsys):
+    with open(vs.CORPUS, newline="") as f:
+        header, *body = list(csv.reader(f))
+    row = next(r for r in body if r[header.index("total_generated_tokens")])
+    n, osl = int(row[header.index("num_prompts")]), int(row[header.index("output_len")])
+    row[header.index("total_generated_tokens")] = str(int(0.9 * n * osl))
+    bad = tmp_path / "corpus.csv"
+    with open(bad, "w", newline="") as f:
+        csv.writer(f).writerows([header, row])
+    assert vs.main(["--corpus", str(bad), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "total_generated_tokens" in err and "within 5%" in err
+
+
+def test_printed_kv_memory_becomes_the_kv_budget():
+    row = next(r for r in vs.load_corpus() if r.get("kv_cache_gib"))
+    text = vs.scenario_text(row)
+    assert f"kv_budget: {{bytes: {round(float(row['kv_cache_gib']) * 2**30)}, allow_beyond_gpu: true}}" in text
+    assert "gpu_memory_utilization" not in text.split("kv_budget:")[1].split("\n")[0].split("#")[0]

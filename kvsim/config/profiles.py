@@ -159,7 +159,7 @@ _PROFILES: tuple[EngineProfile, ...] = (
         "timing[analytical].moe_align_kernel": Fill(
             "sglang", "SGLang's moe_align_block_size kernel: 19.9 us (128 experts) / 22.8 us (256) at 16 tokens on an "
                       "H200, printed in sgl-project/sglang#4327 (docs/engine_overhead.md, 'MoE layers')"),
-        "timing[analytical].moe_layer_s": Fill(5.65e-05, f"{_FIT}, 2 SGLang cases"),
+        "timing[analytical].moe_layer_s": Fill(4.07e-05, f"{_FIT}, 2 SGLang cases"),
     }, batch_rule=sglang_server_batch),
 )
 

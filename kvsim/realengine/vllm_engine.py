@@ -177,8 +177,9 @@ class Engine:
         c0, h0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
         outs = self.llm.step()
         t1 = time.perf_counter()
-        self.last_cpu_s = time.process_time() - c0
+        # the thread's interval nested inside the process's (read h1 before c1), so thread <= process
         self.last_thread_s = time.thread_time() - h0
+        self.last_cpu_s = time.process_time() - c0
         self.last_gc_s = self._gc_total - g0
         return t0, t1, outs
 

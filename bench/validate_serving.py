@@ -63,8 +63,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.serving_fit import (FIT_METRICS, FIT_PARAMS, FIT_STEP, nnls, param_overrides,  # noqa: E402,F401
-                               robust_fit, zero_values)
+from bench.serving_fit import (FIT_METRICS, FIT_PARAMS, FIT_STEP, HOST_SOURCED, fit_host_path,  # noqa: E402,F401
+                               host_overrides, nnls, param_overrides, robust_fit, zero_values)
 from bench.serving_fit import fit_constants as _fit_constants  # noqa: E402
 from bench.serving_tables import SPLITS, TARGETS, markdown, pass_rates, write_table  # noqa: E402,F401
 
@@ -100,6 +100,8 @@ def load_corpus(path: Path = CORPUS) -> list[dict]:
         seen.add(row["case_id"])
         if row["split"] not in ("fit", "holdout"):
             raise CorpusError(f"{path}: line {i}: split {row['split']!r}: valid: fit, holdout")
+        if (row.get("gpu_p2p") or "").strip() not in ("", "yes", "no"):
+            raise CorpusError(f"{path}: line {i}: gpu_p2p {row['gpu_p2p']!r}: valid: yes, no, or empty (yes)")
         if row["stat"] not in ("mean", "median"):
             raise CorpusError(f"{path}: line {i}: stat {row['stat']!r}: valid: mean, median")
         if row["engine_profile"] not in _profile_names():
@@ -216,6 +218,11 @@ def _output_note(row: dict) -> str:
     return f"printed total generated {gen} (num_prompts x this: {int(row['num_prompts']) * int(row['output_len'])})"
 
 
+def no_p2p(row: dict) -> bool:
+    """The run's GPUs had no peer access (corpus column ``gpu_p2p`` = ``no``, from its server log)."""
+    return (row.get("gpu_p2p") or "").strip() == "no"
+
+
 def _engine(row: dict, key: str) -> str:
     return (row.get(key) or "").strip()
 
@@ -266,7 +273,8 @@ def scenario_text(row: dict) -> str:
         f"gpu: {row['kvsim_gpu']}",
         f"weight_dtype: {row['weight_dtype']}",
         "kv_dtype: bf16",
-        f"parallel: {{tensor: {int(row['tensor_parallel'])}}}",
+        f"parallel: {{tensor: {int(row['tensor_parallel'])}{', gpu_p2p: false' if no_p2p(row) else ''}}}"
+        + ("   # no GPU peer access: corpus gpu_p2p no (its notes say why); custom all-reduce off" if no_p2p(row) else ""),
         *([] if row["engine_profile"] == "sglang" else ["allocator: {kind: paged, block_size: 16}"]),
         *([f"kv_budget: {{gpu_memory_utilization: {util}}}"] if util else []),
         *([f"kv_budget: {{bytes: {round(float(kv) * 2**30)}, allow_beyond_gpu: true}}   # the engine's printed KV "
@@ -445,23 +453,35 @@ def main(argv=None) -> int:
         summary["default"] = pass_rates(table)
         if args.fit:
             zero, ztable = run_all(rows, args.set, "no_fitted", args.out,
-                                   lambda r: param_overrides(zero_values(r)))
+                                   lambda r: param_overrides(zero_values(r))
+                                   + (host_overrides(HOST_SOURCED) if no_p2p(r) else []))
             texts.append(markdown(ztable, "sourced terms only: the fitted constants at 0 ("
                                           + ", ".join(sorted({p for ps in FIT_PARAMS.values() for p in ps})) + ")"))
-            fit_rows = [r for r in rows if r["split"] == "fit" and r["engine_profile"] in FIT_PARAMS]
+            # the no-peer-access fit cases fit the host path only (below), not the profiles' constants
+            profile_rows = [r for r in rows if not no_p2p(r)]
+            fit_rows = [r for r in profile_rows if r["split"] == "fit" and r["engine_profile"] in FIT_PARAMS]
             bumped = {}
             for param, step in FIT_STEP.items():
                 these = [r for r in fit_rows if param in FIT_PARAMS[r["engine_profile"]]]
                 bumped[param], _ = run_all(these, args.set, None, None,
                                            lambda r, p=param, d=step: param_overrides({**zero_values(r), p: d}))
-            fit = fit_constants(rows, zero, bumped)
-            summary["fit"] = fit
+            fit = fit_constants(profile_rows, zero, bumped)
             values = {p: f["values"] for p, f in fit.items()}
+
+            def fitted_overrides(r, host):
+                return param_overrides(values.get(r["engine_profile"], {})) + (host_overrides(host) if no_p2p(r) else [])
+
+            host_rows = [r for r in rows if r["split"] == "fit" and no_p2p(r)]
+            host = fit_host_path(host_rows, lambda r, h: run_case(r, [*args.set, *fitted_overrides(r, h)]),
+                                 TARGETS, _published) if host_rows else None
+            summary["fit"] = {**fit, **({"host_path": host} if host else {})}
             _, ftable = run_all(rows, args.set, "fitted", args.out,
-                                lambda r: param_overrides(values.get(r["engine_profile"], {})))
+                                lambda r: fitted_overrides(r, host["values"] if host else HOST_SOURCED))
+            host_text = (f"; host path (gpu_p2p: false): efficiency = {host['values']['efficiency']:.6g}, "
+                         f"latency = {host['values']['latency_s']:.6g} s" if host else "")
             texts.append(markdown(ftable, "fitted on the fit cases (held-out cases not used): "
                                           + "; ".join(f"{p}: " + ", ".join(f"{k} = {v:.6g} s" for k, v in vs.items())
-                                                      for p, vs in values.items())))
+                                                      for p, vs in values.items()) + host_text))
             summary["no_fitted"], summary["fitted"] = pass_rates(ztable), pass_rates(ftable)
         (args.out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
         text = "\n".join(texts)

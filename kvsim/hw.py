@@ -24,7 +24,7 @@ sparsity) tensor-core peak. Sources are named per preset.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 GiB = 1 << 30
 
@@ -134,6 +134,13 @@ class GPUSpec:
     # the GPU<->host link preset (kvsim/timing/data/links/<name>.yaml) swaps and tier loads use when a
     # scenario has no host_link: (docs/transfer_model.md, "Host link per GPU"); "" = none known
     host_link: str = ""
+
+    def through_host(self, copy_rate_bytes_per_s: float, efficiency: float, latency_s: float) -> GPUSpec:
+        """This GPU where the GPUs cannot reach each other (``parallel.gpu_p2p: false``): its
+        interconnect becomes the host-memory path (NCCL's SHM transport) at the host link's copy
+        rate, ``efficiency`` of it and ``latency_s`` per all-reduce (:data:`HOST_PATH_ALLREDUCE`)."""
+        return replace(self, interconnect=HOST_PATH, interconnect_bandwidth_bytes_per_s=copy_rate_bytes_per_s,
+                       allreduce_efficiency=efficiency, allreduce_latency_s=latency_s)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -258,6 +265,14 @@ _NVLINK3 = dict(interconnect="NVLink 3", interconnect_bandwidth_bytes_per_s=300e
                 allreduce_efficiency=0.58, allreduce_latency_s=32.5e-6)
 _NVLINK4 = dict(interconnect="NVLink 4", interconnect_bandwidth_bytes_per_s=450e9,
                 allreduce_efficiency=0.81, allreduce_latency_s=35.5e-6)
+
+# Without GPU peer access (parallel.gpu_p2p: false; docs/models.md#parallelism, "GPUs without peer
+# access"), NCCL stages every all-reduce through host memory and vLLM's custom all-reduce is off.
+# Bandwidth: the host link's copy rate (min of its h2d/d2h); the efficiency and the latency per
+# all-reduce have no public figure for this path: fitted by bench/validate_serving.py --fit on the
+# fit cases of a deployment whose server log says it has no P2P (docs/validation.md, "The fit").
+HOST_PATH = "host memory (no P2P)"
+HOST_PATH_ALLREDUCE = dict(efficiency=0.25, latency_s=10e-6)
 
 GPUS: dict[str, GPUSpec] = {
     g.name: g

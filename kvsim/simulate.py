@@ -68,6 +68,11 @@ def resolved_dict(scn: Scenario) -> dict:
         if isinstance(ov, dict) and ov.get("per_prefill_seq_s") == 0.0:
             ov.pop("per_prefill_seq_s")
     # likewise the defaults added by issue 22 (engine_profile, scheduler.prompt_blocks / reserve_full_isl)
+    par = d.get("parallel") or {}
+    if par.get("gpu_p2p") is True and par.get("host_allreduce_efficiency") is None \
+            and par.get("host_allreduce_latency_s") is None:
+        for key in ("gpu_p2p", "host_allreduce_efficiency", "host_allreduce_latency_s"):
+            par.pop(key, None)  # added with issue 23's host-memory path, at their defaults: the form before them
     if d.get("engine_profile") == "kvsim":
         d.pop("engine_profile")
     sched = d.get("scheduler") or {}
@@ -192,7 +197,7 @@ def build_replica(scn: Scenario, index: int, base_dir: Path, transfers: HostTran
     par = scn.parallel_plan()  # one GPU: whole-model bytes, no communication
     geometry = par.kv.with_block_size(allocator.block_size)
     ctx = TimingContext(
-        model=scn.model.spec(), gpu=scn.gpu.spec(), kv=geometry, weight_bytes=par.weight_bytes_per_rank,
+        model=scn.model.spec(), gpu=scn.gpu_spec(), kv=geometry, weight_bytes=par.weight_bytes_per_rank,
         base_dir=base_dir,
         tensor_parallel=par.tensor, pipeline_parallel=par.pipeline,
         comm_s_per_step=par.comm_s_per_step, comm_s_per_token=par.comm_s_per_token,

@@ -17,7 +17,7 @@ from kvsim.config.sections import (DEFAULT_GPU, BeamSearchConfig, EngineConfig, 
                                    ParallelConfig, ReplicasConfig, SLOConfig, WeightDTypeName, _preset)
 from kvsim.config_base import StrictModel
 from kvsim.errors import did_you_mean, format_choices
-from kvsim.hw import GPUS, MODELS
+from kvsim.hw import GPUS, MODELS, GPUSpec
 from kvsim.kv.eviction import EVICTION_POLICIES
 from kvsim.models.geometry import KVGeometry
 from kvsim.models.parallel import ParallelPlan, plan
@@ -237,9 +237,18 @@ class Scenario(StrictModel):
         return self
 
     # -- derived quantities ----------------------------------------------------------------------
+    def gpu_spec(self) -> GPUSpec:
+        """The GPU as this run sees it: the ``gpu`` section, whose interconnect becomes the
+        host-memory path when ``parallel.gpu_p2p`` is false (docs/models.md#parallelism)."""
+        gpu, par = self.gpu.spec(), self.parallel
+        if par.gpu_p2p or par.tensor * par.pipeline == 1:
+            return gpu
+        link = self.link_profile()
+        return gpu.through_host(min(link.h2d_bandwidth_bytes_per_s, link.d2h_bandwidth_bytes_per_s), *par.host_path())
+
     def parallel_plan(self) -> ParallelPlan:
         """Per-GPU view of one replica (one GPU without ``parallel``)."""
-        return plan(self.model.spec(), self.gpu.spec(), self.kv_dtype, self.weight_dtype,
+        return plan(self.model.spec(), self.gpu_spec(), self.kv_dtype, self.weight_dtype,
                     self.parallel.tensor, self.parallel.pipeline)
 
     def kv_geometry(self) -> KVGeometry:

@@ -182,6 +182,29 @@ class ParallelConfig(StrictModel):
 
     tensor: int = Field(1, ge=1, le=1024, description="tensor-parallel GPUs (vLLM tensor_parallel_size)")
     pipeline: int = Field(1, ge=1, le=1024, description="pipeline stages (vLLM pipeline_parallel_size)")
+    gpu_p2p: bool = Field(True, description=(
+        "false: the GPUs cannot reach each other directly (no NVLink, no PCIe peer access; vLLM logs 'Custom "
+        "allreduce is disabled because your platform lacks GPU P2P capability'): all-reduces and stage sends go "
+        "through host memory at the host link's copy rate, and engines' own all-reduce is off"))
+    host_allreduce_efficiency: float | None = Field(None, gt=0, le=1, description=(
+        "with gpu_p2p: false, achieved bus bandwidth / the host link's copy rate (absent: kvsim's fitted value)"))
+    host_allreduce_latency_s: float | None = Field(None, ge=0, description=(
+        "with gpu_p2p: false, fixed cost of one all-reduce (absent: kvsim's fitted value)"))
+
+    @model_validator(mode="after")
+    def _host_keys_need_no_p2p(self):
+        if self.gpu_p2p and (self.host_allreduce_efficiency is not None or self.host_allreduce_latency_s is not None):
+            raise ValueError("host_allreduce_efficiency / host_allreduce_latency_s apply only with gpu_p2p: false")
+        return self
+
+    def host_path(self) -> tuple[float, float]:
+        """(efficiency, latency_s) of an all-reduce through host memory: these keys, else kvsim's fit."""
+        from kvsim.hw import HOST_PATH_ALLREDUCE
+
+        eff = self.host_allreduce_efficiency
+        lat = self.host_allreduce_latency_s
+        return (HOST_PATH_ALLREDUCE["efficiency"] if eff is None else eff,
+                HOST_PATH_ALLREDUCE["latency_s"] if lat is None else lat)
 
 
 class EngineConfig(StrictModel):

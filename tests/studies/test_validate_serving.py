@@ -244,3 +244,34 @@ def test_printed_kv_memory_becomes_the_kv_budget():
     text = vs.scenario_text(row)
     assert f"kv_budget: {{bytes: {round(float(row['kv_cache_gib']) * 2**30)}, allow_beyond_gpu: true}}" in text
     assert "gpu_memory_utilization" not in text.split("kv_budget:")[1].split("\n")[0].split("#")[0]
+
+
+def test_no_p2p_rows_say_so_in_their_scenario_and_have_a_reason():
+    rows = [r for r in vs.load_corpus() if vs.no_p2p(r)]
+    assert rows and any(r["split"] == "fit" for r in rows) and any(r["split"] == "holdout" for r in rows)
+    for row in rows:
+        assert "gpu_p2p: false" in vs.scenario_text(row)
+        assert "gpu_p2p no:" in row["notes"]  # why: the server log, or what it is assumed from
+    other = next(r for r in vs.load_corpus() if not vs.no_p2p(r) and int(r["tensor_parallel"]) > 1)
+    assert "gpu_p2p" not in vs.scenario_text(other)
+
+
+def test_bad_gpu_p2p_is_one_line(tmp_path, capsys):
+    err = _error_of_first_row_with(tmp_path, capsys, "gpu_p2p", "maybe")
+    assert "gpu_p2p 'maybe'" in err and "yes, no" in err
+
+
+def test_host_path_fit_takes_the_grid_point_with_the_least_error():
+    from bench.serving_fit import HOST_GRID, fit_host_path, host_overrides
+
+    want = {"efficiency": HOST_GRID["efficiency"][2], "latency_s": HOST_GRID["latency_s"][3]}
+    rows = [{"case_id": "a", "request_throughput": "2.0", "tpot_ms": "10", "ttft_ms": ""}]
+
+    def predict(row, v):  # exact at `want`, worse the farther from it
+        d = abs(v["efficiency"] - want["efficiency"]) + abs(v["latency_s"] - want["latency_s"]) * 1e3
+        return {"request_throughput": 2.0 * (1 + d), "tpot_ms": 10 * (1 + d), "ttft_ms": math.nan}
+
+    got = fit_host_path(rows, predict, vs.TARGETS, vs._published)
+    assert got["values"] == want and got["objective"] == 0 and got["cases"] == ["a"]
+    assert host_overrides(want) == [f"parallel.host_allreduce_efficiency={want['efficiency']!r}",
+                                    f"parallel.host_allreduce_latency_s={want['latency_s']!r}"]

@@ -27,10 +27,11 @@ class WindowHooks:
         if budget <= 0:
             return False
         cached = self.cached_prefix_tokens(req)
-        if req.num_tokens - cached > budget and not self.chunked_prefill:
+        num_tokens = req.num_tokens
+        if num_tokens - cached > budget and not self.chunked_prefill:
             return False
         # per_chunk without reserve_full_isl admits once the first chunk fits: one token is a lower bound
-        hold = cached + 1 if self.per_chunk and not self.reserve_full_isl else req.num_tokens
+        hold = cached + 1 if self.per_chunk and not self.reserve_full_isl else num_tokens
         return self._window_alloc.can_allocate(req.kv, hold)
 
     def drop_finished(self) -> None:

@@ -320,9 +320,7 @@ class KernelModel:
     def time_scalar(self, num_seqs, kv_tokens, kv_pages) -> float:
         """``time_s`` of one launch (Python numbers): the engine's per-step hot path."""
         bs = self._block
-        # _pages, inlined (the engine's hot path): the same value
-        P = num_seqs if bs is None else (kv_tokens / bs + num_seqs * self._tail_pages if kv_pages is None
-                                         else kv_pages)
+        P = self._pages(num_seqs, kv_tokens, kv_pages)
         T = int(kv_tokens)
         if T <= 0:  # nothing to read costs nothing (no KV tokens: no kernel)
             return 0.0

@@ -31,7 +31,7 @@ def plan_group_window(sched, group: DecodeGroup, plan, max_steps: int) -> Decode
     if (not plan.group_decodes or plan.preempted or shape.swap_in_bytes or shape.swap_out_bytes
             or shape.tier_load_s or (plan.scheduled and sched.swapped)):
         return None
-    if plan.scheduled and sched.waiting and sched.head_might_fit(len(sched.running)):
+    if plan.scheduled and sched.waiting.head is not None and sched.head_might_fit(len(sched.running)):
         return None  # step 0's admissions may let the waiting head in at step 1 (see below)
     clock = group.step_count
     rem_new: list[int] = []
@@ -47,7 +47,7 @@ def plan_group_window(sched, group: DecodeGroup, plan, max_steps: int) -> Decode
     kcap = min(max_steps, first_finish if sched.swapped else last_finish)
     if kcap < 2:
         return None
-    if sched.waiting and first_finish == 1:
+    if sched.waiting.head is not None and first_finish == 1:
         # The window would most likely stop after step 0 (a finish, or above: step 0's admissions,
         # may let the waiting head in): not worth planning. Only a cost estimate; apply re-checks.
         return None
@@ -232,7 +232,7 @@ def apply_group_window(sched, group: DecodeGroup, plan, k: int, times: np.ndarra
     if on_finish is not None:
         for r in done:
             on_finish(r, t1)
-    if (admitted or done) and sched.waiting and sched.head_might_fit(num_running=len(sched.running)):
+    if (admitted or done) and sched.waiting.head is not None and sched.head_might_fit(num_running=len(sched.running)):
         return 1, segments  # step 1 will be planned the ordinary way (it may admit the head)
     head = sched.waiting.head.kv if sched.waiting.head is not None and not sched.swapped else None
     next_finish = group.finish_step() if len(group) else -1
@@ -262,7 +262,7 @@ def _finish_at(sched, group, clock: int, t: float, on_finish) -> bool:
     if on_finish is not None:
         for r in done:
             on_finish(r, t)
-    return bool(sched.waiting) and sched.head_might_fit(num_running=len(sched.running))
+    return sched.waiting.head is not None and sched.head_might_fit(num_running=len(sched.running))
 
 
 def _grow_runs(sched, group: DecodeGroup, k: int, times, clock0: int, next_finish: int, changed: bool, head, segments,

@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # pyarrow is imported where used (import cost: tests/test_imp
     import pyarrow as pa
     import pyarrow.parquet as pq
     from kvsim.models.geometry import KVGeometry
+    from collections.abc import Iterator
 
 STEP_COLUMNS: dict[str, str] = {
     # name -> numpy dtype; order is the file's column order
@@ -59,6 +60,7 @@ STEP_COLUMNS: dict[str, str] = {
     **dict.fromkeys(RECORDED_BREAKDOWN, "float64"),
 }
 BREAKDOWN_COLUMNS = list(RECORDED_BREAKDOWN)  # last in STEP_COLUMNS: rows are built in this order
+_ZEROS = [0] * len(BREAKDOWN_COLUMNS)  # the default of each breakdown column
 
 
 class StepRecorder:
@@ -88,11 +90,11 @@ class StepRecorder:
             self._flush()
 
     @staticmethod
-    def _breakdown(breakdown: dict[str, float]) -> list:
+    def _breakdown(breakdown: dict[str, float]) -> Iterator[float]:
         """The breakdown columns in order (0 for parts a timing model lacks); a name the timing
         boundary does not declare raises (kvsim.timing.base.check_breakdown)."""
         check_breakdown(breakdown)
-        return [breakdown.get(k, 0) for k in BREAKDOWN_COLUMNS]
+        return map(breakdown.get, BREAKDOWN_COLUMNS, _ZEROS)  # breakdown.get(k, 0) per column, in order
 
     def row(self, *, replica: int, idle: bool, start_s: float, duration_s: float, memory: MemoryParts,
             num_steps: int = 1, batch_size: int = 0, batch_mean: float | None = None, running: int = 0,

@@ -63,8 +63,9 @@ class PrefillPhases:
         while (waiting.head is not None and not self.swapped and not step.preempted and step.budget > 0
                and self.num_running_seqs() + waiting.head.num_samples <= self.max_num_seqs):
             req = waiting.head
-            cached = self.cached_prefix_tokens(req)
-            n = req.num_tokens - cached
+            cached = 0 if self._peek is None else self.cached_prefix_tokens(req)  # (no prefix cache: 0, no call)
+            num_tokens = req.num_tokens  # (a property; nothing below changes it before admission)
+            n = num_tokens - cached
             if (limit is not None and (step.admitted or (self.prefill_only_steps and step.scheduled))
                     and n >= limit - (self.token_budget - step.budget)):
                 break
@@ -74,9 +75,9 @@ class PrefillPhases:
                 if not n:
                     break
                 cost = req.batch_tokens(n, computed=cached)
-            hold = req.num_tokens
+            hold = num_tokens
             if self.per_chunk:  # vLLM v1: check the whole prompt fits (reserve_full_isl), hold one chunk
-                if self.reserve_full_isl and not alloc.can_allocate(req.kv, req.num_tokens):
+                if self.reserve_full_isl and not alloc.can_allocate(req.kv, num_tokens):
                     break
                 hold = cached + n
             got = alloc.allocate(req.kv, hold)

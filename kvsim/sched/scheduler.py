@@ -211,7 +211,7 @@ class Scheduler(WindowHooks, PrefillPhases):
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.swapped)
+        return self.waiting.head is not None or bool(self.running or self.swapped)  # (waiting.head: its __bool__)
 
     # -- preemption ------------------------------------------------------------------------------
     def _pick_victim(self) -> Request:
@@ -277,7 +277,7 @@ class Scheduler(WindowHooks, PrefillPhases):
                 self._running_phase(step, group_decodes)
             if self.swapped:
                 self._swap_in_phase(step)
-            if self.waiting and not self.swapped and not self.prefill_only_steps:
+            if self.waiting.head is not None and not self.swapped and not self.prefill_only_steps:
                 self._admit_phase(step, now_s)
         plan = StepPlan(
             scheduled=tuple([(rid, n) for rid, (n, _) in step.scheduled.items()]),

@@ -12,6 +12,7 @@ class WindowHooks:
     """The decode-window part of the scheduler's interface."""
 
     _window_alloc: WindowAllocator | None
+    _peek: object | None  # the allocator's prefix-cache peek (None without a prefix cache)
 
     def head_might_fit(self, num_running: int) -> bool:
         """Could a schedule() with ``num_running`` decoding requests admit the waiting head, if the
@@ -26,11 +27,12 @@ class WindowHooks:
         budget = self.token_budget if self.prefill_only_steps else self.token_budget - num_running
         if budget <= 0:
             return False
-        cached = self.cached_prefix_tokens(req)
-        if req.num_tokens - cached > budget and not self.chunked_prefill:
+        cached = 0 if self._peek is None else self.cached_prefix_tokens(req)  # (no prefix cache: 0, no call)
+        num_tokens = req.num_tokens
+        if num_tokens - cached > budget and not self.chunked_prefill:
             return False
         # per_chunk without reserve_full_isl admits once the first chunk fits: one token is a lower bound
-        hold = cached + 1 if self.per_chunk and not self.reserve_full_isl else req.num_tokens
+        hold = cached + 1 if self.per_chunk and not self.reserve_full_isl else num_tokens
         return self._window_alloc.can_allocate(req.kv, hold)
 
     def drop_finished(self) -> None:

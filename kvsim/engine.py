@@ -172,8 +172,7 @@ class Engine:
                           num_samples=kv.num_samples, kv=kv)
             rep = self.replicas[self.router.route(req)]
             accepted = rep.scheduler.add_request(req)
-        if self.event_log is not None:
-            self._log(i, "arrive" if accepted else "reject", t)
+        self._log(i, "arrive" if accepted else "reject", t)
         return rep, accepted
 
     def _beam_events(self, i: int):
@@ -286,11 +285,10 @@ class Engine:
         sched.credit_prefetch(sched.prefetch_target(), (timing.duration_s,))  # the head while this step computes
         yield from self._advance(rep, start + timing.duration_s)
         first, done = sched.on_step_done(rep.now_s)
-        if self.event_log is not None:
-            for r in first:
-                self._log(r.request_id, "first_token", rep.now_s)
-            for r in done:
-                self._log(r.request_id, "finish", rep.now_s)
+        for r in first:
+            self._log(r.request_id, "first_token", rep.now_s)
+        for r in done:
+            self._log(r.request_id, "finish", rep.now_s)
         shape = plan.shape
         self.recorder.row(
             replica=rep.index, idle=False, num_steps=1, finished=len(done), evictions=self._new_evictions(rep),
@@ -393,16 +391,12 @@ class Engine:
         waiting0 = len(sched.waiting)
         done = []
 
-        log = self.event_log
-
         def on_first(r, t):
-            if log is not None:
-                self._log(r.request_id, "first_token", t)
+            self._log(r.request_id, "first_token", t)
 
         def on_finish(r, t):
             done.append(r)
-            if log is not None:
-                self._log(r.request_id, "finish", t)
+            self._log(r.request_id, "finish", t)
 
         # The replay needs nothing from SimPy (arrivals only join a blocked queue's tail meanwhile),
         # so it runs first and may end the window early; then the clock jumps to the window's end.

@@ -117,7 +117,7 @@ class PagedCore:
 
     def _blocks_for(self, req: KVRequest, hold_tokens: int) -> int:
         if req.num_samples == 1:
-            return -(-hold_tokens // self.block_size)  # cdiv, inlined (once per allocation call)
+            return cdiv(hold_tokens, self.block_size)
         return SampleGeometry(req.num_samples, self.block_size, req.prompt_tokens).blocks(hold_tokens)
 
     def _final_blocks(self, req: KVRequest) -> int:

@@ -63,7 +63,7 @@ class PrefillPhases:
         while (waiting.head is not None and not self.swapped and not step.preempted and step.budget > 0
                and self.num_running_seqs() + waiting.head.num_samples <= self.max_num_seqs):
             req = waiting.head
-            cached = 0 if self._peek is None else self.cached_prefix_tokens(req)  # (no prefix cache: 0, no call)
+            cached = self.cached_prefix_tokens(req)
             num_tokens = req.num_tokens  # (a property; nothing below changes it before admission)
             n = num_tokens - cached
             if (limit is not None and (step.admitted or (self.prefill_only_steps and step.scheduled))

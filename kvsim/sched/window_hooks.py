@@ -12,7 +12,6 @@ class WindowHooks:
     """The decode-window part of the scheduler's interface."""
 
     _window_alloc: WindowAllocator | None
-    _peek: object | None  # the allocator's prefix-cache peek (None without a prefix cache)
 
     def head_might_fit(self, num_running: int) -> bool:
         """Could a schedule() with ``num_running`` decoding requests admit the waiting head, if the
@@ -27,7 +26,7 @@ class WindowHooks:
         budget = self.token_budget if self.prefill_only_steps else self.token_budget - num_running
         if budget <= 0:
             return False
-        cached = 0 if self._peek is None else self.cached_prefix_tokens(req)  # (no prefix cache: 0, no call)
+        cached = self.cached_prefix_tokens(req)
         num_tokens = req.num_tokens
         if num_tokens - cached > budget and not self.chunked_prefill:
             return False

@@ -30,11 +30,11 @@ def test_committed_scenarios_are_the_generated_ones(tmp_path):
         committed = (vs.SCENARIO_DIR / f"{row['case_id']}.yaml").read_text()
         assert committed == vs.scenario_text(row), f"{row['case_id']}: rerun --write-scenarios"
     for row in rows:
-        if row["dataset"] == "sharegpt":
-            trace = (vs.SCENARIO_DIR / "traces" / f"{row['case_id']}.csv").read_text()
-            assert trace == vs.trace_text(row), f"{row['case_id']}: rerun --write-scenarios"
-    traces = sum(r["dataset"] == "sharegpt" for r in rows)
-    assert traces >= 6 and len(vs.write_scenarios(rows, tmp_path)) == len(rows) + traces
+        if vs.trace_path(row):
+            trace = vs.read_trace(vs.SCENARIO_DIR / vs.trace_path(row))
+            assert trace == vs.trace_file_text(row), f"{row['case_id']}: rerun --write-scenarios"
+    traces = sum(vs.trace_path(r) is not None for r in rows)
+    assert traces >= 6 + 55 and len(vs.write_scenarios(rows, tmp_path)) == len(rows) + traces
     assert vs.write_scenarios(rows, tmp_path) == []  # unchanged files are not rewritten
 
 

@@ -47,8 +47,24 @@ class Run:
     input_len: int
     output_len: int
     duration_s: float
-    hit_rate_pct: float
+    hit_rate_pct: float | None  # None: not printed (a corpus row's own run, see own_run)
     case_id: str
+
+
+def sends_test_prompt(row: dict) -> bool:
+    """Whether a corpus row's run is preceded by its client's test prompt in kvsim: a vLLM benchmark
+    client run (every vLLM row) on an engine that caches prefixes (the ``vllm-v1`` profile) with fixed
+    random lengths, so the test prompt is exactly request 0's prompt and leaves it cached. (V0 rows
+    do not cache prefixes; the sharegpt rows are V0; SGLang's client is not vLLM's; a finite request
+    rate would need arrival times within a phase.)"""
+    return (row["engine"] == "vllm" and row["engine_profile"] == "vllm-v1" and row["dataset"] == "random"
+            and row["request_rate"].strip() == "inf")  # phases are all-at-once (trace_text)
+
+
+def own_run(row: dict) -> Run:
+    """A corpus row's run as a one-run history (no printed duration or hit rate)."""
+    return Run("", "", int(row["num_prompts"]), int(row["input_len"]), int(row["output_len"]), 0.0, None,
+               row["case_id"])
 
 
 def _run(path: Path, line: int, row: dict) -> Run:

@@ -72,11 +72,15 @@ def scenario_text(row: dict) -> str:
         trace = [f"  file: traces/{row['case_id']}.csv   # the run's {len(row['_lengths'])} requests, "
                  f"lengths as printed (lengths.csv), all at t = 0"]
         lengths = "sharegpt, per-request lengths of the run"
-    elif row.get("_history"):
+    elif row.get("_history") and row["_history"][-1].server:
         trace = [f"  file: {trace_path(row)}   # its server's printed runs up to this one "
                  f"({len(row['_history'])}; {history.HISTORY}), each after its test prompt; prompts repeat by index; "
                  f"{_output_note(row)}"]
         lengths = f"{row['dataset']} {row['input_len']}/{row['output_len']} tokens after its server's history"
+    elif row.get("_history"):
+        trace = [f"  file: {trace_path(row)}   # the client's test prompt (request 0's), then the run, all at "
+                 f"once; {_output_note(row)}"]
+        lengths = f"{row['dataset']} {row['input_len']}/{row['output_len']} tokens after the client's test prompt"
     else:
         if rate == "inf":
             arrival = "{process: constant, rate_per_s: 1.0e+9}   # --request-rate inf: every request at once"
@@ -118,8 +122,8 @@ def scenario_text(row: dict) -> str:
         f"parallel: {{tensor: {int(row['tensor_parallel'])}{', gpu_p2p: false' if no_p2p(row) else ''}}}"
         + ("   # no GPU peer access: corpus gpu_p2p no (its notes say why); custom all-reduce off" if no_p2p(row) else ""),
         *([] if row["engine_profile"] == "sglang" else
-          ["allocator: {kind: paged, block_size: 16, prefix_caching: true}   # on in vLLM V1: the server's "
-           "earlier runs left these prompts cached" if row.get("_history") else "allocator: {kind: paged, block_size: 16}"]),
+          ["allocator: {kind: paged, block_size: 16, prefix_caching: true}   # on in vLLM V1: the test prompt "
+           "(and a server's earlier runs) leave prompts cached" if row.get("_history") else "allocator: {kind: paged, block_size: 16}"]),
         *([f"kv_budget: {{gpu_memory_utilization: {util}}}"] if util else []),
         *([f"kv_budget: {{bytes: {round(float(kv) * 2**30)}, allow_beyond_gpu: true}}   # the engine's printed KV "
            f"cache memory, {kv} GiB per GPU (its gpu_memory_utilization is not stated)"] if kv else []),

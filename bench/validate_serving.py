@@ -133,7 +133,9 @@ DATASETS = ("random", "sharegpt")
 
 def _attach_histories(path: Path, rows: list[dict]) -> None:
     """``row["_history"]``: the printed runs of the case's server up to its own (serving_history.py),
-    for the cases listed in server_runs.csv beside the corpus; that run must be the row's."""
+    for the cases listed in server_runs.csv beside the corpus (that run must be the row's); for every
+    other case that :func:`serving_history.sends_test_prompt`, its own run alone, so that its client's
+    test prompt runs before it."""
     hist_path = path.parent / history.HISTORY
     runs = history.load_history(hist_path) if hist_path.exists() else {}
     ids = {r["case_id"] for r in rows}
@@ -142,6 +144,8 @@ def _attach_histories(path: Path, rows: list[dict]) -> None:
             raise CorpusError(f"{hist_path}: case_id {case!r} is not in {path.name}")
     for i, row in enumerate(rows, start=2):
         if row["case_id"] not in runs:
+            if history.sends_test_prompt(row):
+                row["_history"] = (history.own_run(row),)
             continue
         own = runs[row["case_id"]][-1]
         if (row["dataset"], row["request_rate"].strip(), _concurrency(row)) != ("random", "inf", None) or (
@@ -255,8 +259,11 @@ def run_case(row: dict, overrides: list[str], directory: Path = SCENARIO_DIR) ->
     if not row.get("_history"):
         return measure(requests, _concurrency(row) is not None, row["stat"], zero_output_requests(row))
     runs = row["_history"]
-    return {**measure(history.measured(requests, runs), False, row["stat"]), "history_runs": len(runs),
-            "hit_rate_printed": runs[-1].hit_rate_pct, "hit_rate_kvsim": round(history.hit_rate(requests), 2)}
+    out = measure(history.measured(requests, runs), _concurrency(row) is not None, row["stat"])
+    if runs[-1].hit_rate_pct is None:  # no printed hit rate to check against
+        return out
+    return {**out, "history_runs": len(runs), "hit_rate_printed": runs[-1].hit_rate_pct,
+            "hit_rate_kvsim": round(history.hit_rate(requests), 2)}
 
 
 def _published(row: dict, metric: str) -> float:

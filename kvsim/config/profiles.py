@@ -86,8 +86,8 @@ _PROFILES: tuple[EngineProfile, ...] = (
         "timing[analytical].step_overhead_s": Fill(0.002056, f"no public per-step constant: {_FIT}, 6 vLLM v1 cases"),
         "timing[analytical].allreduce": Fill("vllm-custom", _VLLM_AR),
         "timing[analytical].moe_align_kernel": Fill("vllm", _VLLM_ALIGN),
-        "timing[analytical].moe_layer_s": Fill(5.1e-05, f"{_FIT}, 6 vLLM v1 cases (2 of them MoE)"),
-        "timing[analytical].overhead": Fill({"per_prefill_seq_s": 0.00358}, f"{_FIT}, 6 vLLM v1 cases"),
+        "timing[analytical].moe_layer_s": Fill(5.09e-05, f"{_FIT}, 6 vLLM v1 cases (2 of them MoE)"),
+        "timing[analytical].overhead": Fill({"per_prefill_seq_s": 0.0042083}, f"{_FIT}, 6 vLLM v1 cases"),
     }, batch_rule=vllm_v1_server_batch),
     EngineProfile("vllm-0.32", "vLLM 0.32.0 exactly: today the same as vllm-v1", inherits="vllm-v1"),
     EngineProfile("vllm-v0.6", "vLLM 0.6 (v0 engine): no chunked prefill or prefix caching by default, prompt "

@@ -105,11 +105,11 @@ def load_history(path: Path) -> dict[str, tuple[Run, ...]]:
 
 def prompt_keys(index: int, tokens: int) -> list[int]:
     """Prefix keys of request ``index``'s prompt of ``tokens`` tokens: full block ``b`` gets the same
-    key in every run (its content depends only on the index); a partial last block gets ``-1 - index``
-    (never shared: :func:`trace_text` writes only whole blocks for these lengths, see the check there)."""
+    key in every run (its content depends only on the index); a partial last block gets a key of its
+    index and length (the same content only for the same prompt). The corpus's lengths are whole blocks."""
     keys = [index * KEY_STRIDE + b + 1 for b in range(tokens // KEY_BLOCK)]
     if tokens % KEY_BLOCK:
-        keys.append(-1 - index)
+        keys.append(-1 - (index * KEY_STRIDE + tokens))
     return keys
 
 

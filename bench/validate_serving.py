@@ -41,6 +41,9 @@ once) and latencies start at arrival. Metrics are vLLM's (benchmark_serving.py
 (E2EL - TTFT) / (output - 1), E2EL; the statistic compared is the one the source printed.
 
 Each case runs on the ``engine_profile`` its corpus row names (the engine version it reproduces).
+A case listed in ``server_runs.csv`` first replays its server's earlier printed runs, and every vLLM V1
+case with fixed random lengths its client's test prompt (bench/serving_history.py); only its own run is
+measured.
 Writes ``results/validation/<label>.csv`` (one row per case: published, predicted, relative error
 per metric, pass flags, ``new_deployment`` for a held-out case whose deployment has no fit case) and
 ``summary.json`` (pass rates per split, and with ``--fit`` the fitted constants per profile and the

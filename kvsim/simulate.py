@@ -188,14 +188,12 @@ def _shared_store(scn: Scenario):
     return LowerTier("remote", cfg.capacity_bytes // block_bytes, cfg.bandwidth_bytes_per_s, shared=True)
 
 
-def build_replica(scn: Scenario, index: int, base_dir: Path, transfers: HostTransfers, store, request_log: RequestLog,
-                  where: str) -> tuple[Replica, int, KVGeometry]:
-    """One engine replica (allocator, timing model, scheduler), its KV budget in bytes and the run's
-    KV geometry (the parallel plan's, with the allocator's page size; the same for every replica). The
-    plugins' capabilities are checked once here (``Scheduler.caps``, :func:`timing_capabilities`)."""
-    allocator, budget = build_allocator(scn, where)
-    par = scn.parallel_plan()  # one GPU: whole-model bytes, no communication
-    geometry = par.kv.with_block_size(allocator.block_size)
+def build_timing(scn: Scenario, page_size: int, base_dir: Path, transfers: HostTransfers, where: str):
+    """The scenario's timing model on its parallel plan's KV geometry with ``page_size``-token pages,
+    and that geometry (one GPU: whole-model bytes, no communication). The simulator builds each
+    replica's from here; tools that price single steps (bench/engine_windows.py) call it too."""
+    par = scn.parallel_plan()
+    geometry = par.kv.with_block_size(page_size)
     ctx = TimingContext(
         model=scn.model.spec(), gpu=scn.gpu_spec(), kv=geometry, weight_bytes=par.weight_bytes_per_rank,
         base_dir=base_dir,
@@ -206,9 +204,18 @@ def build_replica(scn: Scenario, index: int, base_dir: Path, transfers: HostTran
         host_transfers=transfers,
     )
     try:
-        timing = TIMING_MODELS.build(scn.timing, ctx)
+        return TIMING_MODELS.build(scn.timing, ctx), geometry
     except KvsimError as e:
         raise type(e)(f"{where}: {e}") from None
+
+
+def build_replica(scn: Scenario, index: int, base_dir: Path, transfers: HostTransfers, store, request_log: RequestLog,
+                  where: str) -> tuple[Replica, int, KVGeometry]:
+    """One engine replica (allocator, timing model, scheduler), its KV budget in bytes and the run's
+    KV geometry (the parallel plan's, with the allocator's page size; the same for every replica). The
+    plugins' capabilities are checked once here (``Scheduler.caps``, :func:`timing_capabilities`)."""
+    allocator, budget = build_allocator(scn, where)
+    timing, geometry = build_timing(scn, allocator.block_size, base_dir, transfers, where)
     timing_caps = timing_capabilities(timing)
     sched = Scheduler(scn.scheduler, allocator, scn.model.max_model_len_tokens,
                       want_context_lens=timing_caps.needs_context_lens,

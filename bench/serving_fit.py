@@ -18,16 +18,28 @@ FIT_STEP = {"step_overhead_s": 1e-3, "moe_layer_s": 5e-5, "per_prefill_seq_s": 5
 FIT_METRICS = ("request_throughput", "tpot_ms", "ttft_ms")
 
 
-def param_overrides(values: dict[str, float]) -> list[str]:
-    """``--set`` overrides that give a case these fitted constants."""
+def param_overrides(values: dict[str, float], profile: str | None = None) -> list[str]:
+    """``--set`` overrides that give a case these fitted constants. ``timing.overhead`` is set as a
+    whole, so the other overhead terms of ``profile`` (its ``per_seq_s``, fitted on engine-log windows
+    by bench/engine_windows.py, not here) are written beside ``per_prefill_seq_s``."""
     out = []
     if "step_overhead_s" in values:
         out.append(f"timing.step_overhead_s={values['step_overhead_s']!r}")
     if "moe_layer_s" in values:
         out.append(f"timing.moe_layer_s={values['moe_layer_s']!r}")
     if "per_prefill_seq_s" in values:
-        out.append(f"timing.overhead={{per_prefill_seq_s: {values['per_prefill_seq_s']!r}}}")
+        terms = {**_profile_overhead(profile), "per_prefill_seq_s": values["per_prefill_seq_s"]}
+        out.append("timing.overhead={" + ", ".join(f"{k}: {v!r}" for k, v in terms.items()) + "}")
     return out
+
+
+def _profile_overhead(profile: str | None) -> dict[str, float]:
+    from kvsim.config.profiles import profile_fills
+
+    if profile is None:
+        return {}
+    fill = profile_fills(profile).get("timing[analytical].overhead")
+    return dict(fill.value) if fill is not None and fill.value else {}
 
 
 def zero_values(row: dict) -> dict[str, float]:

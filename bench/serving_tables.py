@@ -74,3 +74,15 @@ def _throughput_ok(table: list[dict], split: str) -> str:
         if flag:
             flags.append(flag)
     return f"{flags.count('yes')}/{len(flags)}"
+
+
+def write_between_markers(doc: Path, start: str, end: str, text: str) -> bool:
+    """Replace what lies between the ``start`` and ``end`` marker lines of ``doc`` with ``text``; False
+    (and ``doc`` unchanged) when a marker is missing."""
+    body = doc.read_text()
+    if start not in body or end not in body:
+        return False
+    head, rest = body.split(start, 1)
+    _, tail = rest.split(end, 1)
+    doc.write_text(f"{head}{start}\n{text}{end}{tail}")
+    return True

@@ -69,7 +69,8 @@ if str(ROOT) not in sys.path:
 from bench.serving_fit import (FIT_METRICS, FIT_PARAMS, FIT_STEP, HOST_SOURCED, fit_host_path,  # noqa: E402,F401
                                host_overrides, nnls, param_overrides, robust_fit, zero_values)
 from bench.serving_fit import fit_constants as _fit_constants  # noqa: E402
-from bench.serving_tables import SPLITS, TARGETS, markdown, pass_rates, write_table  # noqa: E402,F401
+from bench.serving_tables import (SPLITS, TARGETS, markdown, pass_rates, write_between_markers,  # noqa: E402,F401
+                                  write_table)
 from bench import serving_history as history  # noqa: E402
 from bench.serving_history import HistoryError  # noqa: E402
 from bench.serving_scenarios import (HEADER, SCENARIO_DIR, TRACE_HEADER, CorpusError, PROFILE_NOTES,  # noqa: E402,F401
@@ -311,12 +312,8 @@ def fit_constants(rows: list[dict], zero: dict[str, dict], bumped: dict[str, dic
 
 
 def update_docs(text: str, doc: Path = DOC) -> None:
-    body = doc.read_text()
-    if DOC_START not in body or DOC_END not in body:
+    if not write_between_markers(doc, DOC_START, DOC_END, text):
         raise CorpusError(f"{doc}: markers {DOC_START} / {DOC_END} not found; not changed")
-    head, rest = body.split(DOC_START, 1)
-    _, tail = rest.split(DOC_END, 1)
-    doc.write_text(f"{head}{DOC_START}\n{text}{DOC_END}{tail}")
 
 
 def run_all(rows, overrides, label, out_dir, per_case=None):
@@ -362,7 +359,7 @@ def main(argv=None) -> int:
         texts.append(history.markdown(table))
         if args.fit:
             zero, ztable = run_all(rows, args.set, "no_fitted", args.out,
-                                   lambda r: param_overrides(zero_values(r))
+                                   lambda r: param_overrides(zero_values(r), r["engine_profile"])
                                    + (host_overrides(HOST_SOURCED) if no_p2p(r) else []))
             texts.append(markdown(ztable, "sourced terms only: the fitted constants at 0 ("
                                           + ", ".join(sorted({p for ps in FIT_PARAMS.values() for p in ps})) + ")"))
@@ -372,13 +369,15 @@ def main(argv=None) -> int:
             bumped = {}
             for param, step in FIT_STEP.items():
                 these = [r for r in fit_rows if param in FIT_PARAMS[r["engine_profile"]]]
-                bumped[param], _ = run_all(these, args.set, None, None,
-                                           lambda r, p=param, d=step: param_overrides({**zero_values(r), p: d}))
+                bumped[param], _ = run_all(
+                    these, args.set, None, None,
+                    lambda r, p=param, d=step: param_overrides({**zero_values(r), p: d}, r["engine_profile"]))
             fit = fit_constants(profile_rows, zero, bumped)
             values = {p: f["values"] for p, f in fit.items()}
 
             def fitted_overrides(r, host):
-                return param_overrides(values.get(r["engine_profile"], {})) + (host_overrides(host) if no_p2p(r) else [])
+                return (param_overrides(values.get(r["engine_profile"], {}), r["engine_profile"])
+                        + (host_overrides(host) if no_p2p(r) else []))
 
             host_rows = [r for r in rows if r["split"] == "fit" and no_p2p(r)]
             host = fit_host_path(host_rows, lambda r, h: run_case(r, [*args.set, *fitted_overrides(r, h)]),

@@ -272,7 +272,7 @@ _NVLINK4 = dict(interconnect="NVLink 4", interconnect_bandwidth_bytes_per_s=450e
 # all-reduce have no public figure for this path: fitted by bench/validate_serving.py --fit on the
 # fit cases of a deployment whose server log says it has no P2P (docs/validation.md, "The fit").
 HOST_PATH = "host memory (no P2P)"
-HOST_PATH_ALLREDUCE = dict(efficiency=0.25, latency_s=10e-6)
+HOST_PATH_ALLREDUCE = dict(efficiency=0.3, latency_s=10e-6)
 
 GPUS: dict[str, GPUSpec] = {
     g.name: g

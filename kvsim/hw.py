@@ -138,7 +138,8 @@ class GPUSpec:
     def through_host(self, copy_rate_bytes_per_s: float, efficiency: float, latency_s: float) -> GPUSpec:
         """This GPU where the GPUs cannot reach each other (``parallel.gpu_p2p: false``): its
         interconnect becomes the host-memory path (NCCL's SHM transport) at the host link's copy
-        rate, ``efficiency`` of it and ``latency_s`` per all-reduce (:data:`HOST_PATH_ALLREDUCE`)."""
+        rate, ``efficiency`` of it and ``latency_s`` per all-reduce with NCCL's ring (Simple) protocol
+        (:data:`HOST_PATH_ALLREDUCE`; small all-reduces may take the LL protocol, :data:`NCCL_LL`)."""
         return replace(self, interconnect=HOST_PATH, interconnect_bandwidth_bytes_per_s=copy_rate_bytes_per_s,
                        allreduce_efficiency=efficiency, allreduce_latency_s=latency_s)
 
@@ -269,10 +270,16 @@ _NVLINK4 = dict(interconnect="NVLink 4", interconnect_bandwidth_bytes_per_s=450e
 # Without GPU peer access (parallel.gpu_p2p: false; docs/models.md#parallelism, "GPUs without peer
 # access"), NCCL stages every all-reduce through host memory and vLLM's custom all-reduce is off.
 # Bandwidth: the host link's copy rate (min of its h2d/d2h); the efficiency and the latency per
-# all-reduce have no public figure for this path: fitted by bench/validate_serving.py --fit on the
-# fit cases of a deployment whose server log says it has no P2P (docs/validation.md, "The fit").
+# all-reduce of NCCL's Simple (ring) protocol have no public figure for this path: fitted by
+# bench/validate_serving.py --fit on the fit cases of a deployment whose server log says it has no
+# P2P (docs/validation.md, "The fit").
 HOST_PATH = "host memory (no P2P)"
-HOST_PATH_ALLREDUCE = dict(efficiency=0.3, latency_s=10e-6)
+HOST_PATH_ALLREDUCE = dict(efficiency=0.3, latency_s=120e-6)
+# NCCL's LL protocol for a ring all-reduce within one node over PCI, from NCCL's own tuning model
+# (NVIDIA/nccl src/graph/tuning.cc at commit b6475625: baseLat Ring/LL 6.6 us, hwLat PCI Ring/LL 1.0 us per
+# ring step, 2 (T-1) steps; LL's bus bandwidth a quarter of the ring's for an all-reduce), which
+# picks the protocol with the least latency + bytes / bandwidth (docs/engine_overhead.md, "All-reduce").
+NCCL_LL = dict(base_latency_s=6.6e-6, step_latency_s=1.0e-6, bandwidth_fraction=0.25)
 
 GPUS: dict[str, GPUSpec] = {
     g.name: g

@@ -69,6 +69,8 @@ def resolved_dict(scn: Scenario) -> dict:
             ov.pop("per_prefill_seq_s")
     # likewise the defaults added by issue 22 (engine_profile, scheduler.prompt_blocks / reserve_full_isl)
     par = d.get("parallel") or {}
+    if par.get("host_allreduce_ll") is None:
+        par.pop("host_allreduce_ll", None)  # added with the LL protocol (issue 23), at its default
     if par.get("gpu_p2p") is True and par.get("host_allreduce_efficiency") is None \
             and par.get("host_allreduce_latency_s") is None:
         for key in ("gpu_p2p", "host_allreduce_efficiency", "host_allreduce_latency_s"):
@@ -201,6 +203,7 @@ def build_timing(scn: Scenario, page_size: int, base_dir: Path, transfers: HostT
         comm_s_per_step=par.comm_s_per_step, comm_s_per_token=par.comm_s_per_token,
         allreduces_per_step=par.allreduces_per_step, allreduce_bytes_per_token=par.allreduce_bytes_per_token,
         allreduce_s_per_step=par.allreduce_s_per_step, allreduce_s_per_token=par.allreduce_s_per_token,
+        nccl_ll_protocol=par.nccl_ll,
         host_transfers=transfers,
     )
     try:

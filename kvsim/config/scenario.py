@@ -249,7 +249,7 @@ class Scenario(StrictModel):
     def parallel_plan(self) -> ParallelPlan:
         """Per-GPU view of one replica (one GPU without ``parallel``)."""
         return plan(self.model.spec(), self.gpu_spec(), self.kv_dtype, self.weight_dtype,
-                    self.parallel.tensor, self.parallel.pipeline)
+                    self.parallel.tensor, self.parallel.pipeline, self.parallel.nccl_ll)
 
     def kv_geometry(self) -> KVGeometry:
         """One GPU's KV geometry (kvsim/models/geometry.py), without the allocator's page size: a run

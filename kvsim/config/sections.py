@@ -190,11 +190,16 @@ class ParallelConfig(StrictModel):
         "with gpu_p2p: false, achieved bus bandwidth / the host link's copy rate (absent: kvsim's fitted value)"))
     host_allreduce_latency_s: float | None = Field(None, ge=0, description=(
         "with gpu_p2p: false, fixed cost of one all-reduce (absent: kvsim's fitted value)"))
+    host_allreduce_ll: bool | None = Field(None, description=(
+        "with gpu_p2p: false, small all-reduces may take NCCL's LL protocol (absent: true; false: NCCL_PROTO=Simple, "
+        "every all-reduce on the ring protocol priced by host_allreduce_efficiency / host_allreduce_latency_s)"))
 
     @model_validator(mode="after")
     def _host_keys_need_no_p2p(self):
-        if self.gpu_p2p and (self.host_allreduce_efficiency is not None or self.host_allreduce_latency_s is not None):
-            raise ValueError("host_allreduce_efficiency / host_allreduce_latency_s apply only with gpu_p2p: false")
+        if self.gpu_p2p and (self.host_allreduce_efficiency is not None or self.host_allreduce_latency_s is not None
+                             or self.host_allreduce_ll is not None):
+            raise ValueError("host_allreduce_efficiency / host_allreduce_latency_s / host_allreduce_ll apply only "
+                             "with gpu_p2p: false")
         return self
 
     def host_path(self) -> tuple[float, float]:
@@ -205,6 +210,12 @@ class ParallelConfig(StrictModel):
         lat = self.host_allreduce_latency_s
         return (HOST_PATH_ALLREDUCE["efficiency"] if eff is None else eff,
                 HOST_PATH_ALLREDUCE["latency_s"] if lat is None else lat)
+
+    @property
+    def nccl_ll(self) -> bool:
+        """Small all-reduces may take NCCL's LL protocol: through host memory unless host_allreduce_ll
+        is false (over a GPU preset's link the measured all-reduce times already include it)."""
+        return not self.gpu_p2p and self.host_allreduce_ll is not False
 
 
 class EngineConfig(StrictModel):

@@ -74,13 +74,15 @@ class ParallelPlan:
     allreduce_bytes_per_token: int = 0
     allreduce_s_per_step: float = 0.0
     allreduce_s_per_token: float = 0.0
+    # small all-reduces may take NCCL's LL protocol (the host-memory path; kvsim.timing.allreduce)
+    nccl_ll: bool = False
 
     def comm_s(self, num_tokens: int) -> float:
         return self.comm_s_per_step + self.comm_s_per_token * num_tokens
 
 
 def plan(model: ModelSpec, gpu: GPUSpec, kv_dtype: str, weight_dtype: str, tensor: int = 1,
-         pipeline: int = 1) -> ParallelPlan:
+         pipeline: int = 1, nccl_ll: bool = False) -> ParallelPlan:
     """The per-GPU view of one replica. Raises ValueError (the message names the key) when the
     model cannot be split so or the GPU has no interconnect to split it over."""
     why = check_split(model, tensor, pipeline)
@@ -108,5 +110,5 @@ def plan(model: ModelSpec, gpu: GPUSpec, kv_dtype: str, weight_dtype: str, tenso
         weight_bytes_per_rank=int(weights / tensor),
         comm_s_per_step=comm_step, comm_s_per_token=comm_token,
         allreduces_per_step=allreduces, allreduce_bytes_per_token=act if allreduces else 0,
-        allreduce_s_per_step=ar_step, allreduce_s_per_token=ar_token,
+        allreduce_s_per_step=ar_step, allreduce_s_per_token=ar_token, nccl_ll=nccl_ll and allreduces > 0,
     )

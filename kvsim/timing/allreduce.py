@@ -19,6 +19,15 @@ with ``A`` all-reduces per step (2 per layer), ``b`` bytes per token of each (``
 linear in the message size between the printed sizes and flat below the smallest. ``nccl`` (the
 field's default, and ``engine_profile: kvsim``) is the linear form above, bit for bit.
 
+Where NCCL's low-latency protocol is priced beside its ring one (``TimingContext.nccl_ll_protocol``:
+the host-memory path of ``parallel.gpu_p2p: false``, unless ``parallel.host_allreduce_ll: false``), NCCL's own tuning model takes, per
+all-reduce, the protocol with the least ``latency + bytes / bandwidth`` (kvsim.hw.NCCL_LL)::
+
+    ar_s(n) = min(ring(n), A * (l_base + 2 (T-1) l_step) + allreduce_s_per_token * n / f)
+
+with ``ring(n) = allreduce_s_per_step + allreduce_s_per_token * n`` (the Simple protocol above) and
+``f`` LL's fraction of the ring's bus bandwidth: LL wins the small messages of decode steps.
+
 The one definition of the term: :class:`StepComm` is evaluated by ``step_time`` (a Python float),
 ``decode_durations`` and the stepwise pricer (rows of the per-batch-size decode table); a custom
 all-reduce is a per-token-count table that both read, so the three agree bit for bit.
@@ -34,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.errors import ConfigError
+from kvsim.hw import NCCL_LL
 from kvsim.timing.profile_file import read_data_rows
 
 NCCL = "nccl"
@@ -97,9 +107,10 @@ class StepComm:
 
     ``scalar_s(n)`` / ``array_s(n)``: a float / an array of the same doubles. With NCCL (or no
     measured curve for this deployment) they are ``per_step + per_token * n``, the expression the
-    timing model always used; with a custom all-reduce they read one per-token-count table."""
+    timing model always used; with a custom all-reduce or NCCL's LL protocol they read one
+    per-token-count table."""
 
-    __slots__ = ("per_step", "per_token", "none", "curve", "kind", "_ctx", "_table", "_list")
+    __slots__ = ("per_step", "per_token", "none", "curve", "ll", "kind", "_ctx", "_table", "_list")
 
     def __init__(self, ctx, kind: str = NCCL):
         self.per_step = ctx.comm_s_per_step
@@ -108,21 +119,28 @@ class StepComm:
         curve = custom_curve(kind, ctx.gpu.interconnect, ctx.tensor_parallel) if ctx.allreduces_per_step else None
         self.curve = curve
         self.kind = kind if curve is not None else NCCL  # what prices the all-reduces of this deployment
+        self.ll = bool(ctx.allreduces_per_step) and ctx.nccl_ll_protocol  # NCCL's LL beside its ring
         self._ctx = ctx
         self._table = np.zeros(0)
         self._list: list[float] = []
 
     @property
     def linear(self) -> bool:
-        return self.curve is None
+        return self.curve is None and not self.ll
 
     def _values(self, n: np.ndarray) -> np.ndarray:
-        """comm_s for the int64 token counts ``n`` under the custom curve (see the module docstring)."""
+        """comm_s for the int64 token counts ``n`` under the custom curve or with NCCL's LL protocol
+        (see the module docstring)."""
         c = self._ctx
         A = c.allreduces_per_step
         stage = (self.per_step - c.allreduce_s_per_step) + (self.per_token - c.allreduce_s_per_token) * n
-        nbytes = n * c.allreduce_bytes_per_token
         nccl = c.allreduce_s_per_step + c.allreduce_s_per_token * n
+        if self.ll:
+            ll_latency_s = NCCL_LL["base_latency_s"] + 2 * (c.tensor_parallel - 1) * NCCL_LL["step_latency_s"]
+            nccl = np.minimum(nccl, A * ll_latency_s + c.allreduce_s_per_token * n / NCCL_LL["bandwidth_fraction"])
+        if self.curve is None:
+            return stage + nccl
+        nbytes = n * c.allreduce_bytes_per_token
         custom = A * self.curve.time_s(nbytes)
         return stage + np.where(nbytes <= self.curve.max_bytes, custom, nccl)
 
@@ -132,7 +150,7 @@ class StepComm:
         self._list = self._table.tolist()
 
     def scalar_s(self, num_tokens: int) -> float:
-        if self.curve is None:
+        if self.linear:
             return self.per_step + self.per_token * num_tokens
         if num_tokens >= len(self._list):
             self._grow(num_tokens)
@@ -140,7 +158,7 @@ class StepComm:
 
     def array_s(self, num_tokens: np.ndarray) -> np.ndarray:
         """comm_s for an int64 array of token counts."""
-        if self.curve is None:
+        if self.linear:
             return self.per_step + self.per_token * num_tokens
         if len(num_tokens) and int(num_tokens.max()) >= len(self._table):
             self._grow(int(num_tokens.max()))

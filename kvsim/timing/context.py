@@ -32,6 +32,7 @@ class TimingContext:
     allreduce_bytes_per_token: int = 0
     allreduce_s_per_step: float = 0.0
     allreduce_s_per_token: float = 0.0
+    nccl_ll_protocol: bool = False  # small all-reduces may take NCCL's LL protocol (kvsim.timing.allreduce)
     # -- host link (docs/transfer_model.md) -------------------------------------------------------
     # None or legacy: swaps cost (bytes in + out) / the timing model's host_link_bandwidth_bytes_per_s
     host_transfers: HostTransfers | None = None

@@ -3,6 +3,9 @@ at the host link's copy rate, and the engines' own all-reduce is off (docs/model
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 from kvsim.config import Scenario, load_scenario
@@ -82,3 +85,61 @@ def test_a_run_without_p2p_is_slower_and_deterministic(tmp_path):
         runs.setdefault(p2p, []).append(run(scn).requests)
     assert runs[False][0].equals(runs[False][1])
     assert runs[False][0]["finish_s"].max() > runs[True][0]["finish_s"].max()
+
+
+def _host_timing(**parallel):
+    from kvsim.simulate import build_timing, host_transfers
+
+    scn = scenario(parallel={"tensor": 2, "gpu_p2p": False, **parallel})
+    return scn.parallel_plan(), build_timing(scn, 16, Path("."), host_transfers(scn, "s"), "s")[0]
+
+
+def test_small_allreduces_take_nccls_ll_protocol_large_ones_the_ring():
+    from kvsim.hw import NCCL_LL
+
+    p, t = _host_timing(host_allreduce_efficiency=0.2, host_allreduce_latency_s=60e-6)
+    assert p.nccl_ll and not t.comm.linear
+    A = p.allreduces_per_step
+    ll_lat = NCCL_LL["base_latency_s"] + 2 * (2 - 1) * NCCL_LL["step_latency_s"]  # two ring steps at T = 2
+    ring = lambda n: p.allreduce_s_per_step + p.allreduce_s_per_token * n  # noqa: E731
+    ll = lambda n: A * ll_lat + p.allreduce_s_per_token * n / NCCL_LL["bandwidth_fraction"]  # noqa: E731
+    assert ll(1) < ring(1) and ll(200) > ring(200)  # LL wins a one-token step, the ring a 200-token one
+    for n in (1, 4, 200, 4096):
+        assert t.comm.scalar_s(n) == pytest.approx(min(ll(n), ring(n)), rel=1e-12)
+    n = np.array([1, 4, 9, 200, 4096], np.int64)
+    assert [x.hex() for x in t.comm.array_s(n)] == [t.comm.scalar_s(int(k)).hex() for k in n]
+
+
+def test_host_allreduce_ll_false_keeps_the_ring_model_bit_for_bit():
+    p, t = _host_timing(host_allreduce_ll=False)
+    assert not p.nccl_ll and t.comm.linear
+    n = np.array([1, 17, 4096], np.int64)
+    assert [x.hex() for x in t.comm.array_s(n)] == [(p.comm_s_per_step + p.comm_s_per_token * k).hex() for k in n]
+    # and over a GPU preset's link nothing changes: its measured all-reduce times include small messages
+    assert not scenario(parallel={"tensor": 2}).parallel_plan().nccl_ll
+
+
+def test_host_allreduce_ll_with_p2p_is_refused_and_absent_from_the_resolved_form():
+    from kvsim.simulate import resolved_dict
+
+    with pytest.raises(ValueError, match="gpu_p2p: false"):
+        scenario(parallel={"tensor": 2, "host_allreduce_ll": False})
+    assert "host_allreduce_ll" not in resolved_dict(scenario(parallel={"tensor": 2, "gpu_p2p": False}))["parallel"]
+    assert resolved_dict(scenario(parallel={"tensor": 2, "gpu_p2p": False, "host_allreduce_ll": False}))[
+        "parallel"]["host_allreduce_ll"] is False
+
+
+@pytest.mark.parametrize("gemm_model", ["fitted", "roofline"])
+def test_step_time_and_decode_durations_agree_with_the_ll_protocol(gemm_model):
+    from kvsim.simulate import build_timing, host_transfers
+    from kvsim.timing.base import decode_shape
+
+    scn = scenario(parallel={"tensor": 2, "gpu_p2p": False}, timing={"kind": "analytical", "gemm_model": gemm_model})
+    t = build_timing(scn, 16, Path("."), host_transfers(scn, "s"), "s")[0]
+    n = np.array([1, 3, 9, 64, 300, 1500], np.int64)
+    T, P = n * 900, n * 57
+    durations, _, _ = t.decode_durations(n, T, P)
+    for j, k in enumerate(n):
+        st = t.step_time(decode_shape(int(k), int(T[j]), int(P[j])))
+        assert st.duration_s.hex() == durations[j].hex()
+        assert st.breakdown_s["parallel_comm_s"] == t.comm.scalar_s(int(k))

@@ -18,6 +18,10 @@ allocated tokens per request, ~half a block above the context) at the interval's
 the tokens each request decoded during it. The capacity is the section heading's "Available KV
 cache memory" per GPU over the deployment's KV bytes per token per GPU.
 
+Under tensor parallelism a second table gives each window's all-reduce: the message size, kvsim's
+time per all-reduce, and the measured step less kvsim's other terms divided by the all-reduces of
+the step (what the measurement leaves for each, if the other terms are right).
+
     python bench/engine_windows.py                 # table of every steady window
     python bench/engine_windows.py --update-docs   # and write it into docs/validation.md
 """
@@ -152,14 +156,36 @@ def price(lines: list[LogLine], overrides: tuple[str, ...] = ()) -> list[dict]:
         ctx = mean_context(cur, interval, capacity, geometry.block_size)
         n, tokens = cur.running, round(ctx)
         pages = n * math.ceil(tokens / geometry.block_size)
-        kvsim_s = timing.step_time(decode_shape(n, n * tokens, pages)).duration_s
+        step = timing.step_time(decode_shape(n, n * tokens, pages))
+        kvsim_s = step.duration_s
         measured_s = cur.running / cur.gen_tps
+        plan = scn.parallel_plan()
+        comm_s, calls = step.breakdown_s.get("parallel_comm_s", 0.0), plan.allreduces_per_step
         rows.append({"section": cur.section, "pid": cur.pid, "log_time": cur.log_time,
                      "readme_line": cur.readme_line, "case_id": cur.case_id, "split": split(cur),
                      "tensor": scn.parallel_plan().tensor, "running": n,
                      "context": tokens, "measured_ms": measured_s * 1e3, "kvsim_ms": kvsim_s * 1e3,
-                     "error": kvsim_s / measured_s - 1})
+                     "error": kvsim_s / measured_s - 1,
+                     # under tensor parallelism (one stage): the bytes of each all-reduce, kvsim's time
+                     # per all-reduce, and the measured step less kvsim's other terms, per all-reduce
+                     "allreduce_bytes": n * plan.allreduce_bytes_per_token,
+                     "kvsim_allreduce_s": comm_s / calls if calls else 0.0,
+                     "implied_allreduce_s": (measured_s - (kvsim_s - comm_s)) / calls if calls else 0.0})
     return rows
+
+
+def allreduce_markdown(rows: list[dict]) -> str:
+    """Per all-reduce, the windows of a tensor-parallel deployment: message size, kvsim's time and
+    what the measured step leaves for it once kvsim's other terms are taken off."""
+    tp = sorted((r for r in rows if r["tensor"] > 1), key=lambda r: r["allreduce_bytes"])
+    if not tp:
+        return ""
+    lines = ["| deployment | README line | running | message KB | kvsim us | implied us |", "|---|---:|---:|---:|---:|---:|"]
+    for r in tp:
+        lines.append(f"| {deployment_label(r['case_id'])} | {r['readme_line']} | {r['running']} | "
+                     f"{r['allreduce_bytes'] / 1024:.0f} | {r['kvsim_allreduce_s'] * 1e6:.1f} | "
+                     f"{r['implied_allreduce_s'] * 1e6:.1f} |")
+    return "\n".join(lines) + "\n"
 
 
 def fit_per_seq(lines: list[LogLine]) -> float:
@@ -272,7 +298,8 @@ def main(argv=None) -> int:
         if args.fit:
             print(f"overhead.per_seq_s fitted on {len([w for w in steady_windows(lines) if split(w[1]) == 'fit'])} "
                   f"windows: {fit_per_seq(lines):.4g} s")
-        text = markdown(price(lines), price(lines, (ZERO_PER_SEQ,)))
+        rows = price(lines)
+        text = markdown(rows, price(lines, (ZERO_PER_SEQ,))) + "\n" + allreduce_markdown(rows)
         if args.update_docs:
             update_docs(text)
     except (WindowError, OSError) as e:

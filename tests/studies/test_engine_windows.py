@@ -73,6 +73,24 @@ def test_a_window_is_priced_as_the_timing_model_prices_its_decode_step():
     assert {x["split"] for x in rows} == {"fit", "holdout"}
 
 
+def test_a_tensor_parallel_window_leaves_the_rest_of_its_step_to_the_allreduces():
+    from kvsim.timing.base import decode_shape
+
+    rows = ew.price(ew.load_lines())
+    r = next(x for x in rows if x["readme_line"] == 2072)  # Test 6: Qwen2.5-32B on 2 GPUs, 1 running
+    scn, timing, _ = ew._deployment(r["case_id"])
+    calls = scn.parallel_plan().allreduces_per_step
+    step = timing.step_time(decode_shape(1, r["context"], math.ceil(r["context"] / 16)))
+    comm = step.breakdown_s["parallel_comm_s"]
+    assert calls == 128 and r["allreduce_bytes"] == 5120 * 2  # 2 a layer, hidden x 2 bytes per token
+    assert r["kvsim_allreduce_s"] * calls == pytest.approx(comm, rel=1e-12)
+    measured = r["measured_ms"] / 1e3
+    assert r["implied_allreduce_s"] * calls + step.duration_s - comm == pytest.approx(measured, rel=1e-12)
+    table = ew.allreduce_markdown(rows)
+    assert table.count("\n") == 2 + sum(x["tensor"] > 1 for x in rows) and "| 2072 | 1 | 10 |" in table
+    assert ew.allreduce_markdown([x for x in rows if x["tensor"] == 1]) == ""
+
+
 def test_the_vllm_v1_per_sequence_overhead_is_what_the_fit_windows_give():
     from kvsim.config.profiles import profile_fills
 

@@ -78,6 +78,8 @@ class ParallelPlan:
     nccl_ll: bool = False
 
     def comm_s(self, num_tokens: int) -> float:
+        """NCCL's ring model alone (linear); kvsim.timing.allreduce.StepComm prices a step's
+        communication as the timing model charges it (custom curves, NCCL's LL protocol)."""
         return self.comm_s_per_step + self.comm_s_per_token * num_tokens
 
 

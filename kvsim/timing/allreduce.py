@@ -20,8 +20,9 @@ linear in the message size between the printed sizes and flat below the smallest
 field's default, and ``engine_profile: kvsim``) is the linear form above, bit for bit.
 
 Where NCCL's low-latency protocol is priced beside its ring one (``TimingContext.nccl_ll_protocol``:
-the host-memory path of ``parallel.gpu_p2p: false``, unless ``parallel.host_allreduce_ll: false``), NCCL's own tuning model takes, per
-all-reduce, the protocol with the least ``latency + bytes / bandwidth`` (kvsim.hw.NCCL_LL)::
+the host-memory path of ``parallel.gpu_p2p: false``, unless ``parallel.host_allreduce_ll: false``),
+NCCL's own tuning model takes, per all-reduce, the protocol with the least
+``latency + bytes / bandwidth`` (kvsim.hw.NCCL_LL)::
 
     ar_s(n) = min(ring(n), A * (l_base + 2 (T-1) l_step) + allreduce_s_per_token * n / f)
 

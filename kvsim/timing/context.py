@@ -52,5 +52,6 @@ class TimingContext:
         return self.kv.block_size
 
     def comm_s(self, num_tokens):
-        """Communication time of a step of ``num_tokens`` (an int, or an array of them)."""
+        """NCCL's ring-model communication time of a step of ``num_tokens`` (an int, or an array of
+        them); what the timing model charges is kvsim.timing.allreduce.StepComm's."""
         return self.comm_s_per_step + self.comm_s_per_token * num_tokens

@@ -12,8 +12,9 @@ import numpy as np
 # --fit: the constants fitted per engine profile on that profile's fit cases (every other timing
 # term keeps its sourced value); a profile not named here fits nothing. docs/validation.md, "The fit".
 FIT_PARAMS = {"vllm-v1": ("step_overhead_s", "moe_layer_s", "per_prefill_seq_s"),
-              "vllm-v0.6": ("step_overhead_s", "per_prefill_seq_s"),
-              "sglang": ("moe_layer_s",)}
+              "vllm-v0.6": ("step_overhead_s", "per_prefill_seq_s")}
+# sglang: nothing left to fit -- its MoE layers are the fitted MoE kernel (kvsim/timing/moe_kernel.py,
+# fitted to kernel readings, not to serving runs); moe_layer_s prices only MoE layers without a kernel profile
 FIT_STEP = {"step_overhead_s": 1e-3, "moe_layer_s": 5e-5, "per_prefill_seq_s": 5e-3}  # finite differences
 FIT_METRICS = ("request_throughput", "tpot_ms", "ttft_ms")
 

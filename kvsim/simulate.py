@@ -198,7 +198,7 @@ def build_timing(scn: Scenario, page_size: int, base_dir: Path, transfers: HostT
     geometry = par.kv.with_block_size(page_size)
     ctx = TimingContext(
         model=scn.model.spec(), gpu=scn.gpu_spec(), kv=geometry, weight_bytes=par.weight_bytes_per_rank,
-        base_dir=base_dir,
+        base_dir=base_dir, weight_dtype=scn.weight_dtype,
         tensor_parallel=par.tensor, pipeline_parallel=par.pipeline,
         comm_s_per_step=par.comm_s_per_step, comm_s_per_token=par.comm_s_per_token,
         allreduces_per_step=par.allreduces_per_step, allreduce_bytes_per_token=par.allreduce_bytes_per_token,

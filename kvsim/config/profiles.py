@@ -38,6 +38,11 @@ _VLLM_AR = ("vLLM's CustomAllreduce (vllm-project/vllm#2192, since 0.3; world si
             "(docs/engine_overhead.md, 'All-reduce')")
 _VLLM_ALIGN = ("vLLM's moe_align_block_size kernel: 31.4 us (128 experts) / 65.2 us (256) at 16 tokens on an H200, "
                "printed in sgl-project/sglang#4327 (docs/engine_overhead.md, 'MoE layers')")
+_MOE_KERNEL = ("the routed experts as vLLM's fused MoE call (Triton; Marlin for int4/int8 weights and for FP8 on "
+               "GPUs without FP8 tensor cores), fitted to the public benchmark_moe.py readings of "
+               "kvsim/timing/data/moe/moe_kernel.csv (docs/engine_overhead.md, 'MoE layers')")
+_SGL_MOE_KERNEL = ("SGLang's fused_moe_triton is vLLM's Triton kernel, forked (python/sglang/srt/layers/moe/"
+                   "fused_moe_triton): the same fitted profile (docs/engine_overhead.md, 'MoE layers')")
 # constants fitted on the serving corpus's fit cases only (no public figure; bench/validate_serving.py --fit)
 _FIT = "fitted on the serving corpus's fit cases only, no public figure (docs/validation.md, docs/engine_overhead.md)"
 
@@ -83,12 +88,14 @@ _PROFILES: tuple[EngineProfile, ...] = (
                                    "for non-MLA models on compute capability 8.x/9.x (A100, H100, H200), an MLA "
                                    "backend for MLA models (kvsim: flashmla); Blackwell (10.x) prefers "
                                    "FLASHINFER, not modelled"),
-        "timing[analytical].step_overhead_s": Fill(0.002024, f"no public per-step constant: {_FIT}, 6 vLLM v1 cases"),
+        "timing[analytical].step_overhead_s": Fill(0.0025, f"no public per-step constant: {_FIT}, 6 vLLM v1 cases"),
         "timing[analytical].allreduce": Fill("vllm-custom", _VLLM_AR),
         "timing[analytical].moe_align_kernel": Fill("vllm", _VLLM_ALIGN),
-        "timing[analytical].moe_layer_s": Fill(5.16e-05, f"{_FIT}, 6 vLLM v1 cases (2 of them MoE)"),
+        "timing[analytical].moe_layer_s": Fill(4.2e-05, f"{_FIT}, 6 vLLM v1 cases (MoE layers without a kernel "
+                                                          "profile: int4/int8 weights)"),
+        "timing[analytical].moe_kernel": Fill("auto", _MOE_KERNEL),
         "timing[analytical].overhead": Fill(
-            {"per_seq_s": 3.28e-05, "per_prefill_seq_s": 0.0042083},
+            {"per_seq_s": 2.317e-05, "per_prefill_seq_s": 0.0037408},
             "per_seq_s: fitted on 4 steady decode windows of vLLM 0.10.1 engine logs (one A100; "
             "bench/engine_windows.py, scenarios/validation/engine_log_lines.csv; docs/engine_overhead.md); "
             f"per_prefill_seq_s: {_FIT}, 6 vLLM v1 cases"),
@@ -117,6 +124,8 @@ _PROFILES: tuple[EngineProfile, ...] = (
         "timing[analytical].allreduce": Fill("vllm-custom", _VLLM_AR),
         "timing[analytical].moe_align_kernel": Fill("vllm", _VLLM_ALIGN),
         "timing[analytical].overhead": Fill({"per_prefill_seq_s": 0.0051656}, f"{_FIT}, 3 vLLM V0 cases"),
+        "timing[analytical].moe_kernel": Fill("auto", _MOE_KERNEL + "; vLLM 0.4+ ran Mixtral on the same fused "
+                                                  "Triton kernel (vllm-project/vllm#2979, 2024-02)"),
     }, batch_rule=vllm_v0_batch),
     EngineProfile("vllm-2023", "the vLLM paper's system (Kwon et al., SOSP 2023; vLLM 0.1): v0 scheduler, "
                   "PagedAttention v1 kernel for paged KV (vLLM 0.1's 2,560-token budget is not filled: it "
@@ -163,7 +172,7 @@ _PROFILES: tuple[EngineProfile, ...] = (
         "timing[analytical].moe_align_kernel": Fill(
             "sglang", "SGLang's moe_align_block_size kernel: 19.9 us (128 experts) / 22.8 us (256) at 16 tokens on an "
                       "H200, printed in sgl-project/sglang#4327 (docs/engine_overhead.md, 'MoE layers')"),
-        "timing[analytical].moe_layer_s": Fill(4.07e-05, f"{_FIT}, 2 SGLang cases"),
+        "timing[analytical].moe_kernel": Fill("auto", _SGL_MOE_KERNEL),
     }, batch_rule=sglang_server_batch),
 )
 

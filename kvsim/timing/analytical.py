@@ -36,7 +36,7 @@ scheduled sequence's KV read in one launch per layer, decode and prefill alike: 
 reads its cached context and its new tokens through the same paged layout. ``decode_attention_s`` /
 ``prefill_attention_s`` split the KV time in proportion to the KV tokens each group reads; under ``fitted`` a prefill chunk costs the larger
 of its KV-read share and the fitted prefill-attention FLOP time (BatchShape's sums, equal chunks
-assumed: :meth:`_FittedLinear.prefill_attention_s`). The KV writes of new tokens stream at
+assumed: :meth:`FittedLinear.prefill_attention_s`). The KV writes of new tokens stream at
 ``bandwidth_efficiency``. ``attention_backend: roofline`` prices KV reads at
 ``bandwidth_efficiency`` (block size ignored).
 
@@ -49,20 +49,20 @@ column/row shards (roofline: FLOP/s are the tensor ranks' together), and ``paral
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Literal
 
 import numpy as np
 from pydantic import Field, field_validator
 
 from kvsim.config_base import ByteRate, StrictModel
-from kvsim.hw import ModelSpec
 from kvsim.registry import TIMING_MODELS
 from kvsim.timing.allreduce import ALLREDUCE_KINDS, StepComm
 from kvsim.timing.base import BatchShape, DecodeParts, StepTiming, split_kv_tokens
 from kvsim.timing.fitted_steps import FittedDecodeSteps
+from kvsim.timing.fitted_linear import FittedLinear, gemm_model_unsupported
 from kvsim.timing.context import TimingContext
 from kvsim.timing.moe import MOE_ALIGN_KINDS, WeightReads, moe_fixed_s
+from kvsim.timing import moe_kernel
 from kvsim.timing.overhead import EngineOverheadConfig, StepOverhead
 from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, step_transfers
 from kvsim.errors import did_you_mean, format_choices
@@ -91,6 +91,10 @@ class AnalyticalTimingConfig(StrictModel):
     moe_align_kernel: Literal[MOE_ALIGN_KINDS] = Field("none", description="MoE: the per-layer token-alignment "
                                                        "kernel priced (measured), docs/engine_overhead.md")
     moe_layer_s: float = Field(0.0, ge=0, description="MoE: further fixed time per MoE layer per step (fitted)")
+    moe_kernel: str = Field("none", description="MoE: the routed experts as a fused MoE kernel fitted to public "
+                                                "benchmark_moe.py readings (auto: by weight dtype and GPU, or a "
+                                                "profile name; none: their weight bytes inside the step's "
+                                                "roofline), docs/engine_overhead.md 'MoE layers'")
     host_link_bandwidth_bytes_per_s: ByteRate = Field(
         DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, gt=0, description="GPU<->host link for swaps (PCIe Gen5 x16 ~ 64 GB/s)"
     )
@@ -106,6 +110,14 @@ class AnalyticalTimingConfig(StrictModel):
         "fitted", description="linear layers and prefill attention: fitted (per-GPU GEMM model fitted to "
                               "Vidur's profiles, docs/gemm_model.md; kernels in sequence) or roofline "
                               "(max(weights + KV bytes at bandwidth_efficiency, FLOPs at compute_efficiency))")
+
+    @field_validator("moe_kernel")
+    @classmethod
+    def _known_moe_kernel(cls, v: str) -> str:
+        names = moe_kernel.kernel_choices()
+        if v in names:
+            return v
+        raise ValueError(f"unknown MoE kernel {v!r}{did_you_mean(v, names)}; valid: {format_choices(names)}")
 
     @field_validator("attention_backend")
     @classmethod
@@ -123,10 +135,21 @@ class AnalyticalTiming:
         self.cfg = cfg
         self.kv_bytes_per_token = ctx.kv_bytes_per_token
         self.bandwidth_bytes_per_s = ctx.gpu.hbm_bandwidth_bytes_per_s * cfg.bandwidth_efficiency
-        self.weights = WeightReads(m, ctx.weight_bytes, self.bandwidth_bytes_per_s,  # + MoE layers' fixed time
-                                   moe_fixed_s(m, cfg.moe_align_kernel, cfg.moe_layer_s))
         self.flops_per_s = ctx.gpu.bf16_flops_per_s * cfg.compute_efficiency * ctx.tensor_parallel
-        self.linear_flops_per_token = 2.0 * m.params_per_token  # MoE: the active experts only
+        # MoE with timing.moe_kernel: the routed experts are a fused kernel of their own, after the
+        # rest of the step's roofline; its measured time holds the routing and alignment, so neither
+        # moe_align_kernel nor moe_layer_s is added (they price MoE layers without a kernel profile)
+        shape = moe_kernel.model_shape(m, ctx.tensor_parallel, ctx.weight_dtype)
+        self.moe_kernel = moe_kernel.resolve_kernel(cfg.moe_kernel, ctx.weight_dtype, ctx.gpu) if shape else "none"
+        self.experts: moe_kernel.MoeExperts | None = None
+        if self.moe_kernel != "none":
+            self.experts = moe_kernel.MoeExperts(self.moe_kernel, shape, ctx.gpu, m.num_layers)
+            self.weights = WeightReads(m, ctx.weight_bytes, self.bandwidth_bytes_per_s, routed_experts=False)
+            self.linear_flops_per_token = 2.0 * moe_kernel.dense_active_params(m)
+        else:
+            self.weights = WeightReads(m, ctx.weight_bytes, self.bandwidth_bytes_per_s,  # + MoE layers' fixed time
+                                       moe_fixed_s(m, cfg.moe_align_kernel, cfg.moe_layer_s))
+            self.linear_flops_per_token = 2.0 * m.params_per_token  # MoE: the active experts only
         # parallel communication (kvsim.timing.allreduce, its one definition; 0.0 on one GPU): the
         # linear NCCL form is inlined in the hot paths, a custom all-reduce is self.comm's table
         self.comm = StepComm(ctx, cfg.allreduce)
@@ -158,9 +181,9 @@ class AnalyticalTiming:
         # -- linear layers: the fitted GEMM model (docs/gemm_model.md) or the roofline ------------
         self.gemm_model = cfg.gemm_model
         self.gemm_fallback_reason = gemm_model_unsupported(m) if cfg.gemm_model == "fitted" else None
-        self.gemm: _FittedLinear | None = None
+        self.gemm: FittedLinear | None = None
         if cfg.gemm_model == "fitted" and self.gemm_fallback_reason is None:
-            self.gemm = _FittedLinear(cfg, ctx)
+            self.gemm = FittedLinear(cfg, ctx)
         else:
             self.gemm_model = "roofline"
         self._decode_table = np.zeros((8, 0))  # grown by _grow_decode_table on first use
@@ -257,24 +280,27 @@ class AnalyticalTiming:
         kv_s = attn_kv_s + kv_write / self.bandwidth_bytes_per_s
         linear_s = self.linear_flops_per_token * num_tokens / self.flops_per_s
         attn_s = self.attention_flops_per_pair * shape.attention_pairs / self.flops_per_s
-        duration = max(weights_s + kv_s, linear_s + attn_s) + overhead_s + swap_s
+        duration = max(weights_s + kv_s, linear_s + attn_s)
+        if self.experts is not None:
+            experts_s = self.experts.scalar_s(num_tokens)
+            duration = duration + experts_s
+        duration = duration + overhead_s + swap_s
         duration = duration + comm_s
-        return StepTiming(
-            duration_s=duration,
-            breakdown_s={
-                "weights_read_s": weights_s,
-                "kv_read_s": kv_s,
-                "linear_compute_s": linear_s,
-                "attention_compute_s": attn_s,
-                "attention_s": attn_kv_s,
-                "decode_attention_s": attn_kv_s - pre_att,
-                "prefill_attention_s": pre_att,
-                "overhead_s": overhead_s,
-                "swap_s": swap_s,
-                "parallel_comm_s": comm_s,
-            },
-            kv_bytes_read=kv_read,
-        )
+        breakdown = {
+            "weights_read_s": weights_s,
+            "kv_read_s": kv_s,
+            "linear_compute_s": linear_s,
+            "attention_compute_s": attn_s,
+            "attention_s": attn_kv_s,
+            "decode_attention_s": attn_kv_s - pre_att,
+            "prefill_attention_s": pre_att,
+            "overhead_s": overhead_s,
+            "swap_s": swap_s,
+            "parallel_comm_s": comm_s,
+        }
+        if self.experts is not None:
+            breakdown["moe_experts_s"] = experts_s
+        return StepTiming(duration_s=duration, breakdown_s=breakdown, kv_bytes_read=kv_read)
 
     def _fitted_step(self, shape, num_tokens, seqs, kv_read, kv_write, attn_kv_s, pre_kv, pre_att, swap_s,
                      comm_s, overhead_s) -> StepTiming:
@@ -375,6 +401,9 @@ class AnalyticalTiming:
         linear_s = self.linear_flops_per_token * num_seqs / self.flops_per_s
         attn_s = self.attention_flops_per_pair * kv_tokens_read / self.flops_per_s
         duration = np.maximum(weights_s + kv_s, linear_s + attn_s)
+        if self.experts is not None:
+            experts_s = self.experts.array_s(num_seqs)
+            duration += experts_s
         duration += overhead_s
         if not no_comm:
             duration += comm_s
@@ -390,109 +419,9 @@ class AnalyticalTiming:
             "swap_s": 0.0,
             "parallel_comm_s": comm_s,
         }
+        if self.experts is not None:
+            parts["moe_experts_s"] = experts_s
         return duration, parts, kv_read
-
-
-def gemm_model_unsupported(model: ModelSpec) -> str | None:
-    """Why the fitted GEMM model cannot price this model's linear layers (None: it can).
-
-    Vidur's profiles are dense decoder layers (QKV, output, MLP up/gate, down). An MoE layer's
-    routed experts (which experts a batch touches) and MLA's low-rank projections have other shapes;
-    those models keep the roofline (docs/gemm_model.md, "Wired into analytical timing")."""
-    if model.num_experts:
-        return "MoE experts are not dense GEMMs of the profiled shapes"
-    if model.attention == "mla":
-        return "MLA projections are not the profiled QKV shapes"
-    return None
-
-
-class _FittedLinear:
-    """The fitted GEMM model for one deployment, tabulated by token count.
-
-    ``linear_s(num_tokens, num_seqs)`` returns (all layers' four GEMMs over ``num_tokens`` rows, the
-    LM head over ``num_seqs`` rows), read from per-token-count tables that grow on demand. A table
-    lookup is exact (step_time and decode_durations read the same float) and keeps the fast engine's
-    decode windows as cheap as the roofline's.
-
-    Tensor parallelism: each rank runs the column-/row-parallel shards (query heads, kv heads, MLP
-    width and vocabulary divided by the tensor degree, hidden size whole), as Megatron-LM splits
-    them; the pipeline stages run in sequence, so all ``num_layers`` are summed. Weights are read
-    inside each GEMM's memory term (``k*n`` elements), which is why the fitted analytical model has
-    no separate ``weights_read_s``.
-    """
-
-    def __init__(self, cfg: AnalyticalTimingConfig, ctx: TimingContext):
-        from kvsim.timing import gemm
-
-        m, t = ctx.model, ctx.tensor_parallel
-        if t > 1:
-            m = replace(m, num_attention_heads=ctx.kv.num_query_heads, num_kv_heads=ctx.kv.num_kv_heads,
-                        intermediate_size=-(-m.intermediate_size // t), vocab_size=-(-m.vocab_size // t))
-        self.model, self.gpu = m, ctx.gpu
-        prof = gemm.profile_for(ctx.gpu)
-        if prof is gemm.GENERIC:  # no fitted profile for this GPU: the roofline's own efficiencies
-            prof = replace(prof, compute_efficiency=cfg.compute_efficiency,
-                           bandwidth_efficiency=cfg.bandwidth_efficiency,
-                           attn_compute_efficiency=cfg.compute_efficiency)
-        self.profile = prof
-        # weight bytes per parameter (bf16: 2; fp8 weights: 1); activations are priced the same
-        per_param = ctx.weight_bytes * t / max(ctx.model.num_params, 1.0)
-        self.element_bytes = max(1, int(round(per_param)))
-        self._gemm = gemm
-        self._attn_flops_per_pair = 4.0 * m.num_attention_heads * m.head_dim
-        self._attn_flops_per_s = ctx.gpu.bf16_flops_per_s * prof.attn_compute_efficiency
-        self._num_layers = m.num_layers
-        self._layers = np.zeros(0)
-        self._lm = np.zeros(0)
-        self._size = 0
-        self._layers_list: list[float] = []
-        self._lm_list: list[float] = []
-
-    def _grow(self, n: int) -> None:
-        old = len(self._layers)
-        size = max(n + 1, 2 * old, 1024)
-        toks = np.arange(old, size, dtype=float)
-        g, m = self._gemm, self.model
-        layers = m.num_layers * g.layer_linear_time_s(toks, m, self.gpu, self.profile, self.element_bytes)
-        lm_n, lm_k = g.gemm_shapes(m)["lm_head"]
-        lm = g.linear_time_s(toks, lm_n, lm_k, self.gpu, self.profile, self.element_bytes)
-        self._layers = np.concatenate([self._layers, np.atleast_1d(layers)])
-        self._lm = np.concatenate([self._lm, np.atleast_1d(lm)])
-        self._size = len(self._layers)
-        self._layers_list = self._layers.tolist()  # Python floats: the same doubles, cheaper to index
-        self._lm_list = self._lm.tolist()
-
-    def linear_s(self, num_tokens: int, num_seqs: int) -> tuple[float, float]:
-        """(all layers' GEMMs over ``num_tokens`` rows, LM head over ``num_seqs`` rows) for one step."""
-        hi = num_tokens if num_tokens > num_seqs else num_seqs
-        if hi >= self._size:
-            self._grow(hi)
-        return self._layers_list[num_tokens], self._lm_list[num_seqs]
-
-    def prefill_attention_s(self, shape: BatchShape, decode_pairs: float) -> float:
-        """The fitted prefill-attention time of the step's prefill chunks (all layers).
-
-        BatchShape carries sums, not per-sequence chunks: the ``P`` prefill sequences are taken as
-        equal chunks of ``c = num_prefill_tokens / P`` new tokens (exact for one chunk per step, the
-        usual chunked-prefill case), and their cached-context pairs ``sum(c_i * p_i)`` are what is
-        left of ``attention_pairs`` after the decode pairs and the chunks' causal triangles."""
-        P = shape.num_prefill_seqs
-        c = shape.num_prefill_tokens / P
-        if c <= 0:
-            return 0.0
-        # max(x, 0.0) written out (the builtin returns its first argument on ties)
-        pairs_pre = shape.attention_pairs - decode_pairs
-        if 0.0 > pairs_pre:
-            pairs_pre = 0.0
-        cp = pairs_pre - P * c * (c + 1.0) / 2.0
-        if 0.0 > cp:
-            cp = 0.0
-        prof = self.profile
-        pairs_eff = cp + prof.attn_causal_factor * P * c * c / 2.0
-        # (4.0 * heads * head_dim) and (peak * efficiency) are evaluated first in the formula: bound once
-        flops = self._attn_flops_per_pair * pairs_eff * (1.0 + prof.attn_half_tokens / c)
-        per_layer = P * prof.attn_launch_s + flops / self._attn_flops_per_s
-        return self._num_layers * per_layer
 
 
 TIMING_MODELS.register("analytical", AnalyticalTimingConfig, AnalyticalTiming)

@@ -21,6 +21,7 @@ class TimingContext:
     # over the pipeline stages, which run one after another within a step. Without parallelism: all.
     weight_bytes: int
     base_dir: Path  # the scenario file's folder, for resolving relative paths
+    weight_dtype: str = "fp16"  # the checkpoint's weight dtype (kvsim.hw.WEIGHT_DTYPE_BYTES): which MoE kernel runs
     # -- parallelism (docs/models.md#parallelism) --------------------------------------------------
     tensor_parallel: int = 1  # GPUs sharing each layer: FLOPs split this many ways
     pipeline_parallel: int = 1  # stages (sequential within a step)

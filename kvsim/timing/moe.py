@@ -113,12 +113,16 @@ class WeightReads:
     MoE: a per-token-count table (grown on demand) that the scalar and the array lookups read, so
     both return the same doubles bit for bit."""
 
-    def __init__(self, model: ModelSpec, weight_bytes: int, bandwidth_bytes_per_s: float, fixed_s: float = 0.0):
+    def __init__(self, model: ModelSpec, weight_bytes: int, bandwidth_bytes_per_s: float, fixed_s: float = 0.0,
+                 routed_experts: bool = True):
+        per_expert = routed_expert_params(model)
+        if per_expert and not routed_experts:  # the experts are priced apart (kvsim.timing.moe_kernel)
+            weight_bytes = weight_bytes * ((model.num_params - model.num_experts * per_expert) / model.num_params)
+            per_expert = 0.0
         self.weight_bytes = weight_bytes
         self.fixed_s = fixed_s  # MoE: the layers' fixed time per step (moe_fixed_s), in every table entry
         self.bandwidth_bytes_per_s = bandwidth_bytes_per_s
         self.constant_s = weight_bytes / bandwidth_bytes_per_s
-        per_expert = routed_expert_params(model)
         self.moe = per_expert > 0.0
         if self.moe:
             total = model.num_params

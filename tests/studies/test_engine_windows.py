@@ -100,8 +100,12 @@ def test_the_vllm_v1_per_sequence_overhead_is_what_the_fit_windows_give():
 
 
 def test_serving_fit_keeps_the_profiles_per_sequence_term():
+    from kvsim.config.profiles import profile_fills
+
+    per_seq = profile_fills("vllm-v1")["timing[analytical].overhead"].value["per_seq_s"]
+    assert per_seq > 0
     got = vs.param_overrides({"per_prefill_seq_s": 0.004}, "vllm-v1")
-    assert got == ["timing.overhead={per_seq_s: 3.28e-05, per_prefill_seq_s: 0.004}"]
+    assert got == [f"timing.overhead={{per_seq_s: {per_seq!r}, per_prefill_seq_s: 0.004}}"]
     assert vs.param_overrides({"per_prefill_seq_s": 0.004}, "sglang") == ["timing.overhead={per_prefill_seq_s: 0.004}"]
 
 

@@ -82,7 +82,7 @@ def register(subparsers) -> None:
                     help="--engine vllm: how step times become tables: linear (default: a five-term least-squares "
                          "fit, robust to a noisy host) or exact (interpolate the measured medians; docs/calibration.md)")
 
-    sub = p.add_subparsers(dest="calibrate_command", metavar="{report,peer-check,selfcheck,fit}")
+    sub = p.add_subparsers(dest="calibrate_command", metavar="{report,peer-check,selfcheck,fit,moe-check}")
     sub.required = False
     r = sub.add_parser("report", help="leave-one-out interpolation error and bandwidth utilisation of DIR")
     r.add_argument("dir", metavar="DIR")
@@ -109,6 +109,12 @@ def register(subparsers) -> None:
     ft.add_argument("--impl", dest="fit_impl", help="decode implementation (default: fastest per point)")
     ft.add_argument("--name", dest="fit_name", help="profile name (default fitted-<gpu>)")
     ft.add_argument("--force", dest="fit_force", action="store_true", help="replace an existing --out file")
+    mc = sub.add_parser("moe-check", help="the fused MoE kernel model's error on the public MoE-kernel corpus",
+                        description="Print the shipped MoE kernel profile (kvsim/timing/data/moe/moe_kernel_fit.yaml) "
+                                    "and its error per split (fit, holdout, check) and config on "
+                                    "kvsim/timing/data/moe/moe_kernel.csv (docs/engine_overhead.md, 'MoE layers'). "
+                                    "To refit: python -m kvsim.calibration.moe_fit.")
+    mc.add_argument("--corpus", dest="moe_corpus", help="another corpus CSV with the same columns")
     p.set_defaults(func=handle)
 
 
@@ -128,6 +134,10 @@ def handle(args: argparse.Namespace) -> int:
         return 0
     if cmd == "selfcheck":
         return _selfcheck(args.selfcheck_device)
+    if cmd == "moe-check":
+        from kvsim.calibration.moe_fit import main as moe_main
+
+        return moe_main(["--check", *(["--corpus", args.moe_corpus] if args.moe_corpus else [])])
     if cmd == "fit":
         import json
 

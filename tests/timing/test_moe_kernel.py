@@ -143,3 +143,13 @@ def test_fit_refuses_to_replace_a_file_it_did_not_write(tmp_path, capsys):
     assert moe_fit.main(["--out", str(mine)]) == 2
     assert mine.read_text() == "params: {}\n"
     assert "not written by moe_fit; not replaced" in capsys.readouterr().out
+
+
+def test_calibrate_moe_check_prints_the_shipped_error(tmp_path, capsys):
+    from kvsim.cli import main
+
+    assert main(["calibrate", "moe-check"]) == 0
+    out = capsys.readouterr().out
+    assert "vllm-fused-moe-triton" in out and "holdout" in out and "check" in out
+    assert main(["calibrate", "moe-check", "--corpus", str(tmp_path / "none.csv")]) == 2
+    assert "cannot read the MoE kernel corpus" in capsys.readouterr().out

@@ -175,13 +175,16 @@ def _interrupted_message(tmp: Path | None, done: list[str], total: int) -> str:
 
 def _write_resolved(tmp: Path, loaded: LoadedScenario, built: dict, summaries: dict | None = None) -> None:
     """``scenario.resolved.yaml``: every run's scenario with its defaults, its trace report and,
-    once the runs are done (``summaries``), the attention backend each one resolved; and the engine
+    once the runs are done (``summaries``), the attention backend (and, for an MoE model, the MoE
+    kernel) each one resolved; and the engine
     profile with the keys it filled and each one's source (``engine_profile: {name, filled, sources}``)."""
     def entry(name: str, scn) -> dict:
         e = {"scenario": resolved_dict(scn), "trace": built[name][1],
              "engine_profile": {**scn.profile_filled(), "sources": scn.profile_sources()}}
         if summaries is not None:
             e["attention_backend"] = summaries[name]["kv_access"]["attention_backend"]
+            if summaries[name].get("moe_kernel") is not None:  # MoE models only: dense runs keep their form
+                e["moe_kernel"] = summaries[name]["moe_kernel"]
         return e
 
     write_yaml(tmp / "scenario.resolved.yaml", {

@@ -24,7 +24,6 @@ from kvsim.models.geometry import KVGeometry
 from kvsim.kv.beam import BeamModel
 from kvsim.registry import ALLOCATORS, TIMING_MODELS
 from kvsim.sched.scheduler import Scheduler
-from kvsim.timing.base import AttentionBackendNamed
 from kvsim.timing.context import TimingContext
 from kvsim.timing.base import timing_capabilities
 from kvsim.timing.transfer import HostTransfers
@@ -257,7 +256,7 @@ def summary_inputs(scn: Scenario, trace: Trace, replicas: list[Replica], budgets
         prefix_caching=any(r.caps.prefix_caching for r in replicas),
         offloaded_blocks=sum(a.offloaded_blocks for a, r in zip(allocs, replicas) if r.caps.offload_counter),
         copy_bandwidth_bytes_per_s=timing_caps.copy_bandwidth_bytes_per_s,
-        kv=geometry, attention_backend=_attention_backend(replicas[0].timing),
+        kv=geometry, attention_backend=timing_caps.attention_backend, moe_kernel=timing_caps.moe_kernel,
         budget_bytes=budget, end_s=engine.end_s, start_s=float(trace.arrival_s[0]) if len(trace) else 0.0,
         itl=recorder.itl, slo=scn.slo.as_dict() if scn.slo is not None else None,
         percentiles=tuple(scn.metrics.percentiles),
@@ -347,11 +346,6 @@ def _add_prefix_ideal(summary: dict, trace: Trace, block_size: int | None) -> No
     if ideal is not None:
         pc["ideal_hit_ratio_tokens"] = ideal["hit_ratio_tokens"]
         pc["ideal_hit_ratio_blocks"] = ideal["hit_ratio_blocks"]
-
-
-def _attention_backend(timing) -> str | None:
-    """The attention backend the timing model resolved (AttentionBackendNamed), else None."""
-    return timing.attention_backend if isinstance(timing, AttentionBackendNamed) else None
 
 
 def _unfinished(sched: Scheduler):

@@ -47,7 +47,8 @@ class SummaryInputs:
     sequence is fetched once per layer and KV head, ``kv_access.pages_fetched``);
     ``hbm_bandwidth_bytes_per_s``: the GPU's peak (datasheet) HBM bandwidth, for
     ``kv_access.hbm_bandwidth_utilisation``; ``attention_backend``: the backend the timing model
-    resolved (None: it has no attention kernel); ``beam``: (forks, copied tokens) when the trace has
+    resolved (None: it has no attention kernel); ``moe_kernel``: how it priced an MoE model's routed
+    experts (a kernel profile, ``none``; None: a dense model or a timing model without the choice); ``beam``: (forks, copied tokens) when the trace has
     beam-search requests."""
 
     capacity_tokens: int
@@ -64,6 +65,7 @@ class SummaryInputs:
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
     hbm_bandwidth_bytes_per_s: float | None = None
     attention_backend: str | None = None
+    moe_kernel: str | None = None
     beam: tuple[int, int] | None = None
 
 
@@ -157,6 +159,7 @@ def _engine_section(requests: pd.DataFrame, steps: pd.DataFrame, duration: float
         "busy_frac": step_time_total / duration if duration > 0 else 0.0,
         "kv_bytes_read_total": int(steps["kv_bytes_read"].sum()),
         "step_time_breakdown_s": breakdown,
+        "moe_kernel": inp.moe_kernel,
         "kv_bandwidth_utilisation": _bandwidth(steps, inp.copy_bandwidth_bytes_per_s),
         "kv_access": {**kv_access(steps, inp.hbm_bandwidth_bytes_per_s, geometry.fetches_per_page,
                                   geometry.kv_bytes_per_token_layer),

@@ -28,6 +28,7 @@ import yaml
 
 from kvsim.version import __version__
 from kvsim.errors import KvsimError
+from kvsim.report.priced_with import priced_with_lines
 from kvsim.report.tables import fmt, summary_metrics
 
 MAX_POINT_SECTIONS = 16
@@ -237,49 +238,8 @@ def _headline_section(summaries: dict[str, dict], baseline: str | None = None) -
         out.append(f'<p class="meta">Showing the baseline and {len(shown) - 1} of {len(labels) - 1} other runs; '
                    "every run is in compare/headline.csv.</p>")
     out.append(headline_html(h))
-    out.append(_backends_line({lab: summaries[lab] for lab in shown}))
-    profiles = _profiles_line({lab: summaries[lab] for lab in shown})
-    if profiles:
-        out.append(profiles)
+    out.extend(priced_with_lines({lab: summaries[lab] for lab in shown}))
     return out
-
-
-def _profiles_line(summaries: dict[str, dict]) -> str:
-    """Which engine profile each run took its defaults from (``engine_profile``) and the keys it
-    filled (which depend on the run's allocator and timing kinds); empty for results written
-    before the key existed."""
-    names: dict[str, list[str]] = {}
-    fills: dict[str, list[str]] = {}
-    for lab, s in summaries.items():
-        p = s.get("engine_profile")
-        if isinstance(p, dict):
-            names.setdefault(str(p.get("name")), []).append(lab)
-            filled = ", ".join(f"{k}={v}" for k, v in (p.get("filled") or {}).items()) or "nothing"
-            fills.setdefault(filled, []).append(lab)
-    if not names:
-        return ""
-    if len(names) == 1:
-        head = f"Engine profile: {_esc(next(iter(names)))} (every run)"
-    else:
-        head = "Engine profiles differ between runs: " + "; ".join(
-            f"{_esc(n)}: {_esc(', '.join(labs))}" for n, labs in names.items())
-    if len(fills) == 1:
-        return f'<p class="meta">{head}; it filled {_esc(next(iter(fills)))}.</p>'
-    parts = "; ".join(f"{_esc(f)} ({_esc(', '.join(labs))})" for f, labs in fills.items())
-    return f'<p class="meta">{head}; it filled {parts}.</p>'
-
-
-def _backends_line(summaries: dict[str, dict]) -> str:
-    """Which attention-kernel backend each run used (``kv_access.attention_backend``): a layout or
-    page-size comparison read by different kernels is also a kernel comparison."""
-    by: dict[str, list[str]] = {}
-    for lab, s in summaries.items():
-        name = (s.get("kv_access") or {}).get("attention_backend") or "none (no kernel model)"
-        by.setdefault(str(name), []).append(lab)
-    if len(by) == 1:
-        return f'<p class="meta">Attention backend: {_esc(next(iter(by)))} (every run).</p>'
-    parts = "; ".join(f"{_esc(b)}: {_esc(', '.join(labs))}" for b, labs in by.items())
-    return f'<p class="meta">Attention backends differ between runs (a kernel comparison too): {parts}.</p>'
 
 
 def _findings_section(summaries: dict[str, dict], baseline: str | None = None) -> list[str]:

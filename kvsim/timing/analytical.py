@@ -140,9 +140,10 @@ class AnalyticalTiming:
         # rest of the step's roofline; its measured time holds the routing and alignment, so neither
         # moe_align_kernel nor moe_layer_s is added (they price MoE layers without a kernel profile)
         shape = moe_kernel.model_shape(m, ctx.tensor_parallel, ctx.weight_dtype)
-        self.moe_kernel = moe_kernel.resolve_kernel(cfg.moe_kernel, ctx.weight_dtype, ctx.gpu) if shape else "none"
+        # MoeKernelNamed (kvsim.timing.base): the summary's record; None for a dense model
+        self.moe_kernel = moe_kernel.resolve_kernel(cfg.moe_kernel, ctx.weight_dtype, ctx.gpu) if shape else None
         self.experts: moe_kernel.MoeExperts | None = None
-        if self.moe_kernel != "none":
+        if self.moe_kernel not in (None, "none"):
             self.experts = moe_kernel.MoeExperts(self.moe_kernel, shape, ctx.gpu, m.num_layers)
             self.weights = WeightReads(m, ctx.weight_bytes, self.bandwidth_bytes_per_s, routed_experts=False)
             self.linear_flops_per_token = 2.0 * moe_kernel.dense_active_params(m)

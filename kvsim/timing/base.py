@@ -159,6 +159,16 @@ class AttentionBackendNamed(Protocol):
     attention_backend: str
 
 
+@runtime_checkable
+class MoeKernelNamed(Protocol):
+    """Optional capability: how the timing model priced an MoE model's routed experts
+    (``timing.moe_kernel`` after resolving ``auto``): a kernel profile name, ``none`` (weight
+    roofline plus the MoE layers' fixed terms), or None for a dense model. Written to
+    ``summary.json`` (``moe_kernel``), ``scenario.resolved.yaml`` and the report."""
+
+    moe_kernel: str | None
+
+
 class DecodeStepPricer(Protocol):
     """What :class:`ScalarDecodeSteps` hands out: decode steps priced one at a time.
 
@@ -223,6 +233,8 @@ class TimingCapabilities:
 
     needs_context_lens: bool = False
     copy_bandwidth_bytes_per_s: float | None = None
+    attention_backend: str | None = None  # AttentionBackendNamed; None: no attention kernel model
+    moe_kernel: str | None = None  # MoeKernelNamed; None: a dense model or no MoE kernel choice
 
 
 def timing_capabilities(model: object) -> TimingCapabilities:
@@ -231,7 +243,9 @@ def timing_capabilities(model: object) -> TimingCapabilities:
     return TimingCapabilities(
         needs_context_lens=isinstance(model, NeedsContextLens) and bool(model.needs_context_lens),
         copy_bandwidth_bytes_per_s=(float(model.copy_bandwidth_bytes_per_s)
-                                    if isinstance(model, CopyBandwidth) else None))
+                                    if isinstance(model, CopyBandwidth) else None),
+        attention_backend=model.attention_backend if isinstance(model, AttentionBackendNamed) else None,
+        moe_kernel=model.moe_kernel if isinstance(model, MoeKernelNamed) else None)
 
 
 def decode_shape(num_seqs: int, kv_tokens_read: int, kv_pages_read: int) -> BatchShape:

@@ -18,6 +18,7 @@ from kvsim.sched.router import Router
 from kvsim.errors import ConfigError, KvsimError
 from kvsim.metrics.recorder import StepRecorder
 from kvsim.metrics.request_log import RequestLog
+from kvsim.frontend import frontend_record, through_frontend
 from kvsim.metrics.requests import log_table
 from kvsim.metrics.summarize import SummaryInputs, summarize
 from kvsim.models.geometry import KVGeometry
@@ -55,6 +56,8 @@ def resolved_dict(scn: Scenario) -> dict:
     d.pop("variants", None)
     if d.get("host_link") is None:
         d.pop("host_link", None)  # absent = legacy link: old scenarios keep their resolved form and hash
+    if d.get("frontend", 0) is None:
+        d.pop("frontend")  # absent = no front end: old scenarios keep their resolved form and hash
     timing = d.get("timing")
     if isinstance(timing, dict) and "overhead" in timing and timing["overhead"] is None:
         timing.pop("overhead")  # absent = no batch-dependent CPU overhead: old resolved forms and hashes stay
@@ -288,6 +291,9 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     base_dir = Path(base_dir)
     if trace is None:
         trace, trace_report = build_trace(scn, base_dir)
+    engine_trace, client_arrival = trace, None
+    if scn.frontend is not None:  # the engine sees the front end's departures (kvsim/frontend.py)
+        engine_trace, client_arrival = through_frontend(trace, scn.frontend)
     request_log = RequestLog()  # every replica writes each request's row here when it ends
     transfers = host_transfers(scn, where)
     store = _shared_store(scn)
@@ -297,7 +303,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     del built
     _check_token_budget(scn, replicas[0].scheduler, where)
     recorder = _step_recorder(geometry, steps_path)
-    engine = Engine(trace, recorder=recorder, max_model_len_tokens=scn.model.max_model_len_tokens,
+    engine = Engine(engine_trace, recorder=recorder, max_model_len_tokens=scn.model.max_model_len_tokens,
                     check_invariants=check_invariants,
                     limits=EngineLimits(scn.limits.max_sim_time_s, scn.limits.max_wall_time_s),
                     progress=progress, event_log=event_log, mode=scn.engine.mode,
@@ -319,7 +325,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     # leaves no other request (a limit stops it with an error).
     unfinished = [r for rep in replicas for r in _unfinished(rep.scheduler)]
     del engine, replicas, recorder, store
-    reqs = log_table(request_log, unfinished)
+    reqs = log_table(request_log, unfinished, client_arrival)
     del unfinished, request_log
     box = [table]
     del table
@@ -329,6 +335,8 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     _add_prefix_ideal(summary, trace, geometry.block_size)
     summary["engine_profile"] = scn.profile_filled()  # the profile and the keys it filled (docs/metrics.md)
     summary["host_link"] = host_link_record(scn, transfers)
+    if scn.frontend is not None:
+        summary["frontend"] = frontend_record(scn.frontend, reqs)
     return RunResult(name=str(scn.name), scenario=scn, requests=reqs,
                      steps=None if steps_path is not None else steps, summary=summary,
                      trace_report=trace_report or {}, engine_wall_s=engine_wall, engine_rows=engine_rows)

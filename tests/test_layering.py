@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kvsim.config_base", "kvsim.yamlio"),
     ("kvsim.registry", "kvsim.outdir"),
     ("kvsim.models", "kvsim.trace", "kvsim.calibration_data"),  # inputs: models, traces, calibration files
-    ("kvsim.timing",),
+    ("kvsim.timing", "kvsim.frontend"),
     ("kvsim.kv",),
     ("kvsim.sched",),
     ("kvsim.metrics",),

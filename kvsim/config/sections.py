@@ -245,6 +245,21 @@ class LimitsConfig(StrictModel):
     max_wall_time_s: float | None = Field(None, gt=0, description="stop with an error past this wall time")
 
 
+class FrontendConfig(StrictModel):
+    """The API-server processes in front of the engine (kvsim/frontend.py; docs/scenario.md,
+    ``frontend:``): each request costs one of ``servers`` FIFO servers
+    ``per_request_s + per_prompt_token_s x prompt + per_output_token_s x output`` before the engine
+    sees it. No value is a default: the figures measured for vLLM 0.32's server on one host are in
+    docs/engine_overhead.md ("The API server, measured")."""
+
+    servers: int = Field(1, ge=1, description="API-server processes (vLLM --api-server-count)")
+    per_request_s: float = Field(0.0, ge=0, allow_inf_nan=False, description="CPU seconds per request")
+    per_prompt_token_s: float = Field(0.0, ge=0, allow_inf_nan=False,
+                                      description="CPU seconds per prompt token (tokenisation)")
+    per_output_token_s: float = Field(0.0, ge=0, allow_inf_nan=False,
+                                      description="CPU seconds per output token (output processing, streaming)")
+
+
 class SLOConfig(StrictModel):
     """Service-level objectives per request, as vLLM's ``--goodput ttft:MS tpot:MS e2el:MS``: a
     finished request is *good* when it meets every objective given (docs/metrics.md, goodput)."""

@@ -42,9 +42,13 @@ def requests_table(requests: list[Request], *, consume: bool = False) -> pd.Data
     return log_table(log)
 
 
-def log_table(log: RequestLog, leftovers: Iterable[Request] = ()) -> pd.DataFrame:
+def log_table(log: RequestLog, leftovers: Iterable[Request] = (), client_arrival_s: np.ndarray | None = None
+              ) -> pd.DataFrame:
     """The request table from ``log`` (emptied) and the requests in ``leftovers`` (still queued or
-    running when a limit stopped the run), sorted by ``request_id``."""
+    running when a limit stopped the run), sorted by ``request_id``. ``client_arrival_s`` (by
+    request id; a run with a front end, kvsim/frontend.py): the arrivals the client saw, from which
+    ``arrival_s``, TTFT and end-to-end latency then count; ``frontend_s`` is the time before the
+    engine had the request and ``queue_s`` counts from then."""
     import pandas as pd
 
     log.extend(leftovers)
@@ -61,6 +65,9 @@ def log_table(log: RequestLog, leftovers: Iterable[Request] = ()) -> pd.DataFram
         del arr
     del order
     arrival, first, finish = cols["arrival_s"], cols["first_token_s"], cols["finish_s"]
+    engine_arrival = arrival
+    if client_arrival_s is not None:
+        arrival = cols["arrival_s"] = client_arrival_s[cols["request_id"]]
     cols["ttft_s"] = first - arrival
     cols["e2e_s"] = finish - arrival
     # time per output token after the first; undefined (NaN) for single-token outputs
@@ -71,6 +78,8 @@ def log_table(log: RequestLog, leftovers: Iterable[Request] = ()) -> pd.DataFram
     tpot /= decode_tokens
     del decode_tokens
     cols["tpot_s"] = tpot
-    cols["queue_s"] = cols["admitted_s"] - arrival
+    cols["queue_s"] = cols["admitted_s"] - engine_arrival
+    if client_arrival_s is not None:
+        cols["frontend_s"] = engine_arrival - arrival
     # copy=False: keep one block per column instead of consolidating (which would copy the table)
     return pd.DataFrame(cols, copy=False)

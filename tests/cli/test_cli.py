@@ -106,6 +106,9 @@ def test_validate_prints_capacity():
     ("kv_dtype: fp9", "kv_dtype"),
     ("scheduler: {max_num_seqs: -3}", "scheduler.max_num_seqs"),
     ("model: OPT-13", "model"),
+    ("frontend: {per_request_s: -0.001}", "frontend.per_request_s"),
+    ("frontend: {servers: 0}", "frontend.servers"),
+    ("frontend: {per_requst_s: 0.001}", "frontend.per_requst_s"),
 ])
 def test_bad_yaml_gives_one_line_naming_the_key(tmp_path, body, key):
     f = tmp_path / "bad.yaml"

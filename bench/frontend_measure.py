@@ -141,6 +141,16 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--keep", type=Path, default=None, help="directory for the server and client logs")
     args = ap.parse_args(argv)
+    default_out = ap.get_default("out")
+    # never replace a file or fill a folder that this script did not write
+    if args.out.exists() and args.out.resolve() != default_out.resolve():
+        print(f"frontend_measure: --out {args.out}: exists; give a new path (only the shipped data file is "
+              "rewritten)", file=sys.stderr)
+        return 2
+    if args.keep is not None and args.keep.exists() and any(args.keep.iterdir()):
+        print(f"frontend_measure: --keep {args.keep}: not empty; give a new or empty folder for the logs",
+              file=sys.stderr)
+        return 2
     import vllm
 
     grid = [tuple(int(x) for x in g.split("x")) for g in args.grid.split(",")]

@@ -104,6 +104,13 @@ def scenario_text(row: dict) -> str:
     mml = _engine(row, "max_model_len")
     model = f"{{preset: {row['kvsim_model']}, max_model_len_tokens: {mml}}}" if mml else row["kvsim_model"]
     util, kv = _engine(row, "gpu_memory_utilization"), _engine(row, "kv_cache_gib")
+    # every V1 case predates vLLM 0.21, which began to subtract CUDA-graph memory from the KV cache; a
+    # closed loop's max_num_seqs is its client count, not the engine's (whose sampler rows the memory
+    # profile counts), so those cases keep the fixed reserve
+    pre_021 = row["engine_profile"] == "vllm-v1" and not kv and not conc
+    fixed = row["engine_profile"] == "vllm-v1" and not kv and conc
+    budget = ([f"gpu_memory_utilization: {util}"] * bool(util) + ["activation_reserve_bytes: vllm-no-cudagraph"] * pre_021
+              + ["activation_reserve_bytes: 1073741824"] * bool(fixed))
     lines = [
         HEADER,
         f"# case {row['case_id']}: {row['source_url']} ({row['source_date']})",
@@ -124,7 +131,8 @@ def scenario_text(row: dict) -> str:
         *([] if row["engine_profile"] == "sglang" else
           ["allocator: {kind: paged, block_size: 16, prefix_caching: true}   # on in vLLM V1: the test prompt "
            "(and a server's earlier runs) leave prompts cached" if row.get("_history") else "allocator: {kind: paged, block_size: 16}"]),
-        *([f"kv_budget: {{gpu_memory_utilization: {util}}}"] if util else []),
+        *([f"kv_budget: {{{', '.join(budget)}}}" + NO_CUDAGRAPH_NOTE * pre_021 + FIXED_NOTE * bool(fixed)]
+          if budget else []),
         *([f"kv_budget: {{bytes: {round(float(kv) * 2**30)}, allow_beyond_gpu: true}}   # the engine's printed KV "
            f"cache memory, {kv} GiB per GPU (its gpu_memory_utilization is not stated)"] if kv else []),
         "scheduler:",
@@ -135,6 +143,12 @@ def scenario_text(row: dict) -> str:
     ]
     return "\n".join(lines)
 
+
+NO_CUDAGRAPH_NOTE = ("   # vLLM's memory profile without CUDA-graph memory: the V1 engine before 0.21 "
+                     "(docs/models.md, 'The KV budget: vLLM's memory profile')")
+
+FIXED_NOTE = ("   # kvsim's fixed 1 GiB reserve: the closed loop's max_num_seqs is its client count, not the "
+              "engine's, whose sampler rows vLLM's memory profile counts")
 
 # why each case's engine_profile matches its engine version (docs/validation.md, "Engine profiles")
 PROFILE_NOTES = {

@@ -151,7 +151,7 @@ def _cmd_models(args) -> int:
 # Sub-commands contributed by sub-packages: (module, function adding the sub-parser).
 PLUGIN_COMMANDS = [("kvsim.trace.cli", "register"), ("kvsim.sweep.cli", "register"), ("kvsim.report.cli", "register"),
                    ("kvsim.calibration.cli", "register"), ("kvsim.capacity", "register"),
-                   ("kvsim.kernel_cli", "register"), ("kvsim.conformance.cli", "register"),
+                   ("kvsim.kernel_cli", "register"), ("kvsim.memory_cli", "register"), ("kvsim.conformance.cli", "register"),
                    ("kvsim.realengine.cli", "register")]
 
 

@@ -156,9 +156,7 @@ def build_allocator(scn: Scenario, where: str = "scenario"):
     if budget <= 0:
         raise ConfigError(
             f"{where}: kv_budget: derived KV budget is {budget / 2**30:.2f} GiB: GPU memory "
-            f"{scn.gpu.memory_bytes / 2**30:.1f} GiB x gpu_memory_utilization {scn.kv_budget.gpu_memory_utilization} "
-            f"- weights {scn.weight_bytes / 2**30:.1f} GiB ({scn.model.name}, {scn.weight_dtype}) - activation "
-            f"reserve {scn.kv_budget.activation_reserve_bytes / 2**30:.1f} GiB; use a bigger gpu, a smaller model, "
+            f"{scn.budget_terms()}; use a bigger gpu, a smaller model, "
             f"more GPUs (parallel.tensor) or set kv_budget.bytes / kv_budget.tokens"
         )
     capacity_tokens = budget // bpt
@@ -264,7 +262,7 @@ def summary_inputs(scn: Scenario, trace: Trace, replicas: list[Replica], budgets
         itl=recorder.itl, slo=scn.slo.as_dict() if scn.slo is not None else None,
         percentiles=tuple(scn.metrics.percentiles),
         hbm_bandwidth_bytes_per_s=scn.gpu.hbm_bandwidth_bytes_per_s,
-        beam=_beam_counts(trace, replicas))
+        beam=_beam_counts(trace, replicas), reserve=scn.reserve_summary())
 
 
 def _step_recorder(geometry: KVGeometry, steps_path: Path | None) -> StepRecorder:

@@ -83,6 +83,11 @@ _PROFILES: tuple[EngineProfile, ...] = (
         "allocator[paged].prefix_caching": Fill(True, f"{_VLLM_032} CacheConfig.enable_prefix_caching = True "
                                                       "(vllm/config/cache.py)"),
         "allocator[radix].watermark": Fill(0.0, f"{_VLLM_032} v1 KVCacheManager keeps no watermark"),
+        "kv_budget.activation_reserve_bytes": Fill(
+            "vllm", f"{_VLLM_032} gpu_worker.determine_available_memory: non-torch memory, the profile run's "
+                    "activation peak and (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, default since 0.21) CUDA-graph "
+                    "memory off the CUDA-visible total; constants from public vLLM 0.19.0 logs "
+                    "(kvsim/models/memory.py, docs/models.md)"),
         "timing[analytical].attention_backend": Fill(
             "auto-flashattention", f"{_VLLM_032} vllm/platforms/cuda.py _get_backend_priorities: FLASH_ATTN first "
                                    "for non-MLA models on compute capability 8.x/9.x (A100, H100, H200), an MLA "

@@ -21,7 +21,8 @@ from kvsim.errors import did_you_mean, format_choices
 from kvsim.hw import GPUS, MODELS, GPUSpec
 from kvsim.kv.eviction import EVICTION_POLICIES
 from kvsim.models.geometry import KVGeometry
-from kvsim.models.parallel import ParallelPlan, plan
+from kvsim.models.memory import Reserve, cuda_total_bytes, vllm_reserve
+from kvsim.models.parallel import ParallelPlan, layers_per_stage, plan
 from kvsim.registry import ALLOCATORS, RESERVATIONS, ROUTERS, TIMING_MODELS, VICTIMS, plugin_union
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.router import DEFAULT_ROUTER
@@ -233,9 +234,7 @@ class Scenario(StrictModel):
                 what, limit = f"kv_budget.bytes: {need / 2**30:.2f} GiB per GPU", ""
             raise ValueError(
                 f"{what} is more than the {fits / 2**30:.2f} GiB{limit} that fits on {gpus}{self.gpu.name} "
-                f"({self.gpu.memory_bytes / 2**30:.1f} GiB x gpu_memory_utilization {b.gpu_memory_utilization} - "
-                f"weights {p.weight_bytes_per_gpu / 2**30:.1f} GiB - activation reserve "
-                f"{b.activation_reserve_bytes / 2**30:.1f} GiB); lower it, use more GPUs (parallel.tensor), or set "
+                f"({self.budget_terms()}); lower it, use more GPUs (parallel.tensor), or set "
                 f"kv_budget.allow_beyond_gpu: true for an unbounded-cache what-if")
         return self
 
@@ -265,10 +264,50 @@ class Scenario(StrictModel):
         """Weight bytes on one GPU (all of them without parallelism)."""
         return self.parallel_plan().weight_bytes_per_gpu
 
+    def memory_reserve(self) -> Reserve | None:
+        """With ``kv_budget.activation_reserve_bytes: vllm`` (or ``vllm-no-cudagraph``), vLLM's memory
+        profile of the binding GPU by term (kvsim/models/memory.py); None for a fixed reserve."""
+        kind = self.kv_budget.activation_reserve_bytes
+        if not isinstance(kind, str):
+            return None
+        p, s = self.parallel_plan(), self.scheduler
+        return vllm_reserve(self.model.spec(), p.tensor, p.pipeline,
+                            max(layers_per_stage(self.model.spec().num_layers, p.pipeline)), s.max_num_seqs,
+                            s.token_budget(self.model.max_model_len_tokens), self.weight_dtype,
+                            cudagraphs=kind == "vllm", gpu_p2p=self.parallel.gpu_p2p)
+
+    def usable_memory_bytes(self) -> int:
+        """One GPU's memory as the KV budget counts it: the CUDA-visible total under vLLM's memory
+        profile (kvsim/models/memory.py ``CUDA_TOTAL_BYTES``, where a log printed it), else ``gpu.memory_bytes``."""
+        if isinstance(self.kv_budget.activation_reserve_bytes, str):
+            return cuda_total_bytes(self.gpu.name, self.gpu.memory_bytes)
+        return self.gpu.memory_bytes
+
+    def reserve_bytes(self) -> int:
+        r = self.memory_reserve()
+        return self.kv_budget.activation_reserve_bytes if r is None else r.total
+
+    def reserve_summary(self) -> dict:
+        """``summary.kv.reserve``: the memory model, the memory it counts from and what it kept off
+        the GPU besides the weights (bytes; by term under vLLM's memory profile)."""
+        kind, r = self.kv_budget.activation_reserve_bytes, self.memory_reserve()
+        out = {"model": kind if isinstance(kind, str) else "fixed", "memory_bytes": self.usable_memory_bytes(),
+               "reserve_bytes": self.reserve_bytes()}
+        return {**out, **(r.to_dict() if r is not None else {})}
+
+    def budget_terms(self) -> str:
+        """``memory x utilisation - weights - reserve``, in GiB, as the error messages print it."""
+        b, r = self.kv_budget, self.memory_reserve()
+        reserve = (f"activation reserve {self.reserve_bytes() / 2**30:.1f} GiB" if r is None else
+                   f"vLLM's non-torch {r.non_torch / 2**30:.2f} + activation peak {r.activation / 2**30:.2f} + "
+                   f"CUDA graphs {r.cudagraph / 2**30:.2f} GiB")
+        return (f"{self.usable_memory_bytes() / 2**30:.2f} GiB x gpu_memory_utilization {b.gpu_memory_utilization} - "
+                f"weights {self.weight_bytes / 2**30:.1f} GiB ({self.model.name}, {self.weight_dtype}) - {reserve}")
+
     def derived_kv_budget_bytes(self) -> int:
-        """What one GPU has for KV: memory x utilisation - weights - activation reserve."""
-        b = self.kv_budget
-        return int(self.gpu.memory_bytes * b.gpu_memory_utilization) - self.weight_bytes - b.activation_reserve_bytes
+        """What one GPU has for KV: memory x utilisation - weights - reserve."""
+        return int(self.usable_memory_bytes() * self.kv_budget.gpu_memory_utilization) - self.weight_bytes \
+            - self.reserve_bytes()
 
     def kv_budget_bytes(self) -> int:
         """The KV budget of one GPU (given, or derived)."""

@@ -4,11 +4,12 @@ host link)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from kvsim.config_base import Bytes, ByteRate, Number, StrictModel, Tokens
+from kvsim.units import parse_bytes
 from kvsim.errors import ConfigError, format_choices
 from kvsim.hw import KV_DTYPES, NOT_PRESETS, WEIGHT_DTYPE_BYTES, GPUSpec, ModelSpec
 from kvsim.kv.beam import DEFAULT_FORK_PROB
@@ -156,6 +157,19 @@ class HostLinkConfig(StrictModel):
                            self.per_transfer_latency_s, self.signalling_bandwidth_bytes_per_s, self.source)
 
 
+RESERVE_MODELS = ("vllm", "vllm-no-cudagraph")
+
+
+def _reserve(value):
+    """``kv_budget.activation_reserve_bytes``: one of RESERVE_MODELS, or a byte count."""
+    if isinstance(value, str) and value.strip() in RESERVE_MODELS:
+        return value.strip()
+    try:
+        return parse_bytes(value)
+    except ValueError as e:
+        raise ValueError(f"{e}; or one of {', '.join(RESERVE_MODELS)}") from None
+
+
 class KVBudgetConfig(StrictModel):
     """KV memory, per GPU. Derived by default: ``memory x gpu_memory_utilization - weights -
     activation reserve``; or given explicitly with exactly one of ``bytes`` (per GPU) / ``tokens``
@@ -163,11 +177,22 @@ class KVBudgetConfig(StrictModel):
     ``allow_beyond_gpu: true`` (an "unbounded cache" what-if)."""
 
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    activation_reserve_bytes: Bytes = Field(1 << 30, ge=0)
+    activation_reserve_bytes: Annotated[int | str, BeforeValidator(_reserve)] = Field(1 << 30, description=(
+        "memory per GPU kept off the KV cache besides the weights: bytes, or vllm (vLLM V1's memory profile: "
+        "non-torch memory, the profile run's activation peak and, from vLLM 0.21, CUDA-graph memory, on the "
+        "CUDA-visible total; the vllm-v1 profile's default) or vllm-no-cudagraph (vLLM 0.8-0.20, or "
+        "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0); docs/models.md, 'The KV budget: vLLM's memory profile'"))
     bytes: Bytes | None = Field(None, gt=0, description="KV bytes per GPU")
     tokens: Tokens | None = Field(None, gt=0, description="KV capacity in tokens")
     allow_beyond_gpu: bool = Field(
         False, description="accept bytes/tokens beyond what the GPU memory holds (what-if studies)")
+
+    @field_validator("activation_reserve_bytes")
+    @classmethod
+    def _not_negative(cls, v):
+        if isinstance(v, int) and v < 0:
+            raise ValueError("Input should be greater than or equal to 0 (bytes), or one of vllm, vllm-no-cudagraph")
+        return v
 
     @model_validator(mode="after")
     def _one(self):

@@ -67,6 +67,7 @@ class SummaryInputs:
     attention_backend: str | None = None
     moe_kernel: str | None = None
     beam: tuple[int, int] | None = None
+    reserve: dict | None = None  # what the derived KV budget kept off the GPU (Scenario.reserve_summary)
 
 
 def _kv_section(steps: pd.DataFrame, inp: SummaryInputs) -> dict:
@@ -82,6 +83,8 @@ def _kv_section(steps: pd.DataFrame, inp: SummaryInputs) -> dict:
         "block_size": geometry.block_size,
         "geometry": geometry.to_dict(),
     }
+    if inp.reserve is not None:
+        kv["reserve"] = dict(inp.reserve)
     for part in MEMORY_PARTS:
         frac = steps[f"{part}_bytes"] / capacity_bytes if capacity_bytes else steps[f"{part}_bytes"] * 0.0
         kv[f"{part}_frac"] = time_weighted_mean(frac, dur)

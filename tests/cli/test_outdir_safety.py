@@ -434,7 +434,7 @@ def test_non_finite_numbers_are_refused_everywhere(tmp_path):
 def test_run_validate_and_report_say_what_was_rejected(tmp_path):
     # OPT-13B's max length is 2048: prompts up to 4000 tokens make a share of the requests too long
     scn = scenario(tmp_path, n=40, high=4000)
-    scn.write_text(scn.read_text().replace("kv_budget: {tokens: 8192}", "kv_budget: {tokens: 14000}"))
+    scn.write_text(scn.read_text().replace("kv_budget: {tokens: 8192}", "kv_budget: {tokens: 12000}"))
     out = tmp_path / "out"
     res = kvsim("run", scn, "--out", out)
     assert res.returncode == 0, res.stderr

@@ -166,7 +166,9 @@ def test_capacity_of_a_tensor_parallel_gqa_replica_by_hand():
     # weights 70.55e9 x 2 / 4 = 35,275,000,000 bytes; budget 80 GiB x 0.9 - weights - 1 GiB reserve
     # = 77,309,411,328 - 35,275,000,000 - 1,073,741,824 = 40,960,669,504 bytes = 500,008.2 tokens
     # -> 31,250 whole blocks of 16 = 500,000 tokens.
-    scn = scenario(parallel={"tensor": 4}, allocator={"kind": "paged", "block_size": 16})
+    # (the fixed reserve, as written; vLLM's memory profile, the vllm-v1 default: tests/models/test_memory.py)
+    scn = scenario(parallel={"tensor": 4}, allocator={"kind": "paged", "block_size": 16},
+                   kv_budget={"activation_reserve_bytes": "1 GiB"})
     alloc, got_budget = build_allocator(scn, "s")
     assert got_budget == 40_960_669_504
     assert alloc.capacity_tokens == 500_000

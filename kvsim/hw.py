@@ -110,6 +110,19 @@ class ModelSpec:
         """Parameters a token goes through (MoE: the active experts only)."""
         return self.active_params or self.num_params
 
+    def routed_expert_params(self) -> float:
+        """Parameters of one routed expert summed over the MoE layers (0.0: dense, or every expert
+        used by every token so nothing is skipped)."""
+        E, k = self.num_experts, self.experts_per_token
+        if not E or not k or k >= E or not self.active_params:
+            return 0.0
+        return (self.num_params - self.active_params) / (E - k)
+
+    def expert_intermediate_size(self) -> float:
+        """One routed expert's intermediate width, from the totals: ``routed_expert_params`` over
+        ``num_layers`` layers of three ``hidden x intermediate`` matrices (0.0: dense)."""
+        return self.routed_expert_params() / self.num_layers / (3.0 * self.hidden_size)
+
     def weight_bytes(self, weight_dtype: str = "bf16") -> int:
         return int(self.num_params * WEIGHT_DTYPE_BYTES[weight_dtype])
 

@@ -19,7 +19,8 @@ budget: vLLM's memory profile"):
 * sampler: ``rows x (vocab x SAMPLER_BYTES_PER_LOGIT + hidden x SAMPLER_BYTES_PER_HIDDEN)``;
 * forward: ``tokens x (3 x intermediate / T + 2 x hidden) x activation bytes x FORWARD_FACTOR``
   (the MLP's gate-up output, its activation and the residual stream, the widest point of a
-  layer; MoE expert workspaces are not modelled);
+  layer; an MoE model's MLP term is its fused-MoE workspace instead, sized from vLLM's source and
+  kept allocated beside the sampler's peak: :func:`moe_workspace_bytes`);
 * non-torch memory (CUDA context, NCCL and custom all-reduce buffers): the median printed value
   of the fit rows per kind of plan (one GPU; tensor parallel with peer access; pipeline stages on
   one GPU each); tensor parallelism without peer access has no custom all-reduce and takes the
@@ -74,9 +75,10 @@ class Reserve:
     """One GPU's memory off the KV cache besides the weights, by term (bytes)."""
 
     non_torch: int
-    activation: int  # the profile run's peak: max(forward, sampler) on the binding (last) stage
+    activation: int  # the profile run's peak: max(forward, sampler) + MoE workspace, on the binding (last) stage
     forward: int
     sampler: int
+    moe_workspace: int
     cudagraph: int  # counted in ``total`` only when the engine subtracts it
 
     @property
@@ -85,7 +87,8 @@ class Reserve:
 
     def to_dict(self) -> dict:
         return {"non_torch_bytes": self.non_torch, "activation_bytes": self.activation,
-                "forward_bytes": self.forward, "sampler_bytes": self.sampler, "cudagraph_bytes": self.cudagraph}
+                "forward_bytes": self.forward, "sampler_bytes": self.sampler,
+                "moe_workspace_bytes": self.moe_workspace, "cudagraph_bytes": self.cudagraph}
 
 
 def activation_bytes_per_element(weight_dtype: str) -> int:
@@ -94,8 +97,25 @@ def activation_bytes_per_element(weight_dtype: str) -> int:
 
 
 def forward_peak_bytes(model: ModelSpec, tensor: int, tokens: int, weight_dtype: str) -> int:
-    width = 3 * model.intermediate_size / tensor + 2 * model.hidden_size
+    """A dense layer's widest point; an MoE model's MLP is its fused-MoE call, whose buffers are
+    :func:`moe_workspace_bytes`, so only the residual stream counts here."""
+    mlp = 0.0 if model.expert_intermediate_size() else 3 * model.intermediate_size / tensor
+    width = mlp + 2 * model.hidden_size
     return int(tokens * width * activation_bytes_per_element(weight_dtype) * FORWARD_FACTOR)
+
+
+def moe_workspace_bytes(model: ModelSpec, tensor: int, tokens: int, weight_dtype: str) -> int:
+    """The fused-MoE call's buffers for ``tokens`` tokens (0 for a dense model), as vLLM 0.32's
+    ``TritonExperts.workspace_shapes`` sizes them (experts/triton_moe.py): ``M x topk x max(N/2, K)``,
+    ``M x topk x max(N, K)`` and the ``M x K`` output, with ``N`` = 2 x the expert's intermediate
+    width on this GPU and ``K`` = hidden. vLLM's workspace manager keeps them allocated after the
+    forward pass, so they add to the sampler's peak. No fitted constant."""
+    inter = model.expert_intermediate_size() / tensor
+    if not inter:
+        return 0
+    k, n, h = model.experts_per_token, 2 * inter, model.hidden_size
+    elements = tokens * (k * (max(n / 2, h) + max(n, h)) + h)
+    return int(elements * activation_bytes_per_element(weight_dtype))
 
 
 def sampler_peak_bytes(model: ModelSpec, rows: int) -> int:
@@ -120,8 +140,9 @@ def vllm_reserve(model: ModelSpec, tensor: int, pipeline: int, layers_per_stage:
     stage's cache by the smallest)."""
     fwd = forward_peak_bytes(model, tensor, max_num_batched_tokens, weight_dtype)
     smp = sampler_peak_bytes(model, min(max_num_seqs, max_num_batched_tokens))
-    return Reserve(non_torch=non_torch_bytes(tensor, pipeline, gpu_p2p), activation=max(fwd, smp), forward=fwd, sampler=smp,
-                   cudagraph=cudagraph_bytes(layers_per_stage) if cudagraphs else 0)
+    moe = moe_workspace_bytes(model, tensor, max_num_batched_tokens, weight_dtype)
+    return Reserve(non_torch=non_torch_bytes(tensor, pipeline, gpu_p2p), activation=max(fwd, smp) + moe, forward=fwd,
+                   sampler=smp, moe_workspace=moe, cudagraph=cudagraph_bytes(layers_per_stage) if cudagraphs else 0)
 
 
 def cuda_total_bytes(gpu: str, nominal_bytes: int) -> int:

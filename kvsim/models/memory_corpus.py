@@ -98,7 +98,8 @@ def predicted(row: MemoryRow) -> dict:
     spec = row.spec
     fwd = memory.forward_peak_bytes(spec, row.tensor, row.tokens, row.weight_dtype)
     smp = memory.sampler_peak_bytes(spec, min(row.seqs, row.tokens))
-    act = fwd if row.stage == "first" else max(fwd, smp)
+    moe = memory.moe_workspace_bytes(spec, row.tensor, row.tokens, row.weight_dtype)
+    act = (fwd if row.stage == "first" else max(fwd, smp)) + moe
     non_torch = memory.non_torch_bytes(row.tensor, row.pipeline, row.gpu_p2p)
     out = {"non_torch_gib": non_torch / GiB, "activation_peak_gib": act / GiB,
            "cudagraph_gib": memory.cudagraph_bytes(row.stage_layers) / GiB}

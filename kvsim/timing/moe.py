@@ -89,12 +89,8 @@ def moe_fixed_s(model: ModelSpec, kind: str, layer_s: float) -> float:
 
 
 def routed_expert_params(model: ModelSpec) -> float:
-    """Parameters of one routed expert summed over the MoE layers (0.0: dense, or every expert
-    used by every token so nothing is skipped)."""
-    E, k = model.num_experts, model.experts_per_token
-    if not E or not k or k >= E or not model.active_params:
-        return 0.0
-    return (model.num_params - model.active_params) / (E - k)
+    """Parameters of one routed expert summed over the MoE layers (``ModelSpec.routed_expert_params``)."""
+    return model.routed_expert_params()
 
 
 def experts_touched(num_tokens, num_experts: int, experts_per_token: int) -> np.ndarray:

@@ -153,12 +153,9 @@ def model_shape(model: ModelSpec, tensor_parallel: int, weight_dtype: str) -> Mo
     width comes from the model's totals, as the weight-read model takes it (kvsim.timing.moe):
     ``(num_params - active_params) / (E - k)`` parameters per expert over ``num_layers`` layers of
     three ``hidden x intermediate`` matrices."""
-    from kvsim.timing.moe import routed_expert_params
-
-    per_expert = routed_expert_params(model)
-    if not per_expert:
+    inter = model.expert_intermediate_size()
+    if not inter:
         return None
-    inter = per_expert / model.num_layers / (3.0 * model.hidden_size)
     return MoeShape(num_experts=model.num_experts, top_k=model.experts_per_token, hidden_size=model.hidden_size,
                     shard_intermediate_size=max(1, int(round(inter / tensor_parallel))),
                     weight_bytes=WEIGHT_DTYPE_BYTES[weight_dtype], fp8_compute=weight_dtype == "fp8")

@@ -270,15 +270,14 @@ class Scenario(StrictModel):
         kind = self.kv_budget.activation_reserve_bytes
         if not isinstance(kind, str):
             return None
-        p, s = self.parallel_plan(), self.scheduler
-        return vllm_reserve(self.model.spec(), p.tensor, p.pipeline,
-                            max(layers_per_stage(self.model.spec().num_layers, p.pipeline)), s.max_num_seqs,
+        p, s, spec = self.parallel_plan(), self.scheduler, self.model.spec()
+        return vllm_reserve(spec, p.tensor, p.pipeline, max(layers_per_stage(spec.num_layers, p.pipeline)), s.max_num_seqs,
                             s.token_budget(self.model.max_model_len_tokens), self.weight_dtype,
                             cudagraphs=kind == "vllm", gpu_p2p=self.parallel.gpu_p2p)
 
     def usable_memory_bytes(self) -> int:
         """One GPU's memory as the KV budget counts it: the CUDA-visible total under vLLM's memory
-        profile (kvsim/models/memory.py ``CUDA_TOTAL_BYTES``, where a log printed it), else ``gpu.memory_bytes``."""
+        profile (kvsim/models/memory.py ``CUDA_TOTAL``, where a log printed it), else ``gpu.memory_bytes``."""
         if isinstance(self.kv_budget.activation_reserve_bytes, str):
             return cuda_total_bytes(self.gpu.name, self.gpu.memory_bytes)
         return self.gpu.memory_bytes

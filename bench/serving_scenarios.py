@@ -93,8 +93,8 @@ def scenario_text(row: dict) -> str:
                  f"    output_tokens: {{kind: fixed, value: {int(row['output_len'])}}}   # {_output_note(row)}"]
         lengths = f"{row['dataset']} {row['input_len']}/{row['output_len']} tokens"
     seqs = _engine(row, "max_num_seqs")
-    if conc:
-        sched = [f"max_num_seqs: {conc}   # --max-concurrency {conc}: a closed loop of {conc} clients"]
+    if conc and not seqs:
+        sched = []  # the engine profile's batch rule: the server's default for its GPU
     else:
         sched = [f"max_num_seqs: {seqs or 256}"]
     if _engine(row, "chunked_prefill"):  # else the engine profile's default
@@ -105,10 +105,9 @@ def scenario_text(row: dict) -> str:
     model = f"{{preset: {row['kvsim_model']}, max_model_len_tokens: {mml}}}" if mml else row["kvsim_model"]
     util, kv = _engine(row, "gpu_memory_utilization"), _engine(row, "kv_cache_gib")
     # every V1 case predates vLLM 0.21, which began to subtract CUDA-graph memory from the KV cache; a
-    # closed loop's max_num_seqs is its client count, not the engine's (whose sampler rows the memory
-    # profile counts), so those cases keep the fixed reserve
-    pre_021 = row["engine_profile"] == "vllm-v1" and not kv and not conc
-    fixed = row["engine_profile"] == "vllm-v1" and not kv and conc
+    # closed loop whose server settings are not printed keeps the fixed reserve (see FIXED_NOTE)
+    pre_021 = row["engine_profile"] == "vllm-v1" and not kv and not (conc and not seqs)
+    fixed = row["engine_profile"] == "vllm-v1" and not kv and conc and not seqs
     budget = ([f"gpu_memory_utilization: {util}"] * bool(util) + ["activation_reserve_bytes: vllm-no-cudagraph"] * pre_021
               + ["activation_reserve_bytes: 1073741824"] * bool(fixed))
     lines = [
@@ -135,8 +134,9 @@ def scenario_text(row: dict) -> str:
           if budget else []),
         *([f"kv_budget: {{bytes: {round(float(kv) * 2**30)}, allow_beyond_gpu: true}}   # the engine's printed KV "
            f"cache memory, {kv} GiB per GPU (its gpu_memory_utilization is not stated)"] if kv else []),
-        "scheduler:",
-        *(f"  {s}" for s in sched),
+        *([f"client: {{max_concurrency: {conc}}}   # --max-concurrency {conc}: the client keeps at most {conc} "
+           "in flight and times each request from its send (kvsim/client.py)"] if conc else []),
+        *(["scheduler:", *(f"  {s}" for s in sched)] if sched else []),
         "timing:",
         "  kind: analytical",
         "",
@@ -147,8 +147,9 @@ def scenario_text(row: dict) -> str:
 NO_CUDAGRAPH_NOTE = ("   # vLLM's memory profile without CUDA-graph memory: the V1 engine before 0.21 "
                      "(docs/models.md, 'The KV budget: vLLM's memory profile')")
 
-FIXED_NOTE = ("   # kvsim's fixed 1 GiB reserve: the closed loop's max_num_seqs is its client count, not the "
-              "engine's, whose sampler rows vLLM's memory profile counts")
+FIXED_NOTE = ("   # kvsim's fixed 1 GiB reserve: the server's settings are not printed (at vLLM's defaults, 0.9 "
+              "and 1,024 sequences on an H100, Qwen2.5-72B at TP 2 has no KV cache left, so they were not "
+              "the defaults), and the client's few requests in flight do not fill the cache")
 
 # why each case's engine_profile matches its engine version (docs/validation.md, "Engine profiles")
 PROFILE_NOTES = {

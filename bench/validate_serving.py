@@ -27,16 +27,16 @@ client of that version recorded it (its ``ttft`` stays 0 when no text chunk arri
 Engine settings. ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``, ``chunked_prefill``
 and ``gpu_memory_utilization`` carry the run's server flags or the defaults of its engine version when
 the source names them; an empty cell keeps the script's defaults (chunked prefill on, as vLLM v1;
-``max_num_seqs`` 256, or the client concurrency of a closed loop; kvsim's other defaults).
+``max_num_seqs`` 256, or in a closed loop the engine profile's default for the GPU; kvsim's other defaults).
 ``kv_cache_gib`` (instead of ``gpu_memory_utilization``) is the KV memory per GPU the engine printed,
 written as ``kv_budget.bytes``. ``total_input_tokens`` / ``total_generated_tokens`` are the printed
 totals; a random row whose totals are more than 5 % off num_prompts x its lengths is refused.
 
 A case with ``max_concurrency`` is a closed loop (the client keeps that many requests in flight):
-kvsim runs all requests arriving at once with ``scheduler.max_num_seqs = max_concurrency``, and a
-request's client-side clock starts when it is admitted (``admitted_s``), as the benchmark's clock
-starts when a slot frees. Without it the trace is Poisson at ``request_rate`` (``inf``: all at
-once) and latencies start at arrival. Metrics are vLLM's (benchmark_serving.py
+the scenario's ``client: {max_concurrency: N}`` (kvsim/client.py) sends each request when a slot
+frees, and its latencies start at that send, as the benchmark's clock starts inside its semaphore;
+the engine keeps its own ``max_num_seqs`` (the row's, else the profile's default for the GPU). Without
+it the trace is Poisson at ``request_rate`` (``inf``: all at once) and latencies start at arrival. Metrics are vLLM's (benchmark_serving.py
 ``calculate_metrics``): request throughput = finished / (last finish - first send), TTFT, TPOT =
 (E2EL - TTFT) / (output - 1), E2EL; the statistic compared is the one the source printed.
 
@@ -58,7 +58,6 @@ import argparse
 import csv
 import json
 import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -72,6 +71,7 @@ from bench.serving_fit import fit_constants as _fit_constants  # noqa: E402
 from bench.serving_tables import (SPLITS, TARGETS, markdown, pass_rates, write_between_markers,  # noqa: E402,F401
                                   write_table)
 from bench import serving_history as history  # noqa: E402
+from kvsim.servebench.metrics import LATENCIES, serving_metrics  # noqa: E402
 from bench.serving_history import HistoryError  # noqa: E402
 from bench.serving_scenarios import (HEADER, SCENARIO_DIR, TRACE_HEADER, CorpusError, PROFILE_NOTES,  # noqa: E402,F401
                                      _concurrency, _engine, no_p2p, read_trace, scenario_text, trace_file_text, trace_path,
@@ -229,29 +229,14 @@ def zero_output_requests(row: dict) -> frozenset[int]:
     return frozenset(k for k, (_, osl) in enumerate(row.get("_lengths", ())) if osl == 0)
 
 
-def _stat(values, which: str) -> float:
-    values = [v for v in values if not math.isnan(v)]
-    if not values:
-        return math.nan
-    return statistics.median(values) if which == "median" else statistics.fmean(values)
-
-
-def measure(requests, closed_loop: bool, which: str, zero_ttft: frozenset[int] = frozenset()) -> dict:
-    """vLLM's benchmark metrics of one run's request table (times in ms, throughput in req/s).
+def measure(requests, which: str, zero_ttft: frozenset[int] = frozenset()) -> dict:
+    """vLLM's benchmark metrics of one run's request table (times in ms, throughput in req/s), timed
+    from each request's send, with the statistic ``which`` the source printed (mean or median):
+    :func:`kvsim.servebench.metrics.serving_metrics`, the one definition.
     ``zero_ttft``: request ids whose TTFT the source's client recorded as 0 (no text streamed)."""
-    done = requests[requests["finish_s"].notna()]
-    start = done["admitted_s"] if closed_loop else done["arrival_s"]
-    ttft = ((done["first_token_s"] - start) * 1e3).tolist()
-    if zero_ttft:
-        ttft = [0.0 if rid in zero_ttft else v for rid, v in zip(done["request_id"], ttft)]
-    e2el = ((done["finish_s"] - start) * 1e3).tolist()
-    outs = done["output_tokens"].tolist()
-    tpot = [(e - t) / (n - 1) for e, t, n in zip(e2el, ttft, outs) if n > 1]
-    duration = float(done["finish_s"].max() - requests["arrival_s"].min()) if len(done) else math.nan
-    ok = duration > 0
-    return {"request_throughput": len(done) / duration if ok else math.nan,
-            "output_throughput": float(done["output_tokens"].sum()) / duration if ok else math.nan,
-            "ttft_ms": _stat(ttft, which), "tpot_ms": _stat(tpot, which), "e2el_ms": _stat(e2el, which)}
+    m = serving_metrics(requests, zero_ttft)
+    return {"request_throughput": m["request_throughput"], "output_throughput": m["output_throughput"],
+            **{name: m[f"{which}_{name}"] for name in LATENCIES}}
 
 
 def run_case(row: dict, overrides: list[str], directory: Path = SCENARIO_DIR) -> dict:
@@ -261,9 +246,9 @@ def run_case(row: dict, overrides: list[str], directory: Path = SCENARIO_DIR) ->
     loaded = load_scenario(directory / f"{row['case_id']}.yaml", overrides)
     requests = run(loaded).requests
     if not row.get("_history"):
-        return measure(requests, _concurrency(row) is not None, row["stat"], zero_output_requests(row))
+        return measure(requests, row["stat"], zero_output_requests(row))
     runs = row["_history"]
-    out = measure(history.measured(requests, runs), _concurrency(row) is not None, row["stat"])
+    out = measure(history.measured(requests, runs), row["stat"])
     if runs[-1].hit_rate_pct is None:  # no printed hit rate to check against
         return out
     return {**out, "history_runs": len(runs), "hit_rate_printed": runs[-1].hit_rate_pct,

@@ -12,7 +12,8 @@ arrival and records the gap as an idle row.
 ``mode="fast"`` (default) advances runs of decode steps as one exact *decode window* (see
 :mod:`kvsim.fast.window`): one SimPy timeout and one row for many steps, landing on exactly the
 float time the step-by-step loop (``mode="step"``, kept as the reference) reaches, so both produce
-identical request tables.
+identical request tables. With a closed-loop client (kvsim/client.py) the arrivals are the sends it
+makes as requests end.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy as np
 import simpy
 from simpy.core import URGENT
 
+from kvsim.client import ClosedLoopClient
 from kvsim.errors import SimulationLimitError
 from kvsim.kv.base import KVRequest, MemoryParts
 from kvsim.kv.beam import DEFAULT_FORK_PROB, BeamModel
@@ -35,7 +37,7 @@ from kvsim.sched.request import Request
 from kvsim.sched.router import Router
 from kvsim.sched.scheduler import Scheduler
 from kvsim.fast.group_window import apply_group_window, plan_group_window
-from kvsim.fast.means import window_means
+from kvsim.fast.means import int_sum, window_means
 from kvsim.fast.stepwise import StepwiseTimes
 from kvsim.fast.window import apply_decode_window, block_limited_steps, plan_decode_window
 from kvsim.replica import MIN_WINDOW_HORIZON, Replica
@@ -56,12 +58,6 @@ log = logging.getLogger("kvsim.engine")
 class EngineLimits:
     max_sim_time_s: float | None = None
     max_wall_time_s: float | None = None
-
-
-def _int_sum(values: np.ndarray) -> int:
-    """Sum of an integer array as a Python int (short arrays through a list: numpy's fixed cost per
-    call is most of the work there)."""
-    return sum(values.tolist()) if len(values) <= 64 else int(np.add.reduce(values))
 
 
 class UrgentTimeout(simpy.Event):
@@ -94,9 +90,14 @@ class Engine:
                  progress: Callable[[int], None] | None = None,
                  event_log: list | None = None, mode: str = "fast", max_window_steps: int = 4096,
                  replicas: list[Replica] | None = None, router: Router | None = None,
-                 shared_store: bool = False, beam_model: BeamModel | None = None):
+                 shared_store: bool = False, beam_model: BeamModel | None = None,
+                 client: ClosedLoopClient | None = None):
         self.env = simpy.Environment()
         self.trace = trace
+        # each request's engine arrival: the trace's, or what a client (kvsim/client.py) writes as it sends
+        self.client = client
+        self._arrival_s = trace.arrival_s if client is None else client.engine_arrival_s
+        self._slot_freed = None  # several replicas with a client: the arrival process waits on this
         if replicas is None:
             replicas = [Replica(0, scheduler, timing)]
         self.replicas = replicas
@@ -157,7 +158,7 @@ class Engine:
         one replica nothing reads the request before it reaches the waiting queue's head, so only
         its allocator view is built now (the scheduler builds the Request then)."""
         trace = self.trace
-        t = trace.arrival_s.item(i)  # .item: the Python number, without a numpy scalar in between
+        t = self._arrival_s.item(i)  # .item: the Python number, without a numpy scalar in between
         self._next_arrival_idx = i + 1
         kv = KVRequest(i, trace.prompt_tokens.item(i), trace.output_tokens.item(i), self.max_model_len_tokens,
                        block_keys=None if self._block_keys is None else self._block_keys[i],
@@ -173,7 +174,22 @@ class Engine:
             rep = self.replicas[self.router.route(req)]
             accepted = rep.scheduler.add_request(req)
         self._log(i, "arrive" if accepted else "reject", t)
+        if not accepted and self.client is not None:
+            self._ended(1, t)
         return rep, accepted
+
+    def _ended(self, count: int, t: float) -> None:
+        """``count`` requests ended at ``t`` (a client frees their slots): the requests it sends by
+        ``t`` are queued or routed now, as arrivals at ``t`` are; the arrival process wakes."""
+        self.client.ended(count, t)
+        if self._pull:
+            self._pull_arrivals(t)
+            return
+        arr, n = self._arrival_s, len(self._arrival_s)
+        while self._next_arrival_idx < n and arr[self._next_arrival_idx] <= t:
+            self._route(self._next_arrival_idx)
+        if self._slot_freed is not None and not self._slot_freed.triggered:
+            self._slot_freed.succeed()
 
     def _beam_events(self, i: int):
         """Trace request ``i``'s prune/fork events if it is a beam-search request, else None."""
@@ -187,30 +203,41 @@ class Engine:
         is seen by that step's plan), in trace order. Called right after each SimPy wait, so the
         scheduler holds the same requests at every decision as with an arrival process; it saves a
         SimPy event per request."""
-        arr = self.trace.arrival_s
+        arr = self._arrival_s
         n = len(arr)
         i = self._next_arrival_idx
         while i < n and arr[i] <= now_s:
-            self._arrive(i)
-            i += 1
+            self._arrive(i)  # (a client's slot freed by a rejection sends the next ones: re-read)
+            i = self._next_arrival_idx
         if i == n:
             self._arrivals_done = True
 
     def _arrivals(self):
         """The arrival process (several replicas: routing reads their state at each arrival's time)."""
         env = self.env
-        arr = self.trace.arrival_s
-        for i in range(len(self.trace)):
+        arr = self._arrival_s
+        n = len(self.trace)
+        while self._next_arrival_idx < n:  # (a client's freed slot may route requests meanwhile)
+            i = self._next_arrival_idx
+            if arr[i] == np.inf:  # a client has not sent it yet: wait for a slot to free
+                self._slot_freed = env.event()
+                yield self._slot_freed
+                continue
             t = float(arr[i])
             if t > env.now:
                 yield UrgentTimeout(env, t - env.now)
-            rep, accepted = self._arrive(i)
-            if accepted and rep.wakeup is not None and not rep.wakeup.triggered:
-                rep.wakeup.succeed()
+                if self._next_arrival_idx != i:
+                    continue
+            self._route(i)
         self._arrivals_done = True
         for rep in self.replicas:
             if rep.wakeup is not None and not rep.wakeup.triggered:
                 rep.wakeup.succeed()
+
+    def _route(self, i: int) -> None:
+        rep, accepted = self._arrive(i)
+        if accepted and rep.wakeup is not None and not rep.wakeup.triggered:
+            rep.wakeup.succeed()
 
     def _limit(self, rep: Replica) -> None:
         max_sim = self.limits.max_sim_time_s
@@ -247,8 +274,10 @@ class Engine:
                     self._log(rid, "admit", start)
             # A beam request's forks and prunes happen at positions a window cannot plan: steps
             # with one running go one by one (an admission ends any window, so none enters one).
+            # A client with requests left sends at each finish, which no window plans: one by one.
             win = (self._window(rep, plan, start)
-                   if rep.windows and (self._beam is None or not sched.has_running_beams()) else None)
+                   if rep.windows and (self._beam is None or not sched.has_running_beams())
+                   and (self.client is None or not self.client.pending) else None)
             yield from (win if win is not None else self._step(rep, plan, start))
             self._limit(rep)
         rep.end_s = rep.now_s
@@ -260,7 +289,7 @@ class Engine:
         usage = sched.usage()
         if self._pull:
             while not sched.has_work and not self._arrivals_done:  # until one is accepted
-                yield from self._advance(rep, float(self.trace.arrival_s[self._next_arrival_idx]))
+                yield from self._advance(rep, float(self._arrival_s[self._next_arrival_idx]))
         else:
             rep.wakeup = self.env.event()
             yield rep.wakeup
@@ -298,6 +327,8 @@ class Engine:
             preempted=len(plan.preempted), memory=MemoryParts.of(usage), kv_bytes_read=timing.kv_bytes_read,
             kv_pages_read=shape.kv_pages_read, breakdown=timing.breakdown_s, swap_in_bytes=shape.swap_in_bytes,
             swap_out_bytes=shape.swap_out_bytes)
+        if done and self.client is not None:  # sent now: seen by the next step's plan
+            self._ended(len(done), rep.now_s)
         self._after_step(rep, 1, done)
 
     @staticmethod
@@ -366,7 +397,7 @@ class Engine:
         times = np.add.accumulate(buf)  # (np.cumsum without its wrapper) sequential, like SimPy's clock
         k = win.max_steps
         if self._next_arrival_idx < len(self.trace):
-            nxt = float(self.trace.arrival_s[self._next_arrival_idx])
+            nxt = float(self._arrival_s[self._next_arrival_idx])
             if self.router.state_dependent:
                 # The arrival is routed on the replicas' state at its time: the window must end at a
                 # step boundary before it (a boundary at the same time comes after it, URGENT).
@@ -412,7 +443,7 @@ class Engine:
         rep.window_horizon = max(MIN_WINDOW_HORIZON, 4 * k)
         yield from self._advance(rep, float(times[k]))
         memory, batch_mean = window_means(win, k, durations, segments, sched.allocator.capacity_tokens)
-        decode_tokens = _int_sum(win.num_seqs[:k])
+        decode_tokens = int_sum(win.num_seqs[:k])
         if step0 is not None:  # step 0 priced on its own, then k - 1 decode steps
             breakdown, kv_bytes = decode_totals(priced[1], priced[2], k - 1)
             for name, v in step0.breakdown_s.items():
@@ -433,8 +464,10 @@ class Engine:
             batch_mean=batch_mean, running=max_batch, running_mean=batch_mean,
             prefill_tokens=plan.shape.num_prefill_tokens, decode_tokens=decode_tokens, waiting=waiting0,
             admitted=len(plan.admitted), memory=memory, kv_bytes_read=kv_bytes,
-            kv_pages_read=_int_sum(win.kv_pages_read[:k]), breakdown=breakdown,
+            kv_pages_read=int_sum(win.kv_pages_read[:k]), breakdown=breakdown,
             step_durations_s=durations[:k], step_decode_tokens=step_decodes)
+        if done and self.client is not None:  # (it has sent every request: nothing more to send)
+            self._ended(len(done), rep.now_s)
         self._after_step(rep, k, done)
 
     def run(self) -> None:

@@ -16,7 +16,8 @@ too fast. Requests reach the engine in arrival order (with several servers a sho
 before an earlier long one waits for it; with one server the order is exact).
 
 A pure function of the trace, before the run: the engine, the scheduler and the fast paths see an
-ordinary trace whose arrival times are the front end's departures.
+ordinary trace whose arrival times are the front end's departures. With a closed-loop client
+(kvsim/client.py) the same queue (:class:`FrontEndQueue`) is fed as the client sends, during the run.
 """
 
 from __future__ import annotations
@@ -37,29 +38,42 @@ def service_s(prompt_tokens: np.ndarray, output_tokens: np.ndarray, per_request_
     return inp, per_output_token_s * output_tokens.astype(np.float64)
 
 
+class FrontEndQueue:
+    """``servers`` FIFO servers, fed one request at a time in arrival order (the one definition of
+    the queue: :func:`departures` runs a whole trace through it; a closed-loop client,
+    kvsim/client.py, feeds it as it sends)."""
+
+    def __init__(self, servers: int):
+        self._free = [0.0] * servers  # a heap of the times the servers are next free
+        self._last = 0.0
+
+    def depart(self, arrival_s: float, input_s: float) -> float:
+        """When a request arriving at ``arrival_s`` (not before the previous one) with ``input_s``
+        of input work reaches the engine: its server takes it when free and hands it on after its
+        input work, not before the request ahead of it."""
+        done = max(arrival_s, heapq.heappop(self._free)) + input_s
+        heapq.heappush(self._free, done)
+        self._last = max(self._last, done)
+        return self._last
+
+
 def departures(arrival_s: np.ndarray, input_s: np.ndarray, servers: int) -> np.ndarray:
-    """When each request reaches the engine from ``servers`` FIFO servers (arrivals sorted): its
-    server takes it when free and hands it on after its input work, in arrival order (not before
-    the request ahead of it)."""
-    n = len(arrival_s)
-    out = np.empty(n, dtype=np.float64)
-    free = [0.0] * servers  # a heap of the times the servers are next free
-    last = 0.0
-    arr, ins = arrival_s.tolist(), input_s.tolist()
-    for i in range(n):
-        done = max(arr[i], heapq.heappop(free)) + ins[i]
-        heapq.heappush(free, done)
-        last = max(last, done)
-        out[i] = last
-    return out
+    """When each request reaches the engine from ``servers`` FIFO servers (arrivals sorted)."""
+    queue = FrontEndQueue(servers)
+    return np.array([queue.depart(a, x) for a, x in zip(arrival_s.tolist(), input_s.tolist())],
+                    dtype=np.float64).reshape(len(arrival_s))
+
+
+def input_work(trace: Trace, cfg) -> np.ndarray:
+    """Each request's input work at the front end (:func:`service_s`'s first part)."""
+    return service_s(trace.prompt_tokens, trace.output_tokens, cfg.per_request_s, cfg.per_prompt_token_s,
+                     cfg.per_output_token_s)[0]
 
 
 def through_frontend(trace: Trace, cfg) -> tuple[Trace, np.ndarray]:
     """``(engine_trace, client_arrival_s)``: the trace the engine runs (arrivals = front-end
     departures) and the arrivals the client saw (the latencies count from these)."""
-    inp, _ = service_s(trace.prompt_tokens, trace.output_tokens, cfg.per_request_s, cfg.per_prompt_token_s,
-                       cfg.per_output_token_s)
-    engine_arrival = departures(trace.arrival_s, inp, cfg.servers)
+    engine_arrival = departures(trace.arrival_s, input_work(trace, cfg), cfg.servers)
     return dataclasses.replace(trace, arrival_s=engine_arrival), trace.arrival_s
 
 

@@ -18,7 +18,8 @@ from kvsim.sched.router import Router
 from kvsim.errors import ConfigError, KvsimError
 from kvsim.metrics.recorder import StepRecorder
 from kvsim.metrics.request_log import RequestLog
-from kvsim.frontend import frontend_record, through_frontend
+from kvsim.client import ClosedLoopClient, client_record
+from kvsim.frontend import FrontEndQueue, frontend_record, input_work, through_frontend
 from kvsim.metrics.requests import log_table
 from kvsim.metrics.summarize import SummaryInputs, summarize
 from kvsim.models.geometry import KVGeometry
@@ -56,8 +57,9 @@ def resolved_dict(scn: Scenario) -> dict:
     d.pop("variants", None)
     if d.get("host_link") is None:
         d.pop("host_link", None)  # absent = legacy link: old scenarios keep their resolved form and hash
-    if d.get("frontend", 0) is None:
-        d.pop("frontend")  # absent = no front end: old scenarios keep their resolved form and hash
+    for key in ("frontend", "client"):
+        if d.get(key, 0) is None:
+            d.pop(key)  # absent = none: old scenarios keep their resolved form and hash
     timing = d.get("timing")
     if isinstance(timing, dict) and "overhead" in timing and timing["overhead"] is None:
         timing.pop("overhead")  # absent = no batch-dependent CPU overhead: old resolved forms and hashes stay
@@ -289,9 +291,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     base_dir = Path(base_dir)
     if trace is None:
         trace, trace_report = build_trace(scn, base_dir)
-    engine_trace, client_arrival = trace, None
-    if scn.frontend is not None:  # the engine sees the front end's departures (kvsim/frontend.py)
-        engine_trace, client_arrival = through_frontend(trace, scn.frontend)
+    engine_trace, client_arrival, client = _arrivals(scn, trace)
     request_log = RequestLog()  # every replica writes each request's row here when it ends
     transfers = host_transfers(scn, where)
     store = _shared_store(scn)
@@ -307,7 +307,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
                     progress=progress, event_log=event_log, mode=scn.engine.mode,
                     max_window_steps=scn.engine.max_window_steps, replicas=replicas,
                     router=Router(scn.replicas.router, [r.scheduler for r in replicas]), shared_store=store is not None,
-                    beam_model=BeamModel(scn.beam_search.fork_prob, scn.seed))
+                    beam_model=BeamModel(scn.beam_search.fork_prob, scn.seed), client=client)
     wall0 = time.perf_counter()
     try:
         engine.run()
@@ -323,7 +323,9 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     # leaves no other request (a limit stops it with an error).
     unfinished = [r for rep in replicas for r in _unfinished(rep.scheduler)]
     del engine, replicas, recorder, store
-    reqs = log_table(request_log, unfinished, client_arrival)
+    if client is not None and scn.frontend is not None:
+        client_arrival = client.sent_s  # the latencies count from the send, before the front end
+    reqs = log_table(request_log, unfinished, client_arrival, None if client is None else client.queue_s())
     del unfinished, request_log
     box = [table]
     del table
@@ -335,9 +337,26 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     summary["host_link"] = host_link_record(scn, transfers)
     if scn.frontend is not None:
         summary["frontend"] = frontend_record(scn.frontend, reqs)
+    if scn.client is not None:
+        summary["client"] = client_record(scn.client.max_concurrency, reqs)
     return RunResult(name=str(scn.name), scenario=scn, requests=reqs,
                      steps=None if steps_path is not None else steps, summary=summary,
                      trace_report=trace_report or {}, engine_wall_s=engine_wall, engine_rows=engine_rows)
+
+
+def _arrivals(scn: Scenario, trace: Trace) -> tuple[Trace, np.ndarray | None, ClosedLoopClient | None]:
+    """``(engine_trace, client_arrival_s, client)``. A front end alone: the engine runs its
+    departures and the latencies count from the trace's arrivals (kvsim/frontend.py). A client
+    (kvsim/client.py): it sends each request when a slot frees, through the front end if any, and
+    the engine reads its arrival times as it writes them."""
+    fe = scn.frontend
+    if scn.client is None:
+        return (trace, None, None) if fe is None else (*through_frontend(trace, fe), None)
+    depart = None
+    if fe is not None:
+        queue, work = FrontEndQueue(fe.servers), input_work(trace, fe).tolist()
+        depart = lambda i, sent_s: queue.depart(sent_s, work[i])  # noqa: E731
+    return trace, None, ClosedLoopClient(trace.arrival_s, scn.client.max_concurrency, depart)
 
 
 def _add_prefix_ideal(summary: dict, trace: Trace, block_size: int | None) -> None:

@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kvsim.config_base", "kvsim.yamlio"),
     ("kvsim.registry", "kvsim.outdir"),
     ("kvsim.models", "kvsim.trace", "kvsim.calibration_data"),  # inputs: models, traces, calibration files
-    ("kvsim.timing", "kvsim.frontend"),
+    ("kvsim.timing", "kvsim.frontend", "kvsim.client"),
     ("kvsim.kv",),
     ("kvsim.sched",),
     ("kvsim.metrics",),
@@ -51,7 +51,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kvsim.dropped",),
     ("kvsim.report",),
     ("kvsim.realengine",),  # a running engine (vLLM) beside the simulator: replay and engine calibration
-    ("kvsim.api", "kvsim.capacity", "kvsim.calibration", "kvsim.kernel_cli", "kvsim.memory_cli", "kvsim.conformance"),  # tools over the run
+    ("kvsim.api", "kvsim.capacity", "kvsim.calibration", "kvsim.kernel_cli", "kvsim.memory_cli", "kvsim.conformance",
+     "kvsim.servebench"),  # tools over the run
     ("kvsim.sweep",),
     ("kvsim.cli", "kvsim"),  # the command line; the package root's lazy facade
     ("kvsim.__main__",),

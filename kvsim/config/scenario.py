@@ -12,8 +12,8 @@ import kvsim.kv  # noqa: F401  (registers allocator kinds)
 import kvsim.timing  # noqa: F401  (registers timing kinds)
 from kvsim.config.batch_defaults import BatchContext
 from kvsim.config.profiles import DEFAULT_PROFILE, PROFILE_NAMES, PROFILES, apply_batch_rule, apply_engine_profile
-from kvsim.config.sections import (DEFAULT_GPU, BeamSearchConfig, EngineConfig, FrontendConfig, GPUConfig,
-                                   HostLinkConfig,
+from kvsim.config.sections import (DEFAULT_GPU, BeamSearchConfig, ClientConfig, EngineConfig, FrontendConfig,
+                                   GPUConfig, HostLinkConfig,
                                    KVBudgetConfig, KVDTypeName, LimitsConfig, MetricsConfig, ModelConfig,
                                    ParallelConfig, ReplicasConfig, SLOConfig, WeightDTypeName, _preset)
 from kvsim.config_base import StrictModel
@@ -67,6 +67,8 @@ class Scenario(StrictModel):
     replicas: ReplicasConfig = ReplicasConfig()
     frontend: FrontendConfig | None = Field(None, description="API-server processes in front of the engine "
                                                               "(absent: requests reach the engine on arrival)")
+    client: ClientConfig | None = Field(None, description="the benchmark client's concurrency bound "
+                                                          "(absent: every request is sent on arrival)")
     slo: SLOConfig | None = Field(None, description="service-level objectives for goodput / SLO attainment")
     metrics: MetricsConfig = MetricsConfig()
     baseline: str | None = Field(None, description="the variant the headline table compares the others with "

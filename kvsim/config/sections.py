@@ -285,6 +285,15 @@ class FrontendConfig(StrictModel):
                                       description="CPU seconds per output token (output processing, streaming)")
 
 
+class ClientConfig(StrictModel):
+    """The benchmark client's concurrency bound (kvsim/client.py; docs/scenario.md, ``client:``):
+    ``vllm bench serve --max-concurrency N`` / SGLang ``bench_serving.py --max-concurrency N``. At
+    most ``max_concurrency`` requests are in flight; a request waits at the client until one ends,
+    and its latencies count from when it is sent."""
+
+    max_concurrency: int = Field(..., ge=1, description="requests in flight at most (the client's semaphore)")
+
+
 class SLOConfig(StrictModel):
     """Service-level objectives per request, as vLLM's ``--goodput ttft:MS tpot:MS e2el:MS``: a
     finished request is *good* when it meets every objective given (docs/metrics.md, goodput)."""

@@ -16,6 +16,12 @@ if TYPE_CHECKING:
 
 _add = np.add.reduce  # == ndarray.sum (the same reduction), without its Python-level wrapper
 
+def int_sum(values: np.ndarray) -> int:
+    """Sum of an integer array as a Python int (short arrays through a list: numpy's fixed cost per
+    call is most of the work there)."""
+    return sum(values.tolist()) if len(values) <= 64 else int(_add(values))
+
+
 # windows of at most this many steps: time-weighted means in Python floats (numpy's per-call cost dominates)
 SMALL_WINDOW_STEPS = 24
 

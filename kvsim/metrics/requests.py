@@ -42,13 +42,15 @@ def requests_table(requests: list[Request], *, consume: bool = False) -> pd.Data
     return log_table(log)
 
 
-def log_table(log: RequestLog, leftovers: Iterable[Request] = (), client_arrival_s: np.ndarray | None = None
-              ) -> pd.DataFrame:
+def log_table(log: RequestLog, leftovers: Iterable[Request] = (), client_arrival_s: np.ndarray | None = None,
+              client_queue_s: np.ndarray | None = None) -> pd.DataFrame:
     """The request table from ``log`` (emptied) and the requests in ``leftovers`` (still queued or
     running when a limit stopped the run), sorted by ``request_id``. ``client_arrival_s`` (by
     request id; a run with a front end, kvsim/frontend.py): the arrivals the client saw, from which
     ``arrival_s``, TTFT and end-to-end latency then count; ``frontend_s`` is the time before the
-    engine had the request and ``queue_s`` counts from then."""
+    engine had the request and ``queue_s`` counts from then. ``client_queue_s`` (by request id; a
+    run with a closed-loop client, kvsim/client.py): each request's wait for a slot before it was
+    sent, a column of its own (the latencies count from the send, as the benchmark clients time them)."""
     import pandas as pd
 
     log.extend(leftovers)
@@ -81,5 +83,7 @@ def log_table(log: RequestLog, leftovers: Iterable[Request] = (), client_arrival
     cols["queue_s"] = cols["admitted_s"] - engine_arrival
     if client_arrival_s is not None:
         cols["frontend_s"] = engine_arrival - arrival
+    if client_queue_s is not None:
+        cols["client_queue_s"] = client_queue_s[cols["request_id"]]
     # copy=False: keep one block per column instead of consolidating (which would copy the table)
     return pd.DataFrame(cols, copy=False)

@@ -1,7 +1,8 @@
 """``kvsim replay --engine vllm SCENARIO --out DIR``: the scenario's trace through a running vLLM.
 
 Requests are added at their trace arrival times (wall clock from the replay's start; an arrival
-that falls during a step is added right after it, as a server's next schedule would see it), and
+that falls during a step is added right after it, as a server's next schedule would see it; with
+``client:``, when the closed-loop client sends them, kvsim/client.py), and
 the engine steps while it has work. Each step becomes one step row and each request one request
 row, built with kvsim's own row builders (:class:`~kvsim.metrics.recorder.StepRecorder`,
 :class:`~kvsim.metrics.request_log.RequestLog`) and summarised by
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvsim.client import ClosedLoopClient, client_record
 from kvsim.kv.base import MemoryParts
 from kvsim.metrics.recorder import StepRecorder
 from kvsim.metrics.request_log import RequestLog
@@ -102,13 +104,17 @@ CLOCKS = ("wall", "cpu")
 
 
 def run_trace(eng: Engine, trace, vocab: int, seed: int, kv: KVGeometry, steps_path: Path | None,
-              log=None, clock: str = "wall") -> tuple[list[ReplayedRequest], StepRecorder, float, list[dict]]:
+              log=None, clock: str = "wall", client: ClosedLoopClient | None = None
+              ) -> tuple[list[ReplayedRequest], StepRecorder, float, list[dict]]:
     """Drive the engine through ``trace``. ``clock``: ``wall`` -- in real time (arrivals on the wall clock,
     each step lasting its wall time); ``cpu`` -- on the engine's own clock: each step lasts the process
     CPU time it took and an idle engine jumps to the next arrival, so time other processes held the
     core is not in the timeline (a shared host; docs/replay.md). The engine schedules and computes for
-    real either way. Returns (requests, recorder, end_s, engine step rows (:func:`engine_step_row`))."""
+    real either way. ``client``: a closed loop (kvsim/client.py) sends each request when a slot frees;
+    its ``arrival_s`` is then the send. Returns (requests, recorder, end_s, engine step rows
+    (:func:`engine_step_row`))."""
     n = len(trace)
+    arrival = trace.arrival_s if client is None else client.engine_arrival_s  # (the client writes its sends)
     prompts = [prompt_tokens(trace, i, vocab, seed) for i in range(n)]  # before the clock starts
     reqs = [ReplayedRequest(i, float(trace.arrival_s[i]), int(trace.prompt_tokens[i])) for i in range(n)]
     wanted = trace.output_tokens.astype(int)
@@ -122,13 +128,14 @@ def run_trace(eng: Engine, trace, vocab: int, seed: int, kv: KVGeometry, steps_p
     vnow = last_end  # the cpu clock
     while done < n:
         now = time.perf_counter() - t_base if clock == "wall" else vnow
-        while nxt < n and trace.arrival_s[nxt] <= now:
+        while nxt < n and arrival[nxt] <= now:
             eng.add(str(nxt), prompts[nxt], int(wanted[nxt]))
+            reqs[nxt].arrival_s = float(arrival[nxt])
             nxt += 1
         if not eng.has_unfinished():
-            wait = float(trace.arrival_s[nxt]) - now
+            wait = float(arrival[nxt]) - now
             if clock == "cpu":
-                vnow = max(vnow, float(trace.arrival_s[nxt]))
+                vnow = max(vnow, float(arrival[nxt]))
             elif wait > 0:
                 time.sleep(wait)
             continue
@@ -170,6 +177,8 @@ def run_trace(eng: Engine, trace, vocab: int, seed: int, kv: KVGeometry, steps_p
                 admitted=sh.new_requests, preempted=sh.preempted, finished=finished,
                 kv_bytes_read=(sh.decode_context + sh.prefill_cached + sh.prefill_tokens) * kv.bytes_per_token)
         last_end = end
+        if finished and client is not None:
+            client.ended(finished, end)
         if log and finished and done % max(1, n // 10) == 0:
             log(f"  {done}/{n} finished at {end:.1f} s")
     rec.close()
@@ -269,14 +278,15 @@ def _replay_one(scn, settings: EngineSettings, trace, vocab: int, d: Path, versi
     eng = Engine(settings)
     try:
         wall0 = time.perf_counter()
-        reqs, rec, end_s, shapes = run_trace(eng, trace, vocab, scn.seed, kv, d / "steps.parquet", log, clock)
+        client = None if scn.client is None else ClosedLoopClient(trace.arrival_s, scn.client.max_concurrency)
+        reqs, rec, end_s, shapes = run_trace(eng, trace, vocab, scn.seed, kv, d / "steps.parquet", log, clock, client)
         wall = time.perf_counter() - wall0
         capacity = eng.usable_blocks() * settings.block_size
     finally:
         eng.close()
     request_log = RequestLog()
     request_log.extend(reqs)
-    table = log_table(request_log)
+    table = log_table(request_log, client_queue_s=None if client is None else client.queue_s())
     write_parquet(d / "requests.parquet", table)
     write_parquet(d / ENGINE_STEPS_FILE, pd.DataFrame(shapes, columns=list(ENGINE_STEP_COLUMNS)))
     steps = pd.read_parquet(d / "steps.parquet")
@@ -293,4 +303,6 @@ def _replay_one(scn, settings: EngineSettings, trace, vocab: int, d: Path, versi
                            "busy_probe_s": round(sum(r["probe_s"] for r in shapes), 3),  # of busy_cpu_s
                            "settings": settings.provenance(),
                            "note": "measured on a running engine (kvsim replay), not simulated"}
+    if client is not None:
+        summary["client"] = client_record(client.max_concurrency, table)
     return summary

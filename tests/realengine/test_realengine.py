@@ -320,3 +320,24 @@ def test_reference_step_probe_reports_one_json_line():
     r = subprocess.run([sys.executable, "-m", "kvsim.realengine.probe", "--model", "/nonexistent/config.json"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "nonexistent" in r.stderr
+
+
+@needs_vllm
+def test_replay_with_a_closed_loop_client_keeps_its_bound(tmp_path):
+    import pandas as pd
+
+    out = tmp_path / "rep"
+    r = kvsim("replay", "--engine", "vllm", str(ROOT / "scenarios" / "studies" / "vllm_cpu_replay.yaml"), "--eager",
+              "--no-plots", "--clock", "cpu", "--set", "trace.max_requests=6", "--set", "trace.rate_scale=50",
+              "--set", "variants={}", "--set", "baseline=null", "--set", "client.max_concurrency=2", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    req = pd.read_parquet(out / "requests.parquet")
+    assert len(req) == 6 and (req["status"] == "finished").all()
+    sent, fin = req["arrival_s"].to_numpy(), req["finish_s"].to_numpy()
+    level = top = 0
+    for _, d in sorted([(t, 1) for t in sent] + [(t, -1) for t in fin]):
+        level += d
+        top = max(top, level)
+    assert top <= 2 and (req["client_queue_s"] >= 0).all() and (req["client_queue_s"] > 0).any()
+    s = json.loads((out / "summary.json").read_text())
+    assert s["client"]["max_concurrency"] == 2 and s["client"]["queue_max_s"] > 0

@@ -91,18 +91,20 @@ def test_missing_field_is_one_line_naming_file_line_and_field(tmp_path, capsys):
     assert "'kvsim_gpu'" in _error_of_first_row_with(tmp_path, capsys, "kvsim_gpu", "")
 
 
-def test_measure_closed_loop_starts_the_clock_at_admission():
-    q = pd.DataFrame({"arrival_s": [0.0, 0.0], "admitted_s": [0.0, 1.0], "first_token_s": [0.1, 1.2],
+def test_measure_times_each_request_from_its_send():
+    # a closed loop of one (kvsim/client.py): the second request is sent when the first finishes
+    q = pd.DataFrame({"arrival_s": [0.0, 1.0], "admitted_s": [0.0, 1.0], "first_token_s": [0.1, 1.2],
                       "finish_s": [1.0, 2.0], "output_tokens": [10, 5]})
-    closed = vs.measure(q, closed_loop=True, which="mean")
+    closed = vs.measure(q, which="mean")
     assert closed["ttft_ms"] == pytest.approx(150.0) and closed["e2el_ms"] == pytest.approx(1000.0)
     assert closed["tpot_ms"] == pytest.approx((900 / 9 + 800 / 4) / 2)
     assert closed["request_throughput"] == pytest.approx(1.0)
-    opened = vs.measure(q, closed_loop=False, which="median")
+    q["arrival_s"] = [0.0, 0.0]  # both sent at once: the second's wait in the engine counts
+    opened = vs.measure(q, which="median")
     assert opened["ttft_ms"] == pytest.approx(650.0) and opened["e2el_ms"] == pytest.approx(1500.0)
     # a request the source printed with no text: its TTFT counts as 0, the others are unchanged
     q["request_id"] = [0, 1]
-    zeroed = vs.measure(q, closed_loop=False, which="mean", zero_ttft=frozenset({1}))
+    zeroed = vs.measure(q, which="mean", zero_ttft=frozenset({1}))
     assert zeroed["ttft_ms"] == pytest.approx(50.0) and zeroed["e2el_ms"] == opened["e2el_ms"]
 
 

@@ -152,7 +152,7 @@ def _cmd_models(args) -> int:
 PLUGIN_COMMANDS = [("kvsim.trace.cli", "register"), ("kvsim.sweep.cli", "register"), ("kvsim.report.cli", "register"),
                    ("kvsim.calibration.cli", "register"), ("kvsim.capacity", "register"),
                    ("kvsim.kernel_cli", "register"), ("kvsim.memory_cli", "register"), ("kvsim.conformance.cli", "register"),
-                   ("kvsim.realengine.cli", "register")]
+                   ("kvsim.realengine.cli", "register"), ("kvsim.servebench.cli", "register")]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -150,12 +150,17 @@ def expand_model(raw: dict, base_dir: Path | None, where: str, prefix: str = "")
         raise ConfigError(f"{where}: {prefix}model: {e}") from None
 
 
-def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedScenario:
-    path = Path(path)
-    raw = read_yaml_mapping(path)
+def apply_sets(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
+    """Apply ``--set path.to.key=value`` expressions to a scenario mapping, in order (in place)."""
     for expr in overrides:
         key, value = parse_set(expr)
         _set_dotted(raw, key, value, f"--set {expr}")
+    return raw
+
+
+def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedScenario:
+    path = Path(path)
+    raw = apply_sets(read_yaml_mapping(path), overrides)
     raw.setdefault("name", path.stem)
     raw = expand_model(raw, path.parent, str(path))
     sets = tuple(overrides)

@@ -1,0 +1,133 @@
+"""``kvsim servebench RESULT.json``: run a benchmark result's load on kvsim and print both side by side.
+
+    kvsim servebench result.json --model Llama-3.1-8B --gpu H100-SXM-80GB [--tensor 2] [--engine-profile vllm-v1]
+    kvsim servebench result.json --scenario my_deployment.yaml [--set scheduler.max_num_seqs=512]
+
+Writes ``--out`` (default ``results/servebench/<result name>``; kvsim's output rules, docs/outputs.md):
+``scenario.yaml`` and ``trace.csv`` (rerun with ``kvsim run DIR/scenario.yaml`` for the full output),
+``comparison.csv`` and kvsim's ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+
+DESCRIPTION = """Read a serving-benchmark result (vllm bench serve --save-result, best with --save-detailed;
+benchmark_serving.py --save-result; SGLang bench_serving.py --output-file), replay its requests (lengths,
+arrivals or rate, --max-concurrency) on the deployment you name, and print the benchmark's metrics as
+its client computes them beside the printed ones, with the relative error and issue 23's targets
+(throughput and TPOT within 20 %, TTFT within 35 %). The deployment is --scenario (a kvsim scenario:
+model, GPU, parallelism, engine profile and settings; its trace and client are replaced) or --model and
+--gpu; --tensor, --engine-profile and --set override either."""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("servebench", help="kvsim beside a serving-benchmark result of yours (vllm bench serve)",
+                              description=DESCRIPTION)
+    p.add_argument("result", type=Path, help="the result JSON (one object, or one per line: --append-result)")
+    p.add_argument("--scenario", type=Path, help="a scenario YAML naming the deployment")
+    p.add_argument("--model", help="a model preset or a config.json (kvsim models lists the presets)")
+    p.add_argument("--gpu", help="a GPU preset")
+    p.add_argument("--tensor", type=int, help="tensor-parallel GPUs (parallel.tensor)")
+    p.add_argument("--engine-profile", help="the engine profile (default: the scenario's, else vllm-v1)")
+    p.add_argument("--index", type=int, help="which result of a file with several (0-based)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key")
+    p.add_argument("--out", type=Path, help="output directory (default results/servebench/<result name>)")
+    p.add_argument("--force", action="store_true", help="replace another kvsim command's output directory")
+    p.set_defaults(func=run)
+
+
+def _base(args) -> tuple[dict, Path]:
+    from kvsim.config.load import read_yaml_mapping
+    from kvsim.errors import ConfigError
+
+    if args.scenario is not None:
+        if not args.scenario.is_file():
+            raise ConfigError(f"--scenario: {args.scenario}: no such file")
+        base, base_dir = read_yaml_mapping(args.scenario), args.scenario.parent
+        if base.get("variants"):
+            raise ConfigError(f"{args.scenario}: variants: servebench runs one deployment; valid choices: "
+                              "a scenario without variants, or one variant's keys through --set")
+    elif args.model is None or args.gpu is None:
+        raise ConfigError("kvsim servebench: the deployment: give --scenario FILE, or --model and --gpu")
+    else:
+        base, base_dir = {}, Path(".")
+    for key, value in (("model", args.model), ("gpu", args.gpu), ("engine_profile", args.engine_profile)):
+        if value is not None:
+            base[key] = value
+    if args.tensor is not None:
+        base["parallel"] = {**(base.get("parallel") or {}), "tensor": args.tensor}
+    return base, base_dir
+
+
+def comparison_rows(published: dict[str, float], predicted: dict[str, float]) -> list[dict]:
+    """One row per printed metric kvsim predicts: published, kvsim, relative error, target, within."""
+    from kvsim.servebench.metrics import TARGETS
+
+    rows = []
+    for key, pub in published.items():
+        got = predicted[key]
+        err = (got - pub) / pub if pub and not math.isnan(got) else math.nan
+        target = next((t for m, t in TARGETS.items() if key == m or key.endswith(f"_{m}")), None)
+        within = "" if target is None or key.startswith("p99_") or math.isnan(err) else (
+            "yes" if abs(err) <= target else "no")
+        rows.append({"metric": key, "published": pub, "kvsim": got, "error": err,
+                     "target": "" if target is None or key.startswith("p99_") else target, "within": within})
+    return rows
+
+
+def table_text(rows: list[dict]) -> str:
+    lines = [f"{'metric':<22}{'published':>12}{'kvsim':>12}{'error':>9}  target"]
+    for r in rows:
+        err = "" if math.isnan(r["error"]) else f"{r['error']:+.1%}"
+        tgt = f"±{r['target']:.0%} {r['within']}" if r["target"] != "" else ""
+        lines.append(f"{r['metric']:<22}{r['published']:>12.4g}{r['kvsim']:>12.4g}{err:>9}  {tgt}")
+    return "\n".join(lines)
+
+
+def _csv_text(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=["metric", "published", "kvsim", "error", "target", "within"],
+                       lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({**r, "kvsim": repr(r["kvsim"]), "error": "" if math.isnan(r["error"]) else round(r["error"], 6)})
+    return buf.getvalue()
+
+
+def run(args) -> int:
+    from kvsim.config.load import apply_sets, expand_model, validate_scenario
+    from kvsim.errors import ConfigError
+    from kvsim.outdir import atomic_out_dir
+    from kvsim.servebench import build, result as result_mod
+    from kvsim.servebench.metrics import serving_metrics
+    from kvsim.simulate import run as simulate
+
+    if not args.result.is_file():
+        raise ConfigError(f"{args.result}: no such file")
+    res = result_mod.load(args.result, args.index)
+    base, base_dir = _base(args)
+    raw = build.scenario_dict(res, base, base_dir, seed=int(base.get("seed", 0) or 0))
+    raw = expand_model(apply_sets(raw, args.set), base_dir, str(args.scenario or args.result))
+    out = args.out or Path("results") / "servebench" / args.result.stem
+    where = str(args.scenario) if args.scenario else f"servebench scenario for {args.result}"
+    scn = validate_scenario(raw, where, sets=tuple(args.set))
+    _, how = build.arrivals(res, scn.seed)
+    protect = [args.result] + ([args.scenario] if args.scenario else [])
+    with atomic_out_dir(out, "servebench", force=args.force, protect=protect) as tmp:
+        (tmp / "trace.csv").write_text(build.trace_text(res, scn.seed))
+        (tmp / "scenario.yaml").write_text(build.scenario_text(res, raw, how))
+        ran = simulate(scn, tmp, where=where)
+        rows = comparison_rows(res.published, serving_metrics(ran.requests))
+        (tmp / "comparison.csv").write_text(_csv_text(rows))
+        (tmp / "summary.json").write_text(json.dumps(ran.summary, indent=1, sort_keys=True, default=str) + "\n")
+    print(f"{args.result}: {res.num_requests} requests ({'per-request lengths' if res.per_request else 'mean lengths'}); "
+          f"arrivals: {how}" + (f"; client max_concurrency {res.max_concurrency}" if res.max_concurrency else ""))
+    print(f"kvsim: {scn.model.name} on {scn.parallel.tensor}x {scn.gpu.name}, engine profile {scn.engine_profile}")
+    print(table_text(rows))
+    print(f"wrote {out}/ (scenario.yaml, trace.csv, comparison.csv, summary.json)")
+    return 0

@@ -1,0 +1,161 @@
+"""``kvsim servebench``: a serving-benchmark result file replayed on kvsim, side by side."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvsim.servebench import build, result
+
+ROOT = Path(__file__).resolve().parents[2]
+CASE = "llama3-8b-h100x1-sharegpt-n80"
+
+
+def kvsim(*args, cwd=ROOT):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "kvsim", *args], cwd=cwd, capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+def one_line_exit_2(r, *words):
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def _lambda_result(path: Path) -> dict:
+    """The validation corpus's Lambda run as its benchmark_serving.py --save-result file holds it
+    (the keys of vLLM 0.5.4's client: *_latency_ms for E2EL, request_rate "inf"; lengths from lengths.csv)."""
+    lens = [r for r in csv.DictReader(open(ROOT / "scenarios/validation/lengths.csv")) if r["case_id"] == CASE]
+    c = next(r for r in csv.DictReader(open(ROOT / "scenarios/validation/corpus.csv")) if r["case_id"] == CASE)
+    doc = {"backend": "vllm", "model_id": c["model"], "num_prompts": len(lens), "request_rate": "inf",
+           "request_throughput": float(c["request_throughput"]), "output_throughput": float(c["output_throughput"]),
+           "median_ttft_ms": float(c["ttft_ms"]), "median_tpot_ms": float(c["tpot_ms"]),
+           "median_latency_ms": float(c["e2el_ms"]),
+           "input_lens": [int(r["input_len"]) for r in lens], "output_lens": [int(r["output_len"]) for r in lens]}
+    path.write_text(json.dumps(doc))
+    return doc
+
+
+def test_same_prediction_as_the_validation_case(tmp_path):
+    sys.path.insert(0, str(ROOT))
+    from bench import validate_serving as vs
+
+    _lambda_result(tmp_path / "r.json")
+    out = tmp_path / "out"
+    r = kvsim("servebench", str(tmp_path / "r.json"), "--scenario", f"scenarios/validation/{CASE}.yaml",
+              "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    got = {row["metric"]: row for row in csv.DictReader(open(out / "comparison.csv"))}
+    assert set(got) == {"request_throughput", "output_throughput", "median_ttft_ms", "median_tpot_ms",
+                        "median_e2el_ms"}
+    row = next(x for x in vs.load_corpus() if x["case_id"] == CASE)
+    ref = vs.run_case({**row, "_lengths": []}, [])  # (no zero-TTFT rule: servebench times every request)
+    for m in ("request_throughput", "output_throughput"):
+        assert float(got[m]["kvsim"]) == pytest.approx(ref[m], rel=1e-12)
+    for m in ("ttft_ms", "tpot_ms", "e2el_ms"):
+        assert float(got[f"median_{m}"]["kvsim"]) == pytest.approx(ref[m], rel=1e-12)
+    assert got["median_ttft_ms"]["target"] == "0.35" and got["median_e2el_ms"]["target"] == ""
+    err = float(got["median_tpot_ms"]["error"])
+    assert got["median_tpot_ms"]["within"] == ("yes" if abs(err) <= 0.2 else "no")
+    assert "median_tpot_ms" in r.stdout and (out / "scenario.yaml").is_file()
+    # the written scenario reruns on its own
+    again = kvsim("run", str(out / "scenario.yaml"), "--out", str(tmp_path / "again"), "--no-plots")
+    assert again.returncode == 0, again.stderr
+
+
+def _closed(path: Path, **extra) -> None:
+    rng = np.random.default_rng(1)
+    n = 24
+    doc = {"model_id": "x", "num_prompts": n, "request_rate": 50.0, "burstiness": 1.0, "max_concurrency": 3,
+           "request_throughput": 5.0, "mean_ttft_ms": 50.0, "mean_tpot_ms": 10.0, "p99_ttft_ms": 90.0,
+           "input_lens": rng.integers(20, 400, n).tolist(), "output_lens": rng.integers(0, 60, n).tolist(), **extra}
+    path.write_text(json.dumps(doc))
+
+
+def test_closed_loop_result_runs_with_its_client_bound(tmp_path):
+    _closed(tmp_path / "c.json")
+    out = tmp_path / "o"
+    r = kvsim("servebench", str(tmp_path / "c.json"), "--model", "Llama-3-8B", "--gpu", "A100-80GB",
+              "--engine-profile", "vllm-v1", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    text = (out / "scenario.yaml").read_text()
+    assert "max_concurrency: 3" in text and "engine_profile: vllm-v1" in text
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["client"]["max_concurrency"] == 3
+    rows = {row["metric"]: row for row in csv.DictReader(open(out / "comparison.csv"))}
+    assert rows["p99_ttft_ms"]["within"] == "" and rows["mean_ttft_ms"]["within"] in ("yes", "no")
+    # the trace: the printed lengths in order (a request that streamed nothing runs one token)
+    tr = pd.read_csv(out / "trace.csv")
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert tr["prompt_tokens"].tolist() == doc["input_lens"]
+    assert tr["output_tokens"].tolist() == [max(1, o) for o in doc["output_lens"]]
+
+
+def test_arrivals_follow_the_client(tmp_path):
+    _closed(tmp_path / "a.json", max_concurrency=None, start_times=[100.0 + 0.5 * i for i in range(24)])
+    res = result.load(tmp_path / "a.json")
+    t, how = build.arrivals(res, 0)
+    assert t.tolist() == [0.5 * i for i in range(24)] and "start_times" in how
+    # a closed loop's start_times are its sends, not its arrivals: the rate is drawn instead
+    _closed(tmp_path / "b.json", start_times=[float(i) for i in range(24)])
+    t, how = build.arrivals(result.load(tmp_path / "b.json"), 0)
+    assert t[-1] == pytest.approx(24 / 50.0) and (np.diff(t) > 0).all() and "gamma" in how
+    assert build.arrivals(result.load(tmp_path / "b.json"), 0)[0].tolist() == t.tolist()  # seeded
+    _closed(tmp_path / "c.json", request_rate="inf")
+    assert (build.arrivals(result.load(tmp_path / "c.json"), 0)[0] == 0).all()
+
+
+def test_without_per_request_lengths_the_means_are_used(tmp_path):
+    p = tmp_path / "m.json"
+    p.write_text(json.dumps({"num_prompts": 10, "request_rate": "inf", "completed": 10, "total_input_tokens": 1000,
+                             "total_output_tokens": 205, "request_throughput": 2.0}))
+    res = result.load(p)
+    assert not res.per_request and res.input_lens == [100] * 10 and res.output_lens == [20] * 10
+
+
+def test_appended_results_need_an_index(tmp_path):
+    p = tmp_path / "two.json"
+    one = {"request_rate": "inf", "request_throughput": 1.0, "input_lens": [5], "output_lens": [3]}
+    p.write_text(json.dumps(one) + "\n" + json.dumps({**one, "request_throughput": 2.0}) + "\n")
+    with pytest.raises(Exception, match="--index"):
+        result.load(p)
+    assert result.load(p, 1).published["request_throughput"] == 2.0
+
+
+@pytest.mark.parametrize("content, words", [
+    ("not json", ["line 1", "not JSON"]),
+    ('{"request_throughput": 1.0, "input_lens": [1], "output_lens": [1]}', ["request_rate", "missing"]),
+    ('{"request_rate": "inf", "max_concurrency": 0, "request_throughput": 1, "input_lens": [1], "output_lens": [1]}',
+     ["max_concurrency"]),
+    ('{"request_rate": "inf", "request_throughput": 1, "input_lens": [1, 2], "output_lens": [1]}', ["input_lens"]),
+    ('{"request_rate": "inf", "input_lens": [1], "output_lens": [1]}', ["no printed metric"]),
+])
+def test_bad_result_is_one_line_exit_2(tmp_path, content, words):
+    p = tmp_path / "bad.json"
+    p.write_text(content)
+    one_line_exit_2(kvsim("servebench", str(p), "--model", "Llama-3-8B", "--gpu", "A100-80GB",
+                          "--out", str(tmp_path / "o")), str(p), *words)
+
+
+def test_bad_invocations_are_one_line_exit_2(tmp_path):
+    _closed(tmp_path / "c.json")
+    one_line_exit_2(kvsim("servebench", str(tmp_path / "nope.json"), "--model", "Llama-3-8B", "--gpu", "A100-80GB"),
+                    "nope.json")
+    one_line_exit_2(kvsim("servebench", str(tmp_path / "c.json"), "--model", "Llama-3-8B"), "--gpu")
+    one_line_exit_2(kvsim("servebench", str(tmp_path / "c.json"), "--model", "Llama-3-8B", "--gpu", "A100-80GB",
+                          "--engine-profile", "vllm-v9", "--out", str(tmp_path / "o")), "engine_profile")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    one_line_exit_2(kvsim("servebench", str(tmp_path / "c.json"), "--model", "Llama-3-8B", "--gpu", "A100-80GB",
+                          "--out", str(mine)), str(mine))
+    assert (mine / "notes.txt").read_text() == "keep" and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]

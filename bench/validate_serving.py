@@ -71,7 +71,7 @@ from bench.serving_fit import fit_constants as _fit_constants  # noqa: E402
 from bench.serving_tables import (SPLITS, TARGETS, markdown, pass_rates, write_between_markers,  # noqa: E402,F401
                                   write_table)
 from bench import serving_history as history  # noqa: E402
-from kvsim.servebench.metrics import LATENCIES, serving_metrics  # noqa: E402
+from kvsim.servebench.metrics import LATENCIES, predicted, table_metrics  # noqa: E402
 from bench.serving_history import HistoryError  # noqa: E402
 from bench.serving_scenarios import (HEADER, SCENARIO_DIR, TRACE_HEADER, CorpusError, PROFILE_NOTES,  # noqa: E402,F401
                                      _concurrency, _engine, no_p2p, read_trace, scenario_text, trace_file_text, trace_path,
@@ -231,12 +231,12 @@ def zero_output_requests(row: dict) -> frozenset[int]:
 
 def measure(requests, which: str, zero_ttft: frozenset[int] = frozenset()) -> dict:
     """vLLM's benchmark metrics of one run's request table (times in ms, throughput in req/s), timed
-    from each request's send, with the statistic ``which`` the source printed (mean or median):
-    :func:`kvsim.servebench.metrics.serving_metrics`, the one definition.
+    from each request's send, with the statistic ``which`` the source printed (mean or median): the
+    run's ``serving`` summary section over these rows (kvsim.servebench.metrics.table_metrics).
     ``zero_ttft``: request ids whose TTFT the source's client recorded as 0 (no text streamed)."""
-    m = serving_metrics(requests, zero_ttft)
+    m = table_metrics(requests, zero_ttft)
     return {"request_throughput": m["request_throughput"], "output_throughput": m["output_throughput"],
-            **{name: m[f"{which}_{name}"] for name in LATENCIES}}
+            **{name: predicted(m, f"{which}_{name}") for name in LATENCIES}}
 
 
 def run_case(row: dict, overrides: list[str], directory: Path = SCENARIO_DIR) -> dict:

@@ -62,6 +62,9 @@ def scenario_dict(result: BenchResult, base: dict, base_dir: Path, seed: int) ->
     if isinstance(timing, dict) and isinstance(timing.get("file"), str) and not Path(timing["file"]).is_absolute():
         d["timing"] = {**timing, "file": str((base_dir / timing["file"]).resolve())}
     d["trace"] = {"file": "trace.csv"}
+    metrics = d.get("metrics") if isinstance(d.get("metrics"), dict) else {}
+    have = metrics.get("percentiles") if isinstance(metrics.get("percentiles"), list) else [50.0, 90.0]
+    d["metrics"] = {**metrics, "percentiles": sorted({*have, 90.0, 99.0})}  # for the printed p90s and p99s
     if result.max_concurrency is not None:
         d["client"] = {"max_concurrency": result.max_concurrency}
     return d

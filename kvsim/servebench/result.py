@@ -5,8 +5,8 @@ The keys are those of vLLM's ``--save-result`` JSON (vLLM 0.32 ``vllm/benchmarks
 ``bench_serving.py`` also writes: the load (``num_prompts``, ``request_rate``, ``burstiness``,
 ``max_concurrency``), the per-request lists (``input_lens``, ``output_lens``, ``start_times``; vLLM
 0.32 keeps them only with ``--save-detailed``) and the printed metrics (``request_throughput``,
-``output_throughput``, ``{mean,median,p99}_{ttft,tpot,itl,e2el}_ms``; vLLM 0.5-0.6 named E2EL
-``*_latency_ms``). ``--append-result`` writes one
+``output_throughput``, ``{mean,median,p90,p99}_{ttft,tpot,itl,e2el}_ms``; vLLM 0.5-0.6 named E2EL
+``*_latency_ms``, SGLang ``*_e2e_latency_ms``). ``--append-result`` writes one
 JSON object per line: ``index`` picks one. Every problem is one line naming the file, the key and
 what was expected (:class:`~kvsim.errors.ConfigError`, exit 2).
 """
@@ -20,13 +20,18 @@ from pathlib import Path
 
 from kvsim.errors import ConfigError
 
-# the printed metrics kvsim predicts (the others, e.g. ITL and goodput, are shown when printed but not predicted)
+# the printed metrics kvsim predicts (kvsim.servebench.metrics.predicted)
 PREDICTED = ("request_throughput", "output_throughput",
-             *(f"{s}_{m}" for m in ("ttft_ms", "tpot_ms", "e2el_ms") for s in ("mean", "median", "p99")))
+             *(f"{s}_{m}" for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms") for s in ("mean", "median", "p90", "p99")))
 
 
-# benchmark_serving.py of vLLM 0.5-0.6 printed end-to-end latency as ``*_latency_ms``
-_OLD_NAMES = {f"{s}_e2el_ms": f"{s}_latency_ms" for s in ("mean", "median", "p99")}
+# other names of a key: end-to-end latency is ``*_latency_ms`` in benchmark_serving.py of vLLM 0.5-0.6 and
+# ``*_e2e_latency_ms`` in SGLang's bench_serving.py
+_OTHER_NAMES = {f"{s}_e2el_ms": (f"{s}_latency_ms", f"{s}_e2e_latency_ms") for s in ("mean", "median", "p90", "p99")}
+
+
+def _key(doc: dict, key: str) -> str:
+    return next((k for k in (key, *_OTHER_NAMES.get(key, ())) if k in doc), key)
 
 
 @dataclass(frozen=True)
@@ -75,7 +80,7 @@ def _number(doc: dict, key: str, where: str, *, required: bool = False) -> float
         if required:
             raise ConfigError(f"{where}: {key}: missing")
         return None
-    if v == "inf":  # vLLM writes an infinite rate as the string "inf"
+    if v == "inf":  # vLLM writes an infinite rate as the string "inf" (SGLang as Infinity: a float)
         return math.inf
     if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
         raise ConfigError(f"{where}: {key}: expected a number, got {v!r}")
@@ -128,8 +133,7 @@ def load(path: Path, index: int | None = None) -> BenchResult:
     if starts is not None and (not isinstance(starts, list) or len(starts) != len(inp)
                                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in starts)):
         raise ConfigError(f"{where}: start_times: expected one number per request ({len(inp)})")
-    published = {k: v for k in PREDICTED if (v := _number(doc, _OLD_NAMES.get(k, k) if k not in doc else k, where))
-                 is not None}
+    published = {k: v for k in PREDICTED if (v := _number(doc, _key(doc, k), where)) is not None}
     if not published:
         raise ConfigError(f"{where}: no printed metric to compare with (expected one of {', '.join(PREDICTED)})")
     return BenchResult(path=path, index=index, model_id=str(doc.get("model_id") or ""), request_rate=rate,

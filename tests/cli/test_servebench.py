@@ -77,6 +77,7 @@ def _closed(path: Path, **extra) -> None:
     n = 24
     doc = {"model_id": "x", "num_prompts": n, "request_rate": 50.0, "burstiness": 1.0, "max_concurrency": 3,
            "request_throughput": 5.0, "mean_ttft_ms": 50.0, "mean_tpot_ms": 10.0, "p99_ttft_ms": 90.0,
+           "mean_itl_ms": 10.0, "median_itl_ms": 9.0,
            "input_lens": rng.integers(20, 400, n).tolist(), "output_lens": rng.integers(0, 60, n).tolist(), **extra}
     path.write_text(json.dumps(doc))
 
@@ -93,6 +94,12 @@ def test_closed_loop_result_runs_with_its_client_bound(tmp_path):
     assert summary["client"]["max_concurrency"] == 3
     rows = {row["metric"]: row for row in csv.DictReader(open(out / "comparison.csv"))}
     assert rows["p99_ttft_ms"]["within"] == "" and rows["mean_ttft_ms"]["within"] in ("yes", "no")
+    # kvsim's values are its run's serving section; vLLM's mean ITL is the mean over every gap
+    serving = summary["serving"]
+    assert float(rows["mean_itl_ms"]["kvsim"]) == serving["itl_ms"]["mean_with_stalls"]
+    assert float(rows["median_itl_ms"]["kvsim"]) == serving["itl_ms"]["median"] and rows["median_itl_ms"]["target"] == ""
+    assert float(rows["p99_ttft_ms"]["kvsim"]) == serving["ttft_ms"]["p99"]
+    assert float(rows["request_throughput"]["kvsim"]) == serving["request_throughput"]
     # the trace: the printed lengths in order (a request that streamed nothing runs one token)
     tr = pd.read_csv(out / "trace.csv")
     doc = json.loads((tmp_path / "c.json").read_text())
@@ -159,3 +166,13 @@ def test_bad_invocations_are_one_line_exit_2(tmp_path):
     one_line_exit_2(kvsim("servebench", str(tmp_path / "c.json"), "--model", "Llama-3-8B", "--gpu", "A100-80GB",
                           "--out", str(mine)), str(mine))
     assert (mine / "notes.txt").read_text() == "keep" and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+
+
+def test_sglang_names_and_an_infinite_rate(tmp_path):
+    p = tmp_path / "sg.jsonl"
+    p.write_text('{"backend": "sglang", "request_rate": Infinity, "max_concurrency": 4, "completed": 2, '
+                 '"request_throughput": 1.0, "median_e2e_latency_ms": 900.0, "p90_ttft_ms": 80.0, '
+                 '"input_lens": [100, 200], "output_lens": [10, 20]}\n')
+    res = result.load(p)
+    assert res.request_rate == float("inf") and res.max_concurrency == 4
+    assert res.published == {"request_throughput": 1.0, "median_e2el_ms": 900.0, "p90_ttft_ms": 80.0}

@@ -91,19 +91,28 @@ def test_missing_field_is_one_line_naming_file_line_and_field(tmp_path, capsys):
     assert "'kvsim_gpu'" in _error_of_first_row_with(tmp_path, capsys, "kvsim_gpu", "")
 
 
+def _table(arrival):
+    """A request table as kvsim writes it (kvsim.metrics.requests.log_table's latency columns)."""
+    q = pd.DataFrame({"request_id": [0, 1], "status": ["finished"] * 2, "arrival_s": arrival, "admitted_s": [0.0, 1.0],
+                      "first_token_s": [0.1, 1.2], "finish_s": [1.0, 2.0], "prompt_tokens": [8, 8],
+                      "output_tokens": [10, 5], "num_samples": [1, 1]})
+    q["ttft_s"] = q["first_token_s"] - q["arrival_s"]
+    q["e2e_s"] = q["finish_s"] - q["arrival_s"]
+    q["tpot_s"] = (q["finish_s"] - q["first_token_s"]) / (q["output_tokens"] - 1)
+    return q
+
+
 def test_measure_times_each_request_from_its_send():
     # a closed loop of one (kvsim/client.py): the second request is sent when the first finishes
-    q = pd.DataFrame({"arrival_s": [0.0, 1.0], "admitted_s": [0.0, 1.0], "first_token_s": [0.1, 1.2],
-                      "finish_s": [1.0, 2.0], "output_tokens": [10, 5]})
+    q = _table([0.0, 1.0])
     closed = vs.measure(q, which="mean")
     assert closed["ttft_ms"] == pytest.approx(150.0) and closed["e2el_ms"] == pytest.approx(1000.0)
     assert closed["tpot_ms"] == pytest.approx((900 / 9 + 800 / 4) / 2)
     assert closed["request_throughput"] == pytest.approx(1.0)
-    q["arrival_s"] = [0.0, 0.0]  # both sent at once: the second's wait in the engine counts
+    q = _table([0.0, 0.0])  # both sent at once: the second's wait in the engine counts
     opened = vs.measure(q, which="median")
     assert opened["ttft_ms"] == pytest.approx(650.0) and opened["e2el_ms"] == pytest.approx(1500.0)
     # a request the source printed with no text: its TTFT counts as 0, the others are unchanged
-    q["request_id"] = [0, 1]
     zeroed = vs.measure(q, which="mean", zero_ttft=frozenset({1}))
     assert zeroed["ttft_ms"] == pytest.approx(50.0) and zeroed["e2el_ms"] == opened["e2el_ms"]
 

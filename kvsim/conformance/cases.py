@@ -65,6 +65,9 @@ class Case:
     prompt_blocks: str = "per_chunk"  # kvsim's scheduler.prompt_blocks (at_admission: the exception below)
     step_s: float = 0.01  # the fixed step time on both sides
     exceptions: tuple[str, ...] = ()  # named exceptions that change decisions: a difference is expected
+    # a closed-loop client of this many slots (kvsim/client.py) on both sides: a request is added when
+    # one in flight finishes; None: every request at its arrival
+    max_concurrency: int | None = None
 
     @property
     def blocks_ahead(self) -> bool:
@@ -75,6 +78,16 @@ class Case:
         unknown = set(self.exceptions) - set(EXCEPTIONS)
         if unknown:
             raise ValueError(f"case {self.name}: unknown exception(s) {sorted(unknown)}")
+        if self.max_concurrency is not None and any(q.n > 1 for q in self.requests):
+            raise ValueError(f"case {self.name}: a client case has one sample per request (vLLM fans samples out)")
+
+    def client(self):
+        """A fresh closed-loop client over the case's arrivals (None without ``max_concurrency``)."""
+        if self.max_concurrency is None:
+            return None
+        from kvsim.client import ClosedLoopClient
+
+        return ClosedLoopClient(np.array([q.arrival_s for q in self.requests], dtype=np.float64), self.max_concurrency)
 
 
 def _rng(seed: int) -> np.random.Generator:
@@ -165,6 +178,12 @@ def builtin_cases() -> list[Case]:
                       prompt_blocks="at_admission"))
     cases.append(Case("arrivals", "Poisson arrivals at 30/s (0.01 s steps), idle gaps",
                       r(7, 40, (10, 200), (1, 40), rate_per_s=30.0), num_blocks=150))
+    cases.append(Case("client_closed_loop", "a closed-loop client of 6 (kvsim/client.py): 40 requests at t=0, "
+                      "each added when one in flight finishes; memory pressure",
+                      r(14, 40, (40, 300), (5, 80)), num_blocks=60, max_concurrency=6))
+    cases.append(Case("client_prefix_arrivals", "a client of 4 over Poisson arrivals at 60/s with prefix caching",
+                      r(15, 40, (120, 300), (1, 40), rate_per_s=60.0, shared_prefix=100, groups=3),
+                      num_blocks=200, prefix_caching=True, max_concurrency=4))
     cases.append(Case("prefix_on", "prefix caching, 3 groups sharing 100-token prefixes (ends inside a block)",
                       r(8, 30, (120, 300), (1, 20), shared_prefix=100, groups=3), num_blocks=400,
                       prefix_caching=True))

@@ -98,7 +98,7 @@ def run_kvsim(case: Case, mode: str) -> Timeline:
     recorder = StepRecorder(kv)
     events: list = []
     engine = Engine(trace, recorder=recorder, max_model_len_tokens=case.max_model_len, mode=mode,
-                    replicas=[Replica(0, sched, timing)], event_log=events)
+                    replicas=[Replica(0, sched, timing)], event_log=events, client=case.client())
     engine.run()
     rows = recorder.close().to_pandas()
     rows = rows[~rows["idle"]]

@@ -180,10 +180,12 @@ def run_vllm(case: Case, max_steps: int = 200_000) -> Timeline:
     per_req: dict[int, dict] = {}
     nxt = 0
     now = 0.0
+    client = case.client()  # the same closed-loop client as kvsim's side (kvsim/client.py), or None
+    arrival = [t for _, t, _ in reqs] if client is None else client.engine_arrival_s
 
     def arrive(t: float) -> None:
         nonlocal nxt
-        while nxt < len(reqs) and reqs[nxt][1] <= t:
+        while nxt < len(reqs) and arrival[nxt] <= t:
             sched.add_request(reqs[nxt][2])
             nxt += 1
 
@@ -191,7 +193,7 @@ def run_vllm(case: Case, max_steps: int = 200_000) -> Timeline:
     step = 0
     while sched.get_num_unfinished_requests() or nxt < len(reqs):
         if not sched.get_num_unfinished_requests():
-            now = reqs[nxt][1]
+            now = float(arrival[nxt])
             arrive(now)
             continue
         if step >= max_steps:
@@ -203,10 +205,15 @@ def run_vllm(case: Case, max_steps: int = 200_000) -> Timeline:
         arrive(now)
         mro = _sampled_output(ModelRunnerOutput, sched, out, token, per_req, index, step)
         eco = sched.update_from_output(out, mro)
+        finished = 0
         for outputs in eco.values():
             for o in outputs.outputs:
                 if o.finish_reason is not None:
                     per_req[index[o.request_id]]["finish_step"] = step
+                    finished += 1
+        if client is not None and finished:  # their slots send the next requests now: added before the next step
+            client.ended(finished, now)
+            arrive(now)
         step += 1
     tl.requests = per_req
     return tl

@@ -121,3 +121,15 @@ def test_exception_cases_change_only_what_they_name():
     assert all(q.n == 3 for q in by["parallel_sampling"].requests)
     assert not any(q.priority or q.n > 1 for c in by.values() if not c.exceptions for q in c.requests)
     assert replace(by["reserve_full_isl_off"], reserve_full_isl=True).requests == by["reserve_full_isl_on"].requests
+
+
+def test_client_cases_replay_alike_in_both_modes_and_bound_the_flight():
+    case = Case("c", "", random_requests(16, 20, (20, 200), (5, 60)), num_blocks=40, max_concurrency=3)
+    step, fast = run_kvsim(case, "step"), run_kvsim(case, "fast")
+    assert step.requests == fast.requests
+    finish = sorted(r["finish_step"] for r in step.requests.values())
+    first = sorted(r["first_scheduled_step"] for r in step.requests.values())
+    # at most 3 in flight: the (k+3)-th request is first scheduled after the k-th finish
+    assert all(first[k + 3] > finish[k] for k in range(len(first) - 3))
+    with pytest.raises(ValueError, match="one sample"):
+        Case("x", "", (Req((1, 2), 2, n=2),), num_blocks=4, max_concurrency=1)

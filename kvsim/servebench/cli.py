@@ -3,9 +3,12 @@
     kvsim servebench result.json --model Llama-3.1-8B --gpu H100-SXM-80GB [--tensor 2] [--engine-profile vllm-v1]
     kvsim servebench result.json --scenario my_deployment.yaml [--set scheduler.max_num_seqs=512]
 
-Writes ``--out`` (default ``results/servebench/<result name>``; kvsim's output rules, docs/outputs.md):
-``scenario.yaml`` and ``trace.csv`` (rerun with ``kvsim run DIR/scenario.yaml`` for the full output),
-``comparison.csv`` and kvsim's ``summary.json``.
+    kvsim servebench rate_*.json sweep.jsonl --scenario my_deployment.yaml   # every result of a rate sweep
+
+Writes ``--out`` (default ``results/servebench/<first result's name>``; kvsim's output rules,
+docs/outputs.md): ``scenario.yaml`` and ``trace.csv`` (rerun with ``kvsim run DIR/scenario.yaml`` for
+the full output), ``comparison.csv`` and kvsim's ``summary.json``; with several results, those in
+``DIR/<result name>/`` each and one ``DIR/comparison.csv`` with a ``result`` column.
 """
 
 from __future__ import annotations
@@ -29,13 +32,15 @@ model, GPU, parallelism, engine profile and settings; its trace and client are r
 def register(subparsers) -> None:
     p = subparsers.add_parser("servebench", help="kvsim beside a serving-benchmark result of yours (vllm bench serve)",
                               description=DESCRIPTION)
-    p.add_argument("result", type=Path, help="the result JSON (one object, or one per line: --append-result)")
+    p.add_argument("result", type=Path, nargs="+",
+                   help="result JSON files (one object each, or one per line: --append-result); several: one "
+                        "run each, DIR/<name>/ and a combined DIR/comparison.csv")
     p.add_argument("--scenario", type=Path, help="a scenario YAML naming the deployment")
     p.add_argument("--model", help="a model preset or a config.json (kvsim models lists the presets)")
     p.add_argument("--gpu", help="a GPU preset")
     p.add_argument("--tensor", type=int, help="tensor-parallel GPUs (parallel.tensor)")
     p.add_argument("--engine-profile", help="the engine profile (default: the scenario's, else vllm-v1)")
-    p.add_argument("--index", type=int, help="which result of a file with several (0-based)")
+    p.add_argument("--index", type=int, help="only this result of each file (0-based; default: every one)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key")
     p.add_argument("--out", type=Path, help="output directory (default results/servebench/<result name>)")
     p.add_argument("--force", action="store_true", help="replace another kvsim command's output directory")
@@ -91,9 +96,9 @@ def table_text(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _csv_text(rows: list[dict]) -> str:
+def _csv_text(rows: list[dict], first: list[str] = ()) -> str:
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=["metric", "published", "kvsim", "error", "target", "within"],
+    w = csv.DictWriter(buf, fieldnames=[*first, "metric", "published", "kvsim", "error", "target", "within"],
                        lineterminator="\n")
     w.writeheader()
     for r in rows:
@@ -101,35 +106,75 @@ def _csv_text(rows: list[dict]) -> str:
     return buf.getvalue()
 
 
-def run(args) -> int:
-    from kvsim.config.load import apply_sets, expand_model, validate_scenario
+def _items(args) -> list[tuple[str, object]]:
+    """``(label, result)`` for every result named: each file's results in file order (a file holding
+    several: ``<stem>-<index>``), labels made unique."""
     from kvsim.errors import ConfigError
-    from kvsim.outdir import atomic_out_dir
-    from kvsim.servebench import build, result as result_mod
+    from kvsim.servebench import result as result_mod
+
+    items, seen = [], {}
+    for path in args.result:
+        if not path.is_file():
+            raise ConfigError(f"{path}: no such file")
+        found = result_mod.load_all(path, args.index)
+        for res in found:
+            label = path.stem if len(found) == 1 else f"{path.stem}-{res.index}"
+            seen[label] = seen.get(label, 0) + 1
+            items.append((label if seen[label] == 1 else f"{label}-{seen[label]}", res))
+    return items
+
+
+def _prepared(res, base: dict, base_dir: Path, args, where: str):
+    """The scenario mapping (``--set`` applied, model expanded) and the validated scenario of one result."""
+    from kvsim.config.load import apply_sets, expand_model, validate_scenario
+    from kvsim.servebench import build
+
+    raw = build.scenario_dict(res, base, base_dir, seed=int(base.get("seed", 0) or 0))
+    raw = expand_model(apply_sets(raw, args.set), base_dir, where)
+    return raw, validate_scenario(raw, where, sets=tuple(args.set))
+
+
+def _run_one(tmp: Path, res, raw: dict, scn, where: str) -> list[dict]:
+    """Write one result's trace and scenario into ``tmp``, run it, write its comparison and summary."""
+    from kvsim.servebench import build
     from kvsim.servebench.metrics import predicted
     from kvsim.simulate import run as simulate
 
-    if not args.result.is_file():
-        raise ConfigError(f"{args.result}: no such file")
-    res = result_mod.load(args.result, args.index)
-    base, base_dir = _base(args)
-    raw = build.scenario_dict(res, base, base_dir, seed=int(base.get("seed", 0) or 0))
-    raw = expand_model(apply_sets(raw, args.set), base_dir, str(args.scenario or args.result))
-    out = args.out or Path("results") / "servebench" / args.result.stem
-    where = str(args.scenario) if args.scenario else f"servebench scenario for {args.result}"
-    scn = validate_scenario(raw, where, sets=tuple(args.set))
+    tmp.mkdir(parents=True, exist_ok=True)
     _, how = build.arrivals(res, scn.seed)
-    protect = [args.result] + ([args.scenario] if args.scenario else [])
-    with atomic_out_dir(out, "servebench", force=args.force, protect=protect) as tmp:
-        (tmp / "trace.csv").write_text(build.trace_text(res, scn.seed))
-        (tmp / "scenario.yaml").write_text(build.scenario_text(res, raw, how))
-        ran = simulate(scn, tmp, where=where)
-        rows = comparison_rows(res.published, {k: predicted(ran.summary["serving"], k) for k in res.published})
-        (tmp / "comparison.csv").write_text(_csv_text(rows))
-        (tmp / "summary.json").write_text(json.dumps(ran.summary, indent=1, sort_keys=True, default=str) + "\n")
-    print(f"{args.result}: {res.num_requests} requests ({'per-request lengths' if res.per_request else 'mean lengths'}); "
+    (tmp / "trace.csv").write_text(build.trace_text(res, scn.seed))
+    (tmp / "scenario.yaml").write_text(build.scenario_text(res, raw, how))
+    ran = simulate(scn, tmp, where=where)
+    rows = comparison_rows(res.published, {k: predicted(ran.summary["serving"], k) for k in res.published})
+    (tmp / "comparison.csv").write_text(_csv_text(rows))
+    (tmp / "summary.json").write_text(json.dumps(ran.summary, indent=1, sort_keys=True, default=str) + "\n")
+    print(f"{res.path}" + (f" (result {res.index})" if res.index else "")
+          + f": {res.num_requests} requests ({'per-request lengths' if res.per_request else 'mean lengths'}); "
           f"arrivals: {how}" + (f"; client max_concurrency {res.max_concurrency}" if res.max_concurrency else ""))
     print(f"kvsim: {scn.model.name} on {scn.parallel.tensor}x {scn.gpu.name}, engine profile {scn.engine_profile}")
     print(table_text(rows))
-    print(f"wrote {out}/ (scenario.yaml, trace.csv, comparison.csv, summary.json)")
+    return rows
+
+
+def run(args) -> int:
+    from kvsim.outdir import atomic_out_dir
+
+    items = _items(args)
+    base, base_dir = _base(args)
+    where = str(args.scenario) if args.scenario else "servebench scenario"
+    ready = [(label, res, *_prepared(res, base, base_dir, args, f"{where} for {res.path}")) for label, res in items]
+    out = args.out or Path("results") / "servebench" / items[0][0]
+    protect = [*args.result] + ([args.scenario] if args.scenario else [])
+    combined = []
+    with atomic_out_dir(out, "servebench", force=args.force, protect=protect) as tmp:
+        for label, res, raw, scn in ready:
+            d = tmp if len(ready) == 1 else tmp / label
+            rows = _run_one(d, res, raw, scn, where)
+            combined += [{"result": label, **r} for r in rows]
+        if len(ready) > 1:
+            (tmp / "comparison.csv").write_text(_csv_text(combined, ["result"]))
+    flags = [r["within"] for r in combined if r["within"]]
+    print(f"within target: {flags.count('yes')} of {len(flags)} printed means and medians with a target")
+    print(f"wrote {out}/" + (" (scenario.yaml, trace.csv, comparison.csv, summary.json)" if len(ready) == 1
+                             else f" ({len(ready)} result directories and comparison.csv)"))
     return 0

@@ -117,7 +117,16 @@ def load(path: Path, index: int | None = None) -> BenchResult:
     docs = _documents(path)
     if index is None and len(docs) > 1:
         raise ConfigError(f"{path}: holds {len(docs)} results (--append-result); choose one with --index 0..{len(docs) - 1}")
-    index = 0 if index is None else index
+    return _result(path, docs, 0 if index is None else index)
+
+
+def load_all(path: Path, index: int | None = None) -> list[BenchResult]:
+    """Every result of ``path`` in file order (``index``: that one only)."""
+    docs = _documents(path)
+    return [_result(path, docs, i) for i in (range(len(docs)) if index is None else [index])]
+
+
+def _result(path: Path, docs: list[dict], index: int) -> BenchResult:
     if not 0 <= index < len(docs):
         raise ConfigError(f"{path}: --index {index}: the file holds {len(docs)} result(s) (0..{len(docs) - 1})")
     doc, where = docs[index], str(path) if len(docs) == 1 else f"{path}: result {index}"

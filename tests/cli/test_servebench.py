@@ -129,6 +129,30 @@ def test_without_per_request_lengths_the_means_are_used(tmp_path):
     assert not res.per_request and res.input_lens == [100] * 10 and res.output_lens == [20] * 10
 
 
+def test_several_results_run_one_by_one_into_one_table(tmp_path):
+    one = {"request_rate": 20.0, "request_throughput": 1.0, "median_ttft_ms": 30.0, "input_lens": [50] * 6,
+           "output_lens": [8] * 6}
+    (tmp_path / "sweep.jsonl").write_text(json.dumps(one) + "\n" + json.dumps({**one, "request_rate": 40.0}) + "\n")
+    (tmp_path / "c1.json").write_text(json.dumps({**one, "max_concurrency": 2}))
+    out = tmp_path / "o"
+    r = kvsim("servebench", str(tmp_path / "sweep.jsonl"), str(tmp_path / "c1.json"), "--model", "Llama-3-8B",
+              "--gpu", "A100-80GB", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    table = pd.read_csv(out / "comparison.csv")
+    assert table["result"].drop_duplicates().tolist() == ["sweep-0", "sweep-1", "c1"]
+    for d in ("sweep-0", "sweep-1", "c1"):
+        assert (out / d / "scenario.yaml").is_file() and (out / d / "summary.json").is_file()
+    assert "max_concurrency: 2" in (out / "c1" / "scenario.yaml").read_text()
+    # the two rates ran as two runs: their kvsim throughputs differ
+    thr = table[table["metric"] == "request_throughput"].set_index("result")["kvsim"]
+    assert thr["sweep-0"] != thr["sweep-1"]
+    assert "within target:" in r.stdout
+    only = kvsim("servebench", str(tmp_path / "sweep.jsonl"), "--index", "1", "--model", "Llama-3-8B",
+                 "--gpu", "A100-80GB", "--out", str(tmp_path / "o1"))
+    assert only.returncode == 0 and "request_rate" not in only.stderr
+    assert "20 req/s" not in (tmp_path / "o1" / "scenario.yaml").read_text()
+
+
 def test_appended_results_need_an_index(tmp_path):
     p = tmp_path / "two.json"
     one = {"request_rate": "inf", "request_throughput": 1.0, "input_lens": [5], "output_lens": [3]}

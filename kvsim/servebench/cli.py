@@ -137,7 +137,7 @@ def _prepared(res, base: dict, base_dir: Path, args, where: str):
 def _run_one(tmp: Path, res, raw: dict, scn, where: str) -> list[dict]:
     """Write one result's trace and scenario into ``tmp``, run it, write its comparison and summary."""
     from kvsim.servebench import build
-    from kvsim.servebench.metrics import predicted
+    from kvsim.servebench.metrics import predicted, table_metrics
     from kvsim.simulate import run as simulate
 
     tmp.mkdir(parents=True, exist_ok=True)
@@ -145,7 +145,10 @@ def _run_one(tmp: Path, res, raw: dict, scn, where: str) -> list[dict]:
     (tmp / "trace.csv").write_text(build.trace_text(res, scn.seed))
     (tmp / "scenario.yaml").write_text(build.scenario_text(res, raw, how))
     ran = simulate(scn, tmp, where=where)
-    rows = comparison_rows(res.published, {k: predicted(ran.summary["serving"], k) for k in res.published})
+    # the run's serving section; where the client counted TTFT 0 for requests that streamed no text,
+    # the same section with those TTFTs at 0 (kvsim.servebench.metrics.table_metrics)
+    serving = ran.summary["serving"] if not res.zero_ttft else table_metrics(ran.requests, res.zero_ttft)
+    rows = comparison_rows(res.published, {k: predicted(serving, k) for k in res.published})
     (tmp / "comparison.csv").write_text(_csv_text(rows))
     (tmp / "summary.json").write_text(json.dumps(ran.summary, indent=1, sort_keys=True, default=str) + "\n")
     print(f"{res.path}" + (f" (result {res.index})" if res.index else "")

@@ -47,6 +47,8 @@ class BenchResult:
     per_request: bool  # False: the file had no per-request lengths; every request has the mean lengths
     start_times: list[float] | None  # the client's send time of each request (vLLM 0.32 --save-detailed)
     published: dict[str, float]  # PREDICTED keys the file prints
+    # requests whose printed TTFT is 0: no text was streamed, and the client counted TTFT 0 (``ttfts``)
+    zero_ttft: frozenset[int] = frozenset()
 
     @property
     def num_requests(self) -> int:
@@ -142,9 +144,13 @@ def _result(path: Path, docs: list[dict], index: int) -> BenchResult:
     if starts is not None and (not isinstance(starts, list) or len(starts) != len(inp)
                                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in starts)):
         raise ConfigError(f"{where}: start_times: expected one number per request ({len(inp)})")
+    ttfts = doc.get("ttfts")
+    zero = frozenset()
+    if isinstance(ttfts, list) and len(ttfts) == len(inp):
+        zero = frozenset(i for i, t in enumerate(ttfts) if isinstance(t, (int, float)) and t == 0)
     published = {k: v for k in PREDICTED if (v := _number(doc, _key(doc, k), where)) is not None}
     if not published:
         raise ConfigError(f"{where}: no printed metric to compare with (expected one of {', '.join(PREDICTED)})")
     return BenchResult(path=path, index=index, model_id=str(doc.get("model_id") or ""), request_rate=rate,
                        burstiness=burst, max_concurrency=conc, input_lens=inp, output_lens=out,
-                       per_request=per_request, start_times=starts, published=published)
+                       per_request=per_request, start_times=starts, published=published, zero_ttft=zero)

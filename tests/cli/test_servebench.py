@@ -200,3 +200,37 @@ def test_sglang_names_and_an_infinite_rate(tmp_path):
     res = result.load(p)
     assert res.request_rate == float("inf") and res.max_concurrency == 4
     assert res.published == {"request_throughput": 1.0, "median_e2el_ms": 900.0, "p90_ttft_ms": 80.0}
+
+
+def test_a_request_that_streamed_nothing_counts_ttft_zero(tmp_path):
+    doc = {"request_rate": "inf", "mean_ttft_ms": 50.0, "median_ttft_ms": 60.0, "input_lens": [40, 60, 80, 100],
+           "output_lens": [10, 0, 12, 9], "ttfts": [0.06, 0.0, 0.06, 0.061]}
+    (tmp_path / "z.json").write_text(json.dumps(doc))
+    assert result.load(tmp_path / "z.json").zero_ttft == frozenset({1})
+    out = tmp_path / "o"
+    r = kvsim("servebench", str(tmp_path / "z.json"), "--model", "Llama-3-8B", "--gpu", "A100-80GB", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = {row["metric"]: float(row["kvsim"]) for row in csv.DictReader(open(out / "comparison.csv"))}
+    ttft = json.loads((out / "summary.json").read_text())["serving"]["ttft_ms"]
+    reqs = pd.read_csv(out / "trace.csv")
+    assert len(reqs) == 4 and rows["mean_ttft_ms"] < ttft["mean"]  # one of four counted as 0
+    # the others' TTFTs are kvsim's own: the mean is theirs over four
+    run = kvsim("run", str(out / "scenario.yaml"), "--out", str(tmp_path / "full"), "--no-plots")
+    assert run.returncode == 0
+    t = pd.read_parquet(tmp_path / "full" / "requests.parquet").sort_values("request_id")["ttft_s"].to_numpy() * 1e3
+    assert rows["mean_ttft_ms"] == pytest.approx((t[0] + t[2] + t[3]) / 4, rel=1e-9)
+
+
+def test_the_fourth_collection_files_are_whole_and_name_their_source_and_deployment():
+    files = sorted((ROOT / "scenarios/validation/lambda_prompt10").glob("*.json"))
+    assert len(files) == 6
+    for f in files:
+        d = json.loads(f.read_text())
+        assert d["kvsim_source"].startswith("https://github.com/LambdaLabsML/vllm-benchmark/blob/a4f9f437")
+        assert "/results/prompt_10/" in d["kvsim_source"] and d["num_prompts"] == 10 == len(d["input_lens"])
+        # the copied per-request lengths add up to the printed totals
+        assert sum(d["input_lens"]) == d["total_input_tokens"] and sum(d["output_lens"]) == d["total_output_tokens"]
+        assert (ROOT / "scenarios/validation" / f"{d['kvsim_deployment']}.yaml").is_file()
+        res = result.load(f)
+        assert res.per_request and res.zero_ttft == frozenset(i for i, t in enumerate(d["ttfts"]) if t == 0)
+        assert {"request_throughput", "median_ttft_ms", "median_tpot_ms", "median_e2el_ms"} <= set(res.published)

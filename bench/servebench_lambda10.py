@@ -1,4 +1,4 @@
-"""The fourth collection: the first collection's six H100 Lambda deployments at 10 prompts, through
+"""The fourth collection: the first collection's ten Lambda deployments at 10 prompts, through
 ``kvsim servebench`` (docs/validation.md, "The fourth collection").
 
     .venv/bin/python bench/servebench_lambda10.py [--out DIR]   # default results/servebench-lambda10

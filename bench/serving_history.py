@@ -23,12 +23,12 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvsim.servebench.build import KEY_BLOCK, prompt_keys  # noqa: F401  (the one definition of a prompt's keys)
+
 HISTORY = "server_runs.csv"  # beside the corpus
 HISTORY_TRACE_HEADER = "arrival_s,prompt_tokens,output_tokens,prefix_keys,prefix_block_tokens"
-KEY_BLOCK = 16  # block size of the prefix keys: the scenarios' (and vLLM's default) block size
 HIT_WINDOW = 1000  # vLLM V1 PrefixCachingMetrics(max_recent_requests=1000)
 UNKNOWN = "unknown"  # a run whose server is not known: no history
-KEY_STRIDE = 1 << 16  # keys per request index (a prompt has fewer full blocks than this)
 FIELDS = ("server", "log_time", "num_prompts", "input_len", "output_len", "duration_s", "hit_rate_pct",
           "case_id", "source_where", "source_url")
 
@@ -101,16 +101,6 @@ def load_history(path: Path) -> dict[str, tuple[Run, ...]]:
             if r.case_id:
                 out[r.case_id] = (r,) if server == UNKNOWN else tuple(these[: k + 1])
     return out
-
-
-def prompt_keys(index: int, tokens: int) -> list[int]:
-    """Prefix keys of request ``index``'s prompt of ``tokens`` tokens: full block ``b`` gets the same
-    key in every run (its content depends only on the index); a partial last block gets a key of its
-    index and length (the same content only for the same prompt). The corpus's lengths are whole blocks."""
-    keys = [index * KEY_STRIDE + b + 1 for b in range(tokens // KEY_BLOCK)]
-    if tokens % KEY_BLOCK:
-        keys.append(-1 - (index * KEY_STRIDE + tokens))
-    return keys
 
 
 def _gaps(run: Run) -> tuple[int, int]:

@@ -26,6 +26,22 @@ import yaml
 from kvsim.servebench.result import BenchResult
 
 TRACE_HEADER = "arrival_s,prompt_tokens,output_tokens"
+KEYED_HEADER = TRACE_HEADER + ",prefix_keys,prefix_block_tokens"
+KEY_BLOCK = 16  # block size of the prefix keys: the scenarios' (and vLLM's default) block size
+KEY_STRIDE = 1 << 16  # keys per request index (a prompt has fewer full blocks than this)
+# where the benchmark starts after the client's test prompt (sent at 0): far past its finish (checked)
+TEST_PROMPT_GAP_S = 3600.0
+
+
+def prompt_keys(index: int, tokens: int) -> list[int]:
+    """Prefix keys of request ``index``'s prompt of ``tokens`` tokens: full block ``b`` gets the same
+    key whenever the same request index is sent (its content depends only on the index); a partial
+    last block gets a key of its index and length (the same content only for the same prompt). So the
+    client's test prompt (request 0's, sent again first) shares request 0's blocks and no other's."""
+    keys = [index * KEY_STRIDE + b + 1 for b in range(tokens // KEY_BLOCK)]
+    if tokens % KEY_BLOCK:
+        keys.append(-1 - (index * KEY_STRIDE + tokens))
+    return keys
 
 
 def arrivals(result: BenchResult, seed: int) -> tuple[np.ndarray, str]:
@@ -44,10 +60,23 @@ def arrivals(result: BenchResult, seed: int) -> tuple[np.ndarray, str]:
                f"(kvsim's draw, seed {seed}; the last at num_prompts / rate, as vLLM 0.32 scales them)")
 
 
-def trace_text(result: BenchResult, seed: int) -> str:
+def trace_text(result: BenchResult, seed: int, test_prompt: bool = True) -> str:
+    """The trace. ``test_prompt``: first the client's test request (request 0's prompt and output,
+    at 0: ``vllm bench serve`` sends one before the benchmark, SGLang's ``bench_serving.py`` a warm-up
+    request of the same), then the benchmark from :data:`TEST_PROMPT_GAP_S`; every prompt with its
+    index's prefix keys, so that a prefix cache keeps the test prompt for request 0 and nothing else
+    is shared (the prompts of a benchmark dataset share no text kvsim knows of)."""
     t, _ = arrivals(result, seed)
-    rows = [TRACE_HEADER] + [f"{a!r},{i},{max(o, 1)}" for a, i, o in
-                             zip(t.tolist(), result.input_lens, result.output_lens)]
+    outs = [max(o, 1) for o in result.output_lens]
+    if not test_prompt:
+        rows = [TRACE_HEADER] + [f"{a!r},{i},{o}" for a, i, o in zip(t.tolist(), result.input_lens, outs)]
+        return "\n".join(rows) + "\n"
+
+    def row(a: float, k: int) -> str:
+        keys = " ".join(str(x) for x in prompt_keys(k, result.input_lens[k]))
+        return f"{a!r},{result.input_lens[k]},{outs[k]},{keys},{KEY_BLOCK}"
+
+    rows = [KEYED_HEADER, row(0.0, 0)] + [row(TEST_PROMPT_GAP_S + a, k) for k, a in enumerate(t.tolist())]
     return "\n".join(rows) + "\n"
 
 
@@ -70,9 +99,11 @@ def scenario_dict(result: BenchResult, base: dict, base_dir: Path, seed: int) ->
     return d
 
 
-def scenario_text(result: BenchResult, d: dict, how: str) -> str:
+def scenario_text(result: BenchResult, d: dict, how: str, test_prompt: bool = True) -> str:
     head = [f"# kvsim servebench: {result.path.name}" + (f" (result {result.index})" if result.index else ""),
             f"# model_id {result.model_id or '(not printed)'}; {result.num_requests} requests; arrivals: {how}",
+            (f"# trace request 0 is the client's test prompt (request 0's, at 0); the benchmark's requests are "
+             f"1.. from t = {TEST_PROMPT_GAP_S:g} s" if test_prompt else "# no test prompt (--no-test-prompt)"),
             "# lengths: " + ("per request, as printed (input_lens, output_lens)" if result.per_request else
                              "the printed totals' means (the file has no input_lens / output_lens: "
                              "vllm bench serve --save-detailed keeps them)")]

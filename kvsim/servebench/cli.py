@@ -43,6 +43,9 @@ def register(subparsers) -> None:
     p.add_argument("--index", type=int, help="only this result of each file (0-based; default: every one)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a scenario key")
     p.add_argument("--out", type=Path, help="output directory (default results/servebench/<result name>)")
+    p.add_argument("--no-test-prompt", action="store_true",
+                   help="no test request before the benchmark (vllm bench serve and SGLang's bench_serving send "
+                        "request 0's prompt once first; with prefix caching it stays cached for request 0)")
     p.add_argument("--force", action="store_true", help="replace another kvsim command's output directory")
     p.set_defaults(func=run)
 
@@ -134,20 +137,29 @@ def _prepared(res, base: dict, base_dir: Path, args, where: str):
     return raw, validate_scenario(raw, where, sets=tuple(args.set))
 
 
-def _run_one(tmp: Path, res, raw: dict, scn, where: str) -> list[dict]:
+def _run_one(tmp: Path, res, raw: dict, scn, where: str, test_prompt: bool) -> list[dict]:
     """Write one result's trace and scenario into ``tmp``, run it, write its comparison and summary."""
+    from kvsim.errors import ConfigError
     from kvsim.servebench import build
     from kvsim.servebench.metrics import predicted, table_metrics
     from kvsim.simulate import run as simulate
 
     tmp.mkdir(parents=True, exist_ok=True)
     _, how = build.arrivals(res, scn.seed)
-    (tmp / "trace.csv").write_text(build.trace_text(res, scn.seed))
-    (tmp / "scenario.yaml").write_text(build.scenario_text(res, raw, how))
+    (tmp / "trace.csv").write_text(build.trace_text(res, scn.seed, test_prompt))
+    (tmp / "scenario.yaml").write_text(build.scenario_text(res, raw, how, test_prompt))
     ran = simulate(scn, tmp, where=where)
-    # the run's serving section; where the client counted TTFT 0 for requests that streamed no text,
-    # the same section with those TTFTs at 0 (kvsim.servebench.metrics.table_metrics)
-    serving = ran.summary["serving"] if not res.zero_ttft else table_metrics(ran.requests, res.zero_ttft)
+    reqs, shift = ran.requests, 0
+    if test_prompt:  # the benchmark's own requests: trace requests 1.. (request 0 is the test prompt)
+        test = reqs[reqs["request_id"] == 0]
+        if not (test["finish_s"] < build.TEST_PROMPT_GAP_S).all():
+            raise ConfigError(f"{res.path}: the test prompt did not finish within {build.TEST_PROMPT_GAP_S:g} s "
+                              "of simulated time; rerun with --no-test-prompt")
+        reqs, shift = reqs[reqs["request_id"] >= 1], 1
+    # the benchmark's requests' serving section (the run's, kvsim.metrics.summarize.serving_metrics),
+    # with the TTFT of a request that streamed no text at 0, as the client counted it
+    serving = (ran.summary["serving"] if not test_prompt and not res.zero_ttft else
+               table_metrics(reqs, frozenset(i + shift for i in res.zero_ttft)))
     rows = comparison_rows(res.published, {k: predicted(serving, k) for k in res.published})
     (tmp / "comparison.csv").write_text(_csv_text(rows))
     (tmp / "summary.json").write_text(json.dumps(ran.summary, indent=1, sort_keys=True, default=str) + "\n")
@@ -172,7 +184,7 @@ def run(args) -> int:
     with atomic_out_dir(out, "servebench", force=args.force, protect=protect) as tmp:
         for label, res, raw, scn in ready:
             d = tmp if len(ready) == 1 else tmp / label
-            rows = _run_one(d, res, raw, scn, where)
+            rows = _run_one(d, res, raw, scn, where, not args.no_test_prompt)
             combined += [{"result": label, **r} for r in rows]
         if len(ready) > 1:
             (tmp / "comparison.csv").write_text(_csv_text(combined, ["result"]))

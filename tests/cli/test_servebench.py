@@ -72,6 +72,29 @@ def test_same_prediction_as_the_validation_case(tmp_path):
     assert again.returncode == 0, again.stderr
 
 
+def test_closed_loop_and_test_prompt_give_the_validation_prediction(tmp_path):
+    """A tenstorrent case (one client, 8 prompts of 128/128, V1 with prefix caching) as its result file
+    would hold it: servebench's client and test prompt give what the validation's generated history
+    trace gives (bench/validate_serving.py)."""
+    sys.path.insert(0, str(ROOT))
+    from bench import validate_serving as vs
+
+    case = "qwen72b-h100x2-i128-o128"
+    row = next(x for x in vs.load_corpus() if x["case_id"] == case)
+    doc = {"request_rate": "inf", "max_concurrency": 1, "num_prompts": 8, "mean_ttft_ms": float(row["ttft_ms"]),
+           "mean_tpot_ms": float(row["tpot_ms"]), "request_throughput": float(row["request_throughput"]),
+           "input_lens": [128] * 8, "output_lens": [128] * 8}
+    (tmp_path / "t.json").write_text(json.dumps(doc))
+    out = tmp_path / "o"
+    r = kvsim("servebench", str(tmp_path / "t.json"), "--scenario", f"scenarios/validation/{case}.yaml", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    got = {row["metric"]: float(row["kvsim"]) for row in csv.DictReader(open(out / "comparison.csv"))}
+    ref = vs.run_case(row, [])
+    assert got["request_throughput"] == pytest.approx(ref["request_throughput"], rel=1e-9)
+    assert got["mean_ttft_ms"] == pytest.approx(ref["ttft_ms"], rel=1e-9)
+    assert got["mean_tpot_ms"] == pytest.approx(ref["tpot_ms"], rel=1e-9)
+
+
 def _closed(path: Path, **extra) -> None:
     rng = np.random.default_rng(1)
     n = 24

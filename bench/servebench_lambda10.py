@@ -5,9 +5,10 @@
 
 Each result file in ``scenarios/validation/lambda_prompt10/`` (a ``benchmark_serving.py --save-result``
 file of vLLM 0.5.4, its keys as printed, per-request texts and ITLs left out) runs on the scenario of
-its first-collection deployment (the file's ``kvsim_deployment``: ``scenarios/validation/<case>.yaml``,
-the same engine settings and the fitted ``vllm-v0.6`` profile); all are held out (nothing is fitted on
-them). Prints a markdown table of request throughput and the median TTFT and TPOT, printed beside
+its deployment (the file's ``kvsim_deployment``: a first-collection case, ``scenarios/validation/<case>.yaml``,
+or ``lambda_prompt10/deployments/<name>.yaml`` for the three one-H100 models the first collection does
+not have; the same engine settings and the fitted ``vllm-v0.6`` profile); all are held out (nothing is
+fitted on them). Prints a markdown table of request throughput and the median TTFT and TPOT, printed beside
 kvsim's, and the count within the targets.
 """
 
@@ -25,6 +26,12 @@ DATA = ROOT / "scenarios" / "validation" / "lambda_prompt10"
 METRICS = ("request_throughput", "median_ttft_ms", "median_tpot_ms")
 
 
+def deployment(name: str) -> Path:
+    """A result file's deployment scenario: a first-collection case (``scenarios/validation/<case>.yaml``)
+    or, for a deployment the first collection does not have, a file under ``lambda_prompt10/deployments/``."""
+    return DATA / name if name.endswith(".yaml") else ROOT / "scenarios" / "validation" / f"{name}.yaml"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "servebench-lambda10")
@@ -36,7 +43,7 @@ def main(argv=None) -> int:
         case = json.loads(path.read_text())["kvsim_deployment"]
         out = args.out / path.stem
         r = subprocess.run([sys.executable, "-m", "kvsim", "servebench", str(path), "--scenario",
-                            str(ROOT / "scenarios" / "validation" / f"{case}.yaml"), "--out", str(out)],
+                            str(deployment(case)), "--out", str(out)],
                            capture_output=True, text=True, cwd=ROOT)
         if r.returncode != 0:
             print(r.stderr, file=sys.stderr)

@@ -273,7 +273,7 @@ def test_a_request_that_streamed_nothing_counts_ttft_zero(tmp_path):
 
 def test_the_fourth_collection_files_are_whole_and_name_their_source_and_deployment():
     files = sorted((ROOT / "scenarios/validation/lambda_prompt10").glob("*.json"))
-    assert len(files) == 10
+    assert len(files) == 13
     for f in files:
         d = json.loads(f.read_text())
         commit = "a4f9f437" if "H100" in d["kvsim_source"] else "a9b42a5f"  # the first collection's commits
@@ -281,7 +281,8 @@ def test_the_fourth_collection_files_are_whole_and_name_their_source_and_deploym
         assert "/results/prompt_10/" in d["kvsim_source"] and d["num_prompts"] == 10 == len(d["input_lens"])
         # the copied per-request lengths add up to the printed totals
         assert sum(d["input_lens"]) == d["total_input_tokens"] and sum(d["output_lens"]) == d["total_output_tokens"]
-        assert (ROOT / "scenarios/validation" / f"{d['kvsim_deployment']}.yaml").is_file()
+        dep = d["kvsim_deployment"]
+        assert (ROOT / "scenarios/validation" / ("lambda_prompt10/" + dep if dep.endswith(".yaml") else dep + ".yaml")).is_file()
         res = result.load(f)
         assert res.per_request and res.zero_ttft == frozenset(i for i, t in enumerate(d["ttfts"]) if t == 0)
         assert {"request_throughput", "median_ttft_ms", "median_tpot_ms", "median_e2el_ms"} <= set(res.published)

@@ -156,10 +156,13 @@ def _run_one(tmp: Path, res, raw: dict, scn, where: str, test_prompt: bool) -> l
             raise ConfigError(f"{res.path}: the test prompt did not finish within {build.TEST_PROMPT_GAP_S:g} s "
                               "of simulated time; rerun with --no-test-prompt")
         reqs, shift = reqs[reqs["request_id"] >= 1], 1
-    # the benchmark's requests' serving section (the run's, kvsim.metrics.summarize.serving_metrics),
-    # with the TTFT of a request that streamed no text at 0, as the client counted it
-    serving = (ran.summary["serving"] if not test_prompt and not res.zero_ttft else
-               table_metrics(reqs, frozenset(i + shift for i in res.zero_ttft)))
+    # the serving section (kvsim.metrics.summarize.serving_metrics) of the benchmark's own requests,
+    # with the TTFT of a request that streamed no text at 0, as the client counted it; the ITL
+    # distribution over decode steps is the run's (a request table has no step times; the test
+    # prompt's few steps are in it), its mean over every gap the benchmark requests' own
+    serving = table_metrics(reqs, frozenset(i + shift for i in res.zero_ttft))
+    serving["itl_ms"] = {**ran.summary["serving"]["itl_ms"],
+                         "mean_with_stalls": serving["itl_ms"]["mean_with_stalls"]}
     rows = comparison_rows(res.published, {k: predicted(serving, k) for k in res.published})
     (tmp / "comparison.csv").write_text(_csv_text(rows))
     (tmp / "summary.json").write_text(json.dumps(ran.summary, indent=1, sort_keys=True, default=str) + "\n")

@@ -151,6 +151,8 @@ def test_the_test_prompt_goes_first_and_is_cached_for_request_0(tmp_path):
     bench = q[q["request_id"] >= 1]
     span = bench["finish_s"].max() - bench["arrival_s"].min()
     assert rows["request_throughput"] == pytest.approx(24 / span, rel=1e-9)
+    # the step-level ITL distribution is the run's (a request table has no step times): printed, not NaN
+    assert rows["median_itl_ms"] == json.loads((out / "summary.json").read_text())["serving"]["itl_ms"]["median"]
     off = kvsim("servebench", str(tmp_path / "c.json"), "--model", "Llama-3-8B", "--gpu", "A100-80GB",
                 "--no-test-prompt", "--out", str(tmp_path / "off"))
     assert off.returncode == 0 and len(pd.read_csv(tmp_path / "off" / "trace.csv")) == 24

@@ -101,6 +101,8 @@ def scenario_text(row: dict) -> str:
         sched.append(f"chunked_prefill: {_engine(row, 'chunked_prefill')}")
     if _engine(row, "max_num_batched_tokens"):
         sched.append(f"max_num_batched_tokens: {_engine(row, 'max_num_batched_tokens')}")
+    if _engine(row, "num_scheduler_steps"):  # vLLM 0.6's --num-scheduler-steps (kvsim.sched.rounds)
+        sched.append(f"num_scheduler_steps: {_engine(row, 'num_scheduler_steps')}")
     mml = _engine(row, "max_model_len")
     model = f"{{preset: {row['kvsim_model']}, max_model_len_tokens: {mml}}}" if mml else row["kvsim_model"]
     util, kv = _engine(row, "gpu_memory_utilization"), _engine(row, "kv_cache_gib")

@@ -31,6 +31,8 @@ the source names them; an empty cell keeps the script's defaults (chunked prefil
 ``kv_cache_gib`` (instead of ``gpu_memory_utilization``) is the KV memory per GPU the engine printed,
 written as ``kv_budget.bytes``. ``total_input_tokens`` / ``total_generated_tokens`` are the printed
 totals; a random row whose totals are more than 5 % off num_prompts x its lengths is refused.
+``num_scheduler_steps`` is vLLM 0.6's ``--num-scheduler-steps`` where the run used it (the Lambda files
+show it in their streamed chunks: docs/validation.md), written as ``scheduler.num_scheduler_steps``.
 
 A case with ``max_concurrency`` is a closed loop (the client keeps that many requests in flight):
 the scenario's ``client: {max_concurrency: N}`` (kvsim/client.py) sends each request when a slot
@@ -165,7 +167,7 @@ def _profile_names() -> tuple[str, ...]:
 
     return PROFILE_NAMES
 ENGINE_INTS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "total_input_tokens",
-               "total_generated_tokens")
+               "total_generated_tokens", "num_scheduler_steps")
 TOTALS_BOUND = 0.05  # printed totals vs num_prompts x lengths (the inclusion rule in docs/validation.md)
 
 
@@ -229,12 +231,12 @@ def zero_output_requests(row: dict) -> frozenset[int]:
     return frozenset(k for k, (_, osl) in enumerate(row.get("_lengths", ())) if osl == 0)
 
 
-def measure(requests, which: str, zero_ttft: frozenset[int] = frozenset()) -> dict:
+def measure(requests, which: str, zero_ttft: frozenset[int] = frozenset(), chunk_tokens: int = 1) -> dict:
     """vLLM's benchmark metrics of one run's request table (times in ms, throughput in req/s), timed
     from each request's send, with the statistic ``which`` the source printed (mean or median): the
     run's ``serving`` summary section over these rows (kvsim.servebench.metrics.table_metrics).
     ``zero_ttft``: request ids whose TTFT the source's client recorded as 0 (no text streamed)."""
-    m = table_metrics(requests, zero_ttft)
+    m = table_metrics(requests, zero_ttft, chunk_tokens)
     return {"request_throughput": m["request_throughput"], "output_throughput": m["output_throughput"],
             **{name: predicted(m, f"{which}_{name}") for name in LATENCIES}}
 
@@ -245,10 +247,11 @@ def run_case(row: dict, overrides: list[str], directory: Path = SCENARIO_DIR) ->
 
     loaded = load_scenario(directory / f"{row['case_id']}.yaml", overrides)
     requests = run(loaded).requests
+    chunk = loaded.base.scheduler.num_scheduler_steps  # a multi-step round streams one chunk (kvsim.sched.rounds)
     if not row.get("_history"):
-        return measure(requests, row["stat"], zero_output_requests(row))
+        return measure(requests, row["stat"], zero_output_requests(row), chunk)
     runs = row["_history"]
-    out = measure(history.measured(requests, runs), row["stat"])
+    out = measure(history.measured(requests, runs), row["stat"], chunk_tokens=chunk)
     if runs[-1].hit_rate_pct is None:  # no printed hit rate to check against
         return out
     return {**out, "history_runs": len(runs), "hit_rate_printed": runs[-1].hit_rate_pct,

@@ -314,6 +314,7 @@ class Engine:
         sched.credit_prefetch(sched.prefetch_target(), (timing.duration_s,))  # the head while this step computes
         yield from self._advance(rep, start + timing.duration_s)
         first, done = sched.on_step_done(rep.now_s)
+        itl_d, itl_n = sched.streamed_itl(rep.now_s, timing.duration_s)  # (None, None) but in multi-step rounds
         for r in first:
             self._log(r.request_id, "first_token", rep.now_s)
         for r in done:
@@ -326,7 +327,7 @@ class Engine:
             running=len(sched.running) + len(done), waiting=len(sched.waiting), admitted=len(plan.admitted),
             preempted=len(plan.preempted), memory=MemoryParts.of(usage), kv_bytes_read=timing.kv_bytes_read,
             kv_pages_read=shape.kv_pages_read, breakdown=timing.breakdown_s, swap_in_bytes=shape.swap_in_bytes,
-            swap_out_bytes=shape.swap_out_bytes)
+            swap_out_bytes=shape.swap_out_bytes, step_durations_s=itl_d, step_decode_tokens=itl_n)
         if done and self.client is not None:  # sent now: seen by the next step's plan
             self._ended(len(done), rep.now_s)
         self._after_step(rep, 1, done)

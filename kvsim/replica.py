@@ -62,6 +62,9 @@ class Replica:
         if mode != "fast":
             return f"replica {self.index}: step mode: every step on its own"
         sched = self.scheduler
+        if sched.num_scheduler_steps > 1:
+            return (f"replica {self.index}: multi-step rounds (scheduler.num_scheduler_steps = "
+                    f"{sched.num_scheduler_steps}): every step on its own")
         if self.caps.decode_group:  # BulkDecodeGrowth + LazyLedger (and WindowAllocator)
             group = DecodeGroup(sched.allocator.block_size, sched.allocator)
             if sched.install_decode_path(group):  # not for timing that needs each context length

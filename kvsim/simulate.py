@@ -86,6 +86,8 @@ def resolved_dict(scn: Scenario) -> dict:
         del sched["prompt_blocks"], sched["reserve_full_isl"]
     if sched.get("prefill_only_steps") is False:
         del sched["prefill_only_steps"]  # absent = mixed steps, as before the key existed
+    if sched.get("num_scheduler_steps") == 1:
+        del sched["num_scheduler_steps"]  # likewise (issue 23: vLLM 0.6's multi-step scheduling)
     if sched.get("mixed_chunk") is True:
         del sched["mixed_chunk"]  # likewise (issue 23: SGLang's prefill batches)
     if "max_prefill_tokens" in sched and sched["max_prefill_tokens"] is None:
@@ -235,6 +237,14 @@ def build_replica(scn: Scenario, index: int, base_dir: Path, transfers: HostTran
     return Replica(index, sched, timing, timing_caps=timing_caps), budget, geometry
 
 
+def _check_multi_step(scn: Scenario, trace: Trace, where: str) -> None:
+    """Multi-step rounds (kvsim/sched/rounds.py) do not plan a beam request's forks and prunes."""
+    if scn.scheduler.num_scheduler_steps > 1 and trace.beam is not None and trace.beam.any():
+        raise ConfigError(f"{where}: scheduler.num_scheduler_steps > 1 with beam-search requests (the trace's beam "
+                          f"column) is not modelled (a beam forks and prunes at positions a round's slot "
+                          f"reservation does not plan); set num_scheduler_steps: 1")
+
+
 def _check_token_budget(scn: Scenario, sched: Scheduler, where: str) -> None:
     max_len = scn.model.max_model_len_tokens
     if not scn.scheduler.chunked_prefill and sched.token_budget < max_len:
@@ -264,7 +274,8 @@ def summary_inputs(scn: Scenario, trace: Trace, replicas: list[Replica], budgets
         itl=recorder.itl, slo=scn.slo.as_dict() if scn.slo is not None else None,
         percentiles=tuple(scn.metrics.percentiles),
         hbm_bandwidth_bytes_per_s=scn.gpu.hbm_bandwidth_bytes_per_s,
-        beam=_beam_counts(trace, replicas), reserve=scn.reserve_summary())
+        beam=_beam_counts(trace, replicas), reserve=scn.reserve_summary(),
+        chunk_tokens=scn.scheduler.num_scheduler_steps)
 
 
 def _step_recorder(geometry: KVGeometry, steps_path: Path | None) -> StepRecorder:
@@ -300,6 +311,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     geometry = built[0][2]  # the run's one KV geometry: the plan's, with the allocator's page size
     del built
     _check_token_budget(scn, replicas[0].scheduler, where)
+    _check_multi_step(scn, engine_trace, where)
     recorder = _step_recorder(geometry, steps_path)
     engine = Engine(engine_trace, recorder=recorder, max_model_len_tokens=scn.model.max_model_len_tokens,
                     check_invariants=check_invariants,

@@ -68,6 +68,8 @@ class SummaryInputs:
     moe_kernel: str | None = None
     beam: tuple[int, int] | None = None
     reserve: dict | None = None  # what the derived KV budget kept off the GPU (Scenario.reserve_summary)
+    # tokens a streamed chunk carries: a multi-step round's (scheduler.num_scheduler_steps), else 1
+    chunk_tokens: int = 1
 
 
 def _kv_section(steps: pd.DataFrame, inp: SummaryInputs) -> dict:
@@ -105,7 +107,7 @@ def _kv_section(steps: pd.DataFrame, inp: SummaryInputs) -> dict:
 
 
 def _request_section(requests: pd.DataFrame, fin: pd.DataFrame, rejected: pd.DataFrame, duration: float,
-                     serving: dict, itl: ITLAccumulator | None) -> dict:
+                     serving: dict, itl: ITLAccumulator | None, chunk_tokens: int = 1) -> dict:
     """Request counts, throughputs and latency distributions (the summary's first keys, in order)."""
     out_tokens = float(fin["output_tokens"].sum())
     norm = (fin["e2e_s"] / fin["output_tokens"]).mean() if len(fin) else math.nan
@@ -122,7 +124,7 @@ def _request_section(requests: pd.DataFrame, fin: pd.DataFrame, rejected: pd.Dat
         "throughput_total_tokens_per_s": serving["total_token_throughput"],
         "ttft_s": _dist(fin["ttft_s"]),
         "tpot_s": _dist(fin["tpot_s"]),
-        "itl_s": {**(itl or ITLAccumulator()).summary(), **itl_stalls(requests, itl)},
+        "itl_s": {**(itl or ITLAccumulator()).summary(), **itl_stalls(requests, itl, chunk_tokens)},
         "e2e_s": _dist(fin["e2e_s"]),
         "normalized_latency_s_per_token": None if math.isnan(norm) else float(norm),
     }
@@ -187,9 +189,9 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, inputs: SummaryInputs
     del status
     duration = max(inputs.end_s - inputs.start_s, 0.0)
     dur = steps["duration_s"]
-    serving = serving_metrics(requests, duration, inputs.itl, inputs.percentiles)
+    serving = serving_metrics(requests, duration, inputs.itl, inputs.percentiles, inputs.chunk_tokens)
     return {
-        **_request_section(requests, fin, rejected, duration, serving, inputs.itl),
+        **_request_section(requests, fin, rejected, duration, serving, inputs.itl, inputs.chunk_tokens),
         "concurrency": {
             "max": int(steps["running"].max()) if len(steps) else 0,
             "mean": time_weighted_mean(steps["running_mean"], dur),
@@ -222,17 +224,22 @@ def _dist_ms(values_s: np.ndarray, percentiles: tuple[float, ...]) -> dict[str, 
     return out
 
 
-def itl_stalls(requests: pd.DataFrame, itl: ITLAccumulator | None) -> dict[str, float | None]:
+def itl_stalls(requests: pd.DataFrame, itl: ITLAccumulator | None, chunk_tokens: int = 1) -> dict[str, float | None]:
     """What the step-level ITL cannot see, exactly, from the request table: ``stall_s_total``, the
     time between the tokens of finished requests beyond the durations of the decode steps that
     produced them (preempted, swapped-out or skipped time and re-prefills), and
-    ``mean_with_stalls_s`` = ``Σ n·(finish − first) / Σ n·(output − 1)`` (n = parallel samples), the
-    mean over every gap, as vLLM's mean ITL."""
+    ``mean_with_stalls_s`` = ``Σ n·(finish − first) / Σ n·gaps`` (n = parallel samples; gaps =
+    ``output − 1``, or with multi-step rounds of ``chunk_tokens`` tokens ``ceil((output − 1) /
+    chunk_tokens)``, the streamed chunks after the first token), the mean over every gap, as vLLM's
+    mean ITL."""
     fin = requests.loc[requests["status"] == "finished", ["first_token_s", "finish_s", "output_tokens",
                                                           "num_samples"]]
     n = fin["num_samples"].to_numpy(dtype=np.float64)
     span = float((n * (fin["finish_s"] - fin["first_token_s"]).to_numpy(dtype=np.float64)).sum())
-    gaps = float((n * (fin["output_tokens"].to_numpy() - 1)).sum())
+    after_first = fin["output_tokens"].to_numpy() - 1
+    if chunk_tokens > 1:  # a round's tokens reach the client as one chunk (kvsim.sched.rounds)
+        after_first = -(-after_first // chunk_tokens)
+    gaps = float((n * after_first).sum())
     mean = span / gaps if gaps > 0 else None
     if itl is None:
         return {"stall_s_total": None, "mean_with_stalls_s": mean}
@@ -260,9 +267,10 @@ def _itl_ms(itl: ITLAccumulator | None, percentiles: tuple[float, ...],
 
 
 def serving_metrics(requests: pd.DataFrame, duration_s: float, itl: ITLAccumulator | None,
-                    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES) -> dict:
+                    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES, chunk_tokens: int = 1) -> dict:
     """Totals, throughputs and TTFT / TPOT / ITL / E2EL distributions in ms over finished requests
-    (vLLM's "successful requests"); ITL pools the gaps of every decode token."""
+    (vLLM's "successful requests"); ITL pools the gaps of every decode token (with multi-step
+    rounds, ``chunk_tokens`` > 1, of every streamed chunk)."""
     percentiles = tuple(float(q) for q in percentiles)
     fin = requests["status"] == "finished"
     prompt = requests.loc[fin, "prompt_tokens"].to_numpy()
@@ -280,7 +288,7 @@ def serving_metrics(requests: pd.DataFrame, duration_s: float, itl: ITLAccumulat
         "percentiles": list(percentiles),
         "ttft_ms": _dist_ms(requests.loc[fin, "ttft_s"].to_numpy(dtype=float), percentiles),
         "tpot_ms": _dist_ms(requests.loc[fin, "tpot_s"].to_numpy(dtype=float), percentiles),
-        "itl_ms": _itl_ms(itl, percentiles, itl_stalls(requests, itl)),
+        "itl_ms": _itl_ms(itl, percentiles, itl_stalls(requests, itl, chunk_tokens)),
         "e2el_ms": _dist_ms(requests.loc[fin, "e2e_s"].to_numpy(dtype=float), percentiles),
     }
 

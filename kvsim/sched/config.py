@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 import kvsim.sched.victim  # noqa: F401  (registers the built-in victim kinds)
 from kvsim.config_base import Bytes, StrictModel, Tokens
@@ -47,6 +47,15 @@ class SchedulerConfig(StrictModel):
     reserve_full_isl: bool = Field(
         True, description="per_chunk only: admit a request only if its whole prompt fits now "
                           "(vLLM's scheduler_reserve_full_isl); false: if its first chunk fits")
+    num_scheduler_steps: int = Field(
+        1, ge=1, le=1024,
+        description="vLLM 0.6's multi-step scheduling (--num-scheduler-steps, V0 engine): a decode step opens a "
+                    "round of this many decode steps with the same batch, planned once: slots for the round's "
+                    "tokens are reserved at its start, nobody is admitted, swapped or preempted during it, and its "
+                    "tokens reach the client at its end (requests that complete mid-round run on to it); the "
+                    "engine's CPU overhead is paid once per round. A step with prompt work is a round of one. "
+                    "Needs prefill_only_steps: true and chunked_prefill: false (docs/scenario.md, "
+                    "docs/engine_overhead.md 'Multi-step scheduling')")
     preemption_mode: Literal["recompute", "swap"] = Field(
         "recompute", description="recompute: drop the victim's KV; swap: move it to the host tier")
     swap_space_bytes: Bytes = Field(4 << 30, ge=0, description="host (CPU DRAM) capacity for swapped KV")
@@ -55,6 +64,19 @@ class SchedulerConfig(StrictModel):
         description="which running request to preempt; a kind name or {kind: NAME, ...} (kvsim/sched/victim.py)")
     prefetch: bool = Field(
         False, description="load the next request's swapped or offloaded KV while the link is idle")
+
+    @model_validator(mode="after")
+    def _multi_step_is_v0(self):
+        if self.num_scheduler_steps > 1 and (self.chunked_prefill or not self.prefill_only_steps):
+            raise ValueError(
+                f"num_scheduler_steps: {self.num_scheduler_steps} is vLLM 0.6's multi-step scheduling, which ran "
+                f"on its V0 scheduler without chunked prefill: set chunked_prefill: false and prefill_only_steps: "
+                f"true (engine_profile: vllm-v0.6 fills both), or num_scheduler_steps: 1")
+        if self.num_scheduler_steps > 1 and self.preemption_mode == "swap":
+            raise ValueError(f"num_scheduler_steps: {self.num_scheduler_steps} with preemption_mode: swap is not "
+                             f"modelled (a round reserves its slots when it opens; swap-ins would need them too): "
+                             f"use preemption_mode: recompute (vLLM's V1 and V0 default) or num_scheduler_steps: 1")
+        return self
 
     def token_budget(self, max_model_len_tokens: int) -> int:
         if self.max_num_batched_tokens is not None:

@@ -21,4 +21,4 @@ class StepPlan:
 
     @property
     def is_empty(self) -> bool:
-        return not self.scheduled and not self.group_decodes
+        return not self.scheduled and not self.group_decodes and not self.shape.num_seqs

@@ -55,6 +55,7 @@ from kvsim.sched.plan import StepPlan
 from kvsim.sched.prefill import PrefillPhases
 from kvsim.sched.invariants import check_scheduler
 from kvsim.sched.request import Request, RequestStatus, WaitingQueue, batch_tokens
+from kvsim.sched.rounds import MultiStepRounds
 from kvsim.sched.shape import StepDraft, batch_shape
 from kvsim.sched.sink import RequestSink
 from kvsim.sched.swap import HostSwap
@@ -69,7 +70,7 @@ REJECT_KV = "exceeds_kv_capacity"
 REJECT_BUDGET = "exceeds_batch_token_budget"
 
 
-class Scheduler(WindowHooks, PrefillPhases):
+class Scheduler(WindowHooks, PrefillPhases, MultiStepRounds):
     def __init__(self, cfg: SchedulerConfig, allocator: KVAllocator, max_model_len_tokens: int,
                  want_context_lens: bool = False, kv: KVGeometry | None = None,
                  host_transfers: HostTransfers | None = None,
@@ -128,6 +129,9 @@ class Scheduler(WindowHooks, PrefillPhases):
         # length, and once a request with parallel samples arrives.
         self._decode: DecodeFastPath | None = None
         self._lazy = False
+        # vLLM 0.6's multi-step scheduling: rounds of num_scheduler_steps decode steps (kvsim.sched.rounds)
+        self.num_scheduler_steps = cfg.num_scheduler_steps
+        self._init_rounds(cfg.num_scheduler_steps)
 
     def install_decode_path(self, path: DecodeFastPath) -> bool:
         """Use ``path`` for lazy decode steps (the engine calls this once, before the run, when the
@@ -138,7 +142,7 @@ class Scheduler(WindowHooks, PrefillPhases):
             raise TypeError(f"{type(path).__name__} is not a DecodeFastPath")
         if self.running or self.swapped or self.num_finished:
             raise RuntimeError("install_decode_path after the run started")
-        if not self.caps.decode_group or self.want_context_lens:
+        if not self.caps.decode_group or self.want_context_lens or self._lookahead:
             return False
         if self.host.enabled and self.caps.block_runs:
             # An allocator that names its blocks takes a bulk decode step's blocks in allocation
@@ -267,6 +271,14 @@ class Scheduler(WindowHooks, PrefillPhases):
         that admits is that prompt-only step. Then the step's batch shape."""
         if self._plan is not None:
             raise RuntimeError("schedule() called twice without on_step_done()")
+        if self._round_left:  # a multi-step round's next step (kvsim.sched.rounds)
+            step = self._round_step()
+            plan = StepPlan(scheduled=tuple([(rid, n) for rid, (n, _) in step.scheduled.items()]),
+                            shape=batch_shape(step, self.requests, self.allocator.block_size,
+                                              self.want_context_lens, 0, round_continuation=True),
+                            admitted=(), preempted=())
+            self._plan = plan
+            return plan
         step = StepDraft(self.token_budget)
         group_decodes = 0
         if self.prefill_only_steps and (self.waiting or self._chunks) and not self.swapped:
@@ -286,6 +298,8 @@ class Scheduler(WindowHooks, PrefillPhases):
             preempted=tuple(step.preempted),
             group_decodes=group_decodes,
         )
+        if self._lookahead:
+            self._open_round(step, now_s, plan.shape.num_prefill_tokens, plan.shape.num_decode_seqs)
         self._plan = plan
         return plan
 
@@ -309,6 +323,7 @@ class Scheduler(WindowHooks, PrefillPhases):
         its new tokens, preempting victims while that fails."""
         alloc = self.allocator
         scheduled = step.scheduled
+        lookahead = self._lookahead  # multi-step: slots for the round's tokens (kvsim.sched.rounds)
         i = first
         while i < len(self.running) and step.budget > 0:
             req = self.running[i]
@@ -320,7 +335,10 @@ class Scheduler(WindowHooks, PrefillPhases):
                     i += 1
                     continue
                 cost = req.batch_tokens(n)
-            while not alloc.ensure_slots(req.request_id, req.num_computed_tokens + n):
+            target = req.num_computed_tokens + n
+            if lookahead:
+                target += self._lookahead_tokens(req, n)
+            while not alloc.ensure_slots(req.request_id, target):
                 victim = self._pick_victim()
                 vi = self.running.index(victim)
                 if victim.request_id in scheduled:
@@ -412,6 +430,8 @@ class Scheduler(WindowHooks, PrefillPhases):
                 elif joins:
                     path.join(req)
         self._chunks = cut
+        if self._lookahead:
+            done = self._round_progress(done)
         if group_done and len(done) > group_done:
             done.sort(key=lambda r: r.admit_seq)  # the order a one-by-one step finishes them in
         if done:

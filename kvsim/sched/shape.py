@@ -29,21 +29,30 @@ class StepDraft:
     tier_load_s: float = 0.0  # unhidden tier loads, as kvsim.timing.transfer priced them
     group_kv_tokens: int = 0  # the decode group's members (phase 0): KV tokens and pages they read
     group_kv_pages: int = 0
+    # a multi-step round's requests past their last token (kvsim.sched.rounds): requests, sequences
+    # (samples), KV tokens and pages they read, and (for timing that needs them) their context lengths
+    overrun_requests: int = 0
+    overrun_seqs: int = 0
+    overrun_kv_tokens: int = 0
+    overrun_kv_pages: int = 0
+    overrun_ctx: list[int] = field(default_factory=list)
 
 
 def batch_shape(step: StepDraft, requests: Mapping[int, Request], block_size: int | None,
-                want_context_lens: bool, group_decodes: int) -> BatchShape:
-    """THE batch shape of a step: the decode group's members (aggregates from phase 0), then
+                want_context_lens: bool, group_decodes: int, round_continuation: bool = False) -> BatchShape:
+    """THE batch shape of a step: the decode group's members (aggregates from phase 0) and a
+    multi-step round's overrun sequences (aggregates, decodes whose tokens are dropped), then
     each request scheduled one by one. A sequence reads ``c + n`` KV tokens in
     ``ceil((c + n) / block_size)`` pages (one run without pages); each of a request's parallel
-    samples is a sequence once they diverged (past the prompt)."""
+    samples is a sequence once they diverged (past the prompt). ``round_continuation``: the step
+    is a multi-step round's second or later (kvsim.sched.rounds)."""
     bs = block_size
     want_ctx = want_context_lens
     n_pre_seqs = pre_tok = 0
-    n_dec_seqs = dec_tok = group_decodes
-    kv_read = pairs = step.group_kv_tokens
-    pages = step.group_kv_pages
-    ctx: list[int] = []
+    n_dec_seqs = dec_tok = group_decodes + step.overrun_seqs
+    kv_read = pairs = step.group_kv_tokens + step.overrun_kv_tokens
+    pages = step.group_kv_pages + step.overrun_kv_pages
+    ctx: list[int] = list(step.overrun_ctx) if want_ctx else []
     for rid, (n, cost) in step.scheduled.items():
         req = requests[rid]
         c = req.num_computed_tokens
@@ -66,9 +75,10 @@ def batch_shape(step: StepDraft, requests: Mapping[int, Request], block_size: in
         if want_ctx:
             ctx.append(c + n)
     return BatchShape(
-        num_seqs=group_decodes + len(step.scheduled), num_prefill_seqs=n_pre_seqs, num_decode_seqs=n_dec_seqs,
+        num_seqs=group_decodes + step.overrun_requests + len(step.scheduled), num_prefill_seqs=n_pre_seqs, num_decode_seqs=n_dec_seqs,
         num_prefill_tokens=pre_tok, num_decode_tokens=dec_tok, kv_tokens_read=kv_read,
         attention_pairs=pairs, kv_pages_read=pages, swap_in_bytes=step.swap_in_bytes,
         swap_out_bytes=step.swap_out_bytes, swap_in_copies=step.swap_in_copies,
-        swap_out_copies=step.swap_out_copies, tier_load_s=step.tier_load_s, context_lens=tuple(ctx),
+        swap_out_copies=step.swap_out_copies, tier_load_s=step.tier_load_s, round_continuation=round_continuation,
+        context_lens=tuple(ctx),
     )

@@ -22,17 +22,18 @@ TARGETS = {"request_throughput": 0.20, "output_throughput": 0.20, "tpot_ms": 0.2
 PERCENTILES = (50.0, 90.0, 99.0)
 
 
-def table_metrics(requests, zero_ttft: frozenset[int] = frozenset()) -> dict:
+def table_metrics(requests, zero_ttft: frozenset[int] = frozenset(), chunk_tokens: int = 1) -> dict:
     """The ``serving`` section of a request table, or of part of one: its duration runs from the
     first send to the last finish, as the benchmark's does. ``zero_ttft``: request ids whose TTFT
-    the benchmark's client recorded as 0 (no text streamed; vLLM 0.5's client)."""
+    the benchmark's client recorded as 0 (no text streamed; vLLM 0.5's client). ``chunk_tokens``:
+    the run's ``scheduler.num_scheduler_steps`` (a multi-step round streams its tokens as one chunk)."""
     done = requests["finish_s"].notna()
     duration = float(requests.loc[done, "finish_s"].max() - requests["arrival_s"].min()) if done.any() else 0.0
     if zero_ttft:
         requests = requests.copy()
         hit = requests["request_id"].isin(list(zero_ttft)).to_numpy()
         requests.loc[hit, "ttft_s"] = 0.0
-    return serving_metrics(requests, duration, None, PERCENTILES)
+    return serving_metrics(requests, duration, None, PERCENTILES, chunk_tokens)
 
 
 def predicted(serving: dict, key: str) -> float:

@@ -265,7 +265,9 @@ class AnalyticalTiming:
         # parallelism: StepComm (the same doubles as decode_durations' comm row)
         comm_s = (self._comm_s_per_step + self._comm_s_per_token * num_tokens if self._comm_linear
                   else self.comm.scalar_s(num_tokens))
-        if self._overhead_row is None:
+        if shape.round_continuation:  # a multi-step round paid its CPU work at its first step (timing.overhead)
+            overhead_s = 0.0
+        elif self._overhead_row is None:
             overhead_s = self.cfg.step_overhead_s
         else:
             overhead_s = self.overhead.time_s(seqs, shape.num_prefill_tokens, num_pre)

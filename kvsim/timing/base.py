@@ -36,6 +36,9 @@ class BatchShape:
     * ``tier_load_s``: time loading offloaded prefix blocks back, priced by the transfer model
       (:mod:`kvsim.timing.transfer`: the host link, or a tier's own bandwidth); the part hidden by
       prefetch is already taken off;
+    * ``round_continuation``: the step is the second or later of a multi-step round
+      (``scheduler.num_scheduler_steps``, vLLM 0.6): the round was planned, and its CPU work paid, at
+      its first step, so timing models charge this step no overhead term (:mod:`kvsim.timing.overhead`);
     * ``context_lens`` (optional): per-request ``c_i + n_i`` for models that need the shape of the
       batch (the calibrated model); engines that do not need it may leave it empty.
     """
@@ -53,6 +56,9 @@ class BatchShape:
     swap_in_copies: int = 0  # copies (memcpys) the swap-in bytes take over the host link
     swap_out_copies: int = 0  # copies the swap-out bytes take
     tier_load_s: float = 0.0  # loading offloaded prefix blocks back from CPU/SSD tiers (serial)
+    # a multi-step round's second or later step (scheduler.num_scheduler_steps): its CPU overhead was
+    # paid with the round's first step (kvsim.timing.overhead)
+    round_continuation: bool = False
     context_lens: tuple[int, ...] = field(default=(), compare=False)
 
     @property

@@ -234,7 +234,8 @@ class CalibratedTiming:
         swap_s = self.transfers.swap_s(shape.swap_in_bytes, shape.swap_in_copies,
                                        shape.swap_out_bytes, shape.swap_out_copies) + shape.tier_load_s
         attn_s = dec_s + pre_s
-        overhead_s = (self.step_overhead_s if self.overhead.constant else
+        overhead_s = (0.0 if shape.round_continuation else  # paid at the round's first step (timing.overhead)
+                      self.step_overhead_s if self.overhead.constant else
                       self.overhead.time_s(shape.num_prefill_seqs + shape.num_decode_seqs, shape.num_prefill_tokens,
                                            shape.num_prefill_seqs))
         duration = attn_s + gemm_s + lm_s + elem_s + overhead_s + swap_s

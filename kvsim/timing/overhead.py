@@ -23,6 +23,12 @@ and stepwise (``FittedDecodeSteps.price``) evaluations::
   its prompt. BatchShape counts prefill sequences, not new requests, so a prompt split over several
   chunks pays it once per chunk (exact without chunked prefill, and for prompts of one chunk).
 
+Multi-step scheduling (``scheduler.num_scheduler_steps``, vLLM 0.6's ``--num-scheduler-steps``): the
+engine schedules, prepares inputs and processes outputs once per round of decode steps and the GPU
+runs the round's steps back to back, so the whole term is charged on a round's first step and its
+later steps (``BatchShape.round_continuation``) pay none (docs/engine_overhead.md, "Multi-step
+scheduling").
+
 Sources and the fitted constants: docs/engine_overhead.md. Defaults are 0, so
 ``overhead_s == step_overhead_s`` exactly (``x + 0.0 * n == x`` for every finite ``n >= 0``) and a
 scenario without ``overhead:`` runs as before, bit for bit.

@@ -4,7 +4,7 @@
     .venv/bin/python bench/servebench_lambda10.py [--out DIR]   # default results/servebench-lambda10
 
 Each result file in ``scenarios/validation/lambda_prompt10/`` (a ``benchmark_serving.py --save-result``
-file of vLLM 0.5.4, its keys as printed, per-request texts and ITLs left out) runs on the scenario of
+file of vLLM 0.6.0 with 10-step rounds, its keys as printed, per-request texts and ITLs left out) runs on the scenario of
 its deployment (the file's ``kvsim_deployment``: a first-collection case, ``scenarios/validation/<case>.yaml``,
 or ``lambda_prompt10/deployments/<name>.yaml`` for the three one-H100 models the first collection does
 not have; the same engine settings and the fitted ``vllm-v0.6`` profile); all are held out (nothing is

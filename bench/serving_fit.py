@@ -12,24 +12,27 @@ import numpy as np
 # --fit: the constants fitted per engine profile on that profile's fit cases (every other timing
 # term keeps its sourced value); a profile not named here fits nothing. docs/validation.md, "The fit".
 FIT_PARAMS = {"vllm-v1": ("step_overhead_s", "moe_layer_s", "per_prefill_seq_s"),
-              "vllm-v0.6": ("step_overhead_s", "per_prefill_seq_s")}
+              "vllm-v0.6": ("step_overhead_s", "per_arrival_s")}  # V0 takes requests in on its engine loop
 # sglang: nothing left to fit -- its MoE layers are the fitted MoE kernel (kvsim/timing/moe_kernel.py,
 # fitted to kernel readings, not to serving runs); moe_layer_s prices only MoE layers without a kernel profile
-FIT_STEP = {"step_overhead_s": 1e-3, "moe_layer_s": 5e-5, "per_prefill_seq_s": 5e-3}  # finite differences
+FIT_STEP = {"step_overhead_s": 1e-3, "moe_layer_s": 5e-5, "per_prefill_seq_s": 5e-3,
+            "per_arrival_s": 5e-3}  # finite differences
+OVERHEAD_PARAMS = ("per_prefill_seq_s", "per_arrival_s")  # terms of timing.overhead
 FIT_METRICS = ("request_throughput", "tpot_ms", "ttft_ms")
 
 
 def param_overrides(values: dict[str, float], profile: str | None = None) -> list[str]:
     """``--set`` overrides that give a case these fitted constants. ``timing.overhead`` is set as a
     whole, so the other overhead terms of ``profile`` (its ``per_seq_s``, fitted on engine-log windows
-    by bench/engine_windows.py, not here) are written beside ``per_prefill_seq_s``."""
+    by bench/engine_windows.py, not here) are written beside the fitted ones (:data:`OVERHEAD_PARAMS`)."""
     out = []
     if "step_overhead_s" in values:
         out.append(f"timing.step_overhead_s={values['step_overhead_s']!r}")
     if "moe_layer_s" in values:
         out.append(f"timing.moe_layer_s={values['moe_layer_s']!r}")
-    if "per_prefill_seq_s" in values:
-        terms = {**_profile_overhead(profile), "per_prefill_seq_s": values["per_prefill_seq_s"]}
+    fitted = {k: values[k] for k in OVERHEAD_PARAMS if k in values}
+    if fitted:
+        terms = {**_profile_overhead(profile), **fitted}
         out.append("timing.overhead={" + ", ".join(f"{k}: {v!r}" for k, v in terms.items()) + "}")
     return out
 

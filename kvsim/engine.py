@@ -62,11 +62,11 @@ class EngineLimits:
 
 class UrgentTimeout(simpy.Event):
     """A timeout scheduled at URGENT priority (``simpy.Timeout`` is always NORMAL): an arrival at the
-    same time as a step boundary is seen by that step's plan. It triggers itself as
-    ``simpy.Timeout`` does: already successful (value None) when scheduled. Setting ``_ok`` /
-    ``_value`` in a subclass's own ``__init__`` is how SimPy's own event subclasses (``Timeout``,
-    ``Initialize``) are built: SimPy has no public call that schedules an already-triggered event
-    at a chosen priority and delay; no code outside this class writes SimPy's fields."""
+    same time as a step boundary is seen by that step's plan. It triggers itself as ``simpy.Timeout``
+    does: already successful (value None) when scheduled. Setting ``_ok`` / ``_value`` in a
+    subclass's own ``__init__`` is how SimPy's own event subclasses (``Timeout``, ``Initialize``) are
+    built: SimPy has no public call that schedules an already-triggered event at a chosen priority
+    and delay; no code outside this class writes SimPy's fields."""
 
     def __init__(self, env: simpy.Environment, delay: float):
         super().__init__(env)
@@ -274,10 +274,12 @@ class Engine:
                     self._log(rid, "admit", start)
             # A beam request's forks and prunes happen at positions a window cannot plan: steps
             # with one running go one by one (an admission ends any window, so none enters one).
-            # A client with requests left sends at each finish, which no window plans: one by one.
+            # A client with requests left sends at each finish, which no window plans: one by one; so does
+            # a step that charges its arrivals' intake (step 0 of a window is priced as a decode step).
             win = (self._window(rep, plan, start)
                    if rep.windows and (self._beam is None or not sched.has_running_beams())
-                   and (self.client is None or not self.client.pending) else None)
+                   and (self.client is None or not self.client.pending)
+                   and not (plan.shape.num_arrivals and rep.timing_caps.prices_arrivals) else None)
             yield from (win if win is not None else self._step(rep, plan, start))
             self._limit(rep)
         rep.end_s = rep.now_s
@@ -321,7 +323,7 @@ class Engine:
             self._log(r.request_id, "finish", rep.now_s)
         shape = plan.shape
         self.recorder.row(
-            replica=rep.index, idle=False, num_steps=1, finished=len(done), evictions=self._new_evictions(rep),
+            replica=rep.index, idle=False, num_steps=1, finished=len(done), evictions=rep.new_evictions(),
             start_s=start, duration_s=timing.duration_s, batch_size=shape.num_seqs,
             prefill_tokens=shape.num_prefill_tokens, decode_tokens=shape.num_decode_tokens,
             running=len(sched.running) + len(done), waiting=len(sched.waiting), admitted=len(plan.admitted),
@@ -331,15 +333,6 @@ class Engine:
         if done and self.client is not None:  # sent now: seen by the next step's plan
             self._ended(len(done), rep.now_s)
         self._after_step(rep, 1, done)
-
-    @staticmethod
-    def _new_evictions(rep: Replica) -> int:
-        """Evictions since the last row of ``rep`` (for the row being recorded)."""
-        if not rep.caps.eviction_counter:
-            return 0
-        evictions = rep.scheduler.allocator.evictions
-        new, rep.last_evictions = evictions - rep.last_evictions, evictions
-        return new
 
     def _after_step(self, rep: Replica, num_steps: int, done: list) -> None:
         """THE post-step bookkeeping, for a step or a window of ``num_steps`` (after its row was
@@ -365,6 +358,7 @@ class Engine:
     def _window(self, rep: Replica, plan, start: float):
         """If step 0 (``plan``) opens a decode window of >= 2 steps, return a generator that runs it."""
         sched = rep.scheduler
+        intake = rep.timing_caps.prices_arrivals  # each arrival's intake is charged in the step after it
         group = plan.group_decodes > 0  # every running request is a lazy decode-group member
         horizon = min(self.max_window_steps, rep.window_horizon)
         if group:
@@ -379,7 +373,7 @@ class Engine:
             # Step 0 (which may admit requests) is priced as a step; steps 1.. as decode steps.
             step0 = rep.timing.step_time(plan.shape)
             if (rep.step_pricer is not None and horizon <= STEPWISE_HORIZON and (sched.waiting or sched.swapped)
-                    and not self.router.state_dependent and self.limits.max_sim_time_s is None):
+                    and not self.router.state_dependent and not intake and self.limits.max_sim_time_s is None):
                 # A backlog: no arrival cuts the window (see below), and it usually stops at one of
                 # its first finishes. After a short window (the horizon is four times the last
                 # one's length) its steps are priced one by one as the replay reaches them.
@@ -399,9 +393,9 @@ class Engine:
         k = win.max_steps
         if self._next_arrival_idx < len(self.trace):
             nxt = float(self._arrival_s[self._next_arrival_idx])
-            if self.router.state_dependent:
-                # The arrival is routed on the replicas' state at its time: the window must end at a
-                # step boundary before it (a boundary at the same time comes after it, URGENT).
+            if self.router.state_dependent or intake:
+                # Routed on the replicas' state at its time, or its intake charged in the next step: the
+                # window must end at a step boundary before it (one at the same time comes after it, URGENT).
                 k = min(k, int(times[1:k + 1].searchsorted(nxt, side="left")))
             elif not (sched.waiting or sched.swapped):
                 # It could be admitted at the first step boundary after it.
@@ -460,7 +454,7 @@ class Engine:
             step_decodes[0] = plan.shape.num_decode_tokens
         max_batch = int(win.num_requests[0])
         self.recorder.row(
-            replica=rep.index, idle=False, num_steps=k, finished=len(done), evictions=self._new_evictions(rep),
+            replica=rep.index, idle=False, num_steps=k, finished=len(done), evictions=rep.new_evictions(),
             start_s=start, duration_s=float(times[k]) - start, batch_size=max_batch,
             batch_mean=batch_mean, running=max_batch, running_mean=batch_mean,
             prefill_tokens=plan.shape.num_prefill_tokens, decode_tokens=decode_tokens, waiting=waiting0,

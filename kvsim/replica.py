@@ -53,6 +53,14 @@ class Replica:
         self.windows = False  # decode windows installed (see Engine.__init__)
         self.group: DecodeGroup | None = None  # the lazy decode group, when installed
 
+    def new_evictions(self) -> int:
+        """Evictions since the last row of this replica (for the row being recorded)."""
+        if not self.caps.eviction_counter:
+            return 0
+        evictions = self.scheduler.allocator.evictions
+        new, self.last_evictions = evictions - self.last_evictions, evictions
+        return new
+
     def install_fast_path(self, mode: str, beam_search: bool = False) -> str:
         """Install the fast path (kvsim.fast) where the mode and the plugins' capabilities allow:
         decode windows, and the scheduler's lazy decode group. Returns a line saying which fast

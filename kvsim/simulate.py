@@ -69,8 +69,10 @@ def resolved_dict(scn: Scenario) -> dict:
             if key in timing and timing[key] == default:
                 timing.pop(key)
         ov = timing.get("overhead")
-        if isinstance(ov, dict) and ov.get("per_prefill_seq_s") == 0.0:
-            ov.pop("per_prefill_seq_s")
+        if isinstance(ov, dict):
+            for key in ("per_prefill_seq_s", "per_arrival_s"):  # added with issue 23, at their default 0
+                if ov.get(key) == 0.0:
+                    ov.pop(key)
     # likewise the defaults added by issue 22 (engine_profile, scheduler.prompt_blocks / reserve_full_isl)
     par = d.get("parallel") or {}
     if par.get("host_allreduce_ll") is None:

@@ -124,13 +124,15 @@ _PROFILES: tuple[EngineProfile, ...] = (
                                     "capability >= 8 with fp16/bf16 (XFORMERS, i.e. PagedAttention v1/v2 "
                                     "decode, for fp8 KV, Volta/Turing or sliding windows)"),
         "timing[analytical].step_overhead_s": Fill(
-            0.0113, "no public per-step constant (the v0.6.0 blog post, 2024-09-05, gives shares of wall time "
+            0.011313, "no public per-step constant (the v0.6.0 blog post, 2024-09-05, gives shares of wall time "
                     f"only: API server 33 %, scheduling 29 % under v0.5.3): {_FIT}, 3 vLLM V0 cases (two of them "
                     "multi-step, --num-scheduler-steps 10: with scheduler.num_scheduler_steps it is paid once per "
                     "round, kvsim/sched/rounds.py)"),
         "timing[analytical].allreduce": Fill("vllm-custom", _VLLM_AR),
         "timing[analytical].moe_align_kernel": Fill("vllm", _VLLM_ALIGN),
-        "timing[analytical].overhead": Fill({"per_prefill_seq_s": 0.0038713}, f"{_FIT}, 3 vLLM V0 cases"),
+        "timing[analytical].overhead": Fill(
+            {"per_arrival_s": 0.0022734}, "per_arrival_s: V0's AsyncLLMEngine takes requests in on the loop that steps "
+                                      f"the engine (docs/engine_overhead.md, 'Per-request cost'); {_FIT}, 3 vLLM V0 cases"),
         "timing[analytical].moe_kernel": Fill("auto", _MOE_KERNEL + "; vLLM 0.4+ ran Mixtral on the same fused "
                                                   "Triton kernel (vllm-project/vllm#2979, 2024-02)"),
     }, batch_rule=vllm_v0_batch),

@@ -119,6 +119,7 @@ class Scheduler(WindowHooks, PrefillPhases, MultiStepRounds):
         self.num_finished = 0
         self.num_rejected = 0
         self._admit_counter = 0
+        self._arrivals = 0  # requests accepted since the last plan (BatchShape.num_arrivals)
         self._plan: StepPlan | None = None
         self.num_preemptions = 0
         self.preemptions_by_mode = {"recompute": 0, "swap": 0}
@@ -189,6 +190,7 @@ class Scheduler(WindowHooks, PrefillPhases, MultiStepRounds):
             self.waiting.append_row(kv, arrival_s, self.replica_index)
         else:
             self.waiting.append(req)
+        self._arrivals += 1
         return True
 
     def reject_reason(self, kv: KVRequest) -> str:
@@ -271,11 +273,12 @@ class Scheduler(WindowHooks, PrefillPhases, MultiStepRounds):
         that admits is that prompt-only step. Then the step's batch shape."""
         if self._plan is not None:
             raise RuntimeError("schedule() called twice without on_step_done()")
+        arrivals, self._arrivals = self._arrivals, 0
         if self._round_left:  # a multi-step round's next step (kvsim.sched.rounds)
             step = self._round_step()
             plan = StepPlan(scheduled=tuple([(rid, n) for rid, (n, _) in step.scheduled.items()]),
                             shape=batch_shape(step, self.requests, self.allocator.block_size,
-                                              self.want_context_lens, 0, round_continuation=True),
+                                              self.want_context_lens, 0, True, arrivals),
                             admitted=(), preempted=())
             self._plan = plan
             return plan
@@ -293,7 +296,8 @@ class Scheduler(WindowHooks, PrefillPhases, MultiStepRounds):
                 self._admit_phase(step, now_s)
         plan = StepPlan(
             scheduled=tuple([(rid, n) for rid, (n, _) in step.scheduled.items()]),
-            shape=batch_shape(step, self.requests, self.allocator.block_size, self.want_context_lens, group_decodes),
+            shape=batch_shape(step, self.requests, self.allocator.block_size, self.want_context_lens, group_decodes,
+                              False, arrivals),
             admitted=tuple(step.admitted),
             preempted=tuple(step.preempted),
             group_decodes=group_decodes,

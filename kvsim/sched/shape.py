@@ -39,13 +39,15 @@ class StepDraft:
 
 
 def batch_shape(step: StepDraft, requests: Mapping[int, Request], block_size: int | None,
-                want_context_lens: bool, group_decodes: int, round_continuation: bool = False) -> BatchShape:
+                want_context_lens: bool, group_decodes: int, round_continuation: bool = False,
+                num_arrivals: int = 0) -> BatchShape:
     """THE batch shape of a step: the decode group's members (aggregates from phase 0) and a
     multi-step round's overrun sequences (aggregates, decodes whose tokens are dropped), then
     each request scheduled one by one. A sequence reads ``c + n`` KV tokens in
     ``ceil((c + n) / block_size)`` pages (one run without pages); each of a request's parallel
     samples is a sequence once they diverged (past the prompt). ``round_continuation``: the step
-    is a multi-step round's second or later (kvsim.sched.rounds)."""
+    is a multi-step round's second or later (kvsim.sched.rounds); ``num_arrivals``: requests the
+    scheduler received since its last plan."""
     bs = block_size
     want_ctx = want_context_lens
     n_pre_seqs = pre_tok = 0
@@ -80,5 +82,5 @@ def batch_shape(step: StepDraft, requests: Mapping[int, Request], block_size: in
         attention_pairs=pairs, kv_pages_read=pages, swap_in_bytes=step.swap_in_bytes,
         swap_out_bytes=step.swap_out_bytes, swap_in_copies=step.swap_in_copies,
         swap_out_copies=step.swap_out_copies, tier_load_s=step.tier_load_s, round_continuation=round_continuation,
-        context_lens=tuple(ctx),
+        num_arrivals=num_arrivals, context_lens=tuple(ctx),
     )

@@ -161,6 +161,7 @@ class AnalyticalTiming:
         # the engine's CPU time per step (kvsim.timing.overhead: its one definition); a constant stays
         # the float step_overhead_s, else it is a row of the decode table after the comm row
         self.overhead = StepOverhead(cfg.step_overhead_s, cfg.overhead)
+        self.prices_arrivals = self.overhead.per_arrival_s > 0  # PricesArrivals (kvsim.timing.base)
         self._overhead_row = None if self.overhead.constant else (7 if self._no_comm else 8)
         rows = dict(_FITTED_ROWS_NO_COMM if self._no_comm else _FITTED_ROWS)
         if self._overhead_row is not None:
@@ -265,12 +266,10 @@ class AnalyticalTiming:
         # parallelism: StepComm (the same doubles as decode_durations' comm row)
         comm_s = (self._comm_s_per_step + self._comm_s_per_token * num_tokens if self._comm_linear
                   else self.comm.scalar_s(num_tokens))
-        if shape.round_continuation:  # a multi-step round paid its CPU work at its first step (timing.overhead)
-            overhead_s = 0.0
-        elif self._overhead_row is None:
+        if self._overhead_row is None and not shape.round_continuation:
             overhead_s = self.cfg.step_overhead_s
-        else:
-            overhead_s = self.overhead.time_s(seqs, shape.num_prefill_tokens, num_pre)
+        else:  # kvsim.timing.overhead: its one definition (batch, arrivals, multi-step rounds)
+            overhead_s = self.overhead.of_shape(seqs, shape)
         if num_pre and T:
             pre_kv, _ = split_kv_tokens(shape)
             pre_att = attn_kv_s * (pre_kv / T)

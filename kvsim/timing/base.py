@@ -39,6 +39,8 @@ class BatchShape:
     * ``round_continuation``: the step is the second or later of a multi-step round
       (``scheduler.num_scheduler_steps``, vLLM 0.6): the round was planned, and its CPU work paid, at
       its first step, so timing models charge this step no overhead term (:mod:`kvsim.timing.overhead`);
+    * ``num_arrivals``: requests the scheduler received (accepted) since it planned the last step, for
+      an engine that takes requests in on its own loop before it plans (``overhead.per_arrival_s``);
     * ``context_lens`` (optional): per-request ``c_i + n_i`` for models that need the shape of the
       batch (the calibrated model); engines that do not need it may leave it empty.
     """
@@ -59,6 +61,8 @@ class BatchShape:
     # a multi-step round's second or later step (scheduler.num_scheduler_steps): its CPU overhead was
     # paid with the round's first step (kvsim.timing.overhead)
     round_continuation: bool = False
+    # requests the scheduler received since its last plan (their intake: timing.overhead per_arrival_s)
+    num_arrivals: int = 0
     context_lens: tuple[int, ...] = field(default=(), compare=False)
 
     @property
@@ -166,6 +170,15 @@ class AttentionBackendNamed(Protocol):
 
 
 @runtime_checkable
+class PricesArrivals(Protocol):
+    """Optional capability: the model charges the intake of the requests a step's plan received
+    (``BatchShape.num_arrivals``; ``timing.overhead.per_arrival_s`` > 0). Decode windows then end
+    before each arrival, so a step-by-step run and a fast one charge each intake in the same step."""
+
+    prices_arrivals: bool
+
+
+@runtime_checkable
 class MoeKernelNamed(Protocol):
     """Optional capability: how the timing model priced an MoE model's routed experts
     (``timing.moe_kernel`` after resolving ``auto``): a kernel profile name, ``none`` (weight
@@ -241,6 +254,7 @@ class TimingCapabilities:
     copy_bandwidth_bytes_per_s: float | None = None
     attention_backend: str | None = None  # AttentionBackendNamed; None: no attention kernel model
     moe_kernel: str | None = None  # MoeKernelNamed; None: a dense model or no MoE kernel choice
+    prices_arrivals: bool = False  # PricesArrivals: windows end before each arrival
 
 
 def timing_capabilities(model: object) -> TimingCapabilities:
@@ -251,7 +265,8 @@ def timing_capabilities(model: object) -> TimingCapabilities:
         copy_bandwidth_bytes_per_s=(float(model.copy_bandwidth_bytes_per_s)
                                     if isinstance(model, CopyBandwidth) else None),
         attention_backend=model.attention_backend if isinstance(model, AttentionBackendNamed) else None,
-        moe_kernel=model.moe_kernel if isinstance(model, MoeKernelNamed) else None)
+        moe_kernel=model.moe_kernel if isinstance(model, MoeKernelNamed) else None,
+        prices_arrivals=isinstance(model, PricesArrivals) and bool(model.prices_arrivals))
 
 
 def decode_shape(num_seqs: int, kv_tokens_read: int, kv_pages_read: int) -> BatchShape:

@@ -134,6 +134,7 @@ class CalibratedTiming:
         # an engine calibration's per-step curve already holds the fixed step cost (docs/calibration.md)
         self.step_overhead_s = 0.0 if engine and "step_overhead_s" not in cfg.model_fields_set else cfg.step_overhead_s
         self.overhead = StepOverhead(self.step_overhead_s, cfg.overhead)  # kvsim.timing.overhead
+        self.prices_arrivals = self.overhead.per_arrival_s > 0  # PricesArrivals (kvsim.timing.base)
         self.calibration_path = path
         self.device = meta["device"]
         self.gpu_name = gpu
@@ -234,10 +235,8 @@ class CalibratedTiming:
         swap_s = self.transfers.swap_s(shape.swap_in_bytes, shape.swap_in_copies,
                                        shape.swap_out_bytes, shape.swap_out_copies) + shape.tier_load_s
         attn_s = dec_s + pre_s
-        overhead_s = (0.0 if shape.round_continuation else  # paid at the round's first step (timing.overhead)
-                      self.step_overhead_s if self.overhead.constant else
-                      self.overhead.time_s(shape.num_prefill_seqs + shape.num_decode_seqs, shape.num_prefill_tokens,
-                                           shape.num_prefill_seqs))
+        overhead_s = (self.step_overhead_s if self.overhead.constant and not shape.round_continuation else
+                      self.overhead.of_shape(shape.num_prefill_seqs + shape.num_decode_seqs, shape))  # timing.overhead
         duration = attn_s + gemm_s + lm_s + elem_s + overhead_s + swap_s
         return StepTiming(
             duration_s=duration,

@@ -5,7 +5,7 @@ each step's duration, defined here once for the scalar (``step_time``), array (`
 and stepwise (``FittedDecodeSteps.price``) evaluations::
 
     overhead_s = step_overhead_s + per_seq_s * num_seqs + per_prefill_token_s * num_prefill_tokens
-                 + per_prefill_seq_s * num_prefill_seqs
+                 + per_prefill_seq_s * num_prefill_seqs + per_arrival_s * num_arrivals
 
 * ``step_overhead_s`` (the timing model's existing key): fixed per step -- gathering the last step's
   results, scheduling the next one, launching it (a CUDA graph replay or eager launches).
@@ -22,12 +22,17 @@ and stepwise (``FittedDecodeSteps.price``) evaluations::
   its first output's detokenisation and first streamed chunk), charged in the step that computes
   its prompt. BatchShape counts prefill sequences, not new requests, so a prompt split over several
   chunks pays it once per chunk (exact without chunked prefill, and for prompts of one chunk).
+* ``overhead.per_arrival_s``: per request the engine received since its last step (``BatchShape.
+  num_arrivals``) -- taking it in on the engine's own loop before it can plan: the API server's
+  handling, tokenisation and ``add_request`` of an engine whose server shares its event loop (vLLM's
+  V0 ``AsyncLLMEngine``). Requests sent together are all taken in before the next step, so a burst of
+  N delays that step by N of it, and a request's own prefill step need not be the one that pays.
 
 Multi-step scheduling (``scheduler.num_scheduler_steps``, vLLM 0.6's ``--num-scheduler-steps``): the
 engine schedules, prepares inputs and processes outputs once per round of decode steps and the GPU
-runs the round's steps back to back, so the whole term is charged on a round's first step and its
-later steps (``BatchShape.round_continuation``) pay none (docs/engine_overhead.md, "Multi-step
-scheduling").
+runs the round's steps back to back, so the per-step terms are charged on a round's first step and
+its later steps (``BatchShape.round_continuation``) pay only for arrivals taken in meanwhile
+(docs/engine_overhead.md, "Multi-step scheduling").
 
 Sources and the fitted constants: docs/engine_overhead.md. Defaults are 0, so
 ``overhead_s == step_overhead_s`` exactly (``x + 0.0 * n == x`` for every finite ``n >= 0``) and a
@@ -52,12 +57,15 @@ class EngineOverheadConfig(StrictModel):
     per_prefill_seq_s: float = Field(0.0, ge=0, description="CPU time per prefill sequence (chunk) in a step: "
                                      "taking a request in -- API server, tokenisation call, adding it to the "
                                      "engine, its first streamed output (docs/engine_overhead.md)")
+    per_arrival_s: float = Field(0.0, ge=0, description="CPU time per request received since the last step, "
+                                 "charged in the next step: an engine that takes requests in on its own loop "
+                                 "(vLLM V0's AsyncLLMEngine) before it plans (docs/engine_overhead.md)")
 
 
 class StepOverhead:
     """The overhead term of one deployment: built once per timing model, evaluated on ints or arrays."""
 
-    __slots__ = ("per_step_s", "per_seq_s", "per_prefill_token_s", "per_prefill_seq_s", "constant")
+    __slots__ = ("per_step_s", "per_seq_s", "per_prefill_token_s", "per_prefill_seq_s", "per_arrival_s", "constant")
 
     def __init__(self, step_overhead_s: float, cfg: EngineOverheadConfig | None = None):
         cfg = cfg or EngineOverheadConfig()
@@ -65,8 +73,10 @@ class StepOverhead:
         self.per_seq_s = float(cfg.per_seq_s)
         self.per_prefill_token_s = float(cfg.per_prefill_token_s)
         self.per_prefill_seq_s = float(cfg.per_prefill_seq_s)
+        self.per_arrival_s = float(cfg.per_arrival_s)
         # no batch-dependent term: every step costs per_step_s (the callers keep a float, no array row)
-        self.constant = self.per_seq_s == 0.0 and self.per_prefill_token_s == 0.0 and self.per_prefill_seq_s == 0.0
+        self.constant = (self.per_seq_s == 0.0 and self.per_prefill_token_s == 0.0 and self.per_prefill_seq_s == 0.0
+                         and self.per_arrival_s == 0.0)
 
     def time_s(self, num_seqs, num_prefill_tokens=0, num_prefill_seqs=0):
         """The overhead of a step of ``num_seqs`` scheduled sequences, ``num_prefill_seqs`` of them
@@ -77,6 +87,17 @@ class StepOverhead:
         if self.per_prefill_seq_s == 0.0:
             return t
         return t + self.per_prefill_seq_s * num_prefill_seqs
+
+    def of_shape(self, seqs: int, shape) -> float:
+        """THE overhead of one step of ``shape`` (a BatchShape) with ``seqs`` sequences in its
+        launch: :meth:`time_s` of its counts plus its arrivals' intake; only that intake on a
+        multi-step round's later steps."""
+        if shape.round_continuation:
+            return self.per_arrival_s * shape.num_arrivals if shape.num_arrivals else 0.0
+        t = self.time_s(seqs, shape.num_prefill_tokens, shape.num_prefill_seqs)
+        if shape.num_arrivals:
+            t = t + self.per_arrival_s * shape.num_arrivals
+        return t
 
     def decode_row(self, num_seqs: np.ndarray) -> np.ndarray:
         """``time_s(n, 0)`` for an int64 array of batch sizes (decode steps compute no prompt tokens)."""

@@ -172,19 +172,19 @@ def test_fit_uses_only_the_fit_cases_of_each_profile():
     """Metrics linear in the constants: the fit gives back the constants that produced them."""
     rows = [_fit_case("a", "fit", "vllm-v0.6", 12.0, 60.0), _fit_case("b", "fit", "vllm-v0.6", 12.0, 110.0),
             _fit_case("held", "holdout", "vllm-v0.6", 99.0, 999.0)]
-    # zero run: TPOT 10 ms, TTFT 50 ms; a's prefill has 1 sequence, b's 2 per step (d TTFT / d q)
+    # zero run: TPOT 10 ms, TTFT 50 ms; a's first step takes 1 arrival in, b's 2 (d TTFT / d q)
     zero = {c: {"tpot_ms": 10.0, "ttft_ms": 50.0, "request_throughput": 1.0} for c in ("a", "b", "held")}
-    slope = {"a": {"step_overhead_s": (1e3, 1e3), "per_prefill_seq_s": (0.0, 1e3)},
-             "b": {"step_overhead_s": (1e3, 1e3), "per_prefill_seq_s": (0.0, 2e3)}}
+    slope = {"a": {"step_overhead_s": (1e3, 1e3), "per_arrival_s": (0.0, 1e3)},
+             "b": {"step_overhead_s": (1e3, 1e3), "per_arrival_s": (0.0, 2e3)}}
     bumped = {p: {c: {"tpot_ms": 10.0 + slope[c][p][0] * vs.FIT_STEP[p],
                       "ttft_ms": 50.0 + slope[c][p][1] * vs.FIT_STEP[p], "request_throughput": 1.0}
-                  for c in ("a", "b")} for p in ("step_overhead_s", "per_prefill_seq_s")}
+                  for c in ("a", "b")} for p in ("step_overhead_s", "per_arrival_s")}
     fit = vs.fit_constants(rows, zero, bumped)
     got = fit["vllm-v0.6"]["values"]
     # TPOT +2 ms -> step 2 ms; TTFT a: 50 + 2 + 1 x q = 60 -> q = 8 ms; b: 50 + 2 + 2 x q = 110 -> q = 29 ms:
     # the fit lies between what the two cases ask for
     assert got["step_overhead_s"] == pytest.approx(0.002, rel=0.05)
-    assert 0.008 - 1e-6 <= got["per_prefill_seq_s"] <= 0.029 + 1e-6
+    assert 0.008 - 1e-6 <= got["per_arrival_s"] <= 0.029 + 1e-6
     assert not any(o.startswith("held") for o in fit["vllm-v0.6"]["observations"])
     assert list(fit) == ["vllm-v0.6"]  # no fit case of another profile: nothing fitted there
 
@@ -192,14 +192,20 @@ def test_fit_uses_only_the_fit_cases_of_each_profile():
 def test_param_overrides_are_kvsim_run_set_keys():
     assert vs.param_overrides({"step_overhead_s": 0.003, "moe_layer_s": 2e-05, "per_prefill_seq_s": 0.004}) == [
         "timing.step_overhead_s=0.003", "timing.moe_layer_s=2e-05", "timing.overhead={per_prefill_seq_s: 0.004}"]
+    # the V0 profile's intake term: the profile's own overhead terms beside it, the fitted value winning
+    assert vs.param_overrides({"per_arrival_s": 0.002}, "vllm-v0.6") == ["timing.overhead={per_arrival_s: 0.002}"]
+    assert vs.param_overrides({"per_prefill_seq_s": 0.004}, "vllm-v1") == [
+        "timing.overhead={per_seq_s: 2.317e-05, per_prefill_seq_s: 0.004}"]
 
 
 def test_every_case_names_the_profile_of_its_engine_version():
     for row in vs.load_corpus():
         text = vs.scenario_text(row)
         assert f"engine_profile: {row['engine_profile']}" in text
-        if row["engine"] == "vllm" and row["engine_version"].startswith("v0.5"):
-            assert row["engine_profile"] == "vllm-v0.6"  # vLLM 0.5.x: the v0 engine
+        if row["engine"] == "vllm" and row["engine_version"].startswith(("v0.5", "v0.6")):
+            assert row["engine_profile"] == "vllm-v0.6"  # vLLM 0.5.x-0.6.x: the v0 engine
+        if row["num_scheduler_steps"]:  # multi-step rounds reach the scenario (vLLM 0.6's --num-scheduler-steps)
+            assert f"num_scheduler_steps: {row['num_scheduler_steps']}" in text
         assert (row["engine"] == "sglang") == (row["engine_profile"] == "sglang")
 
 

@@ -92,3 +92,44 @@ def test_per_prefill_sequence_term_is_charged_in_prefill_steps_only():
     d, _, _ = t.decode_durations(n, n * 500, n * 32)
     assert [x.hex() for x in d] == [t.step_time(decode_shape(int(k), int(k) * 500, int(k) * 32)).duration_s.hex()
                                     for k in n]
+
+
+def test_per_arrival_intake_is_charged_once_in_the_next_step():
+    """overhead.per_arrival_s: requests received since the last plan are taken in before the next
+    step (vLLM V0's engine loop): a burst of N pays N of it in one step, later steps nothing."""
+    from dataclasses import replace
+
+    t = _timing(per_arrival_s=0.002)
+    assert t.prices_arrivals and not _timing().prices_arrivals
+    shape = _mixed_shape()
+    plain = t.step_time(shape).breakdown_s["overhead_s"]
+    burst = t.step_time(replace(shape, num_arrivals=80)).breakdown_s["overhead_s"]
+    assert plain == 0.003 and burst == 0.003 + 0.002 * 80
+    # a multi-step round's later step pays its arrivals' intake, not the per-step terms
+    cont = replace(decode_shape(8, 8 * 300, 8 * 19), round_continuation=True)
+    assert t.step_time(cont).breakdown_s["overhead_s"] == 0.0
+    assert t.step_time(replace(cont, num_arrivals=3)).breakdown_s["overhead_s"] == 0.002 * 3
+
+
+def _burst_run(mode, per_arrival, rows):
+    from helpers import make_trace
+    from kvsim.simulate import run
+
+    scn = make_scenario(engine={"mode": mode}, model="Llama-3-8B", gpu="H100-SXM-80GB", kv_budget={"tokens": 20000},
+                        allocator={"kind": "paged", "block_size": 16, "watermark": 0.01},
+                        timing={"kind": "analytical", "step_overhead_s": 0.001,
+                                "overhead": {"per_arrival_s": per_arrival} if per_arrival else None})
+    return run(scn, trace=make_trace(rows), check_invariants=True)
+
+
+def test_a_burst_delays_the_first_step_by_its_intake_and_fast_equals_step():
+    rows = [(0.0, 100, 50)] * 30 + [(0.5 + 0.013 * i, 60, 40) for i in range(60)]
+    base, fast, step = _burst_run("fast", 0.0, rows), _burst_run("fast", 0.004, rows), _burst_run("step", 0.004, rows)
+    assert fast.requests.equals(step.requests)  # windows end before each arrival whose intake is charged
+    first = fast.steps[~fast.steps["idle"]].iloc[0]
+    assert first["overhead_s"] == pytest.approx(0.001 + 30 * 0.004)
+    ttft = (fast.requests["first_token_s"] - fast.requests["arrival_s"]).to_numpy()
+    ttft0 = (base.requests["first_token_s"] - base.requests["arrival_s"]).to_numpy()
+    assert ttft[:30] == pytest.approx(ttft0[:30] + 30 * 0.004, rel=1e-6)  # one prompt step holds all 30
+    assert "per_arrival_s" not in str(resolved_dict(make_scenario(timing={"kind": "analytical", "overhead": {
+        "per_seq_s": 1e-6, "per_arrival_s": 0.0}})))

@@ -17,6 +17,7 @@ import csv
 import io
 import json
 import math
+import sys
 from pathlib import Path
 
 DESCRIPTION = """Read a serving-benchmark result (vllm bench serve --save-result, best with --save-detailed;
@@ -145,6 +146,11 @@ def _run_one(tmp: Path, res, raw: dict, scn, where: str, test_prompt: bool) -> l
     from kvsim.simulate import run as simulate
 
     tmp.mkdir(parents=True, exist_ok=True)
+    if res.chunk_tokens > 1 and res.chunk_tokens != scn.scheduler.num_scheduler_steps:
+        print(f"note: {res.path}: its streamed gaps show one chunk per {res.chunk_tokens} tokens after the first (vLLM "
+              f"0.6's multi-step scheduling, --num-scheduler-steps {res.chunk_tokens}); this run has "
+              f"scheduler.num_scheduler_steps {scn.scheduler.num_scheduler_steps}: add --set "
+              f"scheduler.num_scheduler_steps={res.chunk_tokens} (engine_profile vllm-v0.6)", file=sys.stderr)
     _, how = build.arrivals(res, scn.seed)
     (tmp / "trace.csv").write_text(build.trace_text(res, scn.seed, test_prompt))
     (tmp / "scenario.yaml").write_text(build.scenario_text(res, raw, how, test_prompt))

@@ -49,6 +49,9 @@ class BenchResult:
     published: dict[str, float]  # PREDICTED keys the file prints
     # requests whose printed TTFT is 0: no text was streamed, and the client counted TTFT 0 (``ttfts``)
     zero_ttft: frozenset[int] = frozenset()
+    # tokens per streamed chunk the file's per-request gaps (``itls``) show: N > 1 for vLLM 0.6's
+    # multi-step rounds (--num-scheduler-steps N; :func:`stream_chunk_tokens`), else 1
+    chunk_tokens: int = 1
 
     @property
     def num_requests(self) -> int:
@@ -128,6 +131,28 @@ def load_all(path: Path, index: int | None = None) -> list[BenchResult]:
     return [_result(path, docs, i) for i in (range(len(docs)) if index is None else [index])]
 
 
+def stream_chunk_tokens(output_lens: list[int], itls) -> int:
+    """Tokens per streamed chunk after the first token: the smallest N >= 2 for which at least 80 % of
+    the requests with 2+ output tokens streamed ``ceil((output - 1) / N)`` gaps (vLLM 0.6's multi-step
+    rounds: a request's first token comes alone, then one chunk per round), with at least three
+    requests long enough to show it (``output - 1 >= 2 N``); 1 when the gaps are one per token or
+    follow no such N. The client counts ``output_lens`` by re-tokenising the text, so a few requests
+    may be one gap off."""
+    if not isinstance(itls, list) or len(itls) != len(output_lens):
+        return 1
+    pairs = [(o - 1, len(g)) for o, g in zip(output_lens, itls) if isinstance(g, list) and o >= 2]
+    if len(pairs) < 3:
+        return 1
+    need = 0.8 * len(pairs)
+    if sum(k == n for n, k in pairs) >= need:
+        return 1
+    for n_steps in range(2, 257):
+        if (sum(k == -(-n // n_steps) for n, k in pairs) >= need
+                and sum(n >= 2 * n_steps for n, _ in pairs) >= 3):
+            return n_steps
+    return 1
+
+
 def _result(path: Path, docs: list[dict], index: int) -> BenchResult:
     if not 0 <= index < len(docs):
         raise ConfigError(f"{path}: --index {index}: the file holds {len(docs)} result(s) (0..{len(docs) - 1})")
@@ -153,4 +178,5 @@ def _result(path: Path, docs: list[dict], index: int) -> BenchResult:
         raise ConfigError(f"{where}: no printed metric to compare with (expected one of {', '.join(PREDICTED)})")
     return BenchResult(path=path, index=index, model_id=str(doc.get("model_id") or ""), request_rate=rate,
                        burstiness=burst, max_concurrency=conc, input_lens=inp, output_lens=out,
-                       per_request=per_request, start_times=starts, published=published, zero_ttft=zero)
+                       per_request=per_request, start_times=starts, published=published, zero_ttft=zero,
+                       chunk_tokens=stream_chunk_tokens(out, doc.get("itls")) if per_request else 1)

@@ -288,3 +288,28 @@ def test_the_fourth_collection_files_are_whole_and_name_their_source_and_deploym
         res = result.load(f)
         assert res.per_request and res.zero_ttft == frozenset(i for i, t in enumerate(d["ttfts"]) if t == 0)
         assert {"request_throughput", "median_ttft_ms", "median_tpot_ms", "median_e2el_ms"} <= set(res.published)
+
+
+def test_stream_chunk_tokens_reads_multi_step_rounds_from_the_gaps():
+    outs = [120, 429, 233, 9, 3, 31, 101, 1, 0, 57]
+    tok = [[0.007] * (o - 1) for o in outs]  # a gap per token
+    ten = [[0.072] * (-(-(o - 1) // 10)) for o in outs]  # the Lambda files: first token alone, then 10 a chunk
+    assert result.stream_chunk_tokens(outs, tok) == 1
+    assert result.stream_chunk_tokens(outs, ten) == 10
+    ten[1] = ten[1][:-1]  # one request a gap short (the client re-tokenises the text): still 10
+    assert result.stream_chunk_tokens(outs, ten) == 10
+    assert result.stream_chunk_tokens([3, 2, 3, 2], [[0.1]] * 4) == 1  # too short to show any chunking
+    assert result.stream_chunk_tokens(outs, None) == 1 and result.stream_chunk_tokens(outs, ten[:3]) == 1
+
+
+def test_a_multi_step_file_gets_a_note_unless_the_run_has_its_rounds(tmp_path):
+    doc = _lambda_result(tmp_path / "r.json")
+    doc["itls"] = [[0.07] * (-(-(o - 1) // 10)) if o >= 1 else [] for o in doc["output_lens"]]
+    (tmp_path / "r.json").write_text(json.dumps(doc))
+    assert result.load(tmp_path / "r.json").chunk_tokens == 10
+    args = ("servebench", str(tmp_path / "r.json"), "--scenario", f"scenarios/validation/{CASE}.yaml")
+    same = kvsim(*args, "--out", str(tmp_path / "a"))  # the corpus scenario runs 10-step rounds already
+    assert same.returncode == 0 and "num_scheduler_steps" not in same.stderr, same.stderr
+    one = kvsim(*args, "--out", str(tmp_path / "b"), "--set", "scheduler.num_scheduler_steps=1")
+    assert one.returncode == 0, one.stderr
+    assert "--set scheduler.num_scheduler_steps=10" in one.stderr

@@ -2,6 +2,7 @@
 ``kvsim servebench`` (docs/validation.md, "The fourth collection").
 
     .venv/bin/python bench/servebench_lambda10.py [--out DIR]   # default results/servebench-lambda10
+    .venv/bin/python bench/servebench_lambda10.py --data scenarios/validation/lambda_loads   # the fifth collection
 
 Each result file in ``scenarios/validation/lambda_prompt10/`` (a ``benchmark_serving.py --save-result``
 file of vLLM 0.6.0 with 10-step rounds, its keys as printed, per-request texts and ITLs left out) runs on the scenario of
@@ -26,24 +27,26 @@ DATA = ROOT / "scenarios" / "validation" / "lambda_prompt10"
 METRICS = ("request_throughput", "median_ttft_ms", "median_tpot_ms")
 
 
-def deployment(name: str) -> Path:
+def deployment(name: str, data: Path = DATA) -> Path:
     """A result file's deployment scenario: a first-collection case (``scenarios/validation/<case>.yaml``)
-    or, for a deployment the first collection does not have, a file under ``lambda_prompt10/deployments/``."""
-    return DATA / name if name.endswith(".yaml") else ROOT / "scenarios" / "validation" / f"{name}.yaml"
+    or, for a deployment the first collection does not have, a file under ``<data>/deployments/``."""
+    return data / name if name.endswith(".yaml") else ROOT / "scenarios" / "validation" / f"{name}.yaml"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "servebench-lambda10")
+    ap.add_argument("--data", type=Path, default=DATA, help="the folder of result files (default: the fourth "
+                    "collection, scenarios/validation/lambda_prompt10; the fifth: scenarios/validation/lambda_loads)")
     args = ap.parse_args(argv)
     lines = ["| result | deployment | " + " | ".join(f"{m} printed / kvsim / error" for m in METRICS) + " |",
              "|---|---|" + "---|" * len(METRICS)]
     within = total = 0
-    for path in sorted(DATA.glob("*.json")):
+    for path in sorted(args.data.glob("*.json")):
         case = json.loads(path.read_text())["kvsim_deployment"]
         out = args.out / path.stem
         r = subprocess.run([sys.executable, "-m", "kvsim", "servebench", str(path), "--scenario",
-                            str(deployment(case)), "--out", str(out)],
+                            str(deployment(case, args.data)), "--out", str(out)],
                            capture_output=True, text=True, cwd=ROOT)
         if r.returncode != 0:
             print(r.stderr, file=sys.stderr)

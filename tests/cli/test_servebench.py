@@ -313,3 +313,20 @@ def test_a_multi_step_file_gets_a_note_unless_the_run_has_its_rounds(tmp_path):
     one = kvsim(*args, "--out", str(tmp_path / "b"), "--set", "scheduler.num_scheduler_steps=1")
     assert one.returncode == 0, one.stderr
     assert "--set scheduler.num_scheduler_steps=10" in one.stderr
+
+
+def test_the_fifth_collection_files_are_whole_and_name_their_source_and_deployment():
+    files = sorted((ROOT / "scenarios/validation/lambda_loads").glob("*.json"))
+    assert len(files) == 6
+    for f in files:
+        d = json.loads(f.read_text())
+        commit = "a4f9f437" if "H100" in d["kvsim_source"] else "a9b42a5f"  # the first collection's commits
+        assert d["kvsim_source"].startswith(f"https://github.com/LambdaLabsML/vllm-benchmark/blob/{commit}")
+        n = d["num_prompts"]
+        assert f"/results/prompt_{n}/" in d["kvsim_source"] and n in (20, 40, 160) and n == len(d["input_lens"])
+        # the copied lists agree with the printed figures: every request completed, the median TTFT
+        assert round(d["request_throughput"] * d["duration"]) == n
+        assert 1000 * float(np.median(d["ttfts"])) == pytest.approx(d["median_ttft_ms"], rel=1e-9)
+        assert (ROOT / "scenarios/validation" / f"{d['kvsim_deployment']}.yaml").is_file()
+        res = result.load(f)
+        assert res.per_request and {"request_throughput", "median_ttft_ms", "median_tpot_ms"} <= set(res.published)

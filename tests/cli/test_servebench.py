@@ -273,21 +273,30 @@ def test_a_request_that_streamed_nothing_counts_ttft_zero(tmp_path):
     assert rows["mean_ttft_ms"] == pytest.approx((t[0] + t[2] + t[3]) / 4, rel=1e-9)
 
 
-def test_the_fourth_collection_files_are_whole_and_name_their_source_and_deployment():
-    files = sorted((ROOT / "scenarios/validation/lambda_prompt10").glob("*.json"))
-    assert len(files) == 13
+def _lambda_files(folder: str, count: int):
+    """The copied Lambda result files of ``scenarios/validation/<folder>``: each names its source (at the
+    first collection's commits) and a deployment scenario that exists, and loads as a result with
+    per-request lengths; yields (file's keys, loaded result)."""
+    files = sorted((ROOT / "scenarios/validation" / folder).glob("*.json"))
+    assert len(files) == count
     for f in files:
         d = json.loads(f.read_text())
         commit = "a4f9f437" if "H100" in d["kvsim_source"] else "a9b42a5f"  # the first collection's commits
         assert d["kvsim_source"].startswith(f"https://github.com/LambdaLabsML/vllm-benchmark/blob/{commit}")
-        assert "/results/prompt_10/" in d["kvsim_source"] and d["num_prompts"] == 10 == len(d["input_lens"])
-        # the copied per-request lengths add up to the printed totals
-        assert sum(d["input_lens"]) == d["total_input_tokens"] and sum(d["output_lens"]) == d["total_output_tokens"]
+        assert f"/results/prompt_{d['num_prompts']}/" in d["kvsim_source"] and d["num_prompts"] == len(d["input_lens"])
         dep = d["kvsim_deployment"]
-        assert (ROOT / "scenarios/validation" / ("lambda_prompt10/" + dep if dep.endswith(".yaml") else dep + ".yaml")).is_file()
+        assert (ROOT / "scenarios/validation" / (f"{folder}/{dep}" if dep.endswith(".yaml") else dep + ".yaml")).is_file()
         res = result.load(f)
         assert res.per_request and res.zero_ttft == frozenset(i for i, t in enumerate(d["ttfts"]) if t == 0)
-        assert {"request_throughput", "median_ttft_ms", "median_tpot_ms", "median_e2el_ms"} <= set(res.published)
+        assert {"request_throughput", "median_ttft_ms", "median_tpot_ms"} <= set(res.published)
+        yield d, res
+
+
+def test_the_fourth_collection_files_are_whole_and_name_their_source_and_deployment():
+    for d, res in _lambda_files("lambda_prompt10", 13):
+        assert d["num_prompts"] == 10 and "median_e2el_ms" in res.published
+        # the copied per-request lengths add up to the printed totals
+        assert sum(d["input_lens"]) == d["total_input_tokens"] and sum(d["output_lens"]) == d["total_output_tokens"]
 
 
 def test_stream_chunk_tokens_reads_multi_step_rounds_from_the_gaps():
@@ -316,17 +325,9 @@ def test_a_multi_step_file_gets_a_note_unless_the_run_has_its_rounds(tmp_path):
 
 
 def test_the_fifth_collection_files_are_whole_and_name_their_source_and_deployment():
-    files = sorted((ROOT / "scenarios/validation/lambda_loads").glob("*.json"))
-    assert len(files) == 6
-    for f in files:
-        d = json.loads(f.read_text())
-        commit = "a4f9f437" if "H100" in d["kvsim_source"] else "a9b42a5f"  # the first collection's commits
-        assert d["kvsim_source"].startswith(f"https://github.com/LambdaLabsML/vllm-benchmark/blob/{commit}")
+    for d, _ in _lambda_files("lambda_loads", 6):
         n = d["num_prompts"]
-        assert f"/results/prompt_{n}/" in d["kvsim_source"] and n in (20, 40, 160) and n == len(d["input_lens"])
+        assert n in (20, 40, 160)
         # the copied lists agree with the printed figures: every request completed, the median TTFT
         assert round(d["request_throughput"] * d["duration"]) == n
         assert 1000 * float(np.median(d["ttfts"])) == pytest.approx(d["median_ttft_ms"], rel=1e-9)
-        assert (ROOT / "scenarios/validation" / f"{d['kvsim_deployment']}.yaml").is_file()
-        res = result.load(f)
-        assert res.per_request and {"request_throughput", "median_ttft_ms", "median_tpot_ms"} <= set(res.published)

@@ -65,6 +65,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "multistep-check")
     args = ap.parse_args(argv)
+    marker = args.out / ".multistep-check"  # this script's folder: it replaces only what it wrote there
+    if args.out.exists() and any(args.out.iterdir()) and not marker.is_file():
+        print(f"bench/multistep_check.py: --out {args.out}: a non-empty folder this script did not make; "
+              f"valid choices: a new or empty folder, or one it made before", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    marker.write_text("written by bench/multistep_check.py: trace.csv, scenario.yaml and run/ in each subfolder\n")
     lines = ["| model | vLLM | chunked prefill | steps | output tok/s: printed / kvsim / error "
              "| median TPOT ms: printed / kvsim |", "|---|---|---|---:|---|---|"]
     ratios: dict[str, dict[str, tuple[float, float]]] = {}

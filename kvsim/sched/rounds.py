@@ -5,8 +5,8 @@ with ``--num-scheduler-steps N`` (vllm-project/vllm#7000, in v0.6.0) schedules a
 and runs it for N steps; the sampled tokens stay on the GPU between them and are processed, and
 streamed, when the round ends. kvsim's rules, each with what it stands for:
 
-* **A round opens** at a step the ordinary phases plan with no prompt work (a decode step: the V0
-  scheduler runs prompts in steps of their own, ``prefill_only_steps``). Its first step reserves,
+* **A round opens** at a step the ordinary phases plan with no prompt work (a decode step that
+  admits nobody: the V0 scheduler runs prompts in steps of their own, ``prefill_only_steps``). Its first step reserves,
   for every request it schedules, KV slots for the round's tokens (vLLM's ``num_lookahead_slots =
   N - 1`` in ``can_append_slots`` / ``append_slots``; kvsim stops the reservation at the request's
   last output token, where vLLM reserves N - 1 slots past it). A step with prompt work is a round
@@ -52,8 +52,10 @@ class MultiStepRounds:
         return max(0, min(self._lookahead, req.output_tokens - req.num_generated - 1)) if n == 1 else 0
 
     def _open_round(self, step: StepDraft, now_s: float, prefill_tokens: int, decode_seqs: int) -> None:
-        """The step just planned opens a round of ``1 + lookahead`` steps if it has no prompt work."""
-        if self._lookahead and step.scheduled and not prefill_tokens:
+        """The step just planned opens a round of ``1 + lookahead`` steps if it has no prompt work: it
+        computes no prompt token and admits nobody (a request admitted with all but its last token in
+        the prefix cache computes one token, but it is a prompt step all the same, as in vLLM)."""
+        if self._lookahead and step.scheduled and not step.admitted and not prefill_tokens:
             self._round_left = self._lookahead
             self._round_start_s = now_s
             self._round_seqs = decode_seqs

@@ -173,3 +173,21 @@ def test_the_v06_profile_runs_lambda_like_traffic_faster_with_rounds():
     one, ten = go(1), go(10)
     assert ten.summary["throughput_output_tokens_per_s"] > one.summary["throughput_output_tokens_per_s"]
     assert not math.isnan(ten.summary["tpot_s"]["p50"])
+
+
+@pytest.mark.parametrize("alloc", [{"kind": "radix", "block_size": 1},
+                                   {"kind": "paged", "block_size": 16, "prefix_caching": True}])
+def test_a_readmission_found_in_the_prefix_cache_is_a_prompt_step_not_a_round(alloc):
+    # a preempted request re-admitted with all but its last token cached computes one token: it is
+    # admitted in a prompt step all the same (no lookahead reserved there), so no round may open on it
+    rng = np.random.default_rng(5)
+    rows = list(zip(np.cumsum(rng.exponential(1 / 25, 150)), rng.integers(1, 500, 150), rng.integers(1, 200, 150)))
+    runs = {}
+    for mode in ("fast", "step"):
+        scn = make_scenario(engine={"mode": mode}, model="Llama-2-7B", kv_budget={"tokens": 6000}, allocator=alloc,
+                            timing={"kind": "analytical", "step_overhead_s": 0.002,
+                                    "overhead": {"per_arrival_s": 0.001}},
+                            scheduler={"prefill_only_steps": True, "num_scheduler_steps": 6})
+        runs[mode] = run(scn, trace=make_trace(rows), check_invariants=True)  # held >= computed after every step
+    assert runs["fast"].requests.equals(runs["step"].requests)
+    assert runs["step"].summary["preemptions"] > 0 and (runs["step"].requests["status"] == "finished").all()

@@ -208,3 +208,19 @@ def test_fast_equals_step_with_prompt_only_chunked_steps(alloc, blocks):
     st = fast.steps
     assert ((st["prefill_tokens"] > 0) & (st["decode_tokens"] > 0)).sum() == 0
     assert (st["prefill_tokens"] == 256).sum() > 10  # prompts were cut at the budget
+
+
+@pytest.mark.parametrize("extra", [
+    {"allocator": {"kind": "paged", "block_size": 16, "watermark": 0.01}},
+    {"allocator": {"kind": "buddy", "block_size": 16, "reservation": "pow2"}},
+    {"replicas": {"count": 2, "router": "round_robin"}},
+    {"scheduler": {"chunked_prefill": True, "max_num_batched_tokens": 256}},
+])
+def test_fast_equals_step_when_arrivals_intake_is_charged(extra):
+    # timing.overhead.per_arrival_s: each arrival's intake is charged in the step after it, so decode
+    # windows end before every arrival (PricesArrivals); the tables stay those of the step engine
+    rows = random_rows(300, seed=15, rate=60.0)
+    timing = {**TIMING, "overhead": {"per_arrival_s": 0.0015}}
+    step, fast = both({"kv_budget": {"tokens": 4000}, "timing": timing, **extra}, rows)
+    assert_same(step, fast)
+    assert step.steps["overhead_s"].max() > 0.001 + 0.0015 - 1e-12  # some step paid an intake

@@ -326,7 +326,7 @@ class Engine:
             replica=rep.index, idle=False, num_steps=1, finished=len(done), evictions=rep.new_evictions(),
             start_s=start, duration_s=timing.duration_s, batch_size=shape.num_seqs,
             prefill_tokens=shape.num_prefill_tokens, decode_tokens=shape.num_decode_tokens,
-            running=len(sched.running) + len(done), waiting=len(sched.waiting), admitted=len(plan.admitted),
+            running=sched.running_in_step(done), waiting=len(sched.waiting), admitted=len(plan.admitted),
             preempted=len(plan.preempted), memory=MemoryParts.of(usage), kv_bytes_read=timing.kv_bytes_read,
             kv_pages_read=shape.kv_pages_read, breakdown=timing.breakdown_s, swap_in_bytes=shape.swap_in_bytes,
             swap_out_bytes=shape.swap_out_bytes, step_durations_s=itl_d, step_decode_tokens=itl_n)

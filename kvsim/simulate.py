@@ -92,6 +92,8 @@ def resolved_dict(scn: Scenario) -> dict:
         del sched["num_scheduler_steps"]  # likewise (issue 23: vLLM 0.6's multi-step scheduling)
     if sched.get("mixed_chunk") is True:
         del sched["mixed_chunk"]  # likewise (issue 23: SGLang's prefill batches)
+    if sched.get("async_scheduling") is False:
+        del sched["async_scheduling"]  # likewise (issue 23: vLLM V1's async scheduling)
     if "max_prefill_tokens" in sched and sched["max_prefill_tokens"] is None:
         del sched["max_prefill_tokens"]
     return d

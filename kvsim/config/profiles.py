@@ -72,7 +72,8 @@ class EngineProfile:
 
 _PROFILES: tuple[EngineProfile, ...] = (
     EngineProfile("kvsim", "kvsim's own defaults before engine profiles (an older vLLM's): fills nothing"),
-    EngineProfile("vllm-v1", "vLLM v1 as of 0.32.0 (the default): chunked prefill, per-chunk prompt blocks, "
+    EngineProfile("vllm-v1", "vLLM v1 as of 0.32.0 with synchronous scheduling (the default; vLLM's own default "
+                  "before 0.14.0, --no-async-scheduling since): chunked prefill, per-chunk prompt blocks, "
                   "prefix caching, no watermark, FlashAttention paged decode", {
         "scheduler.chunked_prefill": Fill(True, f"{_VLLM_032} SchedulerConfig.enable_chunked_prefill = True "
                                                 "(vllm/config/scheduler.py)"),
@@ -105,7 +106,13 @@ _PROFILES: tuple[EngineProfile, ...] = (
             "bench/engine_windows.py, scenarios/validation/engine_log_lines.csv; docs/engine_overhead.md); "
             f"per_prefill_seq_s: {_FIT}, 6 vLLM v1 cases"),
     }, batch_rule=vllm_v1_server_batch),
-    EngineProfile("vllm-0.32", "vLLM 0.32.0 exactly: today the same as vllm-v1", inherits="vllm-v1"),
+    EngineProfile("vllm-0.32", "vLLM 0.32.0 exactly: vllm-v1 with async scheduling, 0.32's default", {
+        "scheduler.async_scheduling": Fill(
+            True, f"{_VLLM_032} VllmConfig: async_scheduling None becomes True unless a pooling model, an "
+                  "unsupported speculative method, pipeline parallelism or the executor rule it out "
+                  "(vllm/config/vllm.py); the default since 0.14.0 (vllm-project/vllm#27614); the AsyncScheduler "
+                  "in EngineCore.step_with_batch_queue's order; docs/conformance.md 'Async scheduling'"),
+    }, inherits="vllm-v1"),
     EngineProfile("vllm-v0.6", "vLLM 0.6 (v0 engine): no chunked prefill or prefix caching by default, prompt "
                   "blocks at admission, watermark 0.01, FlashAttention paged decode", {
         "scheduler.chunked_prefill": Fill(False, "vLLM 0.6 EngineArgs.enable_chunked_prefill = None: off unless "

@@ -68,6 +68,9 @@ class Case:
     # a closed-loop client of this many slots (kvsim/client.py) on both sides: a request is added when
     # one in flight finishes; None: every request at its arrival
     max_concurrency: int | None = None
+    # vLLM's AsyncScheduler in its engine core's order (vllm_side.run_vllm) and kvsim's
+    # scheduler.async_scheduling; False: both synchronous (vLLM --no-async-scheduling)
+    async_scheduling: bool = False
 
     @property
     def blocks_ahead(self) -> bool:
@@ -219,4 +222,8 @@ def builtin_cases() -> list[Case]:
                                   f"Mooncake conversation trace, 40 requests, hash_ids as token ids, prefix caching {'on' if pc else 'off'}",
                                   from_trace(mooncake, 40, 1800, 100, time_scale=0.02), num_blocks=300,
                                   prefix_caching=pc))
+    # every case again under async scheduling (vLLM 0.32's default, vllm-project/vllm#27614 since 0.14.0;
+    # kvsim's scheduler.async_scheduling): not the exception cases, nor kvsim's own at_admission blocks
+    cases += [replace(c, name=f"{c.name}_async", description=f"{c.description}; async scheduling", async_scheduling=True)
+              for c in list(cases) if not c.exceptions and not c.blocks_ahead]
     return cases

@@ -88,7 +88,7 @@ def run_kvsim(case: Case, mode: str) -> Timeline:
     allocator = ALLOCATORS.build(alloc_cfg, case.num_blocks * case.block_size, bytes_per_token=1)
     sched_cfg = SchedulerConfig(max_num_seqs=case.max_num_seqs, max_num_batched_tokens=case.max_num_batched_tokens,
                                 chunked_prefill=case.chunked_prefill, prompt_blocks=case.prompt_blocks,
-                                reserve_full_isl=case.reserve_full_isl,
+                                reserve_full_isl=case.reserve_full_isl, async_scheduling=case.async_scheduling,
                                 victim="lowest_priority" if case.policy == "priority" else "latest_admitted")
     log = RequestLog()
     # one byte per token: memory columns count tokens (the comparison reads blocks and counts only)

@@ -47,7 +47,7 @@ def select(names: list[str] | None) -> list[Case]:
 def run_case(case: Case) -> Outcome:
     from kvsim.conformance.vllm_side import run_vllm
 
-    ref = run_vllm(case)
+    ref = run_vllm(case, async_scheduling=case.async_scheduling)
     diffs = {mode: compare(case.name, ref, run_kvsim(case, mode), blocks_ahead=case.blocks_ahead) for mode in MODES}
     return Outcome(case, len(ref.steps), sum(s["preemptions"] for s in ref.steps),
                    sum(s["prefix_hit_tokens"] for s in ref.steps),

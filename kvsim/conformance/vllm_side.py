@@ -10,6 +10,12 @@ step's start are added before it is scheduled, an idle scheduler jumps to the ne
 Parallel samples (n > 1) are fanned out into n requests, as vLLM's engine does before its
 scheduler sees them. Sampled token ids are unique per request so generated blocks are never shared
 by accident. vLLM is imported here only, when a case runs.
+
+With ``async_scheduling`` (vLLM's default since it turned async scheduling on by default; kvsim's
+scheduler is the synchronous one) the driver keeps vLLM's ``AsyncScheduler`` in the order of
+``EngineCore.step_with_batch_queue`` with its queue of two batches on a GPU (a batch just
+launched is never done when the engine checks): it schedules step k + 1 while step k runs and
+processes step k's output after that (:func:`run_vllm`).
 """
 
 from __future__ import annotations
@@ -57,11 +63,12 @@ def _model_dir() -> str:
     return str(d)
 
 
-def build_scheduler(case: Case):
-    """A vLLM v1 Scheduler configured as ``case`` says."""
+def build_scheduler(case: Case, async_scheduling: bool = False):
+    """A vLLM v1 Scheduler configured as ``case`` says (its ``AsyncScheduler`` with ``async_scheduling``)."""
     vllm_version()
     logging.getLogger("vllm").setLevel(logging.ERROR)
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE  # (torch itself stays in kvsim.calibration)
@@ -71,7 +78,8 @@ def build_scheduler(case: Case):
     sc = SchedulerConfig(max_num_seqs=case.max_num_seqs, max_num_batched_tokens=case.max_num_batched_tokens,
                          max_model_len=case.max_model_len, enable_chunked_prefill=case.chunked_prefill,
                          is_encoder_decoder=False, policy=case.policy,
-                         scheduler_reserve_full_isl=case.reserve_full_isl, watermark=0.0)
+                         scheduler_reserve_full_isl=case.reserve_full_isl, watermark=0.0,
+                         async_scheduling=async_scheduling)
     mc = ModelConfig(model=_model_dir(), skip_tokenizer_init=True, max_model_len=case.max_model_len,
                      dtype="float32")
     cc = CacheConfig(block_size=case.block_size, enable_prefix_caching=case.prefix_caching)
@@ -80,7 +88,8 @@ def build_scheduler(case: Case):
     kcc = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
         ["layer"], FullAttentionSpec(block_size=case.block_size, num_kv_heads=1, head_size=1, dtype=float32))])
     cc.num_gpu_blocks = blocks
-    return Scheduler(vllm_config=vc, kv_cache_config=kcc, block_size=case.block_size,
+    cls = AsyncScheduler if async_scheduling else Scheduler
+    return cls(vllm_config=vc, kv_cache_config=kcc, block_size=case.block_size,
                      structured_output_manager=StructuredOutputManager(vc), log_stats=False)
 
 
@@ -116,14 +125,19 @@ def _blocks_ahead(sched, block_size: int) -> int:
 
 
 def _step_record(sched, out, per_req: dict, index: dict, step: int, now: float, blocks_used: int,
-                 block_size: int) -> dict:
+                 block_size: int, async_scheduling: bool = False) -> dict:
     """The timeline row of one scheduled step; updates the per-request records (first scheduled
     step, tokens found cached, preemptions)."""
     prefill = decode = hits = 0
     for rid, n in out.num_scheduled_tokens.items():
         r = sched.requests[rid]
-        # decode: one token for a request whose prompt and outputs but the last are computed
-        if n == 1 and r.num_output_tokens > 0 and r.num_computed_tokens == r.num_tokens:
+        # decode: one token for a request whose prompt and outputs but the last are computed (async:
+        # whose prompt was computed before this step; its last outputs may still be placeholders)
+        if async_scheduling:
+            is_decode = n == 1 and r.num_computed_tokens - n >= r.num_prompt_tokens
+        else:
+            is_decode = n == 1 and r.num_output_tokens > 0 and r.num_computed_tokens == r.num_tokens
+        if is_decode:
             decode += 1
         else:
             prefill += 1
@@ -149,71 +163,138 @@ def _step_record(sched, out, per_req: dict, index: dict, step: int, now: float, 
     }
 
 
-def _sampled_output(model_runner_output, sched, out, token: dict, per_req: dict, index: dict, step: int):
-    """The ModelRunnerOutput of a step: one sampled token for each request whose prompt is done
-    (recording its first token step), nothing for a request still in prefill."""
-    ids = list(out.num_scheduled_tokens)
-    sampled = []
-    for rid in ids:
-        r = sched.requests[rid]
-        done_prefill = r.num_computed_tokens >= r.num_tokens
-        sampled.append([token[rid]] if done_prefill else [])
-        if done_prefill:
-            rec = per_req[index[rid]]
-            if rec["first_token_step"] is None:
-                rec["first_token_step"] = step
-    return model_runner_output(req_ids=ids, req_id_to_index={rid: k for k, rid in enumerate(ids)},
-                               sampled_token_ids=sampled)
+class _Replay:
+    """One case's requests, clock-free state and records on the vLLM side (both driving orders)."""
 
+    def __init__(self, case: Case, async_scheduling: bool):
+        from vllm.v1.outputs import ModelRunnerOutput
 
-def run_vllm(case: Case, max_steps: int = 200_000) -> Timeline:
-    """Replay ``case`` through vLLM's scheduler; per-step and per-request records."""
-    sched = build_scheduler(case)
-    from vllm.v1.outputs import ModelRunnerOutput
+        self.case, self.async_scheduling = case, async_scheduling
+        self.sched = build_scheduler(case, async_scheduling)
+        self.output_cls = ModelRunnerOutput
+        self.reqs = _requests(case)
+        self.tl = Timeline("vllm")
+        self.index = {r.request_id: i for i, _, r in self.reqs}
+        self.token = {r.request_id: 10_000_000 + k for k, (_, _, r) in enumerate(self.reqs)}  # unique sampled ids
+        self.per_req: dict[int, dict] = {}
+        self.nxt = 0
+        self.carried_preemptions = 0  # preemptions of an empty batch, counted in the next step's row
+        self.client = case.client()  # the same closed-loop client as kvsim's side (kvsim/client.py), or None
+        self.arrival = [t for _, t, _ in self.reqs] if self.client is None else self.client.engine_arrival_s
 
-    reqs = _requests(case)
-    tl = Timeline("vllm")
-    index = {r.request_id: i for i, _, r in reqs}
-    token = {r.request_id: 10_000_000 + k for k, (_, _, r) in enumerate(reqs)}  # unique sampled ids
-    pool = sched.kv_cache_manager.block_pool
-    usable = case.num_blocks
-    per_req: dict[int, dict] = {}
-    nxt = 0
-    now = 0.0
-    client = case.client()  # the same closed-loop client as kvsim's side (kvsim/client.py), or None
-    arrival = [t for _, t, _ in reqs] if client is None else client.engine_arrival_s
+    def pending_arrivals(self) -> bool:
+        return self.nxt < len(self.reqs)
 
-    def arrive(t: float) -> None:
-        nonlocal nxt
-        while nxt < len(reqs) and arrival[nxt] <= t:
-            sched.add_request(reqs[nxt][2])
-            nxt += 1
+    def arrive(self, t: float) -> None:
+        while self.nxt < len(self.reqs) and self.arrival[self.nxt] <= t:
+            self.sched.add_request(self.reqs[self.nxt][2])
+            self.nxt += 1
 
-    arrive(now)
-    step = 0
-    while sched.get_num_unfinished_requests() or nxt < len(reqs):
-        if not sched.get_num_unfinished_requests():
-            now = float(arrival[nxt])
-            arrive(now)
-            continue
-        if step >= max_steps:
-            raise RuntimeError(f"case {case.name}: vLLM ran {max_steps} steps without finishing")
+    def schedule(self, step: int, start_s: float):
+        """Schedule a step starting at ``start_s``; record it; return (output, its ModelRunnerOutput):
+        one sampled token for each request whose prompt is done after this step (recording its first
+        token step), nothing for a request still in prefill."""
+        sched, per_req, index = self.sched, self.per_req, self.index
         out = sched.schedule()
-        tl.steps.append(_step_record(sched, out, per_req, index, step, now, usable - pool.get_num_free_blocks(),
-                                     case.block_size))
-        now = now + case.step_s
-        arrive(now)
-        mro = _sampled_output(ModelRunnerOutput, sched, out, token, per_req, index, step)
-        eco = sched.update_from_output(out, mro)
+        if self.async_scheduling and not out.total_num_scheduled_tokens:
+            # an empty batch (every running request awaits its last output): nothing runs, no step;
+            # a preemption it made counts, in the row of the next step
+            for rid in out.preempted_req_ids:
+                per_req[index[rid]]["preemptions"] += 1
+            self.carried_preemptions += len(out.preempted_req_ids)
+            return out, self.output_cls(req_ids=[], req_id_to_index={}, sampled_token_ids=[])
+        pool = sched.kv_cache_manager.block_pool
+        row = _step_record(sched, out, per_req, index, step, start_s,
+                           self.case.num_blocks - pool.get_num_free_blocks(), self.case.block_size, self.async_scheduling)
+        row["preemptions"] += self.carried_preemptions
+        self.carried_preemptions = 0
+        self.tl.steps.append(row)
+        ids = list(out.num_scheduled_tokens)
+        sampled = []
+        for rid in ids:
+            r = sched.requests[rid]
+            samples = not r.is_prefill_chunk if self.async_scheduling else r.num_computed_tokens >= r.num_tokens
+            sampled.append([self.token[rid]] if samples else [])
+            rec = per_req[index[rid]]
+            if samples and rec["first_token_step"] is None:
+                rec["first_token_step"] = step
+        mro = self.output_cls(req_ids=ids, req_id_to_index={rid: k for k, rid in enumerate(ids)},
+                              sampled_token_ids=sampled)
+        return out, mro
+
+    def update(self, out, mro, step: int, now: float) -> None:
+        """Process step ``step``'s output at ``now``: finishes, and the client's next sends."""
+        eco = self.sched.update_from_output(out, mro)
         finished = 0
         for outputs in eco.values():
             for o in outputs.outputs:
                 if o.finish_reason is not None:
-                    per_req[index[o.request_id]]["finish_step"] = step
+                    self.per_req[self.index[o.request_id]]["finish_step"] = step
                     finished += 1
-        if client is not None and finished:  # their slots send the next requests now: added before the next step
-            client.ended(finished, now)
-            arrive(now)
+        if self.client is not None and finished:  # their slots send the next requests now: added before the next step
+            self.client.ended(finished, now)
+            self.arrive(now)
+
+
+def run_vllm(case: Case, max_steps: int = 200_000, async_scheduling: bool = False) -> Timeline:
+    """Replay ``case`` through vLLM's scheduler; per-step and per-request records. Each scheduled
+    step takes ``case.step_s``; ``async_scheduling``: vLLM's AsyncScheduler in its engine's order."""
+    rp = _Replay(case, async_scheduling)
+    (_run_async if async_scheduling else _run_sync)(rp, max_steps)
+    rp.tl.requests = rp.per_req
+    return rp.tl
+
+
+def _run_sync(rp: _Replay, max_steps: int) -> None:
+    """Schedule, run for a step, take the step's output, schedule the next (vLLM without async
+    scheduling); an idle scheduler jumps to the next arrival."""
+    sched, now, step = rp.sched, 0.0, 0
+    rp.arrive(now)
+    while sched.get_num_unfinished_requests() or rp.pending_arrivals():
+        if not sched.get_num_unfinished_requests():
+            now = float(rp.arrival[rp.nxt])
+            rp.arrive(now)
+            continue
+        if step >= max_steps:
+            raise RuntimeError(f"case {rp.case.name}: vLLM ran {max_steps} steps without finishing")
+        out, mro = rp.schedule(step, now)
+        now = now + rp.case.step_s
+        rp.arrive(now)
+        rp.update(out, mro, step, now)
         step += 1
-    tl.requests = per_req
-    return tl
+
+
+def _run_async(rp: _Replay, max_steps: int) -> None:
+    """``EngineCore.step_with_batch_queue`` with a queue of two on a GPU: each engine iteration takes
+    its arrivals, schedules a batch if the scheduler has requests (an empty batch too) and returns at
+    once while the queue has room and the batch ran something, else waits for the oldest batch and
+    processes its output. A non-empty batch runs ``step_s`` on the GPU after the one before it; an
+    empty one is done at once. An idle engine jumps to the next arrival."""
+    from collections import deque
+
+    sched, case = rp.sched, rp.case
+    queue: deque = deque()  # (output, model output, step index, done at)
+    now = gpu_free = 0.0  # the engine's clock; when the GPU finishes its last batch
+    step = calls = 0
+    while sched.has_requests() or queue or rp.pending_arrivals():
+        rp.arrive(now)
+        calls += 1
+        if step >= max_steps or calls >= 4 * max_steps:
+            raise RuntimeError(f"case {case.name}: vLLM ran {step} steps without finishing")
+        if sched.has_requests():
+            start = max(now, gpu_free)
+            out, mro = rp.schedule(step, start)
+            ran = out.total_num_scheduled_tokens > 0
+            done = start + case.step_s if ran else now
+            gpu_free = done if ran else gpu_free
+            queue.appendleft((out, mro, step, done))
+            step += ran
+            if len(queue) < 2 and (ran or sched.has_requests()):
+                continue
+        elif not queue:
+            now = max(now, float(rp.arrival[rp.nxt]))
+            continue
+        out, mro, k, done = queue.pop()
+        now = max(now, done)
+        rp.arrive(now)
+        rp.update(out, mro, k, now)

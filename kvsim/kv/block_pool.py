@@ -112,6 +112,22 @@ class FreeBlockQueue:
         if b is not None:
             raise RuntimeError(f"append_many() called with block {b}, which is already free")
 
+    def prepend_many(self, blocks) -> None:
+        """Put ``blocks`` at the front, in order (the first is popped first), linked as one run."""
+        prev, nxt, in_queue = self._prev, self._next, self._in_queue
+        first = nxt[self._head]
+        last = self._head
+        for b in blocks:
+            if in_queue[b]:
+                raise RuntimeError(f"prepend_many() called with block {b}, which is already free")
+            nxt[last] = b
+            prev[b] = last
+            in_queue[b] = True
+            last = b
+            self.num_free += 1
+        nxt[last] = first
+        prev[first] = last
+
     def all_free_blocks(self) -> list[int]:
         """Front-to-back order. Mainly for tests and invariant checks (O(n))."""
         out = []

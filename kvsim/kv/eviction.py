@@ -7,7 +7,10 @@ needed. Two implementations:
   exactly: one queue of all free blocks, cached or not; allocation pops the front, evicting its
   cached content if any; freed blocks are appended at the back, a request's blocks in reverse
   order. Eviction order: (1) least recently freed first, (2) among blocks freed together the tail
-  of a prefix chain before its head. Never-used blocks start at the front in id order.
+  of a prefix chain before its head. Never-used blocks start at the front in id order. With prefix
+  caching on, freed blocks that hold no cached content go to the front instead, reused first
+  (``add_front_many``, the FrontReuse capability; vLLM's ``free_blocks`` since
+  vllm-project/vllm#42656, checked by the conformance suite against vLLM 0.32).
 * :class:`PolicyFreePool` (every other kind) keeps never-used/uncached free blocks in a FIFO that is
   always used first, then evicts the cached free block with the lowest policy score:
 
@@ -114,6 +117,11 @@ class LRUFreePool:
 
     def add_many(self, blocks: list[int], stats) -> None:
         self.queue.append_many(blocks)
+
+    def add_front_many(self, blocks: list[int]) -> None:
+        """FrontReuse: never-cached blocks go to the front, reused first (vLLM's free_blocks since
+        vllm-project/vllm#42656: "LIFO reuse of non-cached blocks")."""
+        self.queue.prepend_many(blocks)
 
     def order(self) -> list[int]:
         return self.queue.all_free_blocks()

@@ -22,7 +22,7 @@ from kvsim.kv.protocol import EvictionPolicy, eviction_capabilities
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, eviction=None):
+    def __init__(self, num_blocks: int, eviction=None, front_reuse: bool = False):
         eviction = eviction or LRUEvictionConfig()
         self.num_blocks = num_blocks
         self.eviction_kind = eviction.kind
@@ -31,6 +31,9 @@ class BlockPool:
         if self.free.num_free != num_blocks:
             raise ValueError(f"eviction kind {eviction.kind!r}: a new pool must hold all {num_blocks} blocks, "
                              f"it holds {self.free.num_free}")
+        # freed blocks without cached content are reused first (vLLM since vllm-project/vllm#42656;
+        # asked for with prefix caching on, where content decides hits), if the policy can (FrontReuse)
+        self.front_reuse = front_reuse and self.caps.front_reuse
         self.history_k = self.caps.history_depth
         self.keeps_stats = not self.caps.ignores_stats  # else no BlockStats are built (StatsBlindEviction)
         self.ref_counts = [0] * num_blocks
@@ -140,38 +143,38 @@ class BlockPool:
             counts[b] = n
 
     def release_many(self, blocks) -> None:
-        """``release`` each of ``blocks`` in order."""
+        """``release`` each of ``blocks`` in order (those without cached content to the front, in
+        that order, with ``front_reuse``)."""
         refs = self.ref_counts
         stats = self.block_stats
         block_key = self.block_key
-        if self.caps.bulk:
-            freed = []
-            for b in blocks:
-                n = refs[b] - 1
-                refs[b] = n
-                if n == 0:
-                    freed.append(b)
-                    if block_key[b] is not None:
-                        self.cached_free += 1
-                else:
-                    self.shared_extra -= 1
-            self.free.add_many(freed, [stats.get(b) for b in freed] if self.keeps_stats else repeat(None))
-            return
-        add = self.free.add
+        freed = []
         for b in blocks:
             n = refs[b] - 1
             refs[b] = n
             if n == 0:
-                add(b, stats.get(b))
+                freed.append(b)
                 if block_key[b] is not None:
                     self.cached_free += 1
             else:
                 self.shared_extra -= 1
+        if self.front_reuse:
+            self.free.add_front_many([b for b in freed if block_key[b] is None])  # type: ignore[attr-defined]
+            freed = [b for b in freed if block_key[b] is not None]
+        if self.caps.bulk:
+            self.free.add_many(freed, [stats.get(b) for b in freed] if self.keeps_stats else repeat(None))
+            return
+        add = self.free.add
+        for b in freed:
+            add(b, stats.get(b))
 
     def release(self, b: int) -> None:
         """Drop one reference to ``b``; the last one returns it to the free pool (content kept)."""
         self.ref_counts[b] -= 1
         if self.ref_counts[b] == 0:
+            if self.front_reuse and self.block_key[b] is None:
+                self.free.add_front_many([b])  # type: ignore[attr-defined]
+                return
             self.free.add(b, self.block_stats.get(b))
             if self.block_key[b] is not None:
                 self.cached_free += 1

@@ -167,6 +167,15 @@ class PrefixCaching(Protocol):
 
 
 @runtime_checkable
+class KnownTokenCaching(Protocol):
+    """``ensure_slots_known(request_id, num_tokens, known_tokens)``: ``ensure_slots``, but register
+    full blocks in the prefix cache up to ``known_tokens`` only (vLLM's async scheduling caches a
+    block once the tokens in it are known, a step after its KV is scheduled; kvsim.sched.async_sched)."""
+
+    def ensure_slots_known(self, request_id: int, num_tokens: int, known_tokens: int) -> bool: ...
+
+
+@runtime_checkable
 class OffloadCounter(Protocol):
     """``offloaded_blocks``: evicted blocks whose content went to a lower tier (the summary's
     ``prefix_cache.offloaded_blocks``)."""
@@ -199,11 +208,12 @@ class AllocatorCapabilities:
     shared_store: bool = False  # SharedStoreTiers
     host_link_tiers: bool = False  # HostLinkTiers
     beam_counters: bool = False  # BeamCounters
+    known_token_caching: bool = False  # KnownTokenCaching
 
     def describe(self) -> str:
         on = [name for name in ("windows", "decode_group", "bulk_slots", "prefix_peek", "eviction_counter",
                                 "block_runs", "decode_steps", "prefix_caching", "offload_counter", "shared_store",
-                                "host_link_tiers", "beam_counters")
+                                "host_link_tiers", "beam_counters", "known_token_caching")
               if getattr(self, name)]
         return ", ".join(on) or "none"
 
@@ -234,6 +244,7 @@ def allocator_capabilities(alloc: object) -> AllocatorCapabilities:
         shared_store=isinstance(alloc, SharedStoreTiers),
         host_link_tiers=isinstance(alloc, HostLinkTiers),
         beam_counters=isinstance(alloc, BeamCounters),
+        known_token_caching=isinstance(alloc, KnownTokenCaching),
     )
     log.debug("allocator %s capabilities: %s", type(alloc).__name__, caps.describe())
     return caps
@@ -330,6 +341,15 @@ class BulkFreePool(Protocol):
     def add_many(self, blocks: list[int], stats) -> None: ...
 
 
+@runtime_checkable
+class FrontReuse(Protocol):
+    """``add_front_many(blocks)``: free blocks that hold no cached content, put where ``pop`` takes
+    them first, in order (vLLM's ``free_blocks`` prepends them since vllm-project/vllm#42656). The
+    paged allocator uses it with prefix caching on; a pool without it gets them through ``add``."""
+
+    def add_front_many(self, blocks: list[int]) -> None: ...
+
+
 @dataclass(frozen=True)
 class EvictionCapabilities:
     """What an eviction policy offers beyond :class:`EvictionPolicy`, checked once per allocator."""
@@ -340,6 +360,7 @@ class EvictionCapabilities:
     scored: bool  # ScoredEviction
     ignores_stats: bool  # StatsBlindEviction with ignores_block_stats True
     bulk: bool  # BulkFreePool
+    front_reuse: bool = False  # FrontReuse
 
 
 _EVICTION_MEMBERS = ("num_free", "__contains__", "pop", "remove", "add")
@@ -359,4 +380,5 @@ def eviction_capabilities(pool: object) -> EvictionCapabilities:
         raise TypeError(f"{type(pool).__name__}.ignores_block_stats must be True or False, got {blind!r}")
     return EvictionCapabilities(history_depth=depth, self_check=isinstance(pool, SelfCheckingPool),
                                 reuse_order=isinstance(pool, ReuseOrder), scored=isinstance(pool, ScoredEviction),
-                                ignores_stats=blind, bulk=isinstance(pool, BulkFreePool))
+                                ignores_stats=blind, bulk=isinstance(pool, BulkFreePool),
+                                front_reuse=isinstance(pool, FrontReuse))

@@ -74,6 +74,9 @@ def settings_for(scn, model_file: Path, threads: int, device: str, eager: bool) 
         raise EngineError(f"{where}: replicas.count is {scn.replicas.count}; replay runs one engine (set it to 1)")
     if scn.allocator_offload() is not None:
         raise EngineError(f"{where}: allocator.offload is set; the vLLM replay has no KV tiers (remove it)")
+    if s.async_scheduling:
+        raise EngineError(f"{where}: scheduler.async_scheduling is true; the vLLM replay steps its engine one "
+                          "step at a time, without async scheduling: set it to false")
     blocks = scn.kv_budget_bytes() // scn.kv_geometry().bytes_per_token // a.block_size
     tokens = s.token_budget(scn.model.max_model_len_tokens)  # the simulator's, engine profile's fill included
     return EngineSettings(model_config=model_file, block_size=a.block_size, num_blocks=int(blocks) + 1,

@@ -56,6 +56,14 @@ class SchedulerConfig(StrictModel):
                     "engine's CPU overhead is paid once per round. A step with prompt work is a round of one. "
                     "Needs prefill_only_steps: true and chunked_prefill: false (docs/scenario.md, "
                     "docs/engine_overhead.md 'Multi-step scheduling')")
+    async_scheduling: bool = Field(
+        False,
+        description="vLLM V1's async scheduling (its AsyncScheduler, on by default in vLLM 0.32; "
+                    "--no-async-scheduling turns it off): step k+1 is planned while step k runs, so that plan sees "
+                    "the arrivals up to step k's start only, and a request that finishes in step k keeps its KV "
+                    "and its max_num_seqs place, unscheduled, until step k+1 ends (docs/scenario.md, "
+                    "docs/conformance.md 'Async scheduling'). Token times do not move. Not with "
+                    "num_scheduler_steps > 1, prompt-only steps (prefill_only_steps, mixed_chunk: false) or swap")
     preemption_mode: Literal["recompute", "swap"] = Field(
         "recompute", description="recompute: drop the victim's KV; swap: move it to the host tier")
     swap_space_bytes: Bytes = Field(4 << 30, ge=0, description="host (CPU DRAM) capacity for swapped KV")
@@ -76,6 +84,14 @@ class SchedulerConfig(StrictModel):
             raise ValueError(f"num_scheduler_steps: {self.num_scheduler_steps} with preemption_mode: swap is not "
                              f"modelled (a round reserves its slots when it opens; swap-ins would need them too): "
                              f"use preemption_mode: recompute (vLLM's V1 and V0 default) or num_scheduler_steps: 1")
+        if self.async_scheduling:
+            prompt_only = not self.mixed_chunk if self.chunked_prefill else self.prefill_only_steps
+            why = ("num_scheduler_steps > 1" if self.num_scheduler_steps > 1 else
+                   "prompt-only steps (prefill_only_steps / mixed_chunk: false)" if prompt_only else
+                   "preemption_mode: swap" if self.preemption_mode == "swap" else "")
+            if why:
+                raise ValueError(f"async_scheduling: true is vLLM V1's async scheduling, modelled with neither V0's "
+                                 f"nor SGLang's step rules: not with {why}; set async_scheduling: false")
         return self
 
     def token_budget(self, max_model_len_tokens: int) -> int:

@@ -31,6 +31,11 @@ def check_scheduler(sched: Scheduler) -> None:
     for r in sched.waiting:
         assert r.status == RequestStatus.WAITING, f"{r} in waiting queue"
         assert r.num_computed_tokens == 0, f"{r}: waiting with computed tokens"
+    for r in sched._finishing:  # async scheduling: finished for the client, KV held until the next step ends
+        assert r.num_generated == r.output_tokens, f"{r}: finishing before its last token"
+        assert r.status in (RequestStatus.RUNNING, RequestStatus.WAITING), f"{r}: finishing with status {r.status}"
+    held = [t for _, t, _ in sched._held]
+    assert held == sorted(held), "held arrivals out of arrival order"
     assert sched.swapped is sched.host.queue, "the swapped queue is not the host tier's"
     sched.host.check()
     ids = [r.request_id for r in sched.running] + [r.request_id for r in sched.waiting] + \

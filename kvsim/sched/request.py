@@ -232,6 +232,12 @@ class WaitingQueue:
             raise IndexError("WaitingQueue is empty")
         return self.head
 
+    def remove_front(self, req: Request) -> None:
+        """Remove ``req``, a request put back at the front (a preemption victim), from the queue."""
+        self._front.remove(req)  # ValueError if it is not there
+        self._refill()
+        self.num_seqs -= req.num_samples
+
     def popleft(self) -> Request:
         front = self._front
         req = front.popleft()  # IndexError when empty, as a deque's

@@ -47,14 +47,15 @@ import math
 
 from kvsim.models.geometry import KVGeometry
 from kvsim.errors import ConfigError
-from kvsim.kv.base import KVRequest
 from kvsim.kv.protocol import KVAllocator, WindowAllocator, allocator_capabilities
+from kvsim.sched.arrivals import Arrivals
+from kvsim.sched.async_sched import AsyncScheduling
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.fastpath import DecodeFastPath
 from kvsim.sched.plan import StepPlan
 from kvsim.sched.prefill import PrefillPhases
 from kvsim.sched.invariants import check_scheduler
-from kvsim.sched.request import Request, RequestStatus, WaitingQueue, batch_tokens
+from kvsim.sched.request import Request, RequestStatus, WaitingQueue
 from kvsim.sched.rounds import MultiStepRounds
 from kvsim.sched.shape import StepDraft, batch_shape
 from kvsim.sched.sink import RequestSink
@@ -64,13 +65,10 @@ from kvsim.sched.window_hooks import WindowHooks
 from kvsim.timing.transfer import HostTransfers, legacy_transfers
 
 
-REJECT_TOO_LONG = "exceeds_max_model_len"
 _NO_KV = KVGeometry(1, 1, 1, 1, "fp16", 0)  # a scheduler built without a geometry counts no swap bytes
-REJECT_KV = "exceeds_kv_capacity"
-REJECT_BUDGET = "exceeds_batch_token_budget"
 
 
-class Scheduler(WindowHooks, PrefillPhases, MultiStepRounds):
+class Scheduler(Arrivals, WindowHooks, PrefillPhases, MultiStepRounds, AsyncScheduling):
     def __init__(self, cfg: SchedulerConfig, allocator: KVAllocator, max_model_len_tokens: int,
                  want_context_lens: bool = False, kv: KVGeometry | None = None,
                  host_transfers: HostTransfers | None = None,
@@ -133,6 +131,7 @@ class Scheduler(WindowHooks, PrefillPhases, MultiStepRounds):
         # vLLM 0.6's multi-step scheduling: rounds of num_scheduler_steps decode steps (kvsim.sched.rounds)
         self.num_scheduler_steps = cfg.num_scheduler_steps
         self._init_rounds(cfg.num_scheduler_steps)
+        self._init_async(cfg.async_scheduling)  # vLLM V1's async scheduling (kvsim.sched.async_sched)
 
     def install_decode_path(self, path: DecodeFastPath) -> bool:
         """Use ``path`` for lazy decode steps (the engine calls this once, before the run, when the
@@ -143,7 +142,7 @@ class Scheduler(WindowHooks, PrefillPhases, MultiStepRounds):
             raise TypeError(f"{type(path).__name__} is not a DecodeFastPath")
         if self.running or self.swapped or self.num_finished:
             raise RuntimeError("install_decode_path after the run started")
-        if not self.caps.decode_group or self.want_context_lens or self._lookahead:
+        if not self.caps.decode_group or self.want_context_lens or self._lookahead or self.async_scheduling:
             return False
         if self.host.enabled and self.caps.block_runs:
             # An allocator that names its blocks takes a bulk decode step's blocks in allocation
@@ -154,62 +153,6 @@ class Scheduler(WindowHooks, PrefillPhases, MultiStepRounds):
         self._lazy = not self._any_samples
         return True
 
-    # -- arrivals ------------------------------------------------------------------------------
-    def add_request(self, req: Request) -> bool:
-        """Queue an arriving request built by the caller (e.g. to route it first), or reject it
-        (returns False) if it could never run. The scheduler records its replica."""
-        req.replica = self.replica_index
-        return self._arrive(req.kv, req.arrival_s, req)
-
-    def add_arrival(self, kv: KVRequest, arrival_s: float) -> bool:
-        """:meth:`add_request` for an arrival given by its allocator view and arrival time: its
-        :class:`Request` is built only when it reaches the head of the waiting queue (or is
-        rejected)."""
-        return self._arrive(kv, arrival_s, None)
-
-    def _arrive(self, kv: KVRequest, arrival_s: float, req: Request | None) -> bool:
-        """THE arrival: queue the request (``req``, or a row for ``kv``) or reject it."""
-        if kv.request_id in self.requests:
-            raise ValueError(f"request {kv.request_id} added twice")
-        if kv.num_samples > 1:
-            self._any_samples = True
-            # No more lazy decoding. The group is dissolved by the next schedule(), not here: a
-            # step planned with it may be in flight (arrivals come between schedule and
-            # on_step_done), and its members still advance when it completes.
-            self._lazy = False
-        reason = self.reject_reason(kv)
-        if reason:
-            if req is None:
-                req = Request.of_view(kv, arrival_s, self.replica_index)
-            req.status = RequestStatus.REJECTED
-            req.reject_reason = reason
-            self.log.append(req)
-            self.num_rejected += 1
-            return False
-        if req is None:
-            self.waiting.append_row(kv, arrival_s, self.replica_index)
-        else:
-            self.waiting.append(req)
-        self._arrivals += 1
-        return True
-
-    def reject_reason(self, kv: KVRequest) -> str:
-        """Why the request with allocator view ``kv`` could never run (a ``REJECT_*`` reason), or
-        "" if it could."""
-        prompt, output = kv.prompt_tokens, kv.output_tokens
-        if prompt + output > self.max_model_len_tokens:
-            return REJECT_TOO_LONG
-        if not self.allocator.max_footprint_fits(kv) or kv.num_samples > self.max_num_seqs:
-            return REJECT_KV
-        if not self.chunked_prefill:
-            # A recompute after preemption re-prefills prompt + generated tokens (each generated
-            # position once per sample) in one step: Request.batch_tokens of them from 0 computed.
-            positions = output - 1 + prompt
-            cost = positions if kv.num_samples == 1 else batch_tokens(prompt, kv.num_samples, positions, 0)
-            if cost > self.token_budget:
-                return REJECT_BUDGET
-        return ""
-
     @property
     def decode_group_enabled(self) -> bool:
         """Does this scheduler use a lazy decode fast path (until a request with samples arrives)?"""
@@ -217,7 +160,7 @@ class Scheduler(WindowHooks, PrefillPhases, MultiStepRounds):
 
     @property
     def has_work(self) -> bool:
-        return self.waiting.head is not None or bool(self.running or self.swapped)  # (waiting.head: its __bool__)
+        return self.waiting.head is not None or bool(self.running or self.swapped or self._held)
 
     # -- preemption ------------------------------------------------------------------------------
     def _pick_victim(self) -> Request:
@@ -273,6 +216,10 @@ class Scheduler(WindowHooks, PrefillPhases, MultiStepRounds):
         that admits is that prompt-only step. Then the step's batch shape."""
         if self._plan is not None:
             raise RuntimeError("schedule() called twice without on_step_done()")
+        return self._async_plan(now_s) if self.async_scheduling else self._plan_step(now_s)
+
+    def _plan_step(self, now_s: float) -> StepPlan:
+        """The plan of one step from the queues as they are (``schedule``'s body)."""
         arrivals, self._arrivals = self._arrivals, 0
         if self._round_left:  # a multi-step round's next step (kvsim.sched.rounds)
             step = self._round_step()
@@ -328,9 +275,14 @@ class Scheduler(WindowHooks, PrefillPhases, MultiStepRounds):
         alloc = self.allocator
         scheduled = step.scheduled
         lookahead = self._lookahead  # multi-step: slots for the round's tokens (kvsim.sched.rounds)
+        finishing = self._finishing_ids  # async scheduling: finished, output not yet processed
+        known = self._ensure_known if self._known_caching else None  # (kvsim.sched.async_sched)
         i = first
         while i < len(self.running) and step.budget > 0:
             req = self.running[i]
+            if finishing and req.request_id in finishing:
+                i += 1
+                continue
             n = req.num_uncomputed_tokens
             cost = n if req.num_samples == 1 else req.batch_tokens(n)
             if cost > step.budget:
@@ -342,7 +294,7 @@ class Scheduler(WindowHooks, PrefillPhases, MultiStepRounds):
             target = req.num_computed_tokens + n
             if lookahead:
                 target += self._lookahead_tokens(req, n)
-            while not alloc.ensure_slots(req.request_id, target):
+            while not (alloc.ensure_slots(req.request_id, target) if known is None else known(req, target)):
                 victim = self._pick_victim()
                 vi = self.running.index(victim)
                 if victim.request_id in scheduled:
@@ -411,6 +363,9 @@ class Scheduler(WindowHooks, PrefillPhases, MultiStepRounds):
     def on_step_done(self, now_s: float) -> tuple[list[Request], list[Request]]:
         """Advance the requests of the last plan. Returns (first-token requests, finished requests)."""
         plan = self.take_plan()
+        if self._finishing:  # async scheduling: the last step's finishes are processed now
+            self._release_finishing()
+        self._last_end_s = now_s
         first: list[Request] = []
         done: list[Request] = []
         path = self._decode
@@ -434,12 +389,14 @@ class Scheduler(WindowHooks, PrefillPhases, MultiStepRounds):
                 elif joins:
                     path.join(req)
         self._chunks = cut
+        if self.async_scheduling:  # the requests that sampled a token in this step (kvsim.sched.async_sched)
+            self._sampled_last = {rid for rid, _ in plan.scheduled} - {r.request_id for r in cut}
         if self._lookahead:
             done = self._round_progress(done)
         if group_done and len(done) > group_done:
             done.sort(key=lambda r: r.admit_seq)  # the order a one-by-one step finishes them in
         if done:
-            self._finish(done, now_s)
+            (self._defer_finish if self.async_scheduling else self._finish)(done, now_s)
         if self._lazy and not plan.group_decodes:
             # A step planned one request at a time: every running request that now decodes
             # (re)joins the group.
@@ -455,7 +412,8 @@ class Scheduler(WindowHooks, PrefillPhases, MultiStepRounds):
         self._plan = None
         return plan
 
-    def _finish(self, done: list[Request], now_s: float, keep_in_running: bool = False) -> None:
+    def _finish(self, done: list[Request], now_s: float, keep_in_running: bool = False,
+                already_free: bool = False) -> None:
         """THE place requests finish (in ``done``'s order): status, finish time, KV freed, the
         row written to the request log (and the request dropped from ``requests``), and out of the
         running list (``keep_in_running``: the caller drops them later, at once, with
@@ -468,7 +426,8 @@ class Scheduler(WindowHooks, PrefillPhases, MultiStepRounds):
                 raise RuntimeError(f"{r}: finished with {r.num_generated} of {r.output_tokens} output tokens")
             r.status = RequestStatus.FINISHED
             r.finish_s = now_s
-            free(r.request_id)
+            if not already_free:  # (a preempted one: kvsim.sched.async_sched)
+                free(r.request_id)
             append(r)
             del requests[r.request_id]
         self.num_finished += len(done)

@@ -29,12 +29,15 @@ def test_the_kvsim_profile_is_the_old_default_with_its_old_resolved_form():
     assert config_hash(s) != config_hash(Scenario.model_validate(BASE))  # the default moved
 
 
-def test_the_default_is_vllm_v1_and_vllm_0_32_is_the_same_today():
+def test_the_default_is_vllm_v1_and_vllm_0_32_adds_async_scheduling():
     plain = Scenario.model_validate(BASE)
     assert DEFAULT_PROFILE == "vllm-v1" and plain.engine_profile == "vllm-v1"
     assert plain == Scenario.model_validate({**BASE, "engine_profile": "vllm-v1"})
-    alias = Scenario.model_validate({**BASE, "engine_profile": "vllm-0.32"})
-    assert resolved_dict(alias) == {**resolved_dict(plain), "engine_profile": "vllm-0.32"}
+    assert plain.scheduler.async_scheduling is False
+    v032 = Scenario.model_validate({**BASE, "engine_profile": "vllm-0.32"})
+    assert v032.scheduler.async_scheduling is True
+    sync = Scenario.model_validate({**BASE, "engine_profile": "vllm-0.32", "scheduler": {"async_scheduling": False}})
+    assert resolved_dict(sync) == {**resolved_dict(plain), "engine_profile": "vllm-0.32"}
     assert (plain.scheduler.chunked_prefill, plain.scheduler.prompt_blocks, plain.scheduler.reserve_full_isl) == \
         (True, "per_chunk", True)
     assert (plain.allocator.kind, plain.allocator.watermark, plain.allocator.prefix_caching) == ("paged", 0.0, True)

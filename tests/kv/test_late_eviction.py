@@ -37,8 +37,10 @@ class ListLRUConfig(StrictModel):
 
 
 class ListLRU:
-    """Only the required members. Never-used blocks first in id order; pop the front; a freed block
-    goes to the back. Counts its calls, and the pops that evicted cached content."""
+    """The required members and one capability, FrontReuse (``add_front_many``: blocks without cached
+    content go to the front, as in vLLM's free queue). Never-used blocks first in id order; pop the
+    front; a freed cached block goes to the back. Counts its calls, and the pops that evicted cached
+    content."""
 
     def __init__(self, cfg, num_blocks: int):
         self.queue: OrderedDict[int, bool] = OrderedDict((b, False) for b in range(num_blocks))
@@ -66,6 +68,13 @@ class ListLRU:
         assert block not in self.queue, f"block {block} added twice"
         self.queue[block] = stats is not None
         self.adds += 1
+
+    def add_front_many(self, blocks) -> None:
+        for block in reversed(blocks):
+            assert block not in self.queue, f"block {block} added twice"
+            self.queue[block] = False
+            self.queue.move_to_end(block, last=False)
+            self.adds += 1
 
 
 class ScanLRUKConfig(StrictModel):

@@ -321,11 +321,11 @@ class PagedAllocator(PagedCore):
             raise ValueError(f"request {request_id}: written tokens cannot shrink")
         self.ledger.set_written(request_id, num_tokens)
         if self.prefix_caching:
-            if known_tokens is not None and known_tokens < num_tokens:
-                self._short.add(request_id)  # a block may be full but not yet registered
-            else:
-                self._short.discard(request_id)
-            self._register_full_blocks(request_id, num_tokens if known_tokens is None else known_tokens)
+            if known_tokens is None:
+                self._register_full_blocks(request_id, num_tokens)
+            else:  # ensure_slots_known (async scheduling): a block may be full but not yet registered
+                (self._short.add if known_tokens < num_tokens else self._short.discard)(request_id)
+                self._register_full_blocks(request_id, known_tokens)
         return True
 
     def _ensure_sampled(self, rid: int, num_tokens: int, geo: SampleGeometry) -> bool:

@@ -149,18 +149,20 @@ class BlockPool:
         stats = self.block_stats
         block_key = self.block_key
         freed = []
+        front = [] if self.front_reuse else freed  # uncached blocks: to the front, or with the rest
         for b in blocks:
             n = refs[b] - 1
             refs[b] = n
             if n == 0:
-                freed.append(b)
                 if block_key[b] is not None:
                     self.cached_free += 1
+                    freed.append(b)
+                else:
+                    front.append(b)
             else:
                 self.shared_extra -= 1
-        if self.front_reuse:
-            self.free.add_front_many([b for b in freed if block_key[b] is None])  # type: ignore[attr-defined]
-            freed = [b for b in freed if block_key[b] is not None]
+        if front and front is not freed:
+            self.free.add_front_many(front)  # type: ignore[attr-defined]
         if self.caps.bulk:
             self.free.add_many(freed, [stats.get(b) for b in freed] if self.keeps_stats else repeat(None))
             return

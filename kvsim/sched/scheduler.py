@@ -38,6 +38,8 @@ Host copies are counted, not priced, here: :class:`~kvsim.sched.swap.HostSwap` o
 and counts the bytes and copies of swaps; the transfer model (:mod:`kvsim.timing.transfer`,
 docs/transfer_model.md) turns them into seconds, for prefetch hiding and for the step time. The
 batch shape is built in :mod:`kvsim.sched.shape`, the invariants checked in :mod:`kvsim.sched.invariants`.
+Arrivals and rejections are :mod:`kvsim.sched.arrivals`; vLLM V1's async scheduling (what a plan may
+see of the step in flight) is :mod:`kvsim.sched.async_sched`.
 """
 
 from __future__ import annotations

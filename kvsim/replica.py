@@ -70,8 +70,6 @@ class Replica:
         if mode != "fast":
             return f"replica {self.index}: step mode: every step on its own"
         sched = self.scheduler
-        if sched.async_scheduling:
-            return f"replica {self.index}: async scheduling: every step on its own"
         if sched.num_scheduler_steps > 1:
             return (f"replica {self.index}: multi-step rounds (scheduler.num_scheduler_steps = "
                     f"{sched.num_scheduler_steps}): every step on its own")

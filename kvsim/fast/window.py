@@ -17,7 +17,10 @@ A window of K steps starting with the scheduled step 0 is exact when, for steps 
   evict cached blocks the head would hit -- and the window ends there if the head might fit;
   while requests are swapped out the window ends at the first finish;
 * every block a request needs is free at the window's start (frees inside the window are ignored
-  for this bound, which only makes windows shorter), so no preemption happens.
+  for this bound, which only makes windows shorter), so no preemption happens;
+* with async scheduling (kvsim.sched.async_sched) a finish holds its KV and running place until
+  the next step ends, the head is tested when finishes are released (the step's own finishes
+  still held), and no window opens while arrivals are held for the next plan.
 
 Two implementations share these rules. With an allocator that grows every request by one token
 in one call (both paged allocators -- the block-id one takes and registers blocks at block
@@ -68,7 +71,7 @@ def plan_decode_window(sched, plan, max_steps: int) -> DecodeWindow | None:
     """The candidate window after ``plan`` (step 0), or None if step 0 is not a pure decode step."""
     shape = plan.shape
     if plan.admitted or plan.preempted or shape.num_prefill_seqs or shape.swap_in_bytes or shape.swap_out_bytes \
-            or shape.tier_load_s:
+            or shape.tier_load_s or sched.holds_arrivals:
         return None
     running = sched.running
     b = len(running)
@@ -142,7 +145,9 @@ def apply_decode_window(sched, win: DecodeWindow, k: int, times: np.ndarray, pop
 
     ``times[j]`` is the start of step j (``times[k]`` the end). Returns the number of steps actually
     advanced (``k`` or fewer, when the blocked head of the waiting queue might fit after a finish)
-    and the usage :class:`Segments`.
+    and the usage :class:`Segments`. With async scheduling (kvsim.sched.async_sched) a finished
+    request's KV and running place are held until the next step ends: the head is tested when they
+    are released, with the step's own finishes still held.
     """
     sched.take_plan()  # step 0 completes here, with the rest of the window
     alloc = sched.allocator
@@ -158,18 +163,32 @@ def apply_decode_window(sched, win: DecodeWindow, k: int, times: np.ndarray, pop
     # saturated engine stops at its first finish, long before most planned events).
     pop_list = pop_steps.tolist()
     grow_many = alloc.ensure_slots_many if sched.caps.bulk_slots else None
+    asy = sched.async_scheduling
+    held_at = -1  # async: the boundary whose finishes are held (released when the next step ends)
     n_pops = len(pop_list)
     p = f = 0
     stop = k
-    while p < n_pops or f < len(fin_steps):
-        s = min(pop_list[p] if p < n_pops else k, fin_steps[f] if f < len(fin_steps) else k)
+    while p < n_pops or f < len(fin_steps) or 0 <= held_at < k - 1:
+        s = min(pop_list[p] if p < n_pops else k, fin_steps[f] if f < len(fin_steps) else k,
+                held_at + 1 if held_at >= 0 else k)
+        released = held_at >= 0 and sched.release_held()
+        held_at = -1
         fin = ()
         if f < len(fin_steps) and fin_steps[f] == s:
             fin = finishing[s]
             f += 1
-        for i in fin:  # finished at the end of step s - 1
-            _finish(sched, reqs[i], int(win.computed0[i]) + s, float(times[s]), on_finish)
-        if fin and sched.waiting and sched.head_might_fit(num_running=int(win.num_seqs[s])):
+        if asy:
+            if fin:  # finished at the end of step s - 1, held through plan s
+                _hold(sched, [reqs[i] for i in fin], [int(win.computed0[i]) + s for i in fin], float(times[s]),
+                      on_finish)
+                held_at = s
+            freed = released
+            held = int(_add(win.samples[fin])) if fin else 0
+        else:
+            for i in fin:  # finished at the end of step s - 1
+                _finish(sched, reqs[i], int(win.computed0[i]) + s, float(times[s]), on_finish)
+            freed, held = bool(fin), 0
+        if freed and sched.waiting and sched.head_might_fit(num_running=int(win.num_seqs[s]) + held):
             stop = s  # step s will be planned the ordinary way (it may admit the head)
             break
         if p < n_pops and pop_list[p] == s:
@@ -182,16 +201,21 @@ def apply_decode_window(sched, win: DecodeWindow, k: int, times: np.ndarray, pop
             if grow_many is not None:
                 ok = grow_many(rids, targets)
             else:
-                ok = all([alloc.ensure_slots(r, t) for r, t in zip(rids, targets)])
+                ok = all([sched.grow_decoder(r, t) for r, t in zip(rids, targets)])
             if not ok:
                 raise RuntimeError(f"decode window: a block needed at step {s} was not free")
             p = q
         segments.add(s, alloc.usage_parts(head))
     if stop == k:
-        for i in finishing.get(k, ()):
+        if held_at >= 0:
+            sched.release_held()
+        last = [reqs[i] for i in finishing.get(k, ())]
+        if asy and last:
+            _hold(sched, last, [int(win.computed0[i]) + k for i in finishing[k]], float(times[k]), on_finish)
+        for i in () if asy else finishing.get(k, ()):
             _finish(sched, reqs[i], int(win.computed0[i]) + k, float(times[k]), on_finish)
     k = stop
-    alive = [i for i, r in enumerate(reqs) if r.status == RequestStatus.RUNNING]
+    alive = [i for i, r in enumerate(reqs) if r.status == RequestStatus.RUNNING and not sched.is_held(r)]
     targets = (win.computed0[alive] + k).tolist()
     alive_reqs = [reqs[i] for i in alive]
     sched.advance_decoders(alive_reqs, targets, k)
@@ -199,9 +223,17 @@ def apply_decode_window(sched, win: DecodeWindow, k: int, times: np.ndarray, pop
         alloc.advance_written([r.request_id for r in alive_reqs], targets)
     else:  # e.g. the block-id allocator: ensure_slots also registers filled blocks in the cache
         for r, c in zip(alive_reqs, targets):
-            alloc.ensure_slots(r.request_id, c)
+            sched.grow_decoder(r.request_id, c)
     sched.drop_finished()
+    sched.window_ended([r.request_id for r in alive_reqs], float(times[k - 1]), float(times[k]))
     return k, segments
+
+
+def _hold(sched, reqs: list, computed: list[int], t: float, on_finish) -> None:
+    sched.hold_decoded(reqs, computed, t)
+    if on_finish is not None:
+        for r in reqs:
+            on_finish(r, t)
 
 
 def _finish(sched, r, computed: int, t: float, on_finish) -> None:

@@ -22,10 +22,12 @@ step k + 1 when step k ends, as always, with what vLLM's plan could see then:
   releases the finishing requests and the held arrivals up to now and plans again.
 
 Everything else of step k's output -- computed tokens, the first tokens -- is what vLLM's plan sees
-too (it counts a step's scheduled tokens as computed when it schedules them). Decode windows and
-the lazy decode group are off in this mode (the engine steps one by one, so ``fast`` and ``step``
-runs are the same run). docs/conformance.md, "Async scheduling", gives the check against vLLM's
-own ``AsyncScheduler``.
+too (it counts a step's scheduled tokens as computed when it schedules them). Decode windows
+(:mod:`kvsim.fast.window`) follow the same rules through the window hooks (``hold_decoded``,
+``release_held``, ``grow_decoder``, ``window_ended``): a finish inside a window holds its KV a step,
+the waiting head is tested when finishes are released, and no window opens while arrivals are
+held. The lazy decode group is off in this mode. docs/conformance.md, "Async scheduling", gives the
+check against vLLM's own ``AsyncScheduler``, in both engine modes.
 """
 
 from __future__ import annotations

@@ -64,3 +64,44 @@ class WindowHooks:
         """Write the decode fast path's lazy progress back into its requests (before reading them)."""
         if self._decode is not None:
             self._decode.sync()
+
+    # -- async scheduling (kvsim.sched.async_sched): a window holds finished requests' KV a step --
+    def hold_decoded(self, reqs: list[Request], computed_tokens: list[int], now_s: float) -> None:
+        """Async scheduling: a decode window's requests that generated their last token, finished
+        for the client at ``now_s``; their KV is held until the next step ends (:meth:`release_held`)."""
+        for r, c in zip(reqs, computed_tokens):
+            self.grow_decoder(r.request_id, c)
+            r.num_computed_tokens = c
+            r.num_generated = r.output_tokens
+        self._defer_finish(reqs, now_s)
+
+    def release_held(self) -> bool:
+        """Free the finished requests held since the last step (async scheduling). Returns whether any were."""
+        if not self._finishing:
+            return False
+        self._release_finishing()
+        return True
+
+    @property
+    def holds_arrivals(self) -> bool:
+        """Async scheduling: arrivals the next plan will take in (a window cannot see them)."""
+        return bool(self._held)
+
+    def is_held(self, req: Request) -> bool:
+        return req.request_id in self._finishing_ids
+
+    def grow_decoder(self, request_id: int, tokens: int) -> bool:
+        """``ensure_slots`` for a window's decoding request that has just written ``tokens``: with
+        async scheduling and prefix caching its newest token is not yet known to a plan, so blocks are
+        cached up to the one before it (as a plan step by step would)."""
+        if self._known_caching:
+            return self.allocator.ensure_slots_known(request_id, tokens, tokens - 1)
+        return self.allocator.ensure_slots(request_id, tokens)
+
+    def window_ended(self, sampled: list[int], last_start_s: float, end_s: float) -> None:
+        """Async scheduling: after a decode window whose last step started at ``last_start_s`` and ended
+        at ``end_s``, in which ``sampled`` requests sampled a token, the next plan sees what it would
+        step by step (the arrival cutoff, the tokens not yet known)."""
+        if self.async_scheduling:
+            self._sampled_last = set(sampled)
+            self._last_plan_s, self._last_end_s = last_start_s, end_s

@@ -179,7 +179,7 @@ def apply_decode_window(sched, win: DecodeWindow, k: int, times: np.ndarray, pop
             f += 1
         if asy:
             if fin:  # finished at the end of step s - 1, held through plan s
-                _hold(sched, [reqs[i] for i in fin], [int(win.computed0[i]) + s for i in fin], float(times[s]),
+                _hold_finished(sched, [reqs[i] for i in fin], [int(win.computed0[i]) + s for i in fin], float(times[s]),
                       on_finish)
                 held_at = s
             freed = released
@@ -211,7 +211,7 @@ def apply_decode_window(sched, win: DecodeWindow, k: int, times: np.ndarray, pop
             sched.release_held()
         last = [reqs[i] for i in finishing.get(k, ())]
         if asy and last:
-            _hold(sched, last, [int(win.computed0[i]) + k for i in finishing[k]], float(times[k]), on_finish)
+            _hold_finished(sched, last, [int(win.computed0[i]) + k for i in finishing[k]], float(times[k]), on_finish)
         for i in () if asy else finishing.get(k, ()):
             _finish(sched, reqs[i], int(win.computed0[i]) + k, float(times[k]), on_finish)
     k = stop
@@ -229,7 +229,7 @@ def apply_decode_window(sched, win: DecodeWindow, k: int, times: np.ndarray, pop
     return k, segments
 
 
-def _hold(sched, reqs: list, computed: list[int], t: float, on_finish) -> None:
+def _hold_finished(sched, reqs: list, computed: list[int], t: float, on_finish) -> None:
     sched.hold_decoded(reqs, computed, t)
     if on_finish is not None:
         for r in reqs:

@@ -114,18 +114,31 @@ def _run_local(tasks, on_outcome, jobs, retries, on_retry) -> None:
             on_outcome(Outcome(pid, False, attempts[pid], time.perf_counter() - started[pid],
                                _one_line(e), _remote_traceback(e)))
 
+    def submit(queue: deque) -> bool:
+        """Start the queue's head; False (the head left in place) when the pool has just broken: a
+        worker died after the last wait, and its future tells which once waited on."""
+        task = queue[0]
+        try:
+            fut = pool.submit(run_point, task)
+        except BrokenProcessPool:
+            return False
+        queue.popleft()
+        attempts[task["point_id"]] = attempts.get(task["point_id"], 0) + 1
+        started[task["point_id"]] = time.perf_counter()
+        inflight[fut] = task
+        return True
+
     try:
         while pending or inflight or suspects:
             if suspects and not inflight:
-                task = suspects.popleft()
-                attempts[task["point_id"]] = attempts.get(task["point_id"], 0) + 1
-                started[task["point_id"]] = time.perf_counter()
-                inflight[pool.submit(run_point, task)] = task
+                submit(suspects)
             while pending and not suspects and len(inflight) < jobs:
-                task = pending.popleft()
-                attempts[task["point_id"]] = attempts.get(task["point_id"], 0) + 1
-                started[task["point_id"]] = time.perf_counter()
-                inflight[pool.submit(run_point, task)] = task
+                if not submit(pending):
+                    break
+            if not inflight:  # the pool broke with nothing of ours in it: start afresh
+                pool.shutdown(wait=True, cancel_futures=True)
+                pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx)
+                continue
             alone = len(inflight) == 1
             done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
             died: list = []

@@ -139,12 +139,13 @@ def test_killed_sweep_resumes(tmp_path):
     # was marked complete and before its rename included: the rerun must keep that work too
     # (the deterministic case: test_sweep_killed_commit.py).
     complete = sorted(p.name for p in (out / "points").iterdir() if is_complete_run_dir(p))
-    assert 1 <= len(complete) < len(sizes), "the sweep was not killed mid-way"
+    assert 1 <= len(complete) < len(sizes), f"the sweep was not killed mid-way: {complete}, exit {proc.returncode}"
     assert not (out / "index.parquet").exists()  # killed before the end: no index yet
     df = run_sweep(sweep, out, jobs=2, plots=False, report=False)
     info = df.attrs["sweep"]
-    assert info["skipped"] == len(complete) and info["ran"] == len(sizes) - len(complete) and info["failed"] == 0
-    assert (df["status"] == "ok").all() and len(df) == len(sizes)
+    seen = f"complete after the kill: {complete}; the rerun: {info}; driver exit {proc.returncode}"
+    assert info["skipped"] == len(complete) and info["ran"] == len(sizes) - len(complete) and info["failed"] == 0, seen
+    assert (df["status"] == "ok").all() and len(df) == len(sizes), seen
     leftovers = [p.name for p in (out / "points").iterdir() if p.name.startswith(".")]
     assert leftovers == [], leftovers  # temporary dirs of the killed points were cleaned up
 

@@ -68,6 +68,8 @@ def resolved_dict(scn: Scenario) -> dict:
         for key, default in _TIMING_KEYS_AT_DEFAULT:
             if key in timing and timing[key] == default:
                 timing.pop(key)
+        if timing.get("async_overlap") is True and not (d.get("scheduler") or {}).get("async_scheduling"):
+            timing.pop("async_overlap")  # issue 23: it acts only under async scheduling
         ov = timing.get("overhead")
         if isinstance(ov, dict):
             for key in ("per_prefill_seq_s", "per_arrival_s"):  # added with issue 23, at their default 0
@@ -212,6 +214,7 @@ def build_timing(scn: Scenario, page_size: int, base_dir: Path, transfers: HostT
         allreduces_per_step=par.allreduces_per_step, allreduce_bytes_per_token=par.allreduce_bytes_per_token,
         allreduce_s_per_step=par.allreduce_s_per_step, allreduce_s_per_token=par.allreduce_s_per_token,
         nccl_ll_protocol=par.nccl_ll,
+        async_scheduling=scn.scheduler.async_scheduling,
         host_transfers=transfers,
     )
     try:

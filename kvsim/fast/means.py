@@ -61,7 +61,8 @@ def window_means(win: DecodeWindow, k: int, durations: np.ndarray, segments, cap
     held, useful, shared, cached_free, external = (seg_time @ vals / total).tolist()
     written = float(np.dot(win.written[:k], d)) / total
     batch = float(np.dot(win.num_requests[:k], d)) / total
-    unshared = written if win.kv_tokens_read is win.written else float(np.dot(win.kv_tokens_read[:k], d)) / total
+    lengths = win.kv_tokens_read if win.unshared is None else win.unshared
+    unshared = written if lengths is win.written else float(np.dot(lengths[:k], d)) / total
     return _means(held, useful, shared, cached_free, external, written, unshared, parts, capacity_tokens), batch
 
 
@@ -92,7 +93,8 @@ def _window_means_small(win: DecodeWindow, k: int, durations: np.ndarray, segmen
     external /= total
     written = sum(map(mul, win.written[:k].tolist(), d)) / total
     batch = sum(map(mul, win.num_requests[:k].tolist(), d)) / total
-    unshared = written if win.kv_tokens_read is win.written else sum(map(mul, win.kv_tokens_read[:k].tolist(), d)) / total
+    lengths = win.kv_tokens_read if win.unshared is None else win.unshared
+    unshared = written if lengths is win.written else sum(map(mul, lengths[:k].tolist(), d)) / total
     return _means(held, useful, shared, cached_free, external, written, unshared, parts, capacity_tokens), batch
 
 

@@ -65,6 +65,9 @@ class DecodeWindow:
     written: np.ndarray  # physical KV slots written after step j's scheduling
     num_requests: np.ndarray  # requests scheduled in step j (the rows' batch size)
     kv_pages_read: np.ndarray  # pages (blocks) attention reads in step j (see BatchShape.kv_pages_read)
+    # the sequences' lengths summed over every request holding KV in step j (MemoryParts.unshared):
+    # None = kv_tokens_read (every request holding KV reads it), else with the held finishes of async scheduling
+    unshared: np.ndarray | None = None
 
 
 def plan_decode_window(sched, plan, max_steps: int) -> DecodeWindow | None:
@@ -99,10 +102,33 @@ def plan_decode_window(sched, plan, max_steps: int) -> DecodeWindow | None:
         off = np.fromiter((alloc.written_offset_tokens(r.request_id) for r in running), np.int64, b)
         osum = np.concatenate(([0], np.cumsum(off[order])))
         written = kv_read - (osum[-1] - osum[done_by])
+    unshared = None
+    if sched.async_scheduling:
+        held, held_offset = _held_tokens(sched, running, remaining, computed0, w, kcap)
+        unshared = kv_read + held
+        written = unshared if held_offset is None else written + (held - held_offset)
     rem_sorted = remaining[order]
     pages = pages_per_step(rem_sorted, (computed0 + 1)[order], None if samples is None else w[order], done_by,
                            sched.allocator.block_size)
-    return DecodeWindow(list(running), remaining, computed0, num_seqs, kv_read, kcap, w, written, b - done_by, pages)
+    return DecodeWindow(list(running), remaining, computed0, num_seqs, kv_read, kcap, w, written, b - done_by, pages,
+                        unshared)
+
+
+def _held_tokens(sched, running: list, remaining: np.ndarray, computed0: np.ndarray, w: np.ndarray,
+                 kcap: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Async scheduling: the tokens still held in step j by the requests that finished at the end of
+    step j - 1 (their KV kept a step, kvsim.sched.async_sched): each sample's ``computed0 + j``; and,
+    with parallel samples, the slots those requests share (which ``written`` subtracts while they run)."""
+    held = np.zeros(kcap, np.int64)
+    offset = np.zeros(kcap, np.int64) if sched.has_parallel_samples else None
+    last = remaining < kcap
+    if last.any():
+        np.add.at(held, remaining[last], (w * (computed0 + remaining))[last])
+        if offset is not None:
+            alloc = sched.allocator
+            off = np.fromiter((alloc.written_offset_tokens(r.request_id) for r in running), np.int64, len(running))
+            np.add.at(offset, remaining[last], off[last])
+    return held, offset
 
 
 def block_limited_steps(sched, win: DecodeWindow, k: int):

@@ -136,8 +136,9 @@ class AsyncScheduling:
 
     def running_in_step(self, done: list[Request]) -> int:
         """Requests that ran in the step just completed, ``done`` (its finishes) among them: with
-        async scheduling they are still in the running list."""
-        return len(self.running) + (0 if self.async_scheduling else len(done))
+        async scheduling they are still in the running list, unless nothing else was left and they
+        were released at once (:meth:`_defer_finish`)."""
+        return len(self.running) + (0 if self._finishing else len(done))
 
     def _ensure_known(self, req: Request, target: int) -> bool:
         """Slots for ``req``'s ``target`` tokens, its blocks cached up to the tokens vLLM's plan

@@ -21,7 +21,8 @@
 
 with, in both, the engine's CPU time ``overhead_s = step_overhead_s + overhead.per_seq_s * num_seqs
 + overhead.per_prefill_token_s * num_prefill_tokens`` (kvsim.timing.overhead; without
-``overhead:``, ``step_overhead_s``) and
+``overhead:``, ``step_overhead_s``); under async scheduling the engine loop's part overlaps the rest,
+``duration = max(gpu_s, loop_s) + per-request terms`` (kvsim.timing.overhead, ``StepOverhead.step_s``), and
 ``swap_s = (swap_in_bytes + swap_out_bytes) / host_link_bandwidth + tier_load_s``
 without ``host_link:``, and with it ``transfer_time_s(in bytes, in copies, h2d) +
 transfer_time_s(out bytes, out copies, d2h) + tier_load_s`` (docs/transfer_model.md).
@@ -63,7 +64,7 @@ from kvsim.timing.fitted_linear import FittedLinear, gemm_model_unsupported
 from kvsim.timing.context import TimingContext
 from kvsim.timing.moe import MOE_ALIGN_KINDS, WeightReads, moe_fixed_s
 from kvsim.timing import moe_kernel
-from kvsim.timing.overhead import EngineOverheadConfig, StepOverhead
+from kvsim.timing.overhead import EngineOverheadConfig, StepOverhead, async_overlap_field
 from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, step_transfers
 from kvsim.errors import did_you_mean, format_choices
 from kvsim.timing.kernel import (AUTO_NAMES, KernelModel, backend_choices, load_backend, pages_or_estimate,
@@ -86,6 +87,7 @@ class AnalyticalTimingConfig(StrictModel):
         None, description="CPU overhead that scales with the batch: per_seq_s (per scheduled sequence per "
                           "step), per_prefill_token_s (per prompt token computed); absent: none "
                           "(docs/engine_overhead.md)")
+    async_overlap: bool = async_overlap_field()
     allreduce: Literal[ALLREDUCE_KINDS] = Field("nccl", description="tensor-parallel all-reduces: nccl, or the "
                                                 "engine's own (measured curves), docs/engine_overhead.md")
     moe_align_kernel: Literal[MOE_ALIGN_KINDS] = Field("none", description="MoE: the per-layer token-alignment "
@@ -160,7 +162,8 @@ class AnalyticalTiming:
         self._no_comm = self.comm.none
         # the engine's CPU time per step (kvsim.timing.overhead: its one definition); a constant stays
         # the float step_overhead_s, else it is a row of the decode table after the comm row
-        self.overhead = StepOverhead(cfg.step_overhead_s, cfg.overhead)
+        self.overhead = StepOverhead(cfg.step_overhead_s, cfg.overhead, ctx.async_scheduling and cfg.async_overlap)
+        self._overlap = self.overhead.overlapped  # async scheduling: max(GPU, engine loop), StepOverhead.step_s
         self.prices_arrivals = self.overhead.per_arrival_s > 0  # PricesArrivals (kvsim.timing.base)
         self._overhead_row = None if self.overhead.constant else (7 if self._no_comm else 8)
         rows = dict(_FITTED_ROWS_NO_COMM if self._no_comm else _FITTED_ROWS)
@@ -286,8 +289,14 @@ class AnalyticalTiming:
         if self.experts is not None:
             experts_s = self.experts.scalar_s(num_tokens)
             duration = duration + experts_s
-        duration = duration + overhead_s + swap_s
-        duration = duration + comm_s
+        if self._overlap:  # the engine loop runs beside the GPU (kvsim.timing.overhead)
+            gpu_s = duration + swap_s
+            gpu_s = gpu_s + comm_s
+            duration = self.overhead.step_s(gpu_s, seqs, shape)
+            overhead_s = duration - gpu_s
+        else:
+            duration = duration + overhead_s + swap_s
+            duration = duration + comm_s
         breakdown = {
             "weights_read_s": weights_s,
             "kv_read_s": kv_s,
@@ -326,8 +335,14 @@ class AnalyticalTiming:
             attn_flops_s = dec_flops_s
         attention_s = dec_s + pre_s
         kv_write_s = kv_write / self.bandwidth_bytes_per_s
-        duration = linear_s + attention_s + kv_write_s + overhead_s + swap_s
-        duration = duration + comm_s
+        if self._overlap:  # the engine loop runs beside the GPU (kvsim.timing.overhead)
+            gpu_s = linear_s + attention_s + kv_write_s + swap_s
+            gpu_s = gpu_s + comm_s
+            duration = self.overhead.step_s(gpu_s, seqs, shape)
+            overhead_s = duration - gpu_s
+        else:
+            duration = linear_s + attention_s + kv_write_s + overhead_s + swap_s
+            duration = duration + comm_s
         return StepTiming(
             duration_s=duration,
             breakdown_s={
@@ -389,6 +404,13 @@ class AnalyticalTiming:
             np.add(attn_kv_s, kv_write_s, out=kv_read_s)
             duration = linear_s + dec_s
             duration += kv_write_s
+            if self._overlap:  # max(GPU, engine loop); the overhead row becomes the part not hidden
+                if not no_comm:
+                    duration += matrix[7]
+                gpu_s = duration
+                duration = self.overhead.decode_steps_s(gpu_s, matrix[ov_row])
+                np.subtract(duration, gpu_s, out=matrix[ov_row])
+                return duration, self._fitted_parts(matrix), kv_read
             duration += overhead_s if ov_row is None else matrix[ov_row]
             if not no_comm:
                 duration += matrix[7]
@@ -406,9 +428,16 @@ class AnalyticalTiming:
         if self.experts is not None:
             experts_s = self.experts.array_s(num_seqs)
             duration += experts_s
-        duration += overhead_s
-        if not no_comm:
-            duration += comm_s
+        if self._overlap:  # max(GPU, engine loop); the overhead part is what the GPU did not hide
+            if not no_comm:
+                duration += comm_s
+            gpu_s = duration
+            duration = self.overhead.decode_steps_s(gpu_s, overhead_s)
+            overhead_s = duration - gpu_s
+        else:
+            duration += overhead_s
+            if not no_comm:
+                duration += comm_s
         parts = {
             "weights_read_s": weights_s,
             "kv_read_s": kv_s,

@@ -51,7 +51,7 @@ from kvsim.hw import GPUS, ModelSpec
 from kvsim.registry import TIMING_MODELS
 from kvsim.timing.base import BatchShape, StepTiming, split_kv_tokens  # noqa: F401  (re-exported)
 from kvsim.timing.context import TimingContext
-from kvsim.timing.overhead import EngineOverheadConfig, StepOverhead
+from kvsim.timing.overhead import EngineOverheadConfig, StepOverhead, async_overlap_field
 from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, step_transfers
 
 if TYPE_CHECKING:  # pandas is imported where used (import cost: tests/test_import_cost.py)
@@ -67,6 +67,7 @@ class CalibratedTimingConfig(StrictModel):
     overhead: EngineOverheadConfig | None = Field(
         None, description="CPU overhead that scales with the batch: per_seq_s, per_prefill_token_s; absent: "
                           "none (docs/engine_overhead.md)")
+    async_overlap: bool = async_overlap_field()
     host_link_bandwidth_bytes_per_s: ByteRate = Field(DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, gt=0, description="GPU<->host link for swaps")
     decode_impl: Literal["best", "triton", "triton_splitk", "torch_reference", "triton_interpreter"] = Field(
         "best", description="decode implementation to price; best = fastest measured per point")
@@ -133,7 +134,8 @@ class CalibratedTiming:
         df = data.df
         # an engine calibration's per-step curve already holds the fixed step cost (docs/calibration.md)
         self.step_overhead_s = 0.0 if engine and "step_overhead_s" not in cfg.model_fields_set else cfg.step_overhead_s
-        self.overhead = StepOverhead(self.step_overhead_s, cfg.overhead)  # kvsim.timing.overhead
+        self.overhead = StepOverhead(self.step_overhead_s, cfg.overhead,  # kvsim.timing.overhead
+                                     ctx.async_scheduling and cfg.async_overlap)
         self.prices_arrivals = self.overhead.per_arrival_s > 0  # PricesArrivals (kvsim.timing.base)
         self.calibration_path = path
         self.device = meta["device"]
@@ -235,9 +237,14 @@ class CalibratedTiming:
         swap_s = self.transfers.swap_s(shape.swap_in_bytes, shape.swap_in_copies,
                                        shape.swap_out_bytes, shape.swap_out_copies) + shape.tier_load_s
         attn_s = dec_s + pre_s
-        overhead_s = (self.step_overhead_s if self.overhead.constant and not shape.round_continuation else
-                      self.overhead.of_shape(shape.num_prefill_seqs + shape.num_decode_seqs, shape))  # timing.overhead
-        duration = attn_s + gemm_s + lm_s + elem_s + overhead_s + swap_s
+        if self.overhead.overlapped:  # async scheduling: max(GPU, engine loop) (kvsim.timing.overhead)
+            gpu_s = attn_s + gemm_s + lm_s + elem_s + swap_s
+            duration = self.overhead.step_s(gpu_s, shape.num_prefill_seqs + shape.num_decode_seqs, shape)
+            overhead_s = duration - gpu_s
+        else:
+            overhead_s = (self.step_overhead_s if self.overhead.constant and not shape.round_continuation else
+                          self.overhead.of_shape(shape.num_prefill_seqs + shape.num_decode_seqs, shape))
+            duration = attn_s + gemm_s + lm_s + elem_s + overhead_s + swap_s
         return StepTiming(
             duration_s=duration,
             breakdown_s={

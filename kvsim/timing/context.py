@@ -34,6 +34,10 @@ class TimingContext:
     allreduce_s_per_step: float = 0.0
     allreduce_s_per_token: float = 0.0
     nccl_ll_protocol: bool = False  # small all-reduces may take NCCL's LL protocol (kvsim.timing.allreduce)
+    # -- the engine loop -----------------------------------------------------------------------------
+    # the scheduler plans step k+1 while the GPU runs step k (scheduler.async_scheduling): the CPU
+    # overhead overlaps the GPU's step (kvsim.timing.overhead)
+    async_scheduling: bool = False
     # -- host link (docs/transfer_model.md) -------------------------------------------------------
     # None or legacy: swaps cost (bytes in + out) / the timing model's host_link_bandwidth_bytes_per_s
     host_transfers: HostTransfers | None = None

@@ -30,7 +30,7 @@ class FittedDecodeSteps:
     as dozens of steps priced here."""
 
     __slots__ = ("timing", "kernel", "rows", "size", "kv_bytes_per_token", "bandwidth_bytes_per_s",
-                 "attention_flops_per_pair", "flops_per_s", "overhead_s", "overhead_row", "no_comm", "_totals",
+                 "attention_flops_per_pair", "flops_per_s", "overhead_s", "overhead_row", "no_comm", "overlap", "_totals",
                  "_int_kv_bytes")
 
     def __init__(self, timing: AnalyticalTiming):
@@ -43,6 +43,7 @@ class FittedDecodeSteps:
         self.flops_per_s = timing.flops_per_s
         self.overhead_s = timing.cfg.step_overhead_s
         self.overhead_row = timing._overhead_row  # None: the constant overhead_s
+        self.overlap = timing._overlap  # async scheduling: max(GPU, engine loop) (kvsim.timing.overhead)
         self.no_comm = timing._no_comm
         # decode_totals' breakdown by name, from the model's one map: (name, row index or -1, the
         # per-step value of a part that is the same every step)
@@ -68,7 +69,7 @@ class FittedDecodeSteps:
         time_scalar = None if kernel is None else kernel.time_scalar
         kvb, bw = self.kv_bytes_per_token, self.bandwidth_bytes_per_s
         afpp, fps = self.attention_flops_per_pair, self.flops_per_s
-        ov_row, no_comm, overhead_s = self.overhead_row, self.no_comm, self.overhead_s
+        ov_row, no_comm, overhead_s, overlap = self.overhead_row, self.no_comm, self.overhead_s, self.overlap
         size, r = self.size, self.rows
         linear_r, gemm_r, lm_r, write_r = r[1], r[2], r[3], r[6]
         for s in range(lo, hi):
@@ -91,6 +92,20 @@ class FittedDecodeSteps:
             duration = linear + dec
             duration += kv_write
             col = (attn + kv_write, linear, gemm_r[n], lm_r[n], flops, dec, kv_write)
+            if overlap:  # as decode_durations: the comm, then max(GPU, engine loop), the part not hidden
+                if not no_comm:
+                    comm = r[7][n]
+                    duration += comm
+                    col = col + (comm,)
+                loop = r[ov_row][n]
+                d = loop if loop > duration else duration  # np.maximum(gpu, loop)
+                ov = d - duration
+                duration = d
+                durations.append(duration)
+                columns.append(col + (ov,))
+                t += duration
+                times.append(t)
+                continue
             if ov_row is None:
                 duration += overhead_s
             else:

@@ -34,6 +34,18 @@ runs the round's steps back to back, so the per-step terms are charged on a roun
 its later steps (``BatchShape.round_continuation``) pay only for arrivals taken in meanwhile
 (docs/engine_overhead.md, "Multi-step scheduling").
 
+Async scheduling (``scheduler.async_scheduling``, vLLM V1's default since 0.14.0): the engine plans
+and prepares step k+1, and takes in step k-1's output, while the GPU runs step k
+(``EngineCore.step_with_batch_queue`` with a batch queue of two), so the per-step, per-sequence and
+per-prompt-token terms (the engine core's own loop) overlap the GPU's step::
+
+    duration = max(gpu_s, step_overhead_s + per_seq_s * num_seqs + per_prefill_token_s * num_prefill_tokens)
+               + per_prefill_seq_s * num_prefill_seqs + per_arrival_s * num_arrivals
+
+and the step's ``overhead_s`` part is what the GPU did not hide, ``duration - gpu_s``. The per-request
+terms stay serial: no source says they overlap (``timing.async_overlap: false`` adds every term as
+without async; docs/engine_overhead.md, "Async scheduling").
+
 Sources and the fitted constants: docs/engine_overhead.md. Defaults are 0, so
 ``overhead_s == step_overhead_s`` exactly (``x + 0.0 * n == x`` for every finite ``n >= 0``) and a
 scenario without ``overhead:`` runs as before, bit for bit.
@@ -62,21 +74,34 @@ class EngineOverheadConfig(StrictModel):
                                  "(vLLM V0's AsyncLLMEngine) before it plans (docs/engine_overhead.md)")
 
 
+def async_overlap_field():
+    """``timing.async_overlap`` of the timing models that price the engine's CPU overhead."""
+    return Field(True, description="with scheduler.async_scheduling (vLLM >= 0.14): the per-step, per-sequence "
+                 "and per-prompt-token overhead runs while the GPU computes the step (vLLM's "
+                 "EngineCore.step_with_batch_queue), so a step lasts max(GPU time, that overhead) plus the "
+                 "per-request terms; false: every term is added, as without async (docs/engine_overhead.md)")
+
+
 class StepOverhead:
     """The overhead term of one deployment: built once per timing model, evaluated on ints or arrays."""
 
-    __slots__ = ("per_step_s", "per_seq_s", "per_prefill_token_s", "per_prefill_seq_s", "per_arrival_s", "constant")
+    __slots__ = ("per_step_s", "per_seq_s", "per_prefill_token_s", "per_prefill_seq_s", "per_arrival_s", "constant",
+                 "overlapped")
 
-    def __init__(self, step_overhead_s: float, cfg: EngineOverheadConfig | None = None):
+    def __init__(self, step_overhead_s: float, cfg: EngineOverheadConfig | None = None, overlapped: bool = False):
+        """``overlapped``: the engine plans the next step while the GPU runs this one
+        (TimingContext.async_scheduling and the timing model's ``async_overlap``): the engine-loop terms overlap."""
         cfg = cfg or EngineOverheadConfig()
         self.per_step_s = float(step_overhead_s)
         self.per_seq_s = float(cfg.per_seq_s)
         self.per_prefill_token_s = float(cfg.per_prefill_token_s)
         self.per_prefill_seq_s = float(cfg.per_prefill_seq_s)
         self.per_arrival_s = float(cfg.per_arrival_s)
-        # no batch-dependent term: every step costs per_step_s (the callers keep a float, no array row)
+        self.overlapped = bool(overlapped)
+        # no batch-dependent term: every step costs per_step_s (the callers keep a float, no array row);
+        # overlapped, what a step pays depends on its GPU time, so never constant
         self.constant = (self.per_seq_s == 0.0 and self.per_prefill_token_s == 0.0 and self.per_prefill_seq_s == 0.0
-                         and self.per_arrival_s == 0.0)
+                         and self.per_arrival_s == 0.0 and not self.overlapped)
 
     def time_s(self, num_seqs, num_prefill_tokens=0, num_prefill_seqs=0):
         """The overhead of a step of ``num_seqs`` scheduled sequences, ``num_prefill_seqs`` of them
@@ -102,3 +127,21 @@ class StepOverhead:
     def decode_row(self, num_seqs: np.ndarray) -> np.ndarray:
         """``time_s(n, 0)`` for an int64 array of batch sizes (decode steps compute no prompt tokens)."""
         return self.time_s(num_seqs, 0)
+
+    # -- async scheduling: the engine loop's terms overlap the GPU --------------------------------
+    def step_s(self, gpu_s: float, seqs: int, shape) -> float:
+        """THE duration of a step of ``shape`` whose GPU part (kernels, communication, swaps) is
+        ``gpu_s``, overlapped (:attr:`overlapped`): ``max(gpu_s, loop)`` plus the per-request terms."""
+        loop = self.per_step_s + self.per_seq_s * seqs + self.per_prefill_token_s * shape.num_prefill_tokens
+        d = loop if loop > gpu_s else gpu_s  # max(): the GPU's time on ties, as np.maximum(gpu, loop)
+        if self.per_prefill_seq_s != 0.0 and shape.num_prefill_seqs:
+            d = d + self.per_prefill_seq_s * shape.num_prefill_seqs
+        if shape.num_arrivals:
+            d = d + self.per_arrival_s * shape.num_arrivals
+        return d
+
+    def decode_steps_s(self, gpu_s: np.ndarray, loop_row: np.ndarray) -> np.ndarray:
+        """:meth:`step_s` of decode steps (no prompt, no arrivals), element by element: ``gpu_s`` the
+        steps' GPU parts, ``loop_row`` their :meth:`decode_row`."""
+        return np.maximum(gpu_s, loop_row)
+

@@ -182,7 +182,7 @@ def test_kernel_tables_grow_and_stay_exact():
 
 # -- AnalyticalTiming: decode_durations == step_time, part by part ---------------------------------
 def _timing(model="Llama-2-7B", block=16, gemm_model="fitted", backend="auto", comm=(0.0, 0.0), tp=1, dtype="fp16",
-            gpu="A100-80GB", overhead=None, allreduce="nccl"):
+            gpu="A100-80GB", overhead=None, allreduce="nccl", async_scheduling=False):
     m = MODELS[model]
     ar = {}
     if allreduce != "nccl":  # the plan's all-reduce fields, so a measured custom curve reprices them
@@ -193,7 +193,8 @@ def _timing(model="Llama-2-7B", block=16, gemm_model="fitted", backend="auto", c
         ar = dict(allreduces_per_step=p.allreduces_per_step, allreduce_bytes_per_token=p.allreduce_bytes_per_token,
                   allreduce_s_per_step=p.allreduce_s_per_step, allreduce_s_per_token=p.allreduce_s_per_token)
     ctx = TimingContext(m, GPUS[gpu], KVGeometry.for_gpu(m, dtype, tp, block_size=block), m.weight_bytes() // tp,
-                        Path("."), tensor_parallel=tp, comm_s_per_step=comm[0], comm_s_per_token=comm[1], **ar)
+                        Path("."), tensor_parallel=tp, comm_s_per_step=comm[0], comm_s_per_token=comm[1],
+                        async_scheduling=async_scheduling, **ar)
     return AnalyticalTiming(AnalyticalTimingConfig(gemm_model=gemm_model, attention_backend=backend,
                                                    overhead=overhead, allreduce=allreduce), ctx)
 
@@ -219,6 +220,18 @@ TIMINGS = {
     "fitted-tp4-custom-allreduce": dict(model="Llama-3-70B", gpu="H100-SXM-80GB", tp=4, allreduce="vllm-custom",
                                         overhead={"per_seq_s": 2.9e-6, "per_prefill_seq_s": 1e-3}),
     "moe-mla-custom-allreduce": dict(model="DeepSeek-V3", gpu="H200-141GB", tp=8, allreduce="sglang-custom"),
+    # async scheduling: max(GPU, engine loop) (kvsim.timing.overhead), a constant loop and a per-sequence one;
+    # a large per-sequence cost, so that some steps are CPU-bound and some GPU-bound
+    "fitted-async": dict(async_scheduling=True),
+    "fitted-async-overhead": dict(async_scheduling=True, overhead={"per_seq_s": 6e-5, "per_prefill_seq_s": 1e-3}),
+    "fitted-async-comm": dict(model="Llama-3-70B", gpu="H100-SXM-80GB", tp=4, comm=(2.1e-5, 3.3e-9),
+                              async_scheduling=True, overhead={"per_seq_s": 9e-5}),
+    "fitted-async-custom-allreduce": dict(model="Llama-3-70B", gpu="H100-SXM-80GB", tp=4, allreduce="vllm-custom",
+                                          async_scheduling=True, overhead={"per_seq_s": 9e-5}),
+    "roofline-async": dict(gemm_model="roofline", async_scheduling=True, overhead={"per_seq_s": 6e-5}),
+    "roofline-async-comm": dict(gemm_model="roofline", comm=(1e-5, 0.0), async_scheduling=True),
+    "moe-roofline-async": dict(model="Mixtral-8x7B", gpu="H200-141GB", tp=2, comm=(1e-5, 1e-9),
+                               async_scheduling=True, overhead={"per_seq_s": 9e-5}),
 }
 
 

@@ -10,7 +10,7 @@ CPU_EXAMPLE = REPO / "calibration" / "cpu-example"
 
 
 def timing_context(model_name: str = "Llama-3-8B", kv_dtype: str = "fp16", block_size: int | None = 16,
-                   gpu: str = "H200-141GB", base_dir: Path | None = None):
+                   gpu: str = "H200-141GB", base_dir: Path | None = None, async_scheduling: bool = False):
     from kvsim.hw import GPUS, MODELS
     from kvsim.models.geometry import KVGeometry
     from kvsim.timing.context import TimingContext
@@ -18,7 +18,7 @@ def timing_context(model_name: str = "Llama-3-8B", kv_dtype: str = "fp16", block
     m = MODELS[model_name]
     return TimingContext(model=m, gpu=GPUS[gpu], kv=KVGeometry.from_model(m, kv_dtype, block_size),
                          weight_bytes=m.weight_bytes("bf16"),
-                         base_dir=base_dir if base_dir is not None else REPO)
+                         base_dir=base_dir if base_dir is not None else REPO, async_scheduling=async_scheduling)
 
 
 def edit_meta(path: Path, fn) -> None:

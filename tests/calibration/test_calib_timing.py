@@ -94,6 +94,23 @@ def test_engine_overhead_terms():
     assert b.duration_s - a.duration_s == pytest.approx(want - 0.001, rel=1e-9)
 
 
+def test_async_scheduling_overlaps_the_engine_loop():
+    """Async scheduling (kvsim.timing.overhead, StepOverhead.step_s): max(kernels, engine loop) plus the
+    per-request term; async_overlap false prices as without async."""
+    shape = mixed_shape(64, 32, [100, 200, 300])
+    seqs = shape.num_prefill_seqs + shape.num_decode_seqs
+    for step_s in (0.001, 60.0):  # a loop shorter than the CPU example's kernels (seconds), then longer
+        kw = dict(step_overhead_s=step_s, overhead={"per_seq_s": 2e-5, "per_prefill_seq_s": 0.01})
+        sync, asy = build(**kw), build(async_scheduling=True, **kw)
+        off = build(async_scheduling=True, async_overlap=False, **kw)
+        s, a = sync.step_time(shape), asy.step_time(shape)
+        loop = step_s + 2e-5 * seqs
+        kernels = s.duration_s - s.breakdown_s["overhead_s"]
+        assert a.duration_s == pytest.approx(max(kernels, loop) + 0.01, rel=1e-12)
+        assert a.breakdown_s["overhead_s"] == pytest.approx(max(0.0, loop - kernels) + 0.01, rel=1e-6)
+        assert off.step_time(shape).duration_s == s.duration_s
+
+
 def test_split_kv_tokens_exact_for_one_prefill_chunk():
     pre, dec = split_kv_tokens(mixed_shape(new=50, cached=200, decode_contexts=[10, 20, 30]))
     assert (pre, dec) == (250, 60)

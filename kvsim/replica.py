@@ -61,22 +61,31 @@ class Replica:
         new, self.last_evictions = evictions - self.last_evictions, evictions
         return new
 
+    def _no_bulk_growth(self) -> None:
+        """No lazy decode group in this run: the allocator's ledger (LazyLedger) need not track block
+        boundaries for bulk decode growth (a cost on every slot change otherwise)."""
+        if self.caps.decode_group:
+            self.scheduler.allocator.ledger.stop_tracking_boundaries()
+
     def install_fast_path(self, mode: str, beam_search: bool = False) -> str:
         """Install the fast path (kvsim.fast) where the mode and the plugins' capabilities allow:
         decode windows, and the scheduler's lazy decode group. Returns a line saying which fast
         paths are on (and why not). ``beam_search``: the trace has beam requests, whose forks and
         prunes windows cannot plan: steps with one running go one by one. ``step`` mode installs
         nothing: the scheduler plans every request one by one (the reference)."""
-        if mode != "fast":
-            return f"replica {self.index}: step mode: every step on its own"
         sched = self.scheduler
-        if sched.num_scheduler_steps > 1:
+        if mode != "fast" or sched.num_scheduler_steps > 1:
+            self._no_bulk_growth()
+            if mode != "fast":
+                return f"replica {self.index}: step mode: every step on its own"
             return (f"replica {self.index}: multi-step rounds (scheduler.num_scheduler_steps = "
                     f"{sched.num_scheduler_steps}): every step on its own")
         if self.caps.decode_group:  # BulkDecodeGrowth + LazyLedger (and WindowAllocator)
             group = DecodeGroup(sched.allocator.block_size, sched.allocator)
             if sched.install_decode_path(group):  # not for timing that needs each context length
                 self.group = group
+            else:
+                self._no_bulk_growth()
         if not self.caps.windows:
             return (f"replica {self.index}: decode windows off: allocator {type(self.scheduler.allocator).__name__} "
                     f"lacks the WindowAllocator capability (steps run one by one)")

@@ -355,7 +355,15 @@ class SlotLedger:
         """The requests whose written count equals their held slots at step count ``step`` (so the
         decode step from ``step`` needs a new block for each); needs ``track_boundaries``. The set
         is the ledger's own: read it, do not keep or change it."""
+        if not self._track:
+            raise ValueError("full_at needs a ledger that tracks block boundaries")
         return self._bounds.get(step, ())
+
+    def stop_tracking_boundaries(self) -> None:
+        """No bulk decode growth will be asked of this ledger (no lazy decode group in this run): stop
+        keeping the block boundaries, which every slot change would otherwise pay for."""
+        self._track = False
+        self._bounds.clear()
 
     def set_written_many(self, request_ids, written_tokens) -> None:
         """Bulk ``set_written`` (each value within the request's held slots)."""

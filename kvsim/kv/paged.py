@@ -322,9 +322,10 @@ class PagedAllocator(PagedCore):
         self.ledger.set_written(request_id, num_tokens)
         if self.prefix_caching:
             if known_tokens is None:
-                self._register_full_blocks(request_id, num_tokens)
+                known_tokens = num_tokens
             else:  # ensure_slots_known (async scheduling): a block may be full but not yet registered
                 (self._short.add if known_tokens < num_tokens else self._short.discard)(request_id)
+            if known_tokens // self.block_size > self._registered[request_id]:  # a block newly full
                 self._register_full_blocks(request_id, known_tokens)
         return True
 

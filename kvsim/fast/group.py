@@ -31,12 +31,15 @@ _SEQ_MASK = (1 << _SEQ_BITS) - 1
 
 
 class DecodeGroup:
-    __slots__ = ("step_count", "keys", "members", "base", "sum_base", "block_size", "sum_q", "res_count", "allocator")
+    __slots__ = ("step_count", "keys", "members", "base", "sum_base", "block_size", "sum_q", "res_count", "allocator",
+                 "_grow", "released")
 
     def __init__(self, block_size: int | None = None, allocator=None) -> None:
         """``allocator``: the replica's allocator with ``grow_all_by_one`` and a ``ledger``
         (``BulkDecodeGrowth`` + ``LazyLedger``); needed only by :meth:`decode_step`."""
         self.allocator = allocator
+        self._grow = None if allocator is None else allocator.grow_all_by_one
+        self.released: list = []  # the members the last dissolve released (DecodeFastPath.released)
         self.step_count = 0
         self.keys: list[int] = []  # sorted finish keys
         self.members: list = []  # Requests, in key order
@@ -56,11 +59,18 @@ class DecodeGroup:
         them all by one token in one allocator call (all or nothing). Returns (members decoding,
         KV tokens they read, KV pages they read); (0, 0, 0) after dissolving otherwise."""
         n = num_running
-        if n > 0 and len(self.keys) == n and n <= budget_tokens and self.allocator.grow_all_by_one():
-            # each member reads its context + 1: the ledger's written sum after the growth
-            return n, self.allocator.ledger.sum_written, self.pages_read()
+        self.released = []
+        if n > 0 and len(self.keys) == n and n <= budget_tokens and self._grow():
+            # each member reads its context + 1: the ledger's written sum after the growth (less the
+            # finished requests whose KV async scheduling holds a step: paused, not members)
+            return n, self.allocator.ledger.sum_growing_written, self.pages_read()
         self.dissolve()
         return 0, 0, 0
+
+    def use_known_growth(self) -> None:
+        """Async scheduling with prefix caching: grow through ``grow_all_by_one_known``
+        (KnownTokenBulkGrowth), blocks registered once their tokens are known."""
+        self._grow = self.allocator.grow_all_by_one_known
 
     def advance(self) -> list:
         """A step planned with :meth:`decode_step` completed: the step count moves on; returns the
@@ -118,8 +128,9 @@ class DecodeGroup:
         for r in self.members:
             self._write_back(r, clock)
             r.group_d0 = -1
+        self.released = self.members
+        self.members = []
         self.keys.clear()
-        self.members.clear()
         self.base.clear()
         self.sum_base = 0
         self.sum_q = 0

@@ -28,6 +28,8 @@ def plan_group_window(sched, group: DecodeGroup, plan, max_steps: int) -> Decode
     arrays follow from the members' finish keys and base constants (step 0's entries are the
     plan's own shape); no member is read one by one."""
     shape = plan.shape
+    if sched.async_scheduling:  # its finishes would be held a step: not modelled in group windows
+        return None
     if (not plan.group_decodes or plan.preempted or shape.swap_in_bytes or shape.swap_out_bytes
             or shape.tier_load_s or (plan.scheduled and sched.swapped)):
         return None

@@ -184,7 +184,7 @@ class SlotLedger:
     """
 
     __slots__ = ("held", "_woff", "final", "sum_held", "sum_written", "sum_useful", "step_count", "_bounds",
-                 "_track")
+                 "_track", "paused")
 
     def __init__(self, track_boundaries: bool = False) -> None:
         self.held: dict[int, int] = {}
@@ -198,6 +198,9 @@ class SlotLedger:
         # date on every change of held or written)
         self._bounds: dict[int, set[int]] = {}
         self._track = track_boundaries
+        # requests whose written count stays put while the others grow (async scheduling: finished,
+        # their KV held a step; :meth:`pause`); not in the boundary sets
+        self.paused: set[int] = set()
 
     def __contains__(self, request_id: int) -> bool:
         return request_id in self.held
@@ -210,6 +213,8 @@ class SlotLedger:
 
     def _unbound(self, request_id: int) -> None:
         """Forget where ``request_id`` fills its held slots (before its held or written count changes)."""
+        if request_id in self.paused:
+            return
         key = self.held[request_id] - self._woff[request_id]
         bucket = self._bounds[key]
         bucket.discard(request_id)
@@ -218,6 +223,8 @@ class SlotLedger:
 
     def _bound(self, request_id: int) -> None:
         """Record where ``request_id`` fills its held slots (after its held or written count changed)."""
+        if request_id in self.paused:
+            return
         key = self.held[request_id] - self._woff[request_id]
         bucket = self._bounds.get(key)
         if bucket is None:
@@ -266,6 +273,7 @@ class SlotLedger:
         if self._track:
             self._unbound(request_id)
         a = self.held.pop(request_id)
+        self.paused.discard(request_id)
         w = self._woff.pop(request_id) + self.step_count
         f = self.final.pop(request_id)
         self.sum_held -= a
@@ -347,7 +355,11 @@ class SlotLedger:
             clock += 1
         done = clock - self.step_count
         self.sum_held, self.sum_useful = sum_held, sum_useful
-        self.sum_written += done * len(held)
+        self.sum_written += done * (len(held) - len(self.paused))
+        if self.paused:  # their written counts stay put
+            woff = self._woff
+            for r in self.paused:
+                woff[r] -= done
         self.step_count = clock
         return done, free_blocks - left
 
@@ -358,6 +370,22 @@ class SlotLedger:
         if not self._track:
             raise ValueError("full_at needs a ledger that tracks block boundaries")
         return self._bounds.get(step, ())
+
+    @property
+    def sum_growing_written(self) -> int:
+        """``sum_written`` over the requests that grow with the step count (the paused ones left out)."""
+        if not self.paused:
+            return self.sum_written
+        woff, clock = self._woff, self.step_count
+        return self.sum_written - sum([woff[r] + clock for r in self.paused])
+
+    def pause(self, request_id: int) -> None:
+        """``request_id`` writes nothing more while the others grow (async scheduling: finished, its KV
+        held until the next step ends); it stays paused until removed."""
+        if request_id not in self.paused:
+            if self._track:
+                self._unbound(request_id)
+            self.paused.add(request_id)
 
     def stop_tracking_boundaries(self) -> None:
         """No bulk decode growth will be asked of this ledger (no lazy decode group in this run): stop
@@ -380,10 +408,14 @@ class SlotLedger:
             w = written[r]
             assert 0 <= w <= a, f"{who}: request {r} written {w} outside [0, held {a}]"
             assert w <= self.final[r], f"{who}: request {r} written {w} beyond final {self.final[r]}"
+        assert self.paused <= self.held.keys(), f"{who}: a paused request is not held"
         if self._track:
             for r, a in self.held.items():
-                assert r in self._bounds.get(a - self._woff[r], ()), f"{who}: request {r}'s block boundary is not tracked"
-            assert sum(len(b) for b in self._bounds.values()) == len(self.held), f"{who}: stale block boundaries"
+                if r not in self.paused:
+                    assert r in self._bounds.get(a - self._woff[r], ()), \
+                        f"{who}: request {r}'s block boundary is not tracked"
+            assert sum(len(b) for b in self._bounds.values()) == len(self.held) - len(self.paused), \
+                f"{who}: stale block boundaries"
             assert all(self._bounds.values()), f"{who}: empty boundary set kept"
 
 

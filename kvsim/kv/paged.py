@@ -383,6 +383,32 @@ class PagedAllocator(PagedCore):
         ledger.grow_steps(self.block_size, need, 1, 0, [])
         return True
 
+    def grow_all_by_one_known(self) -> bool:
+        """KnownTokenBulkGrowth: ``grow_all_by_one`` with each request's blocks registered up to its
+        tokens before this step (``ensure_slots_known(r, written + 1, written)`` for each, in
+        allocation order). The requests whose held slots are all written take a block and register
+        the one they filled last step; those whose last slot this step writes wait a step (short)."""
+        if self.seqs.samples or self.seqs.beams:
+            return False
+        ledger = self.ledger
+        clock = ledger.step_count
+        takers = ledger.full_at(clock)
+        if len(takers) > self.blocks.num_free:
+            return False
+        if takers:
+            bs = self.block_size
+            tables = self.block_tables
+            for rid in sorted(takers, key=self._order.__getitem__):
+                table = tables[rid]
+                table.append(self._new_block())
+                if self.prefix_caching:
+                    self._register_full_blocks(rid, (len(table) - 1) * bs)
+        ledger.grow_steps(self.block_size, len(takers), 1, 0, [])
+        if self.prefix_caching:  # every request but the paused ones grew: these filled a block now
+            paused = ledger.paused
+            self._short = set(ledger.full_at(clock + 1)).union([r for r in self._short if r in paused])
+        return True
+
     def _boundary_step(self, takers, fills) -> None:
         """The block events of one bulk decode step, request by request in allocation order: a taker
         takes one block (and with one-token blocks fills it at once), a filler registers its last block."""

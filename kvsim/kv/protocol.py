@@ -176,6 +176,17 @@ class KnownTokenCaching(Protocol):
 
 
 @runtime_checkable
+class KnownTokenBulkGrowth(Protocol):
+    """``grow_all_by_one_known()``: ``grow_all_by_one`` (BulkDecodeGrowth) with the registrations of
+    KnownTokenCaching: each request's blocks registered up to the tokens known before this step
+    (``ensure_slots_known(r, written + 1, written)`` for each), so a block that fills in a step is
+    registered at the request's next step, when it takes its next block. The lazy decode group under
+    async scheduling with prefix caching."""
+
+    def grow_all_by_one_known(self) -> bool: ...
+
+
+@runtime_checkable
 class OffloadCounter(Protocol):
     """``offloaded_blocks``: evicted blocks whose content went to a lower tier (the summary's
     ``prefix_cache.offloaded_blocks``)."""
@@ -209,11 +220,12 @@ class AllocatorCapabilities:
     host_link_tiers: bool = False  # HostLinkTiers
     beam_counters: bool = False  # BeamCounters
     known_token_caching: bool = False  # KnownTokenCaching
+    known_bulk_growth: bool = False  # KnownTokenBulkGrowth (with decode_group)
 
     def describe(self) -> str:
         on = [name for name in ("windows", "decode_group", "bulk_slots", "prefix_peek", "eviction_counter",
                                 "block_runs", "decode_steps", "prefix_caching", "offload_counter", "shared_store",
-                                "host_link_tiers", "beam_counters", "known_token_caching")
+                                "host_link_tiers", "beam_counters", "known_token_caching", "known_bulk_growth")
               if getattr(self, name)]
         return ", ".join(on) or "none"
 
@@ -245,6 +257,7 @@ def allocator_capabilities(alloc: object) -> AllocatorCapabilities:
         host_link_tiers=isinstance(alloc, HostLinkTiers),
         beam_counters=isinstance(alloc, BeamCounters),
         known_token_caching=isinstance(alloc, KnownTokenCaching),
+        known_bulk_growth=decode_group and isinstance(alloc, KnownTokenBulkGrowth),
     )
     log.debug("allocator %s capabilities: %s", type(alloc).__name__, caps.describe())
     return caps

@@ -26,7 +26,11 @@ too (it counts a step's scheduled tokens as computed when it schedules them). De
 (:mod:`kvsim.fast.window`) follow the same rules through the window hooks (``hold_decoded``,
 ``release_held``, ``grow_decoder``, ``window_ended``): a finish inside a window holds its KV a step,
 the waiting head is tested when finishes are released, and no window opens while arrivals are
-held. The lazy decode group is off in this mode. docs/conformance.md, "Async scheduling", gives the
+held. The lazy decode group (:mod:`kvsim.fast.group`) runs too: its bulk growth registers a block once
+its tokens are known (the allocator's ``grow_all_by_one_known``: when the request takes its next
+block), the finishes held a step are paused in the slot ledger (``SlotLedger.pause``: they grow no
+more while the members do) and are not members, and when the group dissolves its members count as
+having sampled in the last step; group windows are off. docs/conformance.md, "Async scheduling", gives the
 check against vLLM's own ``AsyncScheduler``, in both engine modes.
 """
 
@@ -52,6 +56,7 @@ class AsyncScheduling:
                               f"ensure_slots_known (KnownTokenCaching), not {type(self.allocator).__name__}: "
                               f"use allocator kind paged, or async_scheduling: false")
         self._sampled_last: set[int] = set()  # requests that sampled a token in the step just ended
+        self._group_sampled = False  # ... and, if it was a decode-group step, every member did
         self._held: list[tuple[KVRequest, float, Request | None]] = []  # arrivals the next plan may not see
         self._finishing: list[Request] = []  # finished at the last step's end, KV held until the next ends
         self._finishing_ids: set[int] = set()
@@ -91,6 +96,10 @@ class AsyncScheduling:
         ids = self._finishing_ids
         if not (self._held or self.waiting or self.swapped or any(r.request_id not in ids for r in self.running)):
             self._release_finishing()
+        elif self._decode is not None:  # the lazy decode group grows every other request in bulk
+            pause = self.allocator.ledger.pause
+            for r in done:
+                pause(r.request_id)
 
     def _release_finishing(self) -> None:
         """Free the finishing requests (THE finish, ``_finish``, at their finish time); a victim the

@@ -50,6 +50,14 @@ class DecodeFastPath(Protocol):
         """Sync and release every member."""
         ...
 
+    released: list
+    """The members the last ``decode_step`` released by dissolving (empty if it did not)."""
+
+    def use_known_growth(self) -> None:
+        """Grow members with their blocks registered once their tokens are known (async scheduling
+        with prefix caching; the allocator's KnownTokenBulkGrowth)."""
+        ...
+
     def sync(self) -> None:
         """Write every member's lazy progress back (membership is kept)."""
         ...

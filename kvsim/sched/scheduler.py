@@ -144,8 +144,12 @@ class Scheduler(Arrivals, WindowHooks, PrefillPhases, MultiStepRounds, AsyncSche
             raise TypeError(f"{type(path).__name__} is not a DecodeFastPath")
         if self.running or self.swapped or self.num_finished:
             raise RuntimeError("install_decode_path after the run started")
-        if not self.caps.decode_group or self.want_context_lens or self._lookahead or self.async_scheduling:
+        if not self.caps.decode_group or self.want_context_lens or self._lookahead:
             return False
+        if self._known_caching:  # async scheduling with prefix caching: blocks cached once known
+            if not self.caps.known_bulk_growth:
+                return False
+            path.use_known_growth()
         if self.host.enabled and self.caps.block_runs:
             # An allocator that names its blocks takes a bulk decode step's blocks in allocation
             # order; a swapped-in request is allocated anew but returns to its admission place in
@@ -237,7 +241,7 @@ class Scheduler(Arrivals, WindowHooks, PrefillPhases, MultiStepRounds, AsyncSche
             self._prompt_only_step(step, now_s)
         if not step.scheduled:
             group_decodes = self._group_phase(step)
-            if group_decodes < len(self.running):
+            if group_decodes < len(self.running) - len(self._finishing):  # (async: held finishes skipped)
                 self._running_phase(step, group_decodes)
             if self.swapped:
                 self._swap_in_phase(step)
@@ -264,7 +268,11 @@ class Scheduler(Arrivals, WindowHooks, PrefillPhases, MultiStepRounds, AsyncSche
         path = self._decode
         if path is None:
             return 0
-        n, kv_tokens, kv_pages = path.decode_step(len(self.running) if self._lazy else 0, step.budget)
+        # (async scheduling: the finished requests still held are not members and do not grow)
+        n, kv_tokens, kv_pages = path.decode_step(len(self.running) - len(self._finishing) if self._lazy else 0,
+                                                  step.budget)
+        if not n and self._group_sampled and path.released:  # async: the members sampled in the last step
+            self._sampled_last.update([r.request_id for r in path.released])
         if n:
             step.budget -= n
             step.group_kv_tokens = kv_tokens
@@ -393,6 +401,7 @@ class Scheduler(Arrivals, WindowHooks, PrefillPhases, MultiStepRounds, AsyncSche
         self._chunks = cut
         if self.async_scheduling:  # the requests that sampled a token in this step (kvsim.sched.async_sched)
             self._sampled_last = {rid for rid, _ in plan.scheduled} - {r.request_id for r in cut}
+            self._group_sampled = bool(plan.group_decodes)  # and the group's members, all of them
         if self._lookahead:
             done = self._round_progress(done)
         if group_done and len(done) > group_done:
@@ -401,8 +410,10 @@ class Scheduler(Arrivals, WindowHooks, PrefillPhases, MultiStepRounds, AsyncSche
             (self._defer_finish if self.async_scheduling else self._finish)(done, now_s)
         if self._lazy and not plan.group_decodes:
             # A step planned one request at a time: every running request that now decodes
-            # (re)joins the group.
-            path.join_decoders(self.running)
+            # (re)joins the group (async scheduling: not a finished one whose output is held).
+            finishing = self._finishing_ids
+            path.join_decoders([r for r in self.running if r.request_id not in finishing] if finishing
+                               else self.running)
         return first, done
 
     def take_plan(self) -> StepPlan:

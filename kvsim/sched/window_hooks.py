@@ -104,4 +104,5 @@ class WindowHooks:
         step by step (the arrival cutoff, the tokens not yet known)."""
         if self.async_scheduling:
             self._sampled_last = set(sampled)
+            self._group_sampled = False
             self._last_plan_s, self._last_end_s = last_start_s, end_s

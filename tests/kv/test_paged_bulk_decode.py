@@ -23,16 +23,22 @@ def state(a: PagedAllocator) -> tuple:
             {r: (a.held_tokens(r), a.ledger.written_of(r)) for r in a.block_tables})
 
 
-def drive(seed: int, block_size: int, num_blocks: int, eviction: str, prefix_caching: bool = True) -> dict:
+def drive(seed: int, block_size: int, num_blocks: int, eviction: str, prefix_caching: bool = True,
+          known: bool = False) -> dict:
     """Random admissions (prompts from four families of chained keys), grows, frees and decode
-    steps on two allocators; returns what happened (so the test can insist the cases were hit)."""
+    steps on two allocators; returns what happened (so the test can insist the cases were hit).
+    ``known`` (async scheduling): decode steps register blocks up to the tokens known before them
+    (``grow_all_by_one_known`` against ``ensure_slots_known(r, w + 1, w)``), and some requests are
+    paused (finished, KV held: the ledger's ``pause``), growing no more until freed."""
     rng = random.Random(seed)
     lazy, ref = (PagedAllocator(num_blocks, block_size, 0.0, prefix_caching, EVICTIONS[eviction]) for _ in range(2))
     written: dict[int, int] = {}  # allocation order (dict order) = the order ensure_slots runs in
     reqs: dict[int, KVRequest] = {}
     seen = {"bulk": 0, "refused": 0, "hits": 0}
+    paused: set[int] = set()
+    verbs = ["alloc", "alloc", "free", "grow", "decode", "decode", "decode", "decode"] + (["pause"] if known else [])
     for rid in range(120):
-        verb = rng.choice(["alloc", "alloc", "free", "grow", "decode", "decode", "decode", "decode"])
+        verb = rng.choice(verbs)
         if verb == "alloc":
             prompt = rng.randint(1, 6 * block_size)
             family = rng.randrange(4)
@@ -49,22 +55,29 @@ def drive(seed: int, block_size: int, num_blocks: int, eviction: str, prefix_cac
             lazy.free(victim)
             ref.free(victim)
             del written[victim]
-        elif verb == "grow" and written:
-            r = rng.choice(list(written))
+            paused.discard(victim)
+        elif verb == "pause" and len(written) > len(paused):
+            r = rng.choice([r for r in written if r not in paused])
+            lazy.ledger.pause(r)
+            paused.add(r)
+        elif verb == "grow" and written and len(written) > len(paused):
+            r = rng.choice([r for r in written if r not in paused])
             target = min(written[r] + rng.randint(0, 2 * block_size), reqs[r].final_kv_tokens)
             ok = lazy.ensure_slots(r, target)
             assert ok == ref.ensure_slots(r, target)
             if ok:
                 written[r] = target
         elif verb == "decode" and written and all(w < reqs[r].final_kv_tokens for r, w in written.items()):
-            need = sum(1 for r, w in written.items() if w == ref.held_tokens(r))
+            growing = [r for r in written if r not in paused]
+            need = sum(1 for r in growing if written[r] == ref.held_tokens(r))
             fits = need <= ref.num_free_blocks
-            assert lazy.grow_all_by_one() == fits
+            assert (lazy.grow_all_by_one_known() if known else lazy.grow_all_by_one()) == fits
             if fits:
                 seen["bulk"] += 1
-                for r in written:
+                for r in growing:
                     written[r] += 1
-                    assert ref.ensure_slots(r, written[r])
+                    assert (ref.ensure_slots_known(r, written[r], written[r] - 1) if known
+                            else ref.ensure_slots(r, written[r]))
             else:
                 seen["refused"] += 1
         lazy.check_invariants()
@@ -79,6 +92,18 @@ def test_bulk_decode_step_equals_ensure_slots_in_allocation_order(block_size, ev
     totals = {"bulk": 0, "refused": 0, "hits": 0}
     for seed in range(40):
         for k, v in drive(seed, block_size, num_blocks=random.Random(seed).randint(4, 40), eviction=eviction).items():
+            totals[k] += v
+    assert totals["bulk"] > 100 and totals["refused"] > 5 and totals["hits"] > 20, totals
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_known_token_bulk_step_equals_ensure_slots_known_with_paused_requests(block_size):
+    """KnownTokenBulkGrowth (async scheduling): a block filled in a step is registered at the next,
+    when its request takes its next block; paused requests neither grow nor take blocks."""
+    totals = {"bulk": 0, "refused": 0, "hits": 0}
+    for seed in range(40):
+        for k, v in drive(seed, block_size, num_blocks=random.Random(seed).randint(4, 40), eviction="lru",
+                          known=True).items():
             totals[k] += v
     assert totals["bulk"] > 100 and totals["refused"] > 5 and totals["hits"] > 20, totals
 

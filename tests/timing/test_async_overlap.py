@@ -84,7 +84,7 @@ def _vllm032(mode, **timing):
 def test_vllm_0_32_runs_overlapped_and_fast_equals_step():
     rows = random_rows(200, seed=5, rate=30.0)
     step, fast = (run(_vllm032(m), trace=make_trace(rows), check_invariants=True) for m in ("step", "fast"))
-    assert_same(step, fast)
+    assert_same(step, fast, fast_has_windows=False)  # (the lazy decode group's steps: one by one)
     resolved = resolved_dict(_vllm032("fast"))["timing"]
     assert resolved["async_overlap"] is True and resolved["overhead"]["per_seq_s"] > 0  # the profile's terms kept
     serial = run(_vllm032("fast", async_overlap=False), trace=make_trace(rows))

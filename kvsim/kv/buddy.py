@@ -25,7 +25,8 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 
 from kvsim.config_base import StrictModel, Tokens
-from kvsim.kv.base import NO_HIT, Allocation, ExtentAllocator, KVRequest, cdiv
+from kvsim.kv.base import NO_HIT, Allocation, KVRequest, cdiv
+from kvsim.kv.extent import ExtentAllocator
 from kvsim.kv.reservation import ReservationChoice, reservation_field, reservation_policy, reservation_tokens
 from kvsim.registry import ALLOCATORS
 

@@ -21,7 +21,8 @@ from typing import Literal
 from pydantic import Field
 
 from kvsim.config_base import StrictModel
-from kvsim.kv.base import NO_HIT, Allocation, ExtentAllocator, KVRequest
+from kvsim.kv.base import NO_HIT, Allocation, KVRequest
+from kvsim.kv.extent import ExtentAllocator
 from kvsim.kv.reservation import ReservationChoice, reservation_field, reservation_policy, reservation_tokens
 from kvsim.registry import ALLOCATORS
 

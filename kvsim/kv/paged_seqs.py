@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kvsim.kv.base import KVRequest, SampleGeometry, SlotLedger, cdiv
+from kvsim.kv.base import KVRequest, SampleGeometry, cdiv
+from kvsim.kv.ledger import SlotLedger
 from kvsim.kv.beam import BeamTables
 
 

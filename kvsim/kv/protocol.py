@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from kvsim.kv.base import Allocation, KVRequest, KVUsage, SlotLedger, UsageSums
+    from kvsim.kv.base import Allocation, KVRequest, KVUsage, UsageSums
+    from kvsim.kv.ledger import SlotLedger
     from kvsim.kv.eviction import BlockStats
 
 log = logging.getLogger("kvsim.capabilities")
@@ -98,7 +99,7 @@ class BulkDecodeSteps(Protocol):
 
 @runtime_checkable
 class LazyLedger(Protocol):
-    """The allocator keeps its slot counts in a :class:`~kvsim.kv.base.SlotLedger` whose running sums
+    """The allocator keeps its slot counts in a :class:`~kvsim.kv.ledger.SlotLedger` whose running sums
     (``sum_written``, ``sum_held``) the decode group reads in O(1) instead of asking every request."""
 
     ledger: SlotLedger

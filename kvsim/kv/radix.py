@@ -61,7 +61,8 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 
 from kvsim.config_base import StrictModel, Tokens
-from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, SlotLedger, UsageSums, cdiv
+from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, UsageSums, cdiv
+from kvsim.kv.ledger import SlotLedger
 from kvsim.kv.eviction import EVICTION_POLICIES, BlockStats, EvictionConfig, LRUEvictionConfig
 from kvsim.kv.protocol import eviction_capabilities
 from kvsim.kv.radix_tree import (Node, ReqState, check_tree, common_prefix, copy_stats, evictable_leaf,

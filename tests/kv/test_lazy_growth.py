@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 from seeded_fuzz import FUZZ_EXAMPLES, HYPOTHESIS_EXAMPLES, int_list, run_fuzz
 
-from kvsim.kv.base import KVRequest, SlotLedger
+from kvsim.kv.base import KVRequest
+from kvsim.kv.ledger import SlotLedger
 from kvsim.kv.contiguous import ContiguousAllocator
 from kvsim.kv.paged import CountingPagedAllocator, PagedAllocator
 

@@ -15,7 +15,8 @@ import sys
 import pytest
 
 import kvsim.kv.paged as paged_module
-from kvsim.kv.base import KVRequest, SlotLedger
+from kvsim.kv.base import KVRequest
+from kvsim.kv.ledger import SlotLedger
 from kvsim.kv.buddy import BuddyAllocator
 from kvsim.kv.contiguous import ContiguousAllocator
 from kvsim.kv.paged import PagedAllocator

@@ -92,29 +92,20 @@ class FittedDecodeSteps:
             duration = linear + dec
             duration += kv_write
             col = (attn + kv_write, linear, gemm_r[n], lm_r[n], flops, dec, kv_write)
-            if overlap:  # as decode_durations: the comm, then max(GPU, engine loop), the part not hidden
-                if not no_comm:
-                    comm = r[7][n]
-                    duration += comm
-                    col = col + (comm,)
-                loop = r[ov_row][n]
-                d = loop if loop > duration else duration  # np.maximum(gpu, loop)
-                ov = d - duration
-                duration = d
-                durations.append(duration)
-                columns.append(col + (ov,))
-                t += duration
-                times.append(t)
-                continue
             if ov_row is None:
                 duration += overhead_s
-            else:
+            elif not overlap:  # (overlapped: the GPU's parts first, then max(GPU, engine loop), below)
                 ov = r[ov_row][n]
                 duration += ov
             if not no_comm:
                 comm = r[7][n]
                 duration += comm
                 col = col + (comm,)
+            if overlap:  # the overhead part is what the GPU did not hide
+                loop = r[ov_row][n]
+                d = loop if loop > duration else duration  # np.maximum(gpu, loop)
+                ov = d - duration
+                duration = d
             if ov_row is not None:
                 col = col + (ov,)
             durations.append(duration)

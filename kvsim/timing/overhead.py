@@ -132,7 +132,7 @@ class StepOverhead:
     def step_s(self, gpu_s: float, seqs: int, shape) -> float:
         """THE duration of a step of ``shape`` whose GPU part (kernels, communication, swaps) is
         ``gpu_s``, overlapped (:attr:`overlapped`): ``max(gpu_s, loop)`` plus the per-request terms."""
-        loop = self.per_step_s + self.per_seq_s * seqs + self.per_prefill_token_s * shape.num_prefill_tokens
+        loop = self.time_s(seqs, shape.num_prefill_tokens)  # (+ per_prefill_seq_s * 0 = + 0.0: exact)
         d = loop if loop > gpu_s else gpu_s  # max(): the GPU's time on ties, as np.maximum(gpu, loop)
         if self.per_prefill_seq_s != 0.0 and shape.num_prefill_seqs:
             d = d + self.per_prefill_seq_s * shape.num_prefill_seqs

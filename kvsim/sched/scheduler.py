@@ -146,15 +146,15 @@ class Scheduler(Arrivals, WindowHooks, PrefillPhases, MultiStepRounds, AsyncSche
             raise RuntimeError("install_decode_path after the run started")
         if not self.caps.decode_group or self.want_context_lens or self._lookahead:
             return False
-        if self._known_caching:  # async scheduling with prefix caching: blocks cached once known
-            if not self.caps.known_bulk_growth:
-                return False
-            path.use_known_growth()
+        if self._known_caching and not self.caps.known_bulk_growth:
+            return False  # async scheduling with prefix caching: blocks cached once their tokens are known
         if self.host.enabled and self.caps.block_runs:
             # An allocator that names its blocks takes a bulk decode step's blocks in allocation
             # order; a swapped-in request is allocated anew but returns to its admission place in
             # the running list, so that order would differ from a one-by-one step's.
             return False
+        if self._known_caching:
+            path.use_known_growth()
         self._decode = path
         self._lazy = not self._any_samples
         return True

@@ -134,7 +134,7 @@ def check(corpus: str | None, as_json: bool) -> int:
     used = evaluable(points, profiles)
     print(f"kernel corpus {corpus or BUILTIN}: {len(points)} rows from {len(sources)} sources; {len(used)} on a "
           f"kvsim GPU preset and a built-in backend (the others are listed, not evaluated)")
-    for src, floor in host_floors(points).items():
+    for src, floor in host_floors(used).items():  # the evaluated sources' floors
         print(f"  {src}: timed around the eager wrapper call; compared through its host floor "
               f"{floor * 1e6:.1f} us (its smallest-batch fit rows)")
     print(f"  {'backend':22s} {'gpu':14s} {'split':8s} {'rows':>5s} {'mean err':>9s} {'max err':>8s} "

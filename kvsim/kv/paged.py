@@ -339,12 +339,15 @@ class PagedAllocator(BulkDecode, PagedCore):
             if need > self.blocks.num_free:
                 return False
             shared = self._shared_blocks[rid]
+            first = len(table)
+            for _ in range(need):
+                table.append(self._new_block())
+            if first < shared:  # a prompt prefilled in chunks: its later blocks are the samples' too
+                self.blocks.add_refs(table[first:shared], geo.n - 1)
             if num_tokens > geo.prompt and shared > geo.full:
                 # First divergent write: sample 0 keeps the partial prompt block, the others copy it.
                 self.blocks.add_refs((table[shared - 1],), -(geo.n - 1))
                 self._shared_blocks[rid] = geo.full
-            for _ in range(need):
-                table.append(self._new_block())
             self.ledger.set_held(rid, len(table) * self.block_size)
         written = geo.written(num_tokens)
         if written < self.ledger.written_of(rid):
@@ -431,7 +434,7 @@ class PagedAllocator(BulkDecode, PagedCore):
             for i, b in enumerate(table):
                 owners[b] += n if i < shared else 1
             if geo is not None:
-                intra += shared * (n - 1)
+                intra += min(shared, len(table)) * (n - 1)  # (a prompt prefilled in chunks: its blocks so far)
         assert len(self.block_tables) == len(self.ledger), "block tables and ledger disagree"
         assert self._order.keys() == self.block_tables.keys(), "allocation order and block tables disagree"
         if self.prefix_caching:  # full blocks are registered as they fill (lazily too: grow_all_by_one)

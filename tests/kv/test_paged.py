@@ -134,3 +134,25 @@ def test_parallel_samples_share_the_prompt_and_copy_the_partial_block_on_first_w
     a.free(0)
     assert a.num_free_blocks == 12
     a.check_invariants()
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_parallel_samples_share_a_prompt_prefilled_in_chunks_and_free_every_block(prefix_caching):
+    # chunked prefill: the prompt's blocks come with its chunks; every one of them is the samples' own
+    # (a later chunk's blocks with one reference each would be dropped below zero and leaked at the free)
+    a = PagedAllocator(16, 4, prefix_caching=prefix_caching)
+    r = KVRequest(0, 10, 5, 1000, num_samples=3)  # prompt: 2 full blocks + 2 tokens
+    assert a.allocate(r, 4) is not None  # the first chunk: one block
+    assert a.block_table(0) == [0]
+    a.check_invariants()
+    assert a.ensure_slots(0, 8)  # the second chunk
+    assert a.ensure_slots(0, 10)  # the last
+    assert a.block_table(0) == [0, 1, 2]
+    assert [a.ref_counts[b] for b in (0, 1, 2)] == [3, 3, 3]
+    a.check_invariants()
+    assert a.ensure_slots(0, 11)  # first generated token: copy-on-write of block 2 for samples 1, 2
+    assert [a.ref_counts[b] for b in a.block_table(0)] == [3, 3, 1, 1, 1]
+    a.check_invariants()
+    a.free(0)
+    assert a.num_free_blocks == 16
+    a.check_invariants()

@@ -67,6 +67,11 @@ class DecodeGroup:
         self.dissolve()
         return 0, 0, 0
 
+    def grow(self) -> bool:
+        """One decode step's growth for every member, the allocator call :meth:`decode_step` makes
+        (all or nothing; a decode window's steps after its first)."""
+        return self._grow()
+
     def use_known_growth(self) -> None:
         """Async scheduling with prefix caching: grow through ``grow_all_by_one_known``
         (KnownTokenBulkGrowth), blocks registered once their tokens are known."""

@@ -28,8 +28,9 @@ def plan_group_window(sched, group: DecodeGroup, plan, max_steps: int) -> Decode
     arrays follow from the members' finish keys and base constants (step 0's entries are the
     plan's own shape); no member is read one by one."""
     shape = plan.shape
-    if sched.async_scheduling:  # its finishes would be held a step: not modelled in group windows
-        return None
+    asy = sched.async_scheduling  # finishes hold their KV a step (kvsim.sched.async_sched)
+    if asy and (sched.holds_arrivals or sched.num_finishing):
+        return None  # arrivals the next plan takes in, or step 0 holds the last step's finishes
     if (not plan.group_decodes or plan.preempted or shape.swap_in_bytes or shape.swap_out_bytes
             or shape.tier_load_s or (plan.scheduled and sched.swapped)):
         return None
@@ -63,11 +64,12 @@ def plan_group_window(sched, group: DecodeGroup, plan, max_steps: int) -> Decode
         few_len0 = few_len0 + [c + 1 for c in computed_new]
     bs = sched.allocator.block_size
     m = len(few_rem)
+    held = _held_member_tokens(kcap, few_rem, few_len0) if asy else None
     if kcap <= SMALL_PLAN_STEPS and m <= SMALL_PLAN_MEMBERS:
         num_seqs, kv_read, pages = _small_group_steps(kcap, few_rem, few_len0, n_stay, stay_base, stay_q, stay_res,
                                                       clock, bs)
         return _group_window(shape, kcap, np.array(num_seqs, dtype=np.int64), np.array(kv_read, dtype=np.int64),
-                             np.array(pages, dtype=np.int64))
+                             np.array(pages, dtype=np.int64), held)
     steps = _steps_column(kcap)[:, 0]
     if m:
         num_seqs, kv_read, pages = _member_steps(kcap, few_rem, few_len0, steps, bs)
@@ -80,7 +82,17 @@ def plan_group_window(sched, group: DecodeGroup, plan, max_steps: int) -> Decode
         kv_read, pages = _add_staying(steps, n_stay, stay_base, stay_q, stay_res, clock, bs, kv_read, pages)
     if pages is None:  # one run per sequence
         pages = num_seqs.copy()
-    return _group_window(shape, kcap, num_seqs, kv_read, pages)
+    return _group_window(shape, kcap, num_seqs, kv_read, pages, held)
+
+
+def _held_member_tokens(kcap: int, few_rem: list[int], few_len0: list[int]) -> np.ndarray:
+    """Async scheduling: the tokens still held in step j by the members that finished at the end of step
+    j - 1 (a member read ``length0 + j - 1`` tokens in its last step, j - 1, and holds as many)."""
+    held = np.zeros(kcap, np.int64)
+    for r, length0 in zip(few_rem, few_len0):
+        if r < kcap:
+            held[r] += length0 + r - 1
+    return held
 
 
 def _member_steps(kcap: int, few_rem: list[int], few_len0: list[int], steps: np.ndarray, bs: int | None):
@@ -144,12 +156,16 @@ def _add_staying(steps: np.ndarray, n_stay: int, stay_base: int, stay_q: int, st
     return kv_read, pages
 
 
-def _group_window(shape, kcap: int, num_seqs: np.ndarray, kv_read: np.ndarray, pages: np.ndarray) -> DecodeWindow:
-    """The group window of these step arrays, step 0 as scheduled (prefills included)."""
+def _group_window(shape, kcap: int, num_seqs: np.ndarray, kv_read: np.ndarray, pages: np.ndarray,
+                  held: np.ndarray | None = None) -> DecodeWindow:
+    """The group window of these step arrays, step 0 as scheduled (prefills included); ``held``: async
+    scheduling's held finishes, whose tokens stay written a step (None: none)."""
     num_seqs[0] = shape.num_seqs
     kv_read[0] = shape.kv_tokens_read
     pages[0] = shape.kv_pages_read
-    return DecodeWindow(None, None, None, num_seqs, kv_read, kcap, None, kv_read, num_seqs, pages)
+    written = kv_read if held is None else kv_read + held
+    return DecodeWindow(None, None, None, num_seqs, kv_read, kcap, None, written, num_seqs, pages,
+                        None if held is None else written)
 
 
 def _small_group_steps(kcap: int, few_rem: list[int], few_len0: list[int], n_stay: int, stay_base: int, stay_q: int,
@@ -215,10 +231,12 @@ def apply_group_window(sched, group: DecodeGroup, plan, k: int, times: np.ndarra
     """:func:`apply_decode_window` for a group window. Step 0 (planned by ``schedule``) completes
     through ``on_step_done``; steps 1..k-1 advance the group step count and grow every request by one
     token through the allocator (which touches only requests at a block boundary); finishes are a
-    prefix of the group's members. The window ends early, at the step the one-by-one scheduler
-    would plan differently: when the waiting head might fit (tested after step 0 if it admitted or
-    finished anything, and after every finish), or a block is not free (the step-by-step
-    scheduler would preempt there).
+    prefix of the group's members. Each step's end is made as ``on_step_done`` makes it
+    (:func:`_boundary`): with async scheduling (kvsim.sched.async_sched) it first frees the finishes
+    held since the step before, then holds its own a step. The window ends early, at the step the
+    one-by-one scheduler would plan differently: when the waiting head might fit (tested after step 0
+    if it admitted or finished anything, and whenever finishes are freed), or a block is not free (the
+    step-by-step scheduler would preempt there).
 
     Returns ``(steps advanced, usage segments)`` as :func:`apply_decode_window` does."""
     alloc = sched.allocator
@@ -239,48 +257,54 @@ def apply_group_window(sched, group: DecodeGroup, plan, k: int, times: np.ndarra
     head = sched.waiting.head.kv if sched.waiting.head is not None and not sched.swapped else None
     next_finish = group.finish_step() if len(group) else -1
     changed = bool(admitted or done)
-    if sched.caps.decode_steps:
-        stop = _grow_runs(sched, group, k, times, clock0, next_finish, changed, head, segments, on_finish)
-    else:
-        stop = _grow_one_by_one(sched, group, k, times, clock0, next_finish, changed, head, segments, on_finish)
-    next_finish = group.finish_step() if len(group) else -1
+    grow = _grow_runs if sched.caps.decode_steps else _grow_one_by_one
+    stop = grow(sched, group, k, times, clock0, next_finish, changed, head, segments, on_finish)
     group.step_count = clock0 + stop
-    if stop == k and next_finish == clock0 + k:
-        t = float(times[k])
-        done = group.pop_finished()
+    if stop == k and (sched.num_finishing or (len(group) and group.finish_step() == clock0 + k)):
+        _boundary(sched, group, clock0 + k, float(times[k]), on_finish)  # (its head test is the next plan's)
+    if stop > 1:
+        sched.window_ended((), float(times[stop - 1]), float(times[stop]), group_step=True)
+    return stop, segments
+
+
+def _boundary(sched, group, clock: int, t: float, on_finish) -> bool:
+    """The end (time ``t``) of the group window's step that takes the group step count to ``clock``,
+    as ``on_step_done`` makes it: with async scheduling the finishes held since the last step's end
+    are freed first; the members done at ``clock`` finish (async: are held a step). True if something
+    was freed and the waiting head might fit now (the window stops: that step is planned the
+    ordinary way)."""
+    freed = sched.release_held()
+    group.step_count = clock
+    done = group.pop_finished()
+    if done:
         sched.finish_requests(done, t)
         if on_finish is not None:
             for r in done:
                 on_finish(r, t)
-    return stop, segments
-
-
-def _finish_at(sched, group, clock: int, t: float, on_finish) -> bool:
-    """Finish the group members done at group step count ``clock`` (time ``t``); True if the waiting
-    head might fit afterwards (the window stops: that step is planned the ordinary way)."""
-    group.step_count = clock
-    done = group.pop_finished()
-    sched.finish_requests(done, t)
-    if on_finish is not None:
-        for r in done:
-            on_finish(r, t)
-    return sched.waiting.head is not None and sched.head_might_fit(num_running=len(sched.running))
+        freed = freed or not sched.is_held(done[0])  # (held, unless nothing else was left to plan)
+    return freed and sched.waiting.head is not None and sched.head_might_fit(num_running=len(sched.running))
 
 
 def _grow_runs(sched, group: DecodeGroup, k: int, times, clock0: int, next_finish: int, changed: bool, head, segments,
                on_finish) -> int:
     """Steps 1..k-1 of a group window through ``grow_steps`` (BulkDecodeSteps): one allocator call
-    per run of steps between finishes. Returns the step the window stops at (k: it ran whole)."""
+    per run of steps between step ends with events (finishes; async scheduling: held finishes freed).
+    Returns the step the window stops at (k: it ran whole)."""
     alloc = sched.allocator
     grow_steps = alloc.grow_steps
     s = 1
     while s < k:
-        if next_finish == clock0 + s:  # members whose last token was step s - 1
-            if _finish_at(sched, group, next_finish, float(times[s]), on_finish):
+        # step s's start: members whose last token was step s - 1, or (async scheduling, after step 1)
+        # finishes held through step s - 1 (step 0's end was on_step_done's)
+        if next_finish == clock0 + s or (s > 1 and sched.num_finishing):
+            if _boundary(sched, group, clock0 + s, float(times[s]), on_finish):
                 return s
             next_finish = group.finish_step() if len(group) else -1
             changed = True
-        end = next_finish - clock0 if clock0 + s < next_finish < clock0 + k else k
+        if sched.num_finishing:  # held through step s, freed at its end: a run of one step
+            end = s + 1
+        else:
+            end = next_finish - clock0 if clock0 + s < next_finish < clock0 + k else k
         parts = alloc.usage_parts(head) if changed else None
         changes: list = []
         done = grow_steps(end - s, s, changes)
@@ -300,14 +324,14 @@ def _grow_runs(sched, group: DecodeGroup, k: int, times, clock0: int, next_finis
 
 def _grow_one_by_one(sched, group: DecodeGroup, k: int, times, clock0: int, next_finish: int, changed: bool, head, segments,
                      on_finish) -> int:
-    """Steps 1..k-1 of a group window, one ``grow_all_by_one`` call each (allocators without
+    """Steps 1..k-1 of a group window, one growth call each (``DecodeGroup.grow``: allocators without
     BulkDecodeSteps). Returns the step the window stops at (k: it ran whole)."""
     alloc = sched.allocator
     ledger = alloc.ledger
-    grow = alloc.grow_all_by_one
+    grow = group.grow
     for s in range(1, k):
-        if next_finish == clock0 + s:  # members whose last token was step s - 1
-            if _finish_at(sched, group, next_finish, float(times[s]), on_finish):
+        if next_finish == clock0 + s or (s > 1 and sched.num_finishing):  # as in _grow_runs
+            if _boundary(sched, group, clock0 + s, float(times[s]), on_finish):
                 return s
             next_finish = group.finish_step() if len(group) else -1
             changed = True

@@ -20,7 +20,8 @@ A window of K steps starting with the scheduled step 0 is exact when, for steps 
   for this bound, which only makes windows shorter), so no preemption happens;
 * with async scheduling (kvsim.sched.async_sched) a finish holds its KV and running place until
   the next step ends, the head is tested when finishes are released (the step's own finishes
-  still held), and no window opens while arrivals are held for the next plan.
+  still held), and no window opens while arrivals are held for the next plan or while step 0 holds
+  the last step's finishes.
 
 Two implementations share these rules. With an allocator that grows every request by one token
 in one call (both paged allocators -- the block-id one takes and registers blocks at block

@@ -30,7 +30,8 @@ held. The lazy decode group (:mod:`kvsim.fast.group`) runs too: its bulk growth 
 its tokens are known (the allocator's ``grow_all_by_one_known``: when the request takes its next
 block), the finishes held a step are paused in the slot ledger (``SlotLedger.pause``: they grow no
 more while the members do) and are not members, and when the group dissolves its members count as
-having sampled in the last step; group windows are off. docs/conformance.md, "Async scheduling", gives the
+having sampled in the last step; group windows make each step's end as ``on_step_done`` does (the held
+finishes freed, then the step's own held). docs/conformance.md, "Async scheduling", gives the
 check against vLLM's own ``AsyncScheduler``, in both engine modes.
 """
 

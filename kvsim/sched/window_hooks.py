@@ -40,9 +40,10 @@ class WindowHooks:
 
     def finish_requests(self, done: list[Request], now_s: float) -> None:
         """Finish ``done`` (running requests that generated their last token, progress synced) at
-        ``now_s``, in that order (decode windows: the decode group's finished members)."""
+        ``now_s``, in that order, as ``on_step_done`` does (decode windows: the decode group's finished
+        members; with async scheduling their KV is held until the next step ends)."""
         if done:
-            self._finish(done, now_s)
+            (self._defer_finish if self.async_scheduling else self._finish)(done, now_s)
 
     def finish_decoded(self, req: Request, computed_tokens: int, now_s: float) -> None:
         """A decode window's request generated its last token with ``computed_tokens`` computed:
@@ -98,11 +99,12 @@ class WindowHooks:
             return self.allocator.ensure_slots_known(request_id, tokens, tokens - 1)
         return self.allocator.ensure_slots(request_id, tokens)
 
-    def window_ended(self, sampled: list[int], last_start_s: float, end_s: float) -> None:
+    def window_ended(self, sampled, last_start_s: float, end_s: float, group_step: bool = False) -> None:
         """Async scheduling: after a decode window whose last step started at ``last_start_s`` and ended
-        at ``end_s``, in which ``sampled`` requests sampled a token, the next plan sees what it would
-        step by step (the arrival cutoff, the tokens not yet known)."""
+        at ``end_s``, in which ``sampled`` requests sampled a token (``group_step``: the step was the
+        decode group's, every member sampled), the next plan sees what it would step by step (the
+        arrival cutoff, the tokens not yet known)."""
         if self.async_scheduling:
             self._sampled_last = set(sampled)
-            self._group_sampled = False
+            self._group_sampled = group_step
             self._last_plan_s, self._last_end_s = last_start_s, end_s

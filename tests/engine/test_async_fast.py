@@ -31,7 +31,18 @@ def _config(seed: int):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 4, 7, 19, 23])
-def test_fast_equals_step_under_async_scheduling(seed, caplog):
+def test_fast_equals_step_under_async_scheduling(seed, caplog, monkeypatch):
+    import kvsim.engine as E
+
+    group_windows = []
+    apply = E.apply_group_window
+
+    def counted(*a, **k):
+        out = apply(*a, **k)
+        group_windows.append(out[0])
+        return out
+
+    monkeypatch.setattr(E, "apply_group_window", counted)
     rows, kw, samples = _config(seed)
     out = {}
     for mode in ("step", "fast"):
@@ -40,6 +51,7 @@ def test_fast_equals_step_under_async_scheduling(seed, caplog):
             object.__setattr__(trace, "num_samples", samples)
         with caplog.at_level(logging.INFO, logger="kvsim.engine"):
             out[mode] = run(make_scenario(engine={"mode": mode}, **kw), trace=trace, check_invariants=True)
-    assert_same(out["step"], out["fast"], fast_has_windows=False)
+    assert_same(out["step"], out["fast"], fast_has_windows=True)
     if samples is None:
         assert "decode group on" in caplog.text  # the group runs under async scheduling
+        assert max(group_windows) > 1  # and so do its decode windows, their finishes held a step

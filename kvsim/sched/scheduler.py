@@ -406,8 +406,7 @@ class Scheduler(Arrivals, WindowHooks, PrefillPhases, MultiStepRounds, AsyncSche
             done = self._round_progress(done)
         if group_done and len(done) > group_done:
             done.sort(key=lambda r: r.admit_seq)  # the order a one-by-one step finishes them in
-        if done:
-            (self._defer_finish if self.async_scheduling else self._finish)(done, now_s)
+        self.finish_requests(done, now_s)  # (async scheduling: their KV held until the next step ends)
         if self._lazy and not plan.group_decodes:
             # A step planned one request at a time: every running request that now decodes
             # (re)joins the group (async scheduling: not a finished one whose output is held).

@@ -55,3 +55,38 @@ def test_fast_equals_step_under_async_scheduling(seed, caplog, monkeypatch):
     if samples is None:
         assert "decode group on" in caplog.text  # the group runs under async scheduling
         assert max(group_windows) > 1  # and so do its decode windows, their finishes held a step
+
+
+def _family_keys(rows, seed: int) -> list:
+    """Chained prefix keys (16-token source blocks) for 1-5 request families sharing prefixes of up to
+    80 blocks, the rest of each prompt the request's own."""
+    rng = np.random.default_rng(1000 + seed)
+    families = int(rng.integers(1, 6))
+    shared = rng.integers(1, 80, families)
+    keys = []
+    for i, (_, p, _) in enumerate(rows):
+        f = i % families
+        nb = int(p) // 16
+        sh = min(nb, int(shared[f]))
+        keys.append(np.array([1000 * f + j for j in range(sh)] + [10**7 + i * 10**4 + j for j in range(sh, nb)],
+                             dtype=np.int64))
+    return keys
+
+
+@pytest.mark.parametrize("seed", [2, 19, 33, 43])
+def test_fast_equals_step_under_async_scheduling_with_shared_prefixes(seed):
+    """Prefix-cache hits across requests (known-token block registration, held finishes' blocks cached
+    at their release) inside the decode group's windows."""
+    rows, kw, samples = _config(seed)
+    kw = dict(kw, allocator=dict(kw["allocator"], prefix_caching=True))
+    keys = _family_keys(rows, seed)
+    out = {}
+    for mode in ("step", "fast"):
+        trace = make_trace(rows)
+        object.__setattr__(trace, "prefix_keys", keys)
+        object.__setattr__(trace, "prefix_block_tokens", 16)
+        if samples is not None:
+            object.__setattr__(trace, "num_samples", samples)
+        out[mode] = run(make_scenario(engine={"mode": mode}, **kw), trace=trace, check_invariants=True)
+    assert_same(out["step"], out["fast"], fast_has_windows=True)
+    assert out["step"].summary["prefix_cache"]["hit_ratio_tokens"] > 0.5

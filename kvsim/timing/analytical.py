@@ -3,7 +3,8 @@
 ``timing.gemm_model: fitted`` (default) -- the kernels of a step run one after another::
 
     linear_s    = gemm.step_linear_time_s(num_tokens, num_seqs, model_shard, gpu)   (kvsim.timing.gemm;
-                  weights are read inside each GEMM's memory term, so there is no separate weights term)
+                  weights are read inside each GEMM's memory term, so there is no separate weights term;
+                  an MoE model: its dense GEMMs, + moe_experts_s(num_tokens), its routed experts)
     attention_s = max(decode kernel KV time, decode FLOPs) + max(prefill kernel KV time, fitted prefill attention)
     kv_write_s  = num_tokens * kv_bytes_per_token / (hbm_bandwidth * bandwidth_efficiency)
     duration    = linear_s + attention_s + kv_write_s + overhead_s + swap_s + parallel_comm_s
@@ -26,8 +27,10 @@ with, in both, the engine's CPU time ``overhead_s = step_overhead_s + overhead.p
 ``swap_s = (swap_in_bytes + swap_out_bytes) / host_link_bandwidth + tier_load_s``
 without ``host_link:``, and with it ``transfer_time_s(in bytes, in copies, h2d) +
 transfer_time_s(out bytes, out copies, d2h) + tier_load_s`` (docs/transfer_model.md).
-MoE and MLA models keep the roofline for their linear layers (the fitted shapes are dense layers;
-:func:`gemm_model_unsupported`). GPUs without a fitted profile use the generic one at this config's
+An MoE model's dense GEMMs (attention, router, shared experts) are fitted too, and its routed
+experts, ``moe_experts_s``, are added to ``linear_s`` (the fused MoE kernel, or without one the
+touched experts' weight reads plus the MoE layers' fixed time); MLA models keep the roofline for
+their linear layers (the fitted shapes are dense layers; :func:`gemm_model_unsupported`). GPUs without a fitted profile use the generic one at this config's
 ``compute_efficiency`` / ``bandwidth_efficiency`` (docs/gemm_model.md).
 
 The attention kernel (backend ``timing.attention_backend``, resolved by
@@ -191,6 +194,17 @@ class AnalyticalTiming:
             self.gemm = FittedLinear(cfg, ctx)
         else:
             self.gemm_model = "roofline"
+        # fitted GEMMs of an MoE model: its routed experts per step beside them, the MoE kernel or,
+        # without one, their weight reads plus the MoE layers' fixed time (kvsim.timing.moe)
+        self.routed: moe_kernel.MoeExperts | WeightReads | None = None
+        self._experts_row: int | None = None
+        if self.gemm is not None and m.num_experts:
+            self.routed = self.experts if self.experts is not None else WeightReads(
+                m, ctx.weight_bytes, self.bandwidth_bytes_per_s, moe_fixed_s(m, cfg.moe_align_kernel, cfg.moe_layer_s),
+                only_routed=True)
+            # after the KV-write row (6) and the comm and overhead rows where the table has them
+            self._experts_row = 7 + (not self._no_comm) + (self._overhead_row is not None)
+            rows["moe_experts_s"] = self._experts_row
         self._decode_table = np.zeros((8, 0))  # grown by _grow_decode_table on first use
 
     def _fitted_parts(self, matrix: np.ndarray) -> DecodeParts:
@@ -215,7 +229,7 @@ class AnalyticalTiming:
             "overhead_s": self.cfg.step_overhead_s if self._overhead_row is None else row(self._overhead_row),
             "swap_s": 0.0,
             "parallel_comm_s": 0.0 if no_comm else row(7),
-        }
+        } | ({} if self._experts_row is None else {"moe_experts_s": row(self._experts_row)})
 
     def decode_step_pricer(self) -> FittedDecodeSteps | None:
         """:class:`~kvsim.timing.base.ScalarDecodeSteps`: decode steps priced one at a time, in
@@ -234,13 +248,19 @@ class AnalyticalTiming:
             g._grow(size - 1)
         n = np.arange(size, dtype=np.int64)
         layers, lm = g._layers[:size], g._lm[:size]
-        rows = [np.zeros(size), layers + lm, layers, lm, np.zeros(size), np.zeros(size),
+        linear = layers + lm
+        if self.routed is not None:  # MoE: the routed experts, in the linear layers' time
+            experts = self.routed.array_s(n)
+            linear = linear + experts
+        rows = [np.zeros(size), linear, layers, lm, np.zeros(size), np.zeros(size),
                 n * self.kv_bytes_per_token / self.bandwidth_bytes_per_s]
         if not self._no_comm:
             rows.append(self._comm_s_per_step + self._comm_s_per_token * n if self._comm_linear
                         else self.comm.array_s(n))
         if self._overhead_row is not None:
             rows.append(self.overhead.decode_row(n))
+        if self._experts_row is not None:
+            rows.append(experts)
         self._decode_table = np.array(rows)
 
     def _attention_s(self, num_seqs, kv_tokens, kv_pages):
@@ -321,6 +341,9 @@ class AnalyticalTiming:
             g._grow(num_tokens if num_tokens > seqs else seqs)
         layers_s, lm_s = g._layers_list[num_tokens], g._lm_list[seqs]  # = g.linear_s(num_tokens, seqs)
         linear_s = layers_s + lm_s
+        if self.routed is not None:  # MoE: the routed experts (the decode table's linear row holds them too)
+            experts_s = self.routed.scalar_s(num_tokens)
+            linear_s = linear_s + experts_s
         dec_att = attn_kv_s - pre_att
         # decode queries: the kernel's KV-read time, or their FLOPs if that were larger
         dec_pairs = shape.kv_tokens_read - pre_kv  # one query per decode sequence: pairs = its KV tokens
@@ -358,7 +381,7 @@ class AnalyticalTiming:
                 "overhead_s": overhead_s,
                 "swap_s": swap_s,
                 "parallel_comm_s": comm_s,
-            },
+            } | ({} if self.routed is None else {"moe_experts_s": experts_s}),
             kv_bytes_read=kv_read,
         )
 

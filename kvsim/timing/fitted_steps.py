@@ -31,7 +31,7 @@ class FittedDecodeSteps:
 
     __slots__ = ("timing", "kernel", "rows", "size", "kv_bytes_per_token", "bandwidth_bytes_per_s",
                  "attention_flops_per_pair", "flops_per_s", "overhead_s", "overhead_row", "no_comm", "overlap", "_totals",
-                 "_int_kv_bytes")
+                 "_int_kv_bytes", "experts_row")
 
     def __init__(self, timing: AnalyticalTiming):
         self.timing = timing
@@ -45,6 +45,7 @@ class FittedDecodeSteps:
         self.overhead_row = timing._overhead_row  # None: the constant overhead_s
         self.overlap = timing._overlap  # async scheduling: max(GPU, engine loop) (kvsim.timing.overhead)
         self.no_comm = timing._no_comm
+        self.experts_row = timing._experts_row  # MoE: the routed experts' row (None: a dense model)
         # decode_totals' breakdown by name, from the model's one map: (name, row index or -1, the
         # per-step value of a part that is the same every step)
         self._totals = [(name, int(v), 0.0) if type(v) is _Row else (name, -1, v)
@@ -63,13 +64,14 @@ class FittedDecodeSteps:
         decode_durations and step_time do), the first starting at time ``t``: appends each step's
         duration to ``durations``, its end to ``times`` (``t`` plus the durations, added one by one)
         and its parts to ``columns``; returns the last end. A step's parts are its column of the
-        matrix rows of :data:`_FITTED_ROWS` plus the KV-write row (then the comm and the overhead
-        rows, where the decode table has them)."""
+        matrix rows of :data:`_FITTED_ROWS` plus the KV-write row (then the comm, the overhead and an
+        MoE model's routed-experts rows, where the decode table has them)."""
         kernel = self.kernel
         time_scalar = None if kernel is None else kernel.time_scalar
         kvb, bw = self.kv_bytes_per_token, self.bandwidth_bytes_per_s
         afpp, fps = self.attention_flops_per_pair, self.flops_per_s
         ov_row, no_comm, overhead_s, overlap = self.overhead_row, self.no_comm, self.overhead_s, self.overlap
+        ex_row = self.experts_row
         size, r = self.size, self.rows
         linear_r, gemm_r, lm_r, write_r = r[1], r[2], r[3], r[6]
         for s in range(lo, hi):
@@ -108,6 +110,8 @@ class FittedDecodeSteps:
                 duration = d
             if ov_row is not None:
                 col = col + (ov,)
+            if ex_row is not None:
+                col = col + (r[ex_row][n],)
             durations.append(duration)
             columns.append(col)
             t += duration

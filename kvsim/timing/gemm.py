@@ -166,6 +166,39 @@ def gemm_shapes(model: ModelSpec) -> dict[str, tuple[int, int]]:
     }
 
 
+def moe_dense_shapes(shard: ModelSpec, shared_params: float, tensor: int = 1) -> list[tuple[int, int]]:
+    """An MoE layer's dense GEMMs on one GPU, as (n, k), for ``shard`` the model as one of ``tensor``
+    GPUs sees it (its query and KV heads): QKV and attention output (as :func:`gemm_shapes`), the
+    router (``hidden -> num_experts``, replicated on every rank, as vLLM's ``ReplicatedLinear`` gate)
+    and, with ``shared_params`` per layer (:func:`shared_params_per_layer` of the whole model), the
+    shared experts and dense layers as one gated MLP per layer of those weights, its width split
+    over the ranks. The routed experts are not here: they are the MoE kernel's, or their weight reads
+    (kvsim.timing.moe_kernel, kvsim.timing.moe)."""
+    s = gemm_shapes(shard)
+    shapes = [s["qkv"], s["attn_out"], (shard.num_experts, shard.hidden_size)]
+    if shared_params:
+        width = -(-int(round(shared_params / (3 * shard.hidden_size))) // max(int(tensor), 1))
+        shapes += [(2 * width, shard.hidden_size), (shard.hidden_size, width)]
+    return shapes
+
+
+SHARED_MIN_SHARE = 0.05  # below this share of a layer's attention weights the remainder is rounding
+
+
+def shared_params_per_layer(model: ModelSpec) -> float:
+    """Parameters per layer that every token of an MoE model goes through outside attention, the
+    router, the embeddings and the LM head (shared experts; dense layers spread over all layers):
+    what is left of the active parameters. 0.0 when that is under :data:`SHARED_MIN_SHARE` of the
+    layer's attention weights (the presets' published totals are rounded; none has shared experts)."""
+    from kvsim.timing.moe_kernel import dense_active_params
+
+    h, L = model.hidden_size, model.num_layers
+    q_dim, kv_dim = model.num_attention_heads * model.head_dim, model.num_kv_heads * model.head_dim
+    attn = h * (q_dim + 2 * kv_dim) + q_dim * h
+    rest = (dense_active_params(model) - 2.0 * model.vocab_size * h) / L - attn - h * model.num_experts
+    return rest if rest > SHARED_MIN_SHARE * attn else 0.0
+
+
 def layer_linear_time_s(num_tokens, model: ModelSpec, gpu: GPUSpec, profile: GemmProfile | None = None,
                         element_bytes: int = 2):
     """One decoder layer's four GEMMs (QKV, attention output, MLP up(+gate), MLP down)."""

@@ -110,7 +110,10 @@ class WeightReads:
     both return the same doubles bit for bit."""
 
     def __init__(self, model: ModelSpec, weight_bytes: int, bandwidth_bytes_per_s: float, fixed_s: float = 0.0,
-                 routed_experts: bool = True):
+                 routed_experts: bool = True, only_routed: bool = False):
+        """``routed_experts`` False: every weight but the routed experts (they are priced apart);
+        ``only_routed``: the routed experts' reads alone (the other weights are priced apart: the
+        fitted GEMM model's dense GEMMs)."""
         per_expert = routed_expert_params(model)
         if per_expert and not routed_experts:  # the experts are priced apart (kvsim.timing.moe_kernel)
             weight_bytes = weight_bytes * ((model.num_params - model.num_experts * per_expert) / model.num_params)
@@ -122,7 +125,7 @@ class WeightReads:
         self.moe = per_expert > 0.0
         if self.moe:
             total = model.num_params
-            self._always = weight_bytes * ((total - model.num_experts * per_expert) / total)
+            self._always = 0.0 if only_routed else weight_bytes * ((total - model.num_experts * per_expert) / total)
             self._per_expert = weight_bytes * (per_expert / total)
             self._experts = (model.num_experts, model.experts_per_token)
         self._table = np.zeros(0)

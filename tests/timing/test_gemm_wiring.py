@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kvsim.models.geometry import KVGeometry
@@ -12,6 +14,7 @@ from kvsim.timing import gemm
 from kvsim.timing.analytical import AnalyticalTiming, AnalyticalTimingConfig
 from kvsim.timing.base import BatchShape
 from kvsim.timing.context import TimingContext
+from kvsim.timing.moe import WeightReads, moe_fixed_s
 
 GPU = GPUS["A100-80GB"]
 MODEL = MODELS["Llama-2-7B"]
@@ -74,10 +77,58 @@ def test_tensor_parallel_shards_are_priced_per_rank():
     assert 0.5 * a < b < 0.75 * a  # half the weights each, plus a launch floor per GEMM
 
 
-@pytest.mark.parametrize("name", ["Mixtral-8x7B", "DeepSeek-V3"])
-def test_moe_and_mla_keep_the_roofline(name):
-    t = AnalyticalTiming(AnalyticalTimingConfig(), _ctx(MODELS[name], GPUS["H200-141GB"]))
-    assert t.gemm is None and t.gemm_model == "roofline" and t.gemm_fallback_reason
+def test_mla_keeps_the_roofline():
+    t = AnalyticalTiming(AnalyticalTimingConfig(), _ctx(MODELS["DeepSeek-V3"], GPUS["H200-141GB"]))
+    assert t.gemm is None and t.gemm_model == "roofline" and "MLA" in t.gemm_fallback_reason
+
+
+@pytest.mark.parametrize("moe_kernel", ["auto", "none"])
+@pytest.mark.parametrize("name,tensor", [("Mixtral-8x7B", 2), ("Qwen3-30B-A3B", 1), ("Qwen3-235B-A22B", 4)])
+def test_moe_dense_gemms_are_fitted_and_the_routed_experts_priced_beside_them(name, tensor, moe_kernel):
+    m, gpu = MODELS[name], GPUS["H100-SXM-80GB"]
+    cfg = AnalyticalTimingConfig(moe_kernel=moe_kernel, moe_layer_s=2e-6, moe_align_kernel="vllm")
+    t = AnalyticalTiming(cfg, _ctx(m, gpu, tensor=tensor))
+    assert t.gemm is not None and t.gemm_model == "fitted" and t.gemm_fallback_reason is None
+    # the dense GEMMs: this GPU's QKV and output heads and the replicated router, no MLP (no shared experts)
+    q, kv = t.gemm.model.num_attention_heads * m.head_dim, t.gemm.model.num_kv_heads * m.head_dim
+    assert gemm.shared_params_per_layer(m) == 0.0
+    assert t.gemm._moe_shapes == [(q + 2 * kv, m.hidden_size), (m.hidden_size, q), (m.num_experts, m.hidden_size)]
+    n = 24
+    b = t.step_time(_decode(n, 700)).breakdown_s
+    dense = m.num_layers * sum(gemm.linear_time_s(n, a, k, gpu) for a, k in t.gemm._moe_shapes)
+    assert b["gemm_s"] == pytest.approx(dense, rel=1e-12)
+    if moe_kernel == "auto":  # the fused MoE kernel
+        assert b["moe_experts_s"] == t.experts.scalar_s(n)
+    else:  # the routed experts' weight reads under uniform routing, plus the MoE layers' fixed time
+        routed = WeightReads(m, t.weights.weight_bytes, t.bandwidth_bytes_per_s)
+        fixed = moe_fixed_s(m, "vllm", 2e-6)
+        reads = routed.bytes_read(n) - routed.bytes_read(0)
+        assert b["moe_experts_s"] == pytest.approx(reads / t.bandwidth_bytes_per_s + fixed, rel=1e-12)
+    assert b["linear_compute_s"] == b["gemm_s"] + b["lm_head_s"] + b["moe_experts_s"]
+    # step_time, decode_durations and the scalar decode pricer: the same doubles, parts included
+    sizes = np.array([1, 7, 24, 300, 1500], np.int64)  # past the first table: it grows
+    d, parts, _ = t.decode_durations(sizes, sizes * 700, None)
+    pricer = t.decode_step_pricer()
+    for j, k in enumerate(sizes):
+        st = t.step_time(_decode(int(k), 700))
+        dur, col = pricer.column(int(k), int(k) * 700, 0)
+        assert d[j].hex() == st.duration_s.hex() == dur.hex()
+        for key in ("linear_compute_s", "gemm_s", "moe_experts_s"):
+            assert float(parts[key][j]).hex() == float(st.breakdown_s[key]).hex()
+        assert col[t._experts_row] == st.breakdown_s["moe_experts_s"]
+
+
+def test_an_moe_model_with_shared_experts_prices_them_as_a_dense_mlp():
+    m = MODELS["Qwen3-30B-A3B"]
+    h = m.hidden_size
+    shared = replace(m, active_params=m.active_params + m.num_layers * 3 * h * 5632,
+                     num_params=m.num_params + m.num_layers * 3 * h * 5632)  # a 5,632-wide gated shared expert
+    assert gemm.shared_params_per_layer(shared) == pytest.approx(3 * h * 5632, rel=0.05)
+    one = AnalyticalTiming(AnalyticalTimingConfig(), _ctx(shared, GPU, tensor=1)).gemm._moe_shapes
+    two = AnalyticalTiming(AnalyticalTimingConfig(), _ctx(shared, GPU, tensor=2)).gemm._moe_shapes
+    width = one[4][1]  # the published totals are rounded: the width comes back to within 1 %
+    assert width == pytest.approx(5632, rel=0.01) and one[3:] == [(2 * width, h), (h, width)]
+    assert two[3:] == [(2 * (width // 2), h), (h, width // 2)]  # split over the two ranks
 
 
 def test_one_prefill_chunk_uses_the_fitted_prefill_attention():

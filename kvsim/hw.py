@@ -287,7 +287,7 @@ _NVLINK4 = dict(interconnect="NVLink 4", interconnect_bandwidth_bytes_per_s=450e
 # bench/validate_serving.py --fit on the fit cases of a deployment whose server log says it has no
 # P2P (docs/validation.md, "The fit").
 HOST_PATH = "host memory (no P2P)"
-HOST_PATH_ALLREDUCE = dict(efficiency=0.3, latency_s=160e-6)
+HOST_PATH_ALLREDUCE = dict(efficiency=0.3, latency_s=120e-6)
 # NCCL's LL protocol for a ring all-reduce within one node over PCI, from NCCL's own tuning model
 # (NVIDIA/nccl src/graph/tuning.cc at commit b6475625: baseLat Ring/LL 6.6 us, hwLat PCI Ring/LL 1.0 us per
 # ring step, 2 (T-1) steps; LL's bus bandwidth a quarter of the ring's for an all-reduce), which

@@ -94,14 +94,14 @@ _PROFILES: tuple[EngineProfile, ...] = (
                                    "for non-MLA models on compute capability 8.x/9.x (A100, H100, H200), an MLA "
                                    "backend for MLA models (kvsim: flashmla); Blackwell (10.x) prefers "
                                    "FLASHINFER, not modelled"),
-        "timing[analytical].step_overhead_s": Fill(0.0025, f"no public per-step constant: {_FIT}, 6 vLLM v1 cases"),
+        "timing[analytical].step_overhead_s": Fill(0.002023, f"no public per-step constant: {_FIT}, 6 vLLM v1 cases"),
         "timing[analytical].allreduce": Fill("vllm-custom", _VLLM_AR),
         "timing[analytical].moe_align_kernel": Fill("vllm", _VLLM_ALIGN),
-        "timing[analytical].moe_layer_s": Fill(4.2e-05, f"{_FIT}, 6 vLLM v1 cases (MoE layers without a kernel "
+        "timing[analytical].moe_layer_s": Fill(5.16e-05, f"{_FIT}, 6 vLLM v1 cases (MoE layers without a kernel "
                                                           "profile: int4/int8 weights)"),
         "timing[analytical].moe_kernel": Fill("auto", _MOE_KERNEL),
         "timing[analytical].overhead": Fill(
-            {"per_seq_s": 2.317e-05, "per_prefill_seq_s": 0.0037408},
+            {"per_seq_s": 3.286e-05, "per_prefill_seq_s": 0.0042083},
             "per_seq_s: fitted on 4 steady decode windows of vLLM 0.10.1 engine logs (one A100; "
             "bench/engine_windows.py, scenarios/validation/engine_log_lines.csv; docs/engine_overhead.md); "
             f"per_prefill_seq_s: {_FIT}, 6 vLLM v1 cases"),

@@ -194,8 +194,12 @@ def test_param_overrides_are_kvsim_run_set_keys():
         "timing.step_overhead_s=0.003", "timing.moe_layer_s=2e-05", "timing.overhead={per_prefill_seq_s: 0.004}"]
     # the V0 profile's intake term: the profile's own overhead terms beside it, the fitted value winning
     assert vs.param_overrides({"per_arrival_s": 0.002}, "vllm-v0.6") == ["timing.overhead={per_arrival_s: 0.002}"]
+    from kvsim.config.profiles import profile_fills
+
+    per_seq = profile_fills("vllm-v1")["timing[analytical].overhead"].value["per_seq_s"]
+    assert per_seq > 0  # the profile's engine-log term is kept beside the fitted one
     assert vs.param_overrides({"per_prefill_seq_s": 0.004}, "vllm-v1") == [
-        "timing.overhead={per_seq_s: 2.317e-05, per_prefill_seq_s: 0.004}"]
+        f"timing.overhead={{per_seq_s: {per_seq}, per_prefill_seq_s: 0.004}}"]
 
 
 def test_every_case_names_the_profile_of_its_engine_version():

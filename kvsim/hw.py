@@ -80,6 +80,8 @@ class ModelSpec:
     num_experts: int = 0  # MoE: routed experts per MoE layer (0: dense)
     experts_per_token: int = 0  # MoE: routed experts each token uses
     active_params: float = 0.0  # parameters one token goes through (0: num_params, a dense model)
+    q_lora_rank: int = 0  # MLA: the compressed query's width (0: no query compression)
+    v_head_dim: int = 0  # MLA: the value head's width (0: head_dim - qk_rope_head_dim)
 
     def kv_vector_bytes(self, kv_dtype: str) -> int:
         """Bytes of one stored vector (one kv head's K or V; MLA: the latent + rope key)."""
@@ -206,7 +208,7 @@ MODELS: dict[str, ModelSpec] = {
                   source="Qwen/Qwen2.5-72B config.json (72.7B parameters, model card)"),
         # MLA: 512-wide latent + 64 rope dims per layer; head_dim = qk_nope 128 + qk_rope 64 (for FLOPs).
         ModelSpec("DeepSeek-V3", 61, 7168, 128, 128, 192, 18432, 129280, 671e9, 163840,
-                  attention="mla", kv_lora_rank=512, qk_rope_head_dim=64,
+                  attention="mla", kv_lora_rank=512, qk_rope_head_dim=64, q_lora_rank=1536, v_head_dim=128,
                   num_experts=256, experts_per_token=8, active_params=37e9,
                   source="deepseek-ai/DeepSeek-V3 config.json; 671B total / 37B active (DeepSeek-V3 "
                          "technical report, arXiv:2412.19437)"),

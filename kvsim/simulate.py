@@ -60,6 +60,11 @@ def resolved_dict(scn: Scenario) -> dict:
     for key in ("frontend", "client"):
         if d.get(key, 0) is None:
             d.pop(key)  # absent = none: old scenarios keep their resolved form and hash
+    model = d.get("model")
+    if isinstance(model, dict):
+        for key in ("q_lora_rank", "v_head_dim"):  # MLA shapes (issue 23), at their default 0: the form before them
+            if model.get(key) == 0:
+                model.pop(key)
     timing = d.get("timing")
     if isinstance(timing, dict) and "overhead" in timing and timing["overhead"] is None:
         timing.pop("overhead")  # absent = no batch-dependent CPU overhead: old resolved forms and hashes stay

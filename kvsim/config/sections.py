@@ -76,6 +76,9 @@ class ModelConfig(StrictModel):
     num_experts: int = Field(0, ge=0, description="MoE routed experts per MoE layer (0: dense)")
     experts_per_token: int = Field(0, ge=0, description="MoE experts each token is routed to")
     active_params: Number = Field(0.0, ge=0, description="parameters a token goes through (0: num_params)")
+    q_lora_rank: int = Field(0, ge=0, description="MLA compressed query width (DeepSeek-V3: 1536; 0: none)")
+    v_head_dim: int = Field(0, ge=0, description="MLA value head width (DeepSeek-V3: 128; 0: head_dim - "
+                                                 "qk_rope_head_dim)")
 
     @model_validator(mode="after")
     def _gqa(self):

@@ -104,9 +104,11 @@ def sliding_window_layers(cfg: dict, model_type: str, num_layers: int, file: str
     return window, n
 
 
-def _attention_params(cfg: dict, file: str, h: int, heads: int, kvh: int) -> tuple[str, int, int, int, int, int]:
+def _attention_params(cfg: dict, file: str, h: int, heads: int, kvh: int) -> tuple[str, int, int, int, int, int,
+                                                                                 int, int]:
     """(attention kind, KV heads, head dim, kv_lora_rank, qk_rope_head_dim, attention parameters per
-    layer): MLA (DeepSeek-V2/V3, ``kv_lora_rank`` set) or GQA/MHA."""
+    layer, q_lora_rank, v_head_dim): MLA (DeepSeek-V2/V3, ``kv_lora_rank`` set) or GQA/MHA (the last
+    two 0)."""
     kv_lora = _int(cfg, "kv_lora_rank", file)
     if kv_lora:  # MLA (DeepSeek-V2/V3)
         rope = _int(cfg, "qk_rope_head_dim", file)
@@ -121,7 +123,7 @@ def _attention_params(cfg: dict, file: str, h: int, heads: int, kvh: int) -> tup
         attn = q + h * (kv_lora + rope) + kv_lora * heads * (nope + v_dim) + heads * v_dim * h
         attention, kvh = "mla", heads
     else:
-        rope = 0
+        rope = q_lora = v_dim = 0
         head_dim = _int(cfg, "head_dim", file) or h // heads
         if head_dim * heads != h and not cfg.get("head_dim"):
             raise ConfigError(f"{file}: hidden_size {h} is not a multiple of num_attention_heads {heads}; "
@@ -131,7 +133,7 @@ def _attention_params(cfg: dict, file: str, h: int, heads: int, kvh: int) -> tup
     if heads % kvh:
         raise ConfigError(f"{file}: num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kvh})")
 
-    return attention, kvh, head_dim, kv_lora, rope, attn
+    return attention, kvh, head_dim, kv_lora, rope, attn, q_lora, v_dim
 
 
 def _mlp_params(cfg: dict, file: str, L: int, h: int, inter: int, mats: int) -> tuple[int, int, int, int]:
@@ -178,7 +180,7 @@ def model_fields(cfg: dict, file: str, name: str | None = None) -> dict:
     mats = 3 if gated else 2
     tied = cfg.get("tie_word_embeddings", model_type in TIED_BY_DEFAULT)
 
-    attention, kvh, head_dim, kv_lora, rope, attn = _attention_params(cfg, file, h, heads, kvh)
+    attention, kvh, head_dim, kv_lora, rope, attn, q_lora, v_dim = _attention_params(cfg, file, h, heads, kvh)
     experts, per_token, mlp_total, mlp_active = _mlp_params(cfg, file, L, h, inter, mats)
     embed = vocab * h * (1 if tied else 2)
     total = embed + L * attn + mlp_total
@@ -206,6 +208,8 @@ def model_fields(cfg: dict, file: str, name: str | None = None) -> dict:
         "attention": attention,
         "kv_lora_rank": kv_lora,
         "qk_rope_head_dim": rope,
+        "q_lora_rank": q_lora,
+        "v_head_dim": v_dim,
         "sliding_window_tokens": window,
         "sliding_window_layers": window_layers,
         "num_experts": experts,

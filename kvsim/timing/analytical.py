@@ -29,8 +29,8 @@ without ``host_link:``, and with it ``transfer_time_s(in bytes, in copies, h2d) 
 transfer_time_s(out bytes, out copies, d2h) + tier_load_s`` (docs/transfer_model.md).
 An MoE model's dense GEMMs (attention, router, shared experts) are fitted too, and its routed
 experts, ``moe_experts_s``, are added to ``linear_s`` (the fused MoE kernel, or without one the
-touched experts' weight reads plus the MoE layers' fixed time); MLA models keep the roofline for
-their linear layers (the fitted shapes are dense layers; :func:`gemm_model_unsupported`). GPUs without a fitted profile use the generic one at this config's
+touched experts' weight reads plus the MoE layers' fixed time); an MLA model's attention GEMMs are
+its own shapes (``gemm.attention_shapes``). GPUs without a fitted profile use the generic one at this config's
 ``compute_efficiency`` / ``bandwidth_efficiency`` (docs/gemm_model.md).
 
 The attention kernel (backend ``timing.attention_backend``, resolved by
@@ -63,7 +63,7 @@ from kvsim.registry import TIMING_MODELS
 from kvsim.timing.allreduce import ALLREDUCE_KINDS, StepComm
 from kvsim.timing.base import BatchShape, DecodeParts, StepTiming, split_kv_tokens
 from kvsim.timing.fitted_steps import FittedDecodeSteps
-from kvsim.timing.fitted_linear import FittedLinear, gemm_model_unsupported
+from kvsim.timing.fitted_linear import FittedLinear
 from kvsim.timing.context import TimingContext
 from kvsim.timing.moe import MOE_ALIGN_KINDS, WeightReads, moe_fixed_s
 from kvsim.timing import moe_kernel
@@ -188,12 +188,7 @@ class AnalyticalTiming:
         self.attention_backend = name  # AttentionBackendNamed (kvsim.timing.base): the summary's record
         # -- linear layers: the fitted GEMM model (docs/gemm_model.md) or the roofline ------------
         self.gemm_model = cfg.gemm_model
-        self.gemm_fallback_reason = gemm_model_unsupported(m) if cfg.gemm_model == "fitted" else None
-        self.gemm: FittedLinear | None = None
-        if cfg.gemm_model == "fitted" and self.gemm_fallback_reason is None:
-            self.gemm = FittedLinear(cfg, ctx)
-        else:
-            self.gemm_model = "roofline"
+        self.gemm: FittedLinear | None = FittedLinear(cfg, ctx) if cfg.gemm_model == "fitted" else None
         # fitted GEMMs of an MoE model: its routed experts per step beside them, the MoE kernel or,
         # without one, their weight reads plus the MoE layers' fixed time (kvsim.timing.moe)
         self.routed: moe_kernel.MoeExperts | WeightReads | None = None

@@ -7,21 +7,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from kvsim.hw import ModelSpec
 from kvsim.timing.base import BatchShape
 from kvsim.timing.context import TimingContext
-
-
-def gemm_model_unsupported(model: ModelSpec) -> str | None:
-    """Why the fitted GEMM model cannot price this model's linear layers (None: it can).
-
-    Vidur's profiles are dense decoder layers (QKV, output, MLP up/gate, down). An MoE model's
-    dense GEMMs are those shapes (its routed experts are priced apart, kvsim.timing.analytical);
-    MLA's low-rank projections are not, so an MLA model keeps the roofline (docs/gemm_model.md,
-    "Wired into analytical timing")."""
-    if model.attention == "mla":
-        return "MLA projections are not the profiled QKV shapes"
-    return None
 
 
 class FittedLinear:
@@ -36,8 +23,8 @@ class FittedLinear:
     width and vocabulary divided by the tensor degree, hidden size whole), as Megatron-LM splits
     them; the pipeline stages run in sequence, so all ``num_layers`` are summed. Weights are read
     inside each GEMM's memory term (``k*n`` elements), which is why the fitted analytical model has
-    no separate ``weights_read_s``. An MoE model's layers are its dense GEMMs
-    (:func:`kvsim.timing.gemm.moe_dense_shapes`); the timing model adds its routed experts.
+    no separate ``weights_read_s``. An MoE or MLA model's layers are :func:`kvsim.timing.gemm.layer_shapes`
+    (an MoE layer's dense GEMMs; the timing model adds its routed experts).
     """
 
     def __init__(self, cfg, ctx: TimingContext):
@@ -48,9 +35,10 @@ class FittedLinear:
             m = replace(m, num_attention_heads=ctx.kv.num_query_heads, num_kv_heads=ctx.kv.num_kv_heads,
                         intermediate_size=-(-m.intermediate_size // t), vocab_size=-(-m.vocab_size // t))
         self.model, self.gpu = m, ctx.gpu
-        # an MoE layer: its dense GEMMs only (attention, router, shared experts); dense: None (the four)
-        self._moe_shapes = (gemm.moe_dense_shapes(m, gemm.shared_params_per_layer(ctx.model), t)
-                            if m.num_experts else None)
+        # an MoE or MLA layer: its own GEMMs (an MoE layer's dense ones: attention, router, shared
+        # experts; gemm.layer_shapes); a dense GQA/MHA layer: None (gemm.layer_linear_time_s's four)
+        self._shapes = (gemm.layer_shapes(m, gemm.shared_params_per_layer(ctx.model), t)
+                        if m.num_experts or m.attention == "mla" else None)
         prof = gemm.profile_for(ctx.gpu)
         if prof is gemm.GENERIC:  # no fitted profile for this GPU: the roofline's own efficiencies
             prof = replace(prof, compute_efficiency=cfg.compute_efficiency,
@@ -75,11 +63,11 @@ class FittedLinear:
         size = max(n + 1, 2 * old, 1024)
         toks = np.arange(old, size, dtype=float)
         g, m = self._gemm, self.model
-        if self._moe_shapes is None:
+        if self._shapes is None:
             layers = m.num_layers * g.layer_linear_time_s(toks, m, self.gpu, self.profile, self.element_bytes)
         else:
             layers = m.num_layers * sum(g.linear_time_s(toks, n, k, self.gpu, self.profile, self.element_bytes)
-                                        for n, k in self._moe_shapes)
+                                        for n, k in self._shapes)
         lm_n, lm_k = g.gemm_shapes(m)["lm_head"]
         lm = g.linear_time_s(toks, lm_n, lm_k, self.gpu, self.profile, self.element_bytes)
         self._layers = np.concatenate([self._layers, np.atleast_1d(layers)])

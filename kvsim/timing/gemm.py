@@ -166,16 +166,39 @@ def gemm_shapes(model: ModelSpec) -> dict[str, tuple[int, int]]:
     }
 
 
-def moe_dense_shapes(shard: ModelSpec, shared_params: float, tensor: int = 1) -> list[tuple[int, int]]:
-    """An MoE layer's dense GEMMs on one GPU, as (n, k), for ``shard`` the model as one of ``tensor``
-    GPUs sees it (its query and KV heads): QKV and attention output (as :func:`gemm_shapes`), the
-    router (``hidden -> num_experts``, replicated on every rank, as vLLM's ``ReplicatedLinear`` gate)
-    and, with ``shared_params`` per layer (:func:`shared_params_per_layer` of the whole model), the
-    shared experts and dense layers as one gated MLP per layer of those weights, its width split
-    over the ranks. The routed experts are not here: they are the MoE kernel's, or their weight reads
-    (kvsim.timing.moe_kernel, kvsim.timing.moe)."""
-    s = gemm_shapes(shard)
-    shapes = [s["qkv"], s["attn_out"], (shard.num_experts, shard.hidden_size)]
+def attention_shapes(shard: ModelSpec) -> list[tuple[int, int]]:
+    """One layer's attention GEMMs on one GPU, as (n, k), for ``shard`` the model as that GPU sees it
+    (its query heads). GQA/MHA: QKV and output (:func:`gemm_shapes`). MLA (DeepSeek-V2/V3), as vLLM's
+    MLA layer runs a decode step: the fused down-projections of the query and the KV latent
+    (``hidden -> q_lora_rank + kv_lora_rank + rope``, replicated on every rank; without query
+    compression the KV one alone and a full query projection), the query up-projection, the two
+    absorbed halves of ``kv_b_proj`` (the key's into the query, ``nope -> kv_lora_rank`` per head, the
+    value's after attention, ``kv_lora_rank -> v_head_dim`` per head: a batched GEMM priced as one of
+    the same FLOPs and weights) and the output projection."""
+    if shard.attention != "mla":
+        s = gemm_shapes(shard)
+        return [s["qkv"], s["attn_out"]]
+    h, H, rope, kl, ql = (shard.hidden_size, shard.num_attention_heads, shard.qk_rope_head_dim, shard.kv_lora_rank,
+                          shard.q_lora_rank)
+    nope = shard.head_dim - rope
+    v = shard.v_head_dim or nope
+    down = [(ql + kl + rope, h), (H * shard.head_dim, ql)] if ql else [(kl + rope, h), (H * shard.head_dim, h)]
+    return down + [(H * kl, nope), (H * v, kl), (h, H * v)]
+
+
+def layer_shapes(shard: ModelSpec, shared_params: float, tensor: int = 1) -> list[tuple[int, int]]:
+    """One layer's GEMMs on one GPU, as (n, k), for a model that is not a dense GQA/MHA one (that is
+    :func:`layer_linear_time_s`'s four): its attention (:func:`attention_shapes`), then an MoE
+    model's router (``hidden -> num_experts``, replicated on every rank, as vLLM's
+    ``ReplicatedLinear`` gate) and, with ``shared_params`` per layer (:func:`shared_params_per_layer`
+    of the whole model), its shared experts and dense layers as one gated MLP per layer of those
+    weights, its width split over the ranks; a dense MLA model's MLP. The routed experts are not here:
+    they are the MoE kernel's, or their weight reads (kvsim.timing.moe_kernel, kvsim.timing.moe)."""
+    shapes = attention_shapes(shard)
+    if not shard.num_experts:
+        s = gemm_shapes(shard)
+        return shapes + [s["mlp_up"], s["mlp_down"]]
+    shapes.append((shard.num_experts, shard.hidden_size))
     if shared_params:
         width = -(-int(round(shared_params / (3 * shard.hidden_size))) // max(int(tensor), 1))
         shapes += [(2 * width, shard.hidden_size), (shard.hidden_size, width)]
@@ -189,12 +212,14 @@ def shared_params_per_layer(model: ModelSpec) -> float:
     """Parameters per layer that every token of an MoE model goes through outside attention, the
     router, the embeddings and the LM head (shared experts; dense layers spread over all layers):
     what is left of the active parameters. 0.0 when that is under :data:`SHARED_MIN_SHARE` of the
-    layer's attention weights (the presets' published totals are rounded; none has shared experts)."""
+    layer's attention weights (the non-MLA presets' published totals are rounded; none of them has
+    shared experts), and for a dense model."""
     from kvsim.timing.moe_kernel import dense_active_params
 
+    if not model.num_experts:
+        return 0.0
     h, L = model.hidden_size, model.num_layers
-    q_dim, kv_dim = model.num_attention_heads * model.head_dim, model.num_kv_heads * model.head_dim
-    attn = h * (q_dim + 2 * kv_dim) + q_dim * h
+    attn = float(sum(n * k for n, k in attention_shapes(model)))
     rest = (dense_active_params(model) - 2.0 * model.vocab_size * h) / L - attn - h * model.num_experts
     return rest if rest > SHARED_MIN_SHARE * attn else 0.0
 

@@ -27,6 +27,7 @@ def test_gqa_llama_3_8b():
 def test_mla_deepseek_v3_stores_one_latent_per_layer():
     m = spec("deepseek-v3.json")
     assert m.attention == "mla" and (m.kv_lora_rank, m.qk_rope_head_dim) == (512, 64)
+    assert (m.q_lora_rank, m.v_head_dim) == (1536, 128)  # the shapes of its attention GEMMs
     # 61 layers x (512 latent + 64 rope) x 2 bytes; no factor 2 for K/V, no per-head copies
     assert m.kv_bytes_per_token("bf16") == 61 * (512 + 64) * 2 == 70_272
     assert m.kv_bytes_per_token("fp8") == 61 * 576 == 35_136
@@ -99,7 +100,7 @@ def test_parameter_count_from_the_shapes_matches_the_published_one(file, preset)
     assert m.params_per_token == pytest.approx(p.params_per_token, rel=0.015)
     for field in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim", "intermediate_size",
                   "vocab_size", "max_model_len_tokens", "attention", "sliding_window_tokens", "num_experts",
-                  "experts_per_token", "gated_mlp"):
+                  "experts_per_token", "gated_mlp", "kv_lora_rank", "qk_rope_head_dim", "q_lora_rank", "v_head_dim"):
         assert getattr(m, field) == getattr(p, field), field
     assert m.kv_bytes_per_token("bf16") == p.kv_bytes_per_token("bf16")
 

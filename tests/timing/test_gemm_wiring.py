@@ -77,9 +77,24 @@ def test_tensor_parallel_shards_are_priced_per_rank():
     assert 0.5 * a < b < 0.75 * a  # half the weights each, plus a launch floor per GEMM
 
 
-def test_mla_keeps_the_roofline():
-    t = AnalyticalTiming(AnalyticalTimingConfig(), _ctx(MODELS["DeepSeek-V3"], GPUS["H200-141GB"]))
-    assert t.gemm is None and t.gemm_model == "roofline" and "MLA" in t.gemm_fallback_reason
+@pytest.mark.parametrize("tensor", [1, 8])
+def test_mla_attention_gemms_are_its_own_shapes(tensor):
+    m = MODELS["DeepSeek-V3"]
+    t = AnalyticalTiming(AnalyticalTimingConfig(), _ctx(m, GPUS["H200-141GB"], tensor=tensor))
+    assert t.gemm is not None and t.gemm_model == "fitted"
+    H, h = 128 // tensor, m.hidden_size
+    # vLLM's MLA decode: fused q/kv down-projections (replicated), q up, the absorbed kv_b halves, output
+    assert gemm.attention_shapes(t.gemm.model) == [(1536 + 512 + 64, h), (H * 192, 1536), (H * 512, 128),
+                                                   (H * 128, 512), (h, H * 128)]
+    # their weights are DeepSeek-V3's attention weights per layer (config.json shapes)
+    assert sum(n * k for n, k in gemm.attention_shapes(m)) == (h * (1536 + 576) + 1536 * 128 * 192
+                                                               + 512 * 128 * 256 + 128 * 128 * h)
+    # the shared expert and the 3 dense layers spread over 61: one gated MLP of the rest, 7168 wide
+    # (2,048 shared + 3 x 18,432 / 61 dense, less the dense layers' missing MoE part, to within 10 %)
+    width = gemm.shared_params_per_layer(m) / (3 * h)
+    assert 2048 < width < 2048 + 3 * 18432 / 61 * 1.1
+    shapes = t.gemm._shapes
+    assert shapes[5] == (256, h) and shapes[:5] == gemm.attention_shapes(t.gemm.model)
 
 
 @pytest.mark.parametrize("moe_kernel", ["auto", "none"])
@@ -88,14 +103,14 @@ def test_moe_dense_gemms_are_fitted_and_the_routed_experts_priced_beside_them(na
     m, gpu = MODELS[name], GPUS["H100-SXM-80GB"]
     cfg = AnalyticalTimingConfig(moe_kernel=moe_kernel, moe_layer_s=2e-6, moe_align_kernel="vllm")
     t = AnalyticalTiming(cfg, _ctx(m, gpu, tensor=tensor))
-    assert t.gemm is not None and t.gemm_model == "fitted" and t.gemm_fallback_reason is None
+    assert t.gemm is not None and t.gemm_model == "fitted"
     # the dense GEMMs: this GPU's QKV and output heads and the replicated router, no MLP (no shared experts)
     q, kv = t.gemm.model.num_attention_heads * m.head_dim, t.gemm.model.num_kv_heads * m.head_dim
     assert gemm.shared_params_per_layer(m) == 0.0
-    assert t.gemm._moe_shapes == [(q + 2 * kv, m.hidden_size), (m.hidden_size, q), (m.num_experts, m.hidden_size)]
+    assert t.gemm._shapes == [(q + 2 * kv, m.hidden_size), (m.hidden_size, q), (m.num_experts, m.hidden_size)]
     n = 24
     b = t.step_time(_decode(n, 700)).breakdown_s
-    dense = m.num_layers * sum(gemm.linear_time_s(n, a, k, gpu) for a, k in t.gemm._moe_shapes)
+    dense = m.num_layers * sum(gemm.linear_time_s(n, a, k, gpu) for a, k in t.gemm._shapes)
     assert b["gemm_s"] == pytest.approx(dense, rel=1e-12)
     if moe_kernel == "auto":  # the fused MoE kernel
         assert b["moe_experts_s"] == t.experts.scalar_s(n)
@@ -124,8 +139,8 @@ def test_an_moe_model_with_shared_experts_prices_them_as_a_dense_mlp():
     shared = replace(m, active_params=m.active_params + m.num_layers * 3 * h * 5632,
                      num_params=m.num_params + m.num_layers * 3 * h * 5632)  # a 5,632-wide gated shared expert
     assert gemm.shared_params_per_layer(shared) == pytest.approx(3 * h * 5632, rel=0.05)
-    one = AnalyticalTiming(AnalyticalTimingConfig(), _ctx(shared, GPU, tensor=1)).gemm._moe_shapes
-    two = AnalyticalTiming(AnalyticalTimingConfig(), _ctx(shared, GPU, tensor=2)).gemm._moe_shapes
+    one = AnalyticalTiming(AnalyticalTimingConfig(), _ctx(shared, GPU, tensor=1)).gemm._shapes
+    two = AnalyticalTiming(AnalyticalTimingConfig(), _ctx(shared, GPU, tensor=2)).gemm._shapes
     width = one[4][1]  # the published totals are rounded: the width comes back to within 1 %
     assert width == pytest.approx(5632, rel=0.01) and one[3:] == [(2 * width, h), (h, width)]
     assert two[3:] == [(2 * (width // 2), h), (h, width // 2)]  # split over the two ranks

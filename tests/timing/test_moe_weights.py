@@ -15,13 +15,15 @@ from kvsim.timing.context import TimingContext
 from kvsim.timing.moe import WeightReads, experts_touched, routed_expert_params
 
 
-def _timing(model: str, tp: int = 1, weight_dtype: str = "bf16", gpu: str = "H200-141GB"):
+def _timing(model: str, tp: int = 1, weight_dtype: str = "bf16", gpu: str = "H200-141GB", gemm_model: str = "roofline"):
+    """The roofline's MoE weight reads (``gemm_model: roofline``; under the fitted GEMM model the
+    routed experts' reads are ``moe_experts_s``, tests/timing/test_gemm_wiring.py)."""
     m = MODELS[model]
     p = plan(m, GPUS[gpu], "bf16", weight_dtype, tensor=tp)
     ctx = TimingContext(m, GPUS[gpu], p.kv.with_block_size(16), p.weight_bytes_per_rank,
                         Path("."), tensor_parallel=tp, comm_s_per_step=p.comm_s_per_step,
                         comm_s_per_token=p.comm_s_per_token)
-    return AnalyticalTiming(AnalyticalTimingConfig(), ctx)
+    return AnalyticalTiming(AnalyticalTimingConfig(gemm_model=gemm_model), ctx)
 
 
 def test_touched_experts_match_a_uniform_routing_simulation():
@@ -96,11 +98,17 @@ def test_moe_layers_fixed_time_enters_every_step_once():
     p = plan(m, GPUS["H200-141GB"], "bf16", "fp8", tensor=8)
     ctx = TimingContext(m, GPUS["H200-141GB"], p.kv.with_block_size(16), p.weight_bytes_per_rank, Path("."),
                         tensor_parallel=8, comm_s_per_step=p.comm_s_per_step, comm_s_per_token=p.comm_s_per_token)
-    base = AnalyticalTiming(AnalyticalTimingConfig(), ctx)
-    more = AnalyticalTiming(AnalyticalTimingConfig(moe_align_kernel="vllm", moe_layer_s=1e-5), ctx)
+    base = AnalyticalTiming(AnalyticalTimingConfig(gemm_model="roofline"), ctx)
+    more = AnalyticalTiming(AnalyticalTimingConfig(gemm_model="roofline", moe_align_kernel="vllm", moe_layer_s=1e-5), ctx)
+    # the fitted GEMM model (the default): the same fixed time, in the routed experts' part
+    fbase = AnalyticalTiming(AnalyticalTimingConfig(), ctx)
+    fmore = AnalyticalTiming(AnalyticalTimingConfig(moe_align_kernel="vllm", moe_layer_s=1e-5), ctx)
     for n in (1, 8, 64):
         a, b = base.step_time(decode_shape(n, n * 1000, n * 63)), more.step_time(decode_shape(n, n * 1000, n * 63))
         assert b.breakdown_s["weights_read_s"] - a.breakdown_s["weights_read_s"] == pytest.approx(fixed, rel=1e-9)
+        assert b.duration_s - a.duration_s == pytest.approx(fixed, rel=1e-9)
+        a, b = fbase.step_time(decode_shape(n, n * 1000, n * 63)), fmore.step_time(decode_shape(n, n * 1000, n * 63))
+        assert b.breakdown_s["moe_experts_s"] - a.breakdown_s["moe_experts_s"] == pytest.approx(fixed, rel=1e-9)
         assert b.duration_s - a.duration_s == pytest.approx(fixed, rel=1e-9)
     n = np.array([1, 8, 64, 3000], np.int64)
     d, _, _ = more.decode_durations(n, n * 1000, n * 63)

@@ -97,7 +97,7 @@ _PROFILES: tuple[EngineProfile, ...] = (
         "timing[analytical].step_overhead_s": Fill(0.002023, f"no public per-step constant: {_FIT}, 6 vLLM v1 cases"),
         "timing[analytical].allreduce": Fill("vllm-custom", _VLLM_AR),
         "timing[analytical].moe_align_kernel": Fill("vllm", _VLLM_ALIGN),
-        "timing[analytical].moe_layer_s": Fill(5.16e-05, f"{_FIT}, 6 vLLM v1 cases (MoE layers without a kernel "
+        "timing[analytical].moe_layer_s": Fill(1.65e-05, f"{_FIT}, 6 vLLM v1 cases (MoE layers without a kernel "
                                                           "profile: int4/int8 weights)"),
         "timing[analytical].moe_kernel": Fill("auto", _MOE_KERNEL),
         "timing[analytical].overhead": Fill(

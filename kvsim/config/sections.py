@@ -87,6 +87,9 @@ class ModelConfig(StrictModel):
                              f"num_kv_heads ({self.num_kv_heads})")
         if self.attention == "mla" and not (self.kv_lora_rank and self.qk_rope_head_dim):
             raise ValueError("attention mla needs kv_lora_rank and qk_rope_head_dim (DeepSeek-V3: 512 and 64)")
+        if self.attention == "mla" and self.head_dim <= self.qk_rope_head_dim:
+            raise ValueError(f"attention mla: head_dim ({self.head_dim}) is qk_nope_head_dim + qk_rope_head_dim, so "
+                             f"more than qk_rope_head_dim ({self.qk_rope_head_dim}) (DeepSeek-V3: 192 and 64)")
         if self.sliding_window_layers > self.num_layers:
             raise ValueError(f"sliding_window_layers ({self.sliding_window_layers}) is more than num_layers "
                              f"({self.num_layers})")

@@ -74,6 +74,8 @@ def test_docs_example_tier_line_validates(scenario):
     ("allocator.kind=pagd", "allocator", "valid kinds: buddy, contiguous, paged, radix"),
     ("allocator.block_sise=4", "allocator.block_sise", "valid keys:"),
     ("kv_budget.tokens=10M", "kv_budget.tokens", "at most"),
+    ("model={preset: DeepSeek-V3, head_dim: 64}", "model", "more than qk_rope_head_dim (64)"),
+    ("model={preset: DeepSeek-V3, q_lora_rank: -1}", "model.q_lora_rank", "greater than or equal to 0"),
 ])
 def test_a_bad_set_value_names_the_set_argument(scenario, expr, key, hint):
     over = ["kv_budget.bytes=null", expr] if "tokens" in expr else [expr]

@@ -65,7 +65,7 @@ from kvsim.timing.base import BatchShape, DecodeParts, StepTiming, split_kv_toke
 from kvsim.timing.fitted_steps import FittedDecodeSteps
 from kvsim.timing.fitted_linear import FittedLinear
 from kvsim.timing.context import TimingContext
-from kvsim.timing.moe import MOE_ALIGN_KINDS, WeightReads, moe_fixed_s
+from kvsim.timing.moe import MOE_ALIGN_KINDS, WeightReads, moe_fixed_s, routed_expert_params
 from kvsim.timing import moe_kernel
 from kvsim.timing.overhead import EngineOverheadConfig, StepOverhead, async_overlap_field
 from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, step_transfers
@@ -193,7 +193,7 @@ class AnalyticalTiming:
         # without one, their weight reads plus the MoE layers' fixed time (kvsim.timing.moe)
         self.routed: moe_kernel.MoeExperts | WeightReads | None = None
         self._experts_row: int | None = None
-        if self.gemm is not None and m.num_experts:
+        if self.gemm is not None and routed_expert_params(m):
             self.routed = self.experts if self.experts is not None else WeightReads(
                 m, ctx.weight_bytes, self.bandwidth_bytes_per_s, moe_fixed_s(m, cfg.moe_align_kernel, cfg.moe_layer_s),
                 only_routed=True)

@@ -168,3 +168,16 @@ def test_gpu_without_a_fitted_profile_uses_the_config_efficiencies():
                         + sh["lm_head"][0] * sh["lm_head"][1])  # the embedding table is gathered, not read
     floor = gemm_weights / (GPUS["L40S"].hbm_bandwidth_bytes_per_s * 0.5)
     assert t.step_time(_decode(1, 10)).breakdown_s["linear_compute_s"] >= floor
+
+
+def test_an_moe_config_without_active_params_reads_every_expert_through_the_gemms():
+    """num_experts without active_params: every token goes through every expert (what the roofline's
+    weight reads assume too), so no routed part: the experts are one dense MLP of the remaining weights."""
+    m = replace(MODELS["Mixtral-8x7B"], active_params=0.0)
+    t = AnalyticalTiming(AnalyticalTimingConfig(moe_kernel="auto"), _ctx(m, GPUS["H100-SXM-80GB"], tensor=2))
+    assert t.routed is None and t.experts is None
+    width = t.gemm._shapes[4][1]  # the shared MLP's width on one of the two GPUs: all 8 experts, split
+    assert width == pytest.approx(8 * 14336 / 2, rel=0.03)
+    sizes = np.array([1, 24, 300], np.int64)
+    d, _, _ = t.decode_durations(sizes, sizes * 700, None)
+    assert [x.hex() for x in d] == [t.step_time(_decode(int(k), 700)).duration_s.hex() for k in sizes]

@@ -58,6 +58,24 @@ WEIGHT_DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "int
 ATTENTION_KINDS = ("gqa", "mla")  # gqa covers MHA (kv_heads == heads) and MQA (kv_heads == 1)
 
 
+def mla_attention_gemms(hidden: int, heads: int, head_dim: int, rope: int, kv_lora: int, q_lora: int,
+                        v_dim: int) -> list[tuple[int, int]]:
+    """One MLA layer's attention GEMMs as (n output features, k reduction dim), for ``heads`` query
+    heads (one GPU's under tensor parallelism), as vLLM's MLA layer runs a decode step: the fused
+    down-projections of the query and the KV latent (``hidden -> q_lora + kv_lora + rope``; without
+    query compression the latent's alone and a full query projection), the query up-projection, the
+    two absorbed halves of ``kv_b_proj`` (the key's into the query, ``nope -> kv_lora`` per head; the
+    value's after attention, ``kv_lora -> v_dim`` per head: batched GEMMs, as one GEMM of the same
+    FLOPs and weights) and the output projection. Their weights are the layer's attention parameters
+    (kvsim.models.hf counts them so); kvsim.timing.gemm prices them."""
+    nope = head_dim - rope
+    if q_lora:
+        down = [(q_lora + kv_lora + rope, hidden), (heads * head_dim, q_lora)]
+    else:
+        down = [(kv_lora + rope, hidden), (heads * head_dim, hidden)]
+    return down + [(heads * kv_lora, nope), (heads * v_dim, kv_lora), (hidden, heads * v_dim)]
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str

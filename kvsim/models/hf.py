@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.errors import ConfigError
+from kvsim.hw import mla_attention_gemms
 
 # model_type -> MLP without a gate (two matrices, not three)
 UNGATED_MLP = {"opt", "gpt2", "gpt_neox", "gptj", "bloom", "falcon", "gpt_bigcode", "phi", "starcoder2"}
@@ -119,8 +120,7 @@ def _attention_params(cfg: dict, file: str, h: int, heads: int, kvh: int) -> tup
             raise ConfigError(f"{file}: an MLA config (kv_lora_rank set) needs qk_rope_head_dim, qk_nope_head_dim "
                               f"and v_head_dim")
         head_dim = nope + rope
-        q = h * q_lora + q_lora * heads * head_dim if q_lora else h * heads * head_dim
-        attn = q + h * (kv_lora + rope) + kv_lora * heads * (nope + v_dim) + heads * v_dim * h
+        attn = sum(n * k for n, k in mla_attention_gemms(h, heads, head_dim, rope, kv_lora, q_lora, v_dim))
         attention, kvh = "mla", heads
     else:
         rope = q_lora = v_dim = 0

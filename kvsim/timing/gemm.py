@@ -47,7 +47,7 @@ import numpy as np
 
 from kvsim.timing.profile_file import read_params_file
 from kvsim.errors import ConfigError, format_choices
-from kvsim.hw import GPUSpec, ModelSpec
+from kvsim.hw import GPUSpec, ModelSpec, mla_attention_gemms
 
 DATA_DIR = Path(__file__).parent / "data" / "gemm"
 INT_PARAMS = ("tile_m_tokens", "tile_n", "num_sms")
@@ -168,22 +168,15 @@ def gemm_shapes(model: ModelSpec) -> dict[str, tuple[int, int]]:
 
 def attention_shapes(shard: ModelSpec) -> list[tuple[int, int]]:
     """One layer's attention GEMMs on one GPU, as (n, k), for ``shard`` the model as that GPU sees it
-    (its query heads). GQA/MHA: QKV and output (:func:`gemm_shapes`). MLA (DeepSeek-V2/V3), as vLLM's
-    MLA layer runs a decode step: the fused down-projections of the query and the KV latent
-    (``hidden -> q_lora_rank + kv_lora_rank + rope``, replicated on every rank; without query
-    compression the KV one alone and a full query projection), the query up-projection, the two
-    absorbed halves of ``kv_b_proj`` (the key's into the query, ``nope -> kv_lora_rank`` per head, the
-    value's after attention, ``kv_lora_rank -> v_head_dim`` per head: a batched GEMM priced as one of
-    the same FLOPs and weights) and the output projection."""
+    (its query heads). GQA/MHA: QKV and output (:func:`gemm_shapes`). MLA (DeepSeek-V2/V3):
+    :func:`kvsim.hw.mla_attention_gemms` (the down-projections replicated on every rank, the rest
+    split by heads)."""
     if shard.attention != "mla":
         s = gemm_shapes(shard)
         return [s["qkv"], s["attn_out"]]
-    h, H, rope, kl, ql = (shard.hidden_size, shard.num_attention_heads, shard.qk_rope_head_dim, shard.kv_lora_rank,
-                          shard.q_lora_rank)
-    nope = shard.head_dim - rope
-    v = shard.v_head_dim or nope
-    down = [(ql + kl + rope, h), (H * shard.head_dim, ql)] if ql else [(kl + rope, h), (H * shard.head_dim, h)]
-    return down + [(H * kl, nope), (H * v, kl), (h, H * v)]
+    m = shard
+    return mla_attention_gemms(m.hidden_size, m.num_attention_heads, m.head_dim, m.qk_rope_head_dim, m.kv_lora_rank,
+                               m.q_lora_rank, m.v_head_dim or m.head_dim - m.qk_rope_head_dim)
 
 
 def layer_shapes(shard: ModelSpec, shared_params: float, tensor: int = 1) -> list[tuple[int, int]]:

@@ -29,9 +29,10 @@ without ``host_link:``, and with it ``transfer_time_s(in bytes, in copies, h2d) 
 transfer_time_s(out bytes, out copies, d2h) + tier_load_s`` (docs/transfer_model.md).
 An MoE model's dense GEMMs (attention, router, shared experts) are fitted too, and its routed
 experts, ``moe_experts_s``, are added to ``linear_s`` (the fused MoE kernel, or without one the
-touched experts' weight reads plus the MoE layers' fixed time); an MLA model's attention GEMMs are
-its own shapes (``gemm.attention_shapes``). GPUs without a fitted profile use the generic one at this config's
-``compute_efficiency`` / ``bandwidth_efficiency`` (docs/gemm_model.md).
+larger of the touched experts' weight reads and their FLOPs, plus the MoE layers' fixed time); an
+MLA model's attention GEMMs are its own shapes (``gemm.attention_shapes``). GPUs without a fitted
+profile use the generic one at this config's ``compute_efficiency`` / ``bandwidth_efficiency``
+(docs/gemm_model.md).
 
 The attention kernel (backend ``timing.attention_backend``, resolved by
 :func:`kvsim.timing.kernel.resolve_backend`; ``auto`` is one kernel for every layout) reads the
@@ -194,9 +195,12 @@ class AnalyticalTiming:
         self.routed: moe_kernel.MoeExperts | WeightReads | None = None
         self._experts_row: int | None = None
         if self.gemm is not None and routed_expert_params(m):
+            # without a kernel: the roofline of the touched experts' bytes and the k experts' FLOPs a token
+            # goes through (as the roofline step prices them), plus the MoE layers' fixed time
             self.routed = self.experts if self.experts is not None else WeightReads(
                 m, ctx.weight_bytes, self.bandwidth_bytes_per_s, moe_fixed_s(m, cfg.moe_align_kernel, cfg.moe_layer_s),
-                only_routed=True)
+                only_routed=True,
+                compute_s_per_token=2.0 * m.experts_per_token * routed_expert_params(m) / self.flops_per_s)
             # after the KV-write row (6) and the comm and overhead rows where the table has them
             self._experts_row = 7 + (not self._no_comm) + (self._overhead_row is not None)
             rows["moe_experts_s"] = self._experts_row

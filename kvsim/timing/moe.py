@@ -110,16 +110,19 @@ class WeightReads:
     both return the same doubles bit for bit."""
 
     def __init__(self, model: ModelSpec, weight_bytes: int, bandwidth_bytes_per_s: float, fixed_s: float = 0.0,
-                 routed_experts: bool = True, only_routed: bool = False):
+                 routed_experts: bool = True, only_routed: bool = False, compute_s_per_token: float = 0.0):
         """``routed_experts`` False: every weight but the routed experts (they are priced apart);
         ``only_routed``: the routed experts' reads alone (the other weights are priced apart: the
-        fitted GEMM model's dense GEMMs)."""
+        fitted GEMM model's dense GEMMs), as a roofline with their FLOPs when ``compute_s_per_token``
+        (a token's routed-expert FLOPs over the achieved FLOP rate) is given: ``max(bytes / bandwidth,
+        n x compute_s_per_token)``."""
         per_expert = routed_expert_params(model)
         if per_expert and not routed_experts:  # the experts are priced apart (kvsim.timing.moe_kernel)
             weight_bytes = weight_bytes * ((model.num_params - model.num_experts * per_expert) / model.num_params)
             per_expert = 0.0
         self.weight_bytes = weight_bytes
         self.fixed_s = fixed_s  # MoE: the layers' fixed time per step (moe_fixed_s), in every table entry
+        self.compute_s_per_token = compute_s_per_token
         self.bandwidth_bytes_per_s = bandwidth_bytes_per_s
         self.constant_s = weight_bytes / bandwidth_bytes_per_s
         self.moe = per_expert > 0.0
@@ -140,6 +143,8 @@ class WeightReads:
     def _grow(self, n: int) -> None:
         size = max(n + 1, 2 * len(self._table), 1024)
         self._table = self.bytes_read(np.arange(size)) / self.bandwidth_bytes_per_s
+        if self.compute_s_per_token:
+            self._table = np.maximum(self._table, np.arange(size) * self.compute_s_per_token)
         if self.fixed_s:
             self._table = self._table + self.fixed_s
         self._list = self._table.tolist()

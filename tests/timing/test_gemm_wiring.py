@@ -14,7 +14,7 @@ from kvsim.timing import gemm
 from kvsim.timing.analytical import AnalyticalTiming, AnalyticalTimingConfig
 from kvsim.timing.base import BatchShape
 from kvsim.timing.context import TimingContext
-from kvsim.timing.moe import WeightReads, moe_fixed_s
+from kvsim.timing.moe import WeightReads, moe_fixed_s, routed_expert_params
 
 GPU = GPUS["A100-80GB"]
 MODEL = MODELS["Llama-2-7B"]
@@ -119,6 +119,11 @@ def test_moe_dense_gemms_are_fitted_and_the_routed_experts_priced_beside_them(na
         fixed = moe_fixed_s(m, "vllm", 2e-6)
         reads = routed.bytes_read(n) - routed.bytes_read(0)
         assert b["moe_experts_s"] == pytest.approx(reads / t.bandwidth_bytes_per_s + fixed, rel=1e-12)
+        # a long prefill is compute bound: the k routed experts' FLOPs per token at the roofline's rate
+        big = 8192
+        flops = 2 * m.experts_per_token * routed_expert_params(m) * big / t.flops_per_s
+        assert flops > (routed.bytes_read(big) - routed.bytes_read(0)) / t.bandwidth_bytes_per_s
+        assert t.routed.scalar_s(big) == pytest.approx(flops + fixed, rel=1e-12)
     assert b["linear_compute_s"] == b["gemm_s"] + b["lm_head_s"] + b["moe_experts_s"]
     # step_time, decode_durations and the scalar decode pricer: the same doubles, parts included
     sizes = np.array([1, 7, 24, 300, 1500], np.int64)  # past the first table: it grows

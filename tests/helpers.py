@@ -32,6 +32,17 @@ def make_scenario(**over):
     return Scenario.model_validate(raw)
 
 
+def load_bench(name: str):
+    """The script ``bench/<name>.py`` as a module (the bench scripts are not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent.parent / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def vidur_dir():
     """Vidur's public profiling data (../shared/peer-data/vidur beside the checkout, as on the
     developers' machines and in CI), or $KVSIM_VIDUR_DIR."""

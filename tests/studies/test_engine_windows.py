@@ -4,12 +4,13 @@ kvsim's timing model, and the per-sequence overhead the vllm-v1 profile takes fr
 from __future__ import annotations
 
 import csv
-import importlib.util
 import math
 import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import load_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,9 +19,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 from bench import engine_windows as ew  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("validate_serving", ROOT / "bench" / "validate_serving.py")
-vs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(vs)
+vs = load_bench("validate_serving")
 
 
 def _line(readme_line, time, prompt=0.0, gen=1000.0, running=20, waiting=0, pid=7, usage=10.0):

@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import csv
 import gzip
-import importlib.util
 import shutil
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("validate_serving", ROOT / "bench" / "validate_serving.py")
-vs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(vs)
+from helpers import load_bench
+
+vs = load_bench("validate_serving")
 H = vs.history
 HISTORY = vs.SCENARIO_DIR / H.HISTORY
 

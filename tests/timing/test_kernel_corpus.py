@@ -32,12 +32,19 @@ def test_corpus_is_complete_and_large_enough():
 
 
 def test_split_holds_out_every_third_row_of_each_source_and_backend():
+    from kvsim.timing.kernel_corpus import HELD_OUT_SOURCES
+
     groups: dict = {}
-    for p in load_corpus():
+    corpus = load_corpus()
+    for p in corpus:
         groups.setdefault((p.source_id, p.backend), []).append(p)
-    for rows in groups.values():
+    for (source, _), rows in groups.items():
         rows.sort(key=lambda p: (p.batch, p.context, p.page_size, p.dtype))
-        assert [p.split for p in rows] == ["holdout" if i % 3 == 2 else "fit" for i in range(len(rows))]
+        if source in HELD_OUT_SOURCES:  # added after the fit: held out whole
+            assert {p.split for p in rows} == {"holdout"}
+        else:
+            assert [p.split for p in rows] == ["holdout" if i % 3 == 2 else "fit" for i in range(len(rows))]
+    assert HELD_OUT_SOURCES <= {p.source_id for p in corpus}
 
 
 def test_a_row_with_a_missing_field_is_refused_naming_file_row_and_key(tmp_path, capsys):
@@ -103,12 +110,14 @@ def _fit_errors(backend: str) -> np.ndarray:
                      for p in corpus if p.split == "fit" and p.backend == backend and p.gpu_preset in GPUS])
 
 
-@pytest.mark.parametrize("backend, rows", [("flashattention-paged", 90), ("flashinfer-paged", 123)])
+@pytest.mark.parametrize("backend, rows", [("flashattention-paged", 100), ("flashinfer-paged", 136)])
 def test_backends_with_20_heldout_rows_meet_the_issues_targets(backend, rows):
     # issue 23: held-out error <= 15 % of kernel time for a backend with >= 20 held-out rows, and
     # within 5 points of utilisation at >= 40 % measured utilisation (mean over those rows; the rows
     # more than 5 points off are counted by `kvsim kernel --check` and discussed in
-    # docs/kernel_model.md). FlashAttention: A100-80GB, A100-40GB and H100 rows; FlashInfer: A100-80GB.
+    # docs/kernel_model.md). FlashAttention: A100-80GB, A100-40GB and H100 rows; FlashInfer: A100-80GB and
+    # H200 rows (the H100/H200 sources held out whole miss by far more: docs/kernel_model.md, "Whole sources
+    # held out"; test_whole_sources_held_out_are_reported_per_gpu).
     rel, util = _heldout_errors(backend)
     assert len(rel) == rows
     assert rel.mean() <= 0.15
@@ -152,9 +161,21 @@ def test_check_prints_every_backend_and_split(capsys):
     assert "holdout" in out and "fit" in out and "not evaluated" in out
     verdicts = out.split("issue 23's held-out targets")[1].splitlines()[1:]
     assert len(verdicts) == len(builtin_backends())
-    assert any(line.split()[0] == "contiguous" and "0 held-out rows" in line for line in verdicts)
+    assert any(line.split()[0] == "contiguous" and "1 held-out rows" in line for line in verdicts)
     assert any(line.split()[0] == "vllm-paged-v1" and "target not claimed" in line for line in verdicts)
     assert any(line.split()[0] == "flashinfer-paged" and "(met)" in line for line in verdicts)
+
+
+def test_written_constants_read_back_as_numbers():
+    # PyYAML reads 4e-08 as a string; the fit's writer must give every constant a float form
+    import yaml
+
+    from kvsim.calibration.kernel_corpus_fit import yaml_number
+
+    for value in (4e-08, 1.07e-15, 3.12e-10, 0.992, 64.0, 4080.0, 1e-5, 0.0):
+        assert yaml.safe_load(f"k: {yaml_number(value)}")["k"] == float(f"{value:.3g}")
+    for backend in builtin_backends():  # the shipped files parse (a string value is refused)
+        load_backend(backend)
 
 
 def test_rounds_are_chosen_by_the_fit_rows_not_searched():
@@ -201,3 +222,26 @@ def test_a_bad_timing_value_is_refused():
     assert good.endswith(",kernel")
     with pytest.raises(ConfigError, match="key 'timing' must be one of"):
         parse_rows([header, good[: -len("kernel")] + "graph"], "x.csv")
+
+
+def test_whole_sources_held_out_are_reported_per_gpu():
+    # the figures docs/kernel_model.md, "Whole sources held out (twenty-fifth session)", quotes: the shipped
+    # profiles against the ten sources added after the fit (never read by it)
+    from kvsim.timing.kernel_corpus import HELD_OUT_SOURCES, evaluable, predict
+
+    profiles = {b: load_backend(b) for b in builtin_backends()}
+    corpus = load_corpus()
+    err: dict = {}
+    for p in evaluable(corpus, profiles):
+        if p.source_id in HELD_OUT_SOURCES:
+            err.setdefault(p.source_id, []).append((p.time_s, predict(p, profile_for(p, profiles))[0] / p.time_s - 1))
+    assert set(err) == {"onnxruntime-pr-21414-fa2", "tileops-nightly-2026-08-22", "tileops-pr-1930", "tileops-pr-2084"}
+    ort = np.array([e for _, e in err["onnxruntime-pr-21414-fa2"]])
+    assert len(ort) == 10 and np.abs(ort).mean() == pytest.approx(0.427, abs=5e-4)
+    assert sorted(round(e, 3) for t, e in err["onnxruntime-pr-21414-fa2"] if t >= 100e-6) == [0.036, 0.072]
+    tile = err["tileops-nightly-2026-08-22"]
+    assert len(tile) == 12 and np.abs([e for _, e in tile]).mean() == pytest.approx(0.473, abs=5e-4)
+    big = [e for t, e in tile if t >= 100e-6]
+    assert len(big) == 8 and max(big) < 0 and np.abs(big).mean() == pytest.approx(0.400, abs=5e-4)
+    assert err["tileops-pr-1930"][0][1] == pytest.approx(1.301, abs=5e-4)
+    assert err["tileops-pr-2084"][0][1] == pytest.approx(0.308, abs=5e-4)

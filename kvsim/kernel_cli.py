@@ -3,6 +3,7 @@
     kvsim kernel --gpu A100-80GB --model Llama-2-13B --batch 32 --context 1024 --block-size 16 --json
     kvsim kernel --gpu H100-SXM-80GB --model path/to/config.json --tensor 4 --batch 32 --context 2000
     kvsim kernel --check            # the model's error on the public kernel corpus, per backend and GPU
+    kvsim kernel --check --readings mine.csv   # ... on your own kernel readings, row by row
 """
 
 from __future__ import annotations
@@ -34,7 +35,15 @@ the mean and largest utilisation error (points) on rows measured at >= 40 % of p
 of those are more than 5 points off, then each backend's held-out rows against issue 23's targets. Rows
 timed around an eager library call (corpus column timing = eager-wrapper) are compared with the model's
 time raised to their source's host floor (the median of its smallest-batch fit rows, printed); the
-floor is the measurement's, never part of the kernel model the simulator runs."""
+floor is the measurement's, never part of the kernel model the simulator runs.
+
+--check --readings FILE compares the built-in backends with your own readings instead: a CSV with the
+columns gpu_preset (a kvsim GPU preset), backend (a built-in backend), batch, context (KV tokens per
+sequence), query_heads, kv_heads, head_dim (the heads of one GPU's launch), dtype, page_size (tokens;
+for contiguous KV the context) and time_us (one launch of `layers` layers, the kernel alone: a CUDA
+graph or a profiler's kernel rows), and optionally layers (default 1), attention (gqa or mla; default
+gqa), l2 and note. It prints each reading beside the model's time and utilisation, then the error
+table and the targets as above, every reading counted as held out."""
 
 
 
@@ -63,7 +72,10 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object (--check: one per error row)")
     p.add_argument("--check", action="store_true", help="print the model's error on the public kernel corpus "
                                                        "per backend and GPU (fit and held-out rows apart)")
-    p.add_argument("--corpus", help="with --check: a corpus CSV of the same columns instead of the built-in one")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--corpus", help="with --check: a corpus CSV of the same columns instead of the built-in one")
+    src.add_argument("--readings", help="with --check: your own kernel readings (a CSV of the columns above), "
+                                        "each printed beside the model's prediction")
     p.set_defaults(func=handle)
 
 
@@ -152,7 +164,53 @@ def check(corpus: str | None, as_json: bool) -> int:
     return 0
 
 
+def check_readings(path: str, as_json: bool) -> int:
+    """``kvsim kernel --check --readings FILE``: each of a user's readings beside the model, then the error table."""
+    from kvsim.timing.kernel import builtin_backends, load_backend
+    from kvsim.timing.kernel_corpus import error_table, load_readings, predict, profile_for, target_verdict
+
+    profiles = {b: load_backend(b) for b in builtin_backends()}
+    points = load_readings(path, profiles)
+    per_row = []
+    for p in points:
+        t, u_pred, u_meas = predict(p, profile_for(p, profiles))
+        per_row.append({"row": p.row, "gpu": p.gpu_preset, "backend": p.backend, "batch": p.batch,
+                        "context": p.context, "query_heads": p.query_heads, "kv_heads": p.kv_heads,
+                        "head_dim": p.head_dim, "dtype": p.dtype, "page_size": p.page_size, "layers": p.layers,
+                        "measured_s": p.time_s, "predicted_s": t, "error": t / p.time_s - 1.0,
+                        "measured_utilisation": u_meas, "predicted_utilisation": u_pred})
+    if as_json:
+        for r in per_row:
+            print(json.dumps(r))
+        return 0
+    print(f"kernel readings {path}: {len(points)} rows, each compared with the built-in backend it names "
+          f"(error = predicted / measured - 1; utilisation = KV bytes / time / peak HBM bandwidth)")
+    print(f"  {'row':>4s} {'backend':22s} {'gpu':14s} {'batch':>6s} {'context':>8s} {'heads q/kv':>10s} {'page':>6s} "
+          f"{'measured us':>12s} {'model us':>10s} {'error':>8s} {'util meas/model':>16s}")
+    for r in per_row:
+        print(f"  {r['row']:4d} {r['backend']:22s} {r['gpu']:14s} {r['batch']:6d} {r['context']:8d} "
+              f"{r['query_heads']:>4d}/{r['kv_heads']:<5d} {r['page_size']:6d} {r['measured_s'] * 1e6:12.2f} "
+              f"{r['predicted_s'] * 1e6:10.2f} {r['error']:+8.1%} "
+              f"{r['measured_utilisation']:7.1%}/{r['predicted_utilisation']:<7.1%}")
+    rows = error_table(points, profiles)
+    print(f"  {'backend':22s} {'gpu':14s} {'rows':>5s} {'mean err':>9s} {'max err':>8s} {'rows>=40%':>9s} "
+          f"{'util err mean/max':>18s} {'>5 pts':>6s}")
+    for r in rows:
+        u = "-" if r.util_points == 0 else f"{r.util_mean_abs * 100:.1f}/{r.util_max_abs * 100:.1f} pts"
+        print(f"  {r.backend:22s} {r.gpu:14s} {r.points:5d} {r.mape:9.1%} {r.max_rel:8.1%} {r.util_points:9d} "
+              f"{u:>18s} {r.util_misses:6d}")
+    print("issue 23's held-out targets (time error <= 15 % with >= 20 rows; utilisation within 5 pts at >= 40 %):")
+    for r in rows:
+        if r.gpu == "all":
+            print(f"  {r.backend:22s} {target_verdict(r)}")
+    return 0
+
+
 def handle(args: argparse.Namespace) -> int:
+    if args.readings is not None:
+        if not args.check:
+            raise ConfigError("--readings needs --check (kvsim kernel --check --readings FILE)")
+        return check_readings(args.readings, args.json)
     if args.check:
         return check(args.corpus, args.json)
     for flag in ("gpu", "model", "batch", "context"):

@@ -85,46 +85,86 @@ def _field(rec: dict, key: str, where: str):
 
 def parse_rows(lines, where: str) -> list[KernelPoint]:
     """Rows of a corpus CSV; a missing or malformed field stops with one line naming file, row and key."""
-    from kvsim.hw import KV_DTYPES
-
     reader = csv.DictReader(lines)
     missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
     if missing:
         raise ConfigError(f"{where}: key '{missing[0]}' is missing from the header; columns: {', '.join(COLUMNS)}")
+    return [_point({k: _field(rec, k, f"{where} row {i}") for k in COLUMNS}, f"{where} row {i}", i)
+            for i, rec in enumerate(reader, start=2)]
+
+
+def _point(vals: dict, at: str, row: int) -> KernelPoint:
+    """One validated row (every COLUMNS key given as text); errors name ``at`` (file and row) and the key."""
+    from kvsim.hw import KV_DTYPES
+
+    ints = {}
+    for k in INT_FIELDS:
+        try:
+            ints[k] = int(vals[k])
+        except ValueError:
+            raise ConfigError(f"{at}: key '{k}' must be a whole number, got {vals[k]!r}") from None
+        if ints[k] < 1:
+            raise ConfigError(f"{at}: key '{k}' must be >= 1, got {ints[k]}")
+    try:
+        t_us = float(vals["time_us"])
+    except ValueError:
+        raise ConfigError(f"{at}: key 'time_us' must be a number, got {vals['time_us']!r}") from None
+    if not math.isfinite(t_us) or t_us <= 0:
+        raise ConfigError(f"{at}: key 'time_us' must be > 0, got {vals['time_us']!r}")
+    bu = None
+    if vals["bandwidth_util"] != "na":
+        try:
+            bu = float(vals["bandwidth_util"])
+        except ValueError:
+            raise ConfigError(f"{at}: key 'bandwidth_util' must be a fraction or 'na', "
+                              f"got {vals['bandwidth_util']!r}") from None
+    for key, choices in (("split", SPLITS), ("reading", READINGS), ("l2", L2_STATES), ("attention", ATTENTION),
+                         ("dtype", tuple(KV_DTYPES)), ("timing", TIMINGS)):
+        if vals[key] not in choices:
+            raise ConfigError(f"{at}: key '{key}' must be one of {format_choices(choices)}, got {vals[key]!r}")
+    return KernelPoint(vals["source_id"], vals["source_url"], vals["gpu"], vals["gpu_preset"],
+                       vals["backend"], ints["batch"], ints["context"], ints["query_heads"],
+                       ints["kv_heads"], ints["head_dim"], vals["attention"], vals["dtype"],
+                       ints["page_size"],
+                       ints["layers"], t_us * 1e-6, bu, vals["reading"], vals["split"], row, vals["timing"])
+
+
+# A user's own readings (``kvsim kernel --check --readings FILE``): the launch and its time only; every row is
+# held out (no fit reads it) and timed as the kernel alone (a CUDA graph or a profiler's kernel rows)
+READING_COLUMNS = ("gpu_preset", "backend", "batch", "context", "query_heads", "kv_heads", "head_dim", "dtype",
+                   "page_size", "time_us")
+READING_OPTIONAL = {"layers": "1", "attention": "gqa", "l2": "unknown", "note": ""}
+
+
+def load_readings(path: str | Path, backends) -> list[KernelPoint]:
+    """A CSV of READING_COLUMNS (and optionally READING_OPTIONAL's) as held-out corpus points of source ``path``;
+    a GPU that is not a kvsim preset or a backend not in ``backends`` is refused (one line, file, row, key)."""
+    from kvsim.hw import GPUS
+
+    p = Path(path)
+    try:
+        lines = p.read_text().splitlines()
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read kernel readings ({e.strerror})") from None
+    reader = csv.DictReader(lines)
+    missing = [c for c in READING_COLUMNS if c not in (reader.fieldnames or [])]
+    if missing:
+        raise ConfigError(f"{p}: key '{missing[0]}' is missing from the header; columns: "
+                          f"{', '.join(READING_COLUMNS)} (optional: {', '.join(READING_OPTIONAL)})")
     out = []
     for i, rec in enumerate(reader, start=2):
-        at = f"{where} row {i}"
-        vals = {k: _field(rec, k, at) for k in COLUMNS}
-        ints = {}
-        for k in INT_FIELDS:
-            try:
-                ints[k] = int(vals[k])
-            except ValueError:
-                raise ConfigError(f"{at}: key '{k}' must be a whole number, got {vals[k]!r}") from None
-            if ints[k] < 1:
-                raise ConfigError(f"{at}: key '{k}' must be >= 1, got {ints[k]}")
-        try:
-            t_us = float(vals["time_us"])
-        except ValueError:
-            raise ConfigError(f"{at}: key 'time_us' must be a number, got {vals['time_us']!r}") from None
-        if not math.isfinite(t_us) or t_us <= 0:
-            raise ConfigError(f"{at}: key 'time_us' must be > 0, got {vals['time_us']!r}")
-        bu = None
-        if vals["bandwidth_util"] != "na":
-            try:
-                bu = float(vals["bandwidth_util"])
-            except ValueError:
-                raise ConfigError(f"{at}: key 'bandwidth_util' must be a fraction or 'na', "
-                                  f"got {vals['bandwidth_util']!r}") from None
-        for key, choices in (("split", SPLITS), ("reading", READINGS), ("l2", L2_STATES), ("attention", ATTENTION),
-                             ("dtype", tuple(KV_DTYPES)), ("timing", TIMINGS)):
-            if vals[key] not in choices:
-                raise ConfigError(f"{at}: key '{key}' must be one of {format_choices(choices)}, got {vals[key]!r}")
-        out.append(KernelPoint(vals["source_id"], vals["source_url"], vals["gpu"], vals["gpu_preset"],
-                               vals["backend"], ints["batch"], ints["context"], ints["query_heads"],
-                               ints["kv_heads"], ints["head_dim"], vals["attention"], vals["dtype"],
-                               ints["page_size"],
-                               ints["layers"], t_us * 1e-6, bu, vals["reading"], vals["split"], i, vals["timing"]))
+        at = f"{p} row {i}"
+        vals = {k: _field(rec, k, at) for k in READING_COLUMNS}
+        vals |= {k: (rec.get(k) or d).strip() for k, d in READING_OPTIONAL.items()}
+        if vals["gpu_preset"] not in GPUS:
+            raise ConfigError(f"{at}: key 'gpu_preset' must be one of {format_choices(GPUS)}, got {vals['gpu_preset']!r}")
+        if vals["backend"] not in backends:
+            raise ConfigError(f"{at}: key 'backend' must be one of {format_choices(backends)}, got {vals['backend']!r}")
+        vals |= {"source_id": p.name, "source_url": "none", "gpu": vals["gpu_preset"], "bandwidth_util": "na",
+                 "reading": "text", "split": "holdout", "timing": "kernel"}
+        out.append(_point(vals, at, i))
+    if not out:
+        raise ConfigError(f"{p}: no readings (a header and at least one row are needed)")
     return out
 
 

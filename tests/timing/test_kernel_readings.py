@@ -1,0 +1,72 @@
+"""``kvsim kernel --check --readings FILE``: a user's own kernel readings beside the model, row by row, every
+row held out; bad files refused in one line (docs/kernel_model.md, "Your own readings")."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvsim.cli import main
+from kvsim.timing.kernel import builtin_backends, load_backend
+from kvsim.timing.kernel_corpus import load_corpus, predict, profile_for
+
+HEADER = "gpu_preset,backend,batch,context,query_heads,kv_heads,head_dim,dtype,page_size,time_us"
+
+
+def _corpus_rows(source_id: str) -> list:
+    return [p for p in load_corpus() if p.source_id == source_id]
+
+
+def _as_readings(points) -> str:
+    lines = [HEADER + ",layers"]
+    for p in points:
+        lines.append(f"{p.gpu_preset},{p.backend},{p.batch},{p.context},{p.query_heads},{p.kv_heads},{p.head_dim},"
+                     f"{p.dtype},{p.page_size},{p.time_s * 1e6!r},{p.layers}")
+    return "\n".join(lines) + "\n"
+
+
+def test_readings_are_each_compared_with_the_model_as_the_corpus_rows_are(tmp_path, capsys):
+    pts = _corpus_rows("onnxruntime-pr-21414-fa2")  # the H100 source held out whole
+    f = tmp_path / "mine.csv"
+    f.write_text(_as_readings(pts))
+    assert main(["kernel", "--check", "--readings", str(f), "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    profiles = {b: load_backend(b) for b in builtin_backends()}
+    assert len(rows) == len(pts) == 10
+    for r, p in zip(rows, pts):
+        t, u_pred, u_meas = predict(p, profile_for(p, profiles))
+        assert r["predicted_s"] == pytest.approx(t, rel=1e-12) and r["measured_s"] == pytest.approx(p.time_s)
+        assert r["error"] == pytest.approx(t / p.time_s - 1, rel=1e-9)
+        assert r["predicted_utilisation"] == pytest.approx(u_pred) and r["measured_utilisation"] == pytest.approx(u_meas)
+    # the text form prints every row and the table of the held-out rows with the targets
+    assert main(["kernel", "--check", "--readings", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "10 rows" in out and out.count("H100-SXM-80GB") >= 11
+    assert "10 held-out rows (< 20): target not claimed" in out
+
+
+@pytest.mark.parametrize("text, key", [
+    (HEADER.replace(",time_us", "") + "\nH100-SXM-80GB,flashinfer-paged,8,1024,32,8,128,fp16,16\n", "time_us"),
+    (HEADER + "\nH300,flashinfer-paged,8,1024,32,8,128,fp16,16,50\n", "gpu_preset"),
+    (HEADER + "\nH100-SXM-80GB,flashdecoding,8,1024,32,8,128,fp16,16,50\n", "backend"),
+    (HEADER + "\nH100-SXM-80GB,flashinfer-paged,8,1024,32,8,128,fp16,16,-1\n", "time_us"),
+    (HEADER + "\nH100-SXM-80GB,flashinfer-paged,8,,32,8,128,fp16,16,50\n", "context"),
+    (HEADER + "\nH100-SXM-80GB,flashinfer-paged,8,1024,32,8,128,fp13,16,50\n", "dtype"),
+])
+def test_a_bad_reading_is_refused_in_one_line_naming_the_file_and_key(tmp_path, capsys, text, key):
+    f = tmp_path / "mine.csv"
+    f.write_text(text)
+    assert main(["kernel", "--check", "--readings", str(f)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "mine.csv" in err[0] and f"'{key}'" in err[0]
+
+
+def test_readings_need_check_and_rows(tmp_path, capsys):
+    f = tmp_path / "mine.csv"
+    f.write_text(HEADER + "\n")
+    assert main(["kernel", "--check", "--readings", str(f)]) == 2
+    assert "no readings" in capsys.readouterr().err
+    assert main(["kernel", "--readings", str(f)]) == 2
+    assert "--readings needs --check" in capsys.readouterr().err
+    assert main(["kernel", "--check", "--readings", str(tmp_path / "absent.csv")]) == 2

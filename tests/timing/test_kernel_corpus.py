@@ -159,11 +159,14 @@ def test_check_prints_every_backend_and_split(capsys):
     for backend in ("flashattention-paged", "vllm-paged-v1", "vllm-paged-v2", "flashinfer-paged", "flashmla"):
         assert backend in out
     assert "holdout" in out and "fit" in out and "not evaluated" in out
-    verdicts = out.split("issue 23's held-out targets")[1].splitlines()[1:]
+    verdicts = out.split("issue 23's held-out targets")[1].split("of these, the sources")[0].splitlines()[1:]
     assert len(verdicts) == len(builtin_backends())
     assert any(line.split()[0] == "contiguous" and "1 held-out rows" in line for line in verdicts)
     assert any(line.split()[0] == "vllm-paged-v1" and "target not claimed" in line for line in verdicts)
     assert any(line.split()[0] == "flashinfer-paged" and "(met)" in line for line in verdicts)
+    whole = out.split("the sources held out whole")[1].splitlines()[1:]
+    assert any(line.split()[:3] == ["flashattention-paged", "H100-SXM-80GB", "10"] and "42.7% mean" in line
+               for line in whole)
 
 
 def test_written_constants_read_back_as_numbers():

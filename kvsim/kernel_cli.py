@@ -132,7 +132,7 @@ def check(corpus: str | None, as_json: bool) -> int:
     import math
 
     from kvsim.timing.kernel import builtin_backends, load_backend
-    from kvsim.timing.kernel_corpus import (BUILTIN, HELD_OUT_SOURCES, corpus_summary, error_table, evaluable,
+    from kvsim.timing.kernel_corpus import (BUILTIN, corpus_summary, error_table, evaluable, held_out_whole,
                                             host_floors, load_corpus, target_verdict)
 
     points = load_corpus(corpus)
@@ -162,7 +162,7 @@ def check(corpus: str | None, as_json: bool) -> int:
     for b in sorted(profiles):
         print(f"  {b:22s} " + (target_verdict(held[b]) if b in held else
                                "0 held-out rows on a kvsim GPU preset: target not claimed"))
-    whole = [p for p in points if p.source_id in HELD_OUT_SOURCES]
+    whole = [p for p in points if held_out_whole(p.source_id, p.backend)]
     if whole:
         print("of these, the sources held out whole (added after the fit; docs/kernel_model.md, \"Whole sources "
               "held out\"):")

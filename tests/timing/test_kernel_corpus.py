@@ -25,26 +25,30 @@ def test_corpus_is_complete_and_large_enough():
     on_presets = [p for p in pts if p.gpu_preset in GPUS]
     assert len(on_presets) >= 150
     assert {p.split for p in pts} == {"fit", "holdout"}
-    assert all(p.reading == "text" for p in pts)  # no number read off a figure
+    # every number printed as text, but FlashInfer's launch-post figures, digitised with a stated reading error
+    # (bench/digitise_flashinfer_blog.py); none of those is an hour's guess: each row names its error
+    figure = [p for p in pts if p.reading != "text"]
+    assert {p.reading for p in figure} == {"figure"}
+    assert {p.source_id for p in figure} == {"flashinfer-blog-2024-batch-decode", "flashinfer-blog-2024-batch-gqa"}
     lines = CSV.read_text().splitlines()
     assert lines[0].split(",") == list(COLUMNS)
     assert len(lines) == len(pts) + 1
 
 
 def test_split_holds_out_every_third_row_of_each_source_and_backend():
-    from kvsim.timing.kernel_corpus import HELD_OUT_SOURCES
+    from kvsim.timing.kernel_corpus import HELD_OUT_GROUPS, HELD_OUT_SOURCES, held_out_whole
 
     groups: dict = {}
     corpus = load_corpus()
     for p in corpus:
         groups.setdefault((p.source_id, p.backend), []).append(p)
-    for (source, _), rows in groups.items():
+    for (source, backend), rows in groups.items():
         rows.sort(key=lambda p: (p.batch, p.context, p.page_size, p.dtype))
-        if source in HELD_OUT_SOURCES:  # added after the fit: held out whole
+        if held_out_whole(source, backend):  # added after the fit, or not identifying its profile: held out whole
             assert {p.split for p in rows} == {"holdout"}
         else:
             assert [p.split for p in rows] == ["holdout" if i % 3 == 2 else "fit" for i in range(len(rows))]
-    assert HELD_OUT_SOURCES <= {p.source_id for p in corpus}
+    assert HELD_OUT_SOURCES <= {p.source_id for p in corpus} and HELD_OUT_GROUPS <= set(groups)
 
 
 def test_a_row_with_a_missing_field_is_refused_naming_file_row_and_key(tmp_path, capsys):
@@ -110,7 +114,7 @@ def _fit_errors(backend: str) -> np.ndarray:
                      for p in corpus if p.split == "fit" and p.backend == backend and p.gpu_preset in GPUS])
 
 
-@pytest.mark.parametrize("backend, rows", [("flashattention-paged", 100), ("flashinfer-paged", 136)])
+@pytest.mark.parametrize("backend, rows", [("flashattention-paged", 100), ("flashinfer-paged", 143)])
 def test_backends_with_20_heldout_rows_meet_the_issues_targets(backend, rows):
     # issue 23: held-out error <= 15 % of kernel time for a backend with >= 20 held-out rows, and
     # within 5 points of utilisation at >= 40 % measured utilisation (mean over those rows; the rows
@@ -124,7 +128,7 @@ def test_backends_with_20_heldout_rows_meet_the_issues_targets(backend, rows):
     assert len(util) >= 0.9 * rows and util.mean() <= 0.05
 
 
-@pytest.mark.parametrize("backend, rows", [("vllm-paged-v1", 1), ("vllm-paged-v2", 1), ("flashmla", 2)])
+@pytest.mark.parametrize("backend, rows", [("vllm-paged-v1", 1), ("flashmla", 2)])
 def test_small_backends_heldout_rows_generalise_like_their_fit_rows(backend, rows):
     # below the issue's 20-row floor (errors printed by `kvsim kernel --check`, stated in
     # docs/kernel_model.md); the check that remains: held-out rows are predicted about as well as the
@@ -229,22 +233,82 @@ def test_a_bad_timing_value_is_refused():
 
 def test_whole_sources_held_out_are_reported_per_gpu():
     # the figures docs/kernel_model.md, "Whole sources held out (twenty-fifth session)", quotes: the shipped
-    # profiles against the ten sources added after the fit (never read by it)
-    from kvsim.timing.kernel_corpus import HELD_OUT_SOURCES, evaluable, predict
+    # profiles against the sources (and source-backend groups) added after the fit and never read by it
+    from kvsim.timing.kernel_corpus import evaluable, held_out_whole, predict
 
     profiles = {b: load_backend(b) for b in builtin_backends()}
     corpus = load_corpus()
     err: dict = {}
     for p in evaluable(corpus, profiles):
-        if p.source_id in HELD_OUT_SOURCES:
-            err.setdefault(p.source_id, []).append((p.time_s, predict(p, profile_for(p, profiles))[0] / p.time_s - 1))
-    assert set(err) == {"onnxruntime-pr-21414-fa2", "tileops-nightly-2026-08-22", "tileops-pr-1930", "tileops-pr-2084"}
-    ort = np.array([e for _, e in err["onnxruntime-pr-21414-fa2"]])
-    assert len(ort) == 10 and np.abs(ort).mean() == pytest.approx(0.427, abs=5e-4)
-    assert sorted(round(e, 3) for t, e in err["onnxruntime-pr-21414-fa2"] if t >= 100e-6) == [0.036, 0.072]
-    tile = err["tileops-nightly-2026-08-22"]
-    assert len(tile) == 12 and np.abs([e for _, e in tile]).mean() == pytest.approx(0.473, abs=5e-4)
-    big = [e for t, e in tile if t >= 100e-6]
-    assert len(big) == 8 and max(big) < 0 and np.abs(big).mean() == pytest.approx(0.400, abs=5e-4)
-    assert err["tileops-pr-1930"][0][1] == pytest.approx(1.301, abs=5e-4)
-    assert err["tileops-pr-2084"][0][1] == pytest.approx(0.308, abs=5e-4)
+        if held_out_whole(p.source_id, p.backend):
+            err.setdefault((p.source_id, p.backend), []).append(
+                (p.time_s, predict(p, profile_for(p, profiles))[0] / p.time_s - 1))
+    assert set(err) == {("onnxruntime-pr-21414-fa2", "flashattention-paged"),
+                        ("tileops-nightly-2026-08-22", "flashinfer-paged"), ("tileops-pr-1930", "flashinfer-paged"),
+                        ("tileops-pr-2084", "contiguous"), ("flashinfer-blog-2024-batch-decode", "vllm-paged-v2"),
+                        ("flashinfer-blog-2024-batch-gqa", "vllm-paged-v2")}
+
+    def mean_abs(key, rows):
+        e = np.array([e for _, e in err[key]])
+        assert len(e) == rows
+        return np.abs(e).mean()
+
+    assert mean_abs(("onnxruntime-pr-21414-fa2", "flashattention-paged"), 10) == pytest.approx(0.427, abs=5e-4)
+    assert sorted(round(e, 3) for t, e in err[("onnxruntime-pr-21414-fa2", "flashattention-paged")]
+                  if t >= 100e-6) == [0.036, 0.072]
+    tile = ("tileops-nightly-2026-08-22", "flashinfer-paged")
+    assert mean_abs(tile, 8) == pytest.approx(0.357, abs=5e-4)
+    big = [e for t, e in err[tile] if t >= 100e-6]  # the group-4 launches of 200-500 us: predicted fast
+    assert len(big) == 4 and max(big) < 0 and np.abs(big).mean() == pytest.approx(0.297, abs=5e-4)
+    assert err[("tileops-pr-1930", "flashinfer-paged")][0][1] == pytest.approx(0.932, abs=5e-4)
+    assert err[("tileops-pr-2084", "contiguous")][0][1] == pytest.approx(0.308, abs=5e-4)
+    # vLLM 0.2.6's PagedAttention v2 beside FlashInfer on an H100: the profile is slow by far (issue 23's
+    # target for vllm-paged-v2 is not met; docs/kernel_model.md says why it is not refitted)
+    v2 = err[("flashinfer-blog-2024-batch-decode", "vllm-paged-v2")] + err[("flashinfer-blog-2024-batch-gqa", "vllm-paged-v2")]
+    assert len(v2) == 31 and np.median([e for _, e in v2]) > 0.6
+    assert mean_abs(("flashinfer-blog-2024-batch-decode", "vllm-paged-v2"), 26) == pytest.approx(0.747, abs=5e-4)
+
+
+def test_flashinfer_refit_on_the_launch_post_rows_keeps_the_a100_rows():
+    # the post's H100 FlashInfer rows, split by the every-third rule, entered the flashinfer-paged fit: the
+    # held-out H100 rows are within 15 % on the mean, and the A100 rows (Vidur's profile) are no worse than
+    # before the refit (5.1 % held out)
+    rel = {}
+    profiles = {b: load_backend(b) for b in builtin_backends()}
+    for p in load_corpus():
+        if p.backend == "flashinfer-paged" and p.gpu_preset in ("H100-SXM-80GB", "A100-80GB") and p.split == "holdout":
+            rel.setdefault(p.gpu_preset, []).append(p)
+    from kvsim.timing.kernel_corpus import as_measured, host_floors, predict
+
+    floors = host_floors(load_corpus())
+    err = {g: np.array([abs(as_measured(p, predict(p, profiles[p.backend])[0], floors) / p.time_s - 1) for p in ps])
+           for g, ps in rel.items()}
+    assert len(err["H100-SXM-80GB"]) == 11 and err["H100-SXM-80GB"].mean() <= 0.15
+    assert len(err["A100-80GB"]) == 123 and err["A100-80GB"].mean() <= 0.051
+
+
+def test_the_digitised_rows_are_the_script_s_derivation_of_their_utilisation():
+    # FlashInfer's launch post prints utilisation, not time: each digitised row's time is
+    # (KV + query bytes) / (utilisation x the post's bandwidth), which bench/digitise_flashinfer_blog.py
+    # writes; recomputed here from the row's own fields, and the script's rows parse as corpus rows
+    from tests.helpers import load_bench
+    from kvsim.timing.kernel_corpus import parse_rows
+
+    script = load_bench("digitise_flashinfer_blog")
+    rows = [p for p in load_corpus() if p.reading == "figure"]
+    assert len(rows) == 134
+    for p in rows:
+        kv = p.batch * p.context * 2 * p.kv_heads * p.head_dim * 2
+        q = p.batch * p.query_heads * p.head_dim * 2
+        assert p.time_s == pytest.approx((kv + q) / (p.bandwidth_util * script.BW[p.gpu]), rel=2e-3)
+    row = script._row("x", "Figure 6", "c", "H100 SXM 80GB", "flashinfer-paged", "v", 16, 1024, 32, 32, 75.9, 1.0, "n")
+    import csv
+    import io
+
+    out = io.StringIO()
+    w = csv.DictWriter(out, fieldnames=script.COLUMNS, lineterminator="\n")
+    w.writeheader()
+    w.writerow(row)
+    (pt,) = parse_rows(out.getvalue().splitlines(), "x.csv")
+    assert pt.reading == "figure" and pt.split == "holdout" and pt.time_s == pytest.approx(105.56e-6, rel=1e-3)
+    assert script.main([]) == 2

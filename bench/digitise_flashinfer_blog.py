@@ -31,7 +31,7 @@ import numpy as np
 SOURCE_URL = "https://flashinfer.ai/2024/02/02/introduce-flashinfer.html"
 REPO = "flashinfer-ai/flashinfer-ai.github.io"
 BW = {"H100 SXM 80GB": 3352e9, "A100 PCIe 80GB": 1935e9}  # the post's "Memory bandwidth (GB/s)" row
-PRESET = {"H100 SXM 80GB": "H100-SXM-80GB", "A100 PCIe 80GB": "none"}  # no A100 PCIe preset in kvsim
+PRESET = {"H100 SXM 80GB": "H100-SXM-80GB", "A100 PCIe 80GB": "A100-PCIe-80GB"}
 RED, BLUE, GREEN = (228, 26, 28), (55, 126, 184), (77, 175, 74)
 COLUMNS = ("source_id", "source", "source_url", "source_commit", "source_date", "gpu", "gpu_preset", "backend",
            "backend_version", "batch", "context", "query_heads", "kv_heads", "head_dim", "attention", "dtype",

@@ -323,6 +323,11 @@ GPUS: dict[str, GPUSpec] = {
         GPUSpec("A100-80GB", 80 * GiB, 2.039e12, 312e12, source="NVIDIA A100 datasheet (SXM4 80GB); 108 SMs: "
                 "NVIDIA A100 Tensor Core GPU Architecture whitepaper", num_sms=108, host_link="pcie-gen4-x16",
                 **_NVLINK3),
+        GPUSpec("A100-PCIe-80GB", 80 * GiB, 1.935e12, 312e12, source="NVIDIA A100 datasheet (80GB PCIe column): "
+                "1,935 GB/s HBM2e, BF16 312 TFLOPS dense, PCIe Gen4 64 GB/s (both directions); FlashInfer's launch "
+                "post prints the same 1,935 GB/s; 108 SMs: NVIDIA A100 Tensor Core GPU Architecture whitepaper",
+                num_sms=108, interconnect="PCIe Gen4 x16", interconnect_bandwidth_bytes_per_s=32e9,
+                host_link="pcie-gen4-x16"),
         GPUSpec("H100-SXM-80GB", 80 * GiB, 3.35e12, 989e12, source="NVIDIA H100 datasheet (SXM5); 132 SMs: "
                 "NVIDIA H100 Tensor Core GPU Architecture whitepaper", num_sms=132, host_link="pcie-gen5-x16",
                 **_NVLINK4),

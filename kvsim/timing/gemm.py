@@ -56,6 +56,7 @@ INT_PARAMS = ("tile_m_tokens", "tile_n", "num_sms")
 PROFILE_FOR_GPU = {
     "A100-80GB": "a100",
     "A100-40GB": "a100",  # same GA100 die and tensor cores; its own (lower) HBM bandwidth
+    "A100-PCIe-80GB": "a100",  # the same, as a PCIe card (its own 1,935 GB/s)
     "H100-SXM-80GB": "h100",
     "H200-141GB": "h100",  # same GH100 die, same 989 TFLOP/s; its own 4.8 TB/s HBM3e
     "A40": "a40",

@@ -114,7 +114,7 @@ def _fit_errors(backend: str) -> np.ndarray:
                      for p in corpus if p.split == "fit" and p.backend == backend and p.gpu_preset in GPUS])
 
 
-@pytest.mark.parametrize("backend, rows", [("flashattention-paged", 100), ("flashinfer-paged", 143)])
+@pytest.mark.parametrize("backend, rows", [("flashattention-paged", 100), ("flashinfer-paged", 152)])
 def test_backends_with_20_heldout_rows_meet_the_issues_targets(backend, rows):
     # issue 23: held-out error <= 15 % of kernel time for a backend with >= 20 held-out rows, and
     # within 5 points of utilisation at >= 40 % measured utilisation (mean over those rows; the rows
@@ -257,16 +257,16 @@ def test_whole_sources_held_out_are_reported_per_gpu():
     assert sorted(round(e, 3) for t, e in err[("onnxruntime-pr-21414-fa2", "flashattention-paged")]
                   if t >= 100e-6) == [0.036, 0.072]
     tile = ("tileops-nightly-2026-08-22", "flashinfer-paged")
-    assert mean_abs(tile, 8) == pytest.approx(0.357, abs=5e-4)
+    assert mean_abs(tile, 8) == pytest.approx(0.391, abs=5e-4)
     big = [e for t, e in err[tile] if t >= 100e-6]  # the group-4 launches of 200-500 us: predicted fast
-    assert len(big) == 4 and max(big) < 0 and np.abs(big).mean() == pytest.approx(0.297, abs=5e-4)
-    assert err[("tileops-pr-1930", "flashinfer-paged")][0][1] == pytest.approx(0.932, abs=5e-4)
+    assert len(big) == 4 and max(big) < 0 and np.abs(big).mean() == pytest.approx(0.299, abs=5e-4)
+    assert err[("tileops-pr-1930", "flashinfer-paged")][0][1] == pytest.approx(1.040, abs=5e-4)
     assert err[("tileops-pr-2084", "contiguous")][0][1] == pytest.approx(0.308, abs=5e-4)
-    # vLLM 0.2.6's PagedAttention v2 beside FlashInfer on an H100: the profile is slow by far (issue 23's
-    # target for vllm-paged-v2 is not met; docs/kernel_model.md says why it is not refitted)
+    # vLLM 0.2.6's PagedAttention v2 beside FlashInfer on an H100 and an A100 PCIe: the profile is slow by
+    # far (issue 23's target for vllm-paged-v2 is not met; docs/kernel_model.md says why it is not refitted)
     v2 = err[("flashinfer-blog-2024-batch-decode", "vllm-paged-v2")] + err[("flashinfer-blog-2024-batch-gqa", "vllm-paged-v2")]
-    assert len(v2) == 31 and np.median([e for _, e in v2]) > 0.6
-    assert mean_abs(("flashinfer-blog-2024-batch-decode", "vllm-paged-v2"), 26) == pytest.approx(0.747, abs=5e-4)
+    assert len(v2) == 62 and np.median([e for _, e in v2]) > 0.3
+    assert mean_abs(("flashinfer-blog-2024-batch-decode", "vllm-paged-v2"), 52) == pytest.approx(0.582, abs=5e-4)
 
 
 def test_flashinfer_refit_on_the_launch_post_rows_keeps_the_a100_rows():

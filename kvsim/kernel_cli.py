@@ -162,7 +162,7 @@ def check(corpus: str | None, as_json: bool) -> int:
     for b in sorted(profiles):
         print(f"  {b:22s} " + (target_verdict(held[b]) if b in held else
                                "0 held-out rows on a kvsim GPU preset: target not claimed"))
-    whole = [p for p in points if held_out_whole(p.source_id, p.backend)]
+    whole = [p for p in points if held_out_whole(p.source_id)]
     if whole:
         print("of these, the sources held out whole (added after the fit; docs/kernel_model.md, \"Whole sources "
               "held out\"):")

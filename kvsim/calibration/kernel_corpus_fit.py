@@ -13,8 +13,10 @@ the profile's constants. ``ctas_per_sm`` (rounds of
 resident work units) is not searched: each start holds a value, and the first start within TIE of the
 best is kept (docs/kernel_model.md, "How the constants are fitted"). Search: coordinate descent in
 multiplicative steps (numpy only; every step is a full re-evaluation, so it is slow but exact and
-deterministic). Families share their constants: vLLM's v1 and v2 kernels are one code base (v2 =
-v1 + 512-token partitions + a reduction), so they are fitted together.
+deterministic). A family's backends share its constants. vLLM's v1 and v2 kernels are one code base
+(v2 = v1 + 512-token partitions + a reduction) but separate families: v1 (the profile the vLLM paper's
+studies run) is fitted on vLLM's own benchmark threads, v2 on its own rows, which include FlashInfer's
+launch post (vLLM 0.2.6 on H100 and A100 PCIe), and takes v1's per-page cost (its rows are all page 16).
 """
 
 from __future__ import annotations
@@ -22,10 +24,15 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-# Per family, the constants fitted (the others keep the profile's sourced values). vLLM's kernels keep
-# the saturation constants of the Vidur A100 fit (no MHA row of theirs is in the corpus: fitting the
-# bandwidth cap on GQA rows alone would move every MHA run); their GQA re-reads are fitted instead.
-FITTED = {"vllm-paged": ("launch_overhead_s", "unit_overhead_s", "page_overhead_s", "overlap", "query_head_reads"),
+# Per family, the constants fitted (the others keep the profile's sourced values). PagedAttention v1
+# borrows the saturation constants of the FlashAttention fit (its 12 rows are GQA launches on one GPU:
+# fitting the bandwidth cap on them would move every MHA run); its GQA re-reads are fitted instead.
+FITTED = {"vllm-paged-v1": ("launch_overhead_s", "unit_overhead_s", "page_overhead_s", "overlap", "query_head_reads"),
+          # PagedAttention v2 has rows of its own on three GPUs, MHA and GQA (FlashInfer's launch post, vLLM's
+          # threads), which fix its saturation; all at one page size, so they cannot fix a per-page cost,
+          # which it takes from the v1 fit (BORROWERS)
+          "vllm-paged-v2": ("launch_overhead_s", "unit_overhead_s", "overlap", "query_head_reads",
+                            "max_bandwidth_utilisation", "bytes_in_flight_per_unit"),
           "flashattention-paged": ("launch_overhead_s", "unit_overhead_s", "page_overhead_s",
                                    "max_bandwidth_utilisation", "units_per_sm_to_saturate", "overlap",
                                    "bytes_in_flight_per_unit"),
@@ -38,7 +45,13 @@ FITTED = {"vllm-paged": ("launch_overhead_s", "unit_overhead_s", "page_overhead_
           # one level, the bytes its work units keep in flight; the rest comes from the FlashAttention fit
           "flashmla": ("bytes_in_flight_per_unit",)}
 FAMILIES = {"flashattention-paged": ("flashattention-paged",), "flashinfer-paged": ("flashinfer-paged",),
-            "vllm-paged": ("vllm-paged-v1", "vllm-paged-v2"), "flashmla": ("flashmla",)}
+            "vllm-paged-v1": ("vllm-paged-v1",), "vllm-paged-v2": ("vllm-paged-v2",), "flashmla": ("flashmla",)}
+# Rows a family reads besides its own backends' (backend, sources): the v1 profile is fitted on vLLM's own
+# benchmark_paged_attention.py threads, which time v1 and v2 on the same launches (6 fit rows each), as
+# when the two were one family. Those rows are predicted with the family's own profile and constants,
+# partitioned as the other backend partitions (PARTITIONING): its own fitted constants never enter there.
+ALSO_READS = {"vllm-paged-v1": ("vllm-paged-v2", frozenset({"vllm-issue-1880", "vllm-pr-2744"}))}
+PARTITIONING = ("split_kv", "split_rule", "min_split_tokens")
 # Starts for the search: vLLM's per-page cost and GQA re-reads both grow with the pages read, and the
 # corpus' vLLM rows (all page 16, GQA groups of 7-8) cannot separate them (weighted MAPE 0.1422 with
 # re-reads vs 0.1419 with a 6x per-page cost and none). The re-read start is listed first and kept
@@ -51,7 +64,8 @@ ROUNDS = (1.0, 2.0, 3.0, 4.0)
 _SHARP = {"bytes_in_flight_per_unit": 0.0, "units_per_sm_to_saturate": 1.0, "hold": ("bytes_in_flight_per_unit",)}
 _ROUND_STARTS = (*({"overlap": 0.5, "ctas_per_sm": c} for c in ROUNDS),
                  *({"overlap": 0.5, "ctas_per_sm": c, **_SHARP} for c in ROUNDS))
-STARTS = {"vllm-paged": ({"query_head_reads": 0.25}, {"query_head_reads": 0.0}),
+STARTS = {"vllm-paged-v1": ({"query_head_reads": 0.25}, {"query_head_reads": 0.0}),
+          "vllm-paged-v2": ({"query_head_reads": 0.25}, {"query_head_reads": 0.0}),
           "flashattention-paged": ({"overlap": 0.0, "hold": ("overlap",)}, {"overlap": 0.0}, {"overlap": 0.5},
                                    *_ROUND_STARTS),
           "flashinfer-paged": ({"overlap": 0.5}, *_ROUND_STARTS)}
@@ -59,8 +73,11 @@ STARTS = {"vllm-paged": ({"query_head_reads": 0.25}, {"query_head_reads": 0.0}),
 # its own because the coordinate search from overlap 0 drifts into a worse local optimum)
 # Every search starts from the constants kvsim had before the corpus (the Vidur A100 fit and the
 # vLLM-paper page cost, docs/kernel_model.md), not from the files it writes: --write is repeatable.
-START_BASE = {"vllm-paged": dict(launch_overhead_s=4.6e-6, unit_overhead_s=3.5e-8, page_overhead_s=1.8e-9,
-                                 units_per_sm_to_saturate=2.37, overlap=0.0, query_head_reads=0.0),
+START_BASE = {"vllm-paged-v1": dict(launch_overhead_s=4.6e-6, unit_overhead_s=3.5e-8, page_overhead_s=1.8e-9,
+                                    units_per_sm_to_saturate=2.37, overlap=0.0, query_head_reads=0.0),
+              "vllm-paged-v2": dict(launch_overhead_s=4.6e-6, unit_overhead_s=3.5e-8, units_per_sm_to_saturate=2.37,
+                                    overlap=0.0, query_head_reads=0.0, max_bandwidth_utilisation=0.907,
+                                    bytes_in_flight_per_unit=2048.0),
               "flashattention-paged": dict(launch_overhead_s=4.6e-6, unit_overhead_s=3.5e-8, page_overhead_s=0.0,
                                            max_bandwidth_utilisation=0.907, units_per_sm_to_saturate=2.37,
                                            overlap=0.0, query_head_reads=0.0, bytes_in_flight_per_unit=2048.0,
@@ -72,14 +89,15 @@ START_BASE = {"vllm-paged": dict(launch_overhead_s=4.6e-6, unit_overhead_s=3.5e-
 # Profiles with too few corpus rows of their own to fit take a family's fitted time constants (never its
 # page cost): FlashInfer's decode kernel and FlashAttention over contiguous KV used the Vidur A100
 # FlashAttention fit before the corpus; they now use the corpus fit of the same kernel family.
-# vLLM's kernels take only the saturation (the GPU memory system's bytes in flight, measured on the
-# FlashAttention rows): their 12 GQA rows fit their own launch, unit, page and re-read costs.
+# PagedAttention v1 takes only the saturation (the GPU memory system's bytes in flight, measured on the
+# FlashAttention rows): its 12 GQA rows fit its own launch, unit, page and re-read costs.
 TIME_CONSTANTS = ("launch_overhead_s", "unit_overhead_s", "max_bandwidth_utilisation", "units_per_sm_to_saturate",
                   "overlap", "bytes_in_flight_per_unit", "ctas_per_sm")
 SATURATION = ("max_bandwidth_utilisation", "bytes_in_flight_per_unit")
 # FlashInfer has rows of its own since the Vidur Llama-3-8B profile entered the corpus: it is a family
 BORROWERS = {"flashattention-paged": {"contiguous": TIME_CONSTANTS, "flashmla": TIME_CONSTANTS,
-                                      "vllm-paged-v1": SATURATION, "vllm-paged-v2": SATURATION}}
+                                      "vllm-paged-v1": SATURATION},
+             "vllm-paged-v1": {"vllm-paged-v2": ("page_overhead_s",)}}
 HELD_FORM = ("ctas_per_sm",)  # form constants a start sets and the search never moves
 TIE = 0.005  # weighted MAPE difference below which two fits count as equally good
 BOUNDS = {"max_bandwidth_utilisation": (0.05, 1.0), "bytes_in_flight_per_unit": (16.0, 1e6), "overlap": (0.0, 1.0), "units_per_sm_to_saturate": (0.05, 64.0),
@@ -157,7 +175,7 @@ def main(argv=None) -> int:
             continue
         params = _fit_and_report(fam, backends, corpus, lent)
         for b, keys in BORROWERS.get(fam, {}).items():
-            lent[b] = {k: params[k] for k in keys}
+            lent.setdefault(b, {}).update({k: params[k] for k in keys})
             print(f"  {b} takes {', '.join(keys)} from this fit")
         if args.write:
             for b in backends:
@@ -173,6 +191,10 @@ def _fit_and_report(fam: str, backends, corpus, lent: dict) -> dict:
     from kvsim.timing.kernel_corpus import error_table, evaluable
 
     profiles = {b: replace(load_backend(b), **lent.get(b, {})) for b in backends}
+    extra, sources = ALSO_READS.get(fam, (None, frozenset()))
+    if extra:
+        profiles[extra] = also_read_profile(profiles[backends[0]], load_backend(extra))
+    corpus = [p for p in corpus if p.backend in backends or (p.backend == extra and p.source_id in sources)]
     fit_rows = [p for p in evaluable(corpus, profiles) if p.split == "fit"]
     results = []
     for start in STARTS.get(fam, ({},)):  # a few starts: some constants trade off on few rows
@@ -195,6 +217,12 @@ def _fit_and_report(fam: str, backends, corpus, lent: dict) -> dict:
     for r in error_table(corpus, tuned):
         print(f"  {r.backend:22s} {r.gpu:14s} {r.split:8s} n={r.points:3d} MAPE={r.mape:.3f} max={r.max_rel:.3f}")
     return params
+
+
+def also_read_profile(own, other):
+    """The profile a family reads another backend's rows with (ALSO_READS): its own, partitioned as the
+    other backend partitions."""
+    return replace(own, name=other.name, **{k: getattr(other, k) for k in PARTITIONING})
 
 
 def yaml_number(value: float) -> str:

@@ -47,18 +47,11 @@ HELD_OUT_SOURCES = frozenset({
     "tileops-pr-1930", "flashinfer-issue-1753", "flashmla-issue-30-h20", "pytorch-pr-137036-a6000-fakv",
     "pytorch-pr-137036-a6000-flex", "vllm-issue-1618",
 })
-# (source, backend) groups held out whole although their source is split for other backends: FlashInfer's
-# launch-post figures time vLLM's PagedAttention v2 beside FlashInfer at one page size, which cannot fix the
-# PagedAttention profiles' per-page cost (a refit with them sets it to 0; docs/kernel_model.md, "Whole sources
-# held out"), so those rows stay out of the fit while the post's FlashInfer rows are split and fitted.
-HELD_OUT_GROUPS = frozenset({
-    ("flashinfer-blog-2024-batch-decode", "vllm-paged-v2"), ("flashinfer-blog-2024-batch-gqa", "vllm-paged-v2"),
-})
 
 
-def held_out_whole(source_id: str, backend: str) -> bool:
-    """Whether a row's (source, backend) is held out whole (HELD_OUT_SOURCES, HELD_OUT_GROUPS)."""
-    return source_id in HELD_OUT_SOURCES or (source_id, backend) in HELD_OUT_GROUPS
+def held_out_whole(source_id: str) -> bool:
+    """Whether a row's source is held out whole (HELD_OUT_SOURCES)."""
+    return source_id in HELD_OUT_SOURCES
 
 
 @dataclass(frozen=True)

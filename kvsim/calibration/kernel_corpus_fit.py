@@ -64,8 +64,8 @@ ROUNDS = (1.0, 2.0, 3.0, 4.0)
 _SHARP = {"bytes_in_flight_per_unit": 0.0, "units_per_sm_to_saturate": 1.0, "hold": ("bytes_in_flight_per_unit",)}
 _ROUND_STARTS = (*({"overlap": 0.5, "ctas_per_sm": c} for c in ROUNDS),
                  *({"overlap": 0.5, "ctas_per_sm": c, **_SHARP} for c in ROUNDS))
-STARTS = {"vllm-paged-v1": ({"query_head_reads": 0.25}, {"query_head_reads": 0.0}),
-          "vllm-paged-v2": ({"query_head_reads": 0.25}, {"query_head_reads": 0.0}),
+_REREAD_STARTS = ({"query_head_reads": 0.25}, {"query_head_reads": 0.0})
+STARTS = {"vllm-paged-v1": _REREAD_STARTS, "vllm-paged-v2": _REREAD_STARTS,
           "flashattention-paged": ({"overlap": 0.0, "hold": ("overlap",)}, {"overlap": 0.0}, {"overlap": 0.5},
                                    *_ROUND_STARTS),
           "flashinfer-paged": ({"overlap": 0.5}, *_ROUND_STARTS)}
@@ -173,7 +173,7 @@ def main(argv=None) -> int:
     for fam, backends in FAMILIES.items():
         if args.family and fam not in args.family:
             continue
-        params = _fit_and_report(fam, backends, corpus, lent)
+        params = _fit_and_report(fam, corpus, lent)
         for b, keys in BORROWERS.get(fam, {}).items():
             lent.setdefault(b, {}).update({k: params[k] for k in keys})
             print(f"  {b} takes {', '.join(keys)} from this fit")
@@ -185,16 +185,11 @@ def main(argv=None) -> int:
     return 0
 
 
-def _fit_and_report(fam: str, backends, corpus, lent: dict) -> dict:
+def _fit_and_report(fam: str, corpus, lent: dict) -> dict:
     """One family's fit from each of its starts (fit rows only), printed with its error table."""
-    from kvsim.timing.kernel import load_backend
     from kvsim.timing.kernel_corpus import error_table, evaluable
 
-    profiles = {b: replace(load_backend(b), **lent.get(b, {})) for b in backends}
-    extra, sources = ALSO_READS.get(fam, (None, frozenset()))
-    if extra:
-        profiles[extra] = also_read_profile(profiles[backends[0]], load_backend(extra))
-    corpus = [p for p in corpus if p.backend in backends or (p.backend == extra and p.source_id in sources)]
+    profiles, corpus = family_inputs(fam, corpus, lent)
     fit_rows = [p for p in evaluable(corpus, profiles) if p.split == "fit"]
     results = []
     for start in STARTS.get(fam, ({},)):  # a few starts: some constants trade off on few rows
@@ -219,10 +214,21 @@ def _fit_and_report(fam: str, backends, corpus, lent: dict) -> dict:
     return params
 
 
-def also_read_profile(own, other):
-    """The profile a family reads another backend's rows with (ALSO_READS): its own, partitioned as the
-    other backend partitions."""
-    return replace(own, name=other.name, **{k: getattr(other, k) for k in PARTITIONING})
+def family_inputs(fam: str, corpus, lent: dict) -> tuple[dict, list]:
+    """A family's profiles (its backends' files with what earlier fits lent them, and for ALSO_READS
+    rows the family's own profile partitioned as the other backend partitions) and the corpus rows it
+    reads (fit and held out alike)."""
+    from kvsim.timing.kernel import load_backend
+
+    backends = FAMILIES[fam]
+    profiles = {b: replace(load_backend(b), **lent.get(b, {})) for b in backends}
+    extra, sources = ALSO_READS.get(fam, (None, frozenset()))
+    if extra:
+        other = load_backend(extra)
+        profiles[extra] = replace(profiles[backends[0]], name=extra,
+                                  **{k: getattr(other, k) for k in PARTITIONING})
+    rows = [p for p in corpus if p.backend in backends or (p.backend == extra and p.source_id in sources)]
+    return profiles, rows
 
 
 def yaml_number(value: float) -> str:

@@ -148,13 +148,11 @@ def test_fit_uses_fit_rows_only_and_reproduces_the_shipped_profiles(family, star
     from kvsim.calibration import kernel_corpus_fit as F
     from kvsim.timing.kernel_corpus import evaluable
 
-    extra, sources = F.ALSO_READS.get(family, (None, frozenset()))
-    corpus = [p for p in load_corpus() if p.backend in F.FAMILIES[family]
-              or (p.backend == extra and p.source_id in sources)]
-    profiles = {b: load_backend(b) for b in F.FAMILIES[family]}
+    profiles, corpus = F.family_inputs(family, load_corpus(), {})
+    extra, _ = F.ALSO_READS.get(family, (None, None))
     if extra:  # read with the family's constants, partitioned as the other backend partitions
-        profiles[extra] = F.also_read_profile(profiles[family], load_backend(extra))
         assert profiles[extra].split_rule == "vllm-v2" and profiles[extra].launch_overhead_s == profiles[family].launch_overhead_s
+    assert {p.backend for p in corpus} == set(profiles)
     fit_rows = [p for p in evaluable(corpus, profiles) if p.split == "fit"]
     base = {b: replace(p, **{**F.START_BASE[family], **start}) for b, p in profiles.items()}
     params, _ = F.fit_family(fit_rows, base, F.FITTED[family])

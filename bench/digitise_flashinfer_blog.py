@@ -157,6 +157,19 @@ def rows(decode_png: str, gqa_png: str) -> list[dict]:
     return out
 
 
+def assign_splits(out: list[dict]) -> list[dict]:
+    """The corpus' split rule (docs/kernel_model.md, "Measurement corpus"), in place: per (source, backend),
+    rows sorted by (batch, context, page size, dtype), each third one (index 2, 5, ...) ``holdout``."""
+    groups: dict = {}
+    for r in out:
+        groups.setdefault((r["source_id"], r["backend"]), []).append(r)
+    for group in groups.values():
+        group.sort(key=lambda r: (int(r["batch"]), int(r["context"]), int(r["page_size"]), r["dtype"]))
+        for i, r in enumerate(group):
+            r["split"] = "holdout" if i % 3 == 2 else "fit"
+    return out
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
@@ -164,7 +177,7 @@ def main(argv=None) -> int:
         return 2
     w = csv.DictWriter(sys.stdout, fieldnames=COLUMNS, lineterminator="\n")
     w.writeheader()
-    for r in rows(*argv):
+    for r in assign_splits(rows(*argv)):
         w.writerow(r)
     return 0
 

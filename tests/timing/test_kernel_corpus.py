@@ -340,3 +340,8 @@ def test_the_digitised_rows_are_the_script_s_derivation_of_their_utilisation():
     (pt,) = parse_rows(out.getvalue().splitlines(), "x.csv")
     assert pt.reading == "figure" and pt.split == "holdout" and pt.time_s == pytest.approx(105.56e-6, rel=1e-3)
     assert script.main([]) == 2
+    # the script splits its rows by the corpus' rule: the committed rows' splits, recomputed from them
+    with CSV.open() as fh:
+        recs = [r for r in csv.DictReader(fh) if r["reading"] == "figure"]
+    committed = [r["split"] for r in recs]
+    assert [r["split"] for r in script.assign_splits([dict(r, split="") for r in recs])] == committed

@@ -56,7 +56,7 @@ INDEX_RESERVED = ("point_id", "point_name", "variant", "status", "error", "run_d
 class SweepFile(BaseModel):
     """Schema of a sweep YAML file (unknown keys are errors)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str | None = Field(None, description="defaults to the sweep file name without extension")
     description: str = ""

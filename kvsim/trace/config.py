@@ -40,7 +40,7 @@ class TraceConfig(BaseModel):
     apply to ``file`` only.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     file: str | None = None
     format: Literal[FORMAT_CHOICES] = "auto"  # type: ignore[valid-type]

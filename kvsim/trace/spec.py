@@ -14,7 +14,7 @@ from kvsim.config_base import Count, Number, Tokens
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # ---- token-length distributions (all produce integers >= 1) ---------------------------------

@@ -400,6 +400,19 @@ def test_non_finite_numbers_are_refused_in_a_scenario(tmp_path, value):
         one_line_error(res, str(scn), "trace.synthetic.arrival.rate_per_s", "is not allowed")
 
 
+@pytest.mark.parametrize("key, value", [("trace.end_s", "inf"), ("trace.end_s", "1e400"),
+                                        ("trace.rate_scale", "1e400"), ("trace.rate_scale", "-Infinity")])
+def test_numbers_that_parse_to_infinity_are_refused(tmp_path, key, value):
+    """YAML reads ``inf`` and ``1e400`` as strings, which pydantic would turn into infinities: the trace
+    section refuses them as the other sections do (--set and the file alike)."""
+    scn = scenario(tmp_path)
+    one_line_error(kvsim("validate", scn, "--set", f"{key}={value}"), key, "finite")
+    written = scenario(tmp_path, name="inf.yaml")
+    section, field = key.split(".")
+    written.write_text(written.read_text().replace(f"{section}:\n", f"{section}:\n  {field}: {value}\n", 1))
+    one_line_error(kvsim("validate", written), str(written), key, "finite")
+
+
 def test_non_finite_numbers_are_refused_everywhere(tmp_path):
     from kvsim.config import load_scenario
     from kvsim.sweep.spec import load_sweep

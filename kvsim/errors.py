@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from pathlib import Path
 
 
 class KvsimError(Exception):
@@ -38,6 +39,17 @@ class SimulationLimitError(KvsimError):
 
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C, with what was kept: ``str()`` is the one-line message the CLI prints (exit 130)."""
+
+
+def read_user_text(path: Path, what: str) -> str:
+    """The UTF-8 text of the user's file ``path``; a file that cannot be read (missing, a directory, no
+    permission) or is not UTF-8 text is one :class:`ConfigError` line: ``PATH: cannot read WHAT: why``."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: cannot read {what}: not UTF-8 text (byte {e.start}: {e.reason})") from None
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

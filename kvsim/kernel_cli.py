@@ -111,6 +111,7 @@ def predict(gpu: str, model: str, batch: int, context: int, block_size: int | No
     if why:
         raise ConfigError(f"--tensor: {why.removeprefix('parallel.tensor: ')}")
     prof = load_backend(resolve_backend(backend, block_size, m.attention), Path.cwd(), where="--backend")
+    prof.check_reads(m.attention, m.name, "--backend")
     geometry = KVGeometry.for_gpu(m, kv_dtype, tensor, block_size=block_size)
     km = KernelModel.for_gpu(prof, geometry, g)
     pages = batch * -(-context // block_size) if block_size else batch

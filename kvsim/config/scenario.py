@@ -206,6 +206,21 @@ class Scenario(StrictModel):
         return legacy_link(self.legacy_host_link_bandwidth())
 
     @model_validator(mode="after")
+    def _backend_reads_model(self):
+        """A built-in attention backend must read the model's attention kind (a profile file named by path
+        is checked when the run loads it)."""
+        from kvsim.timing.kernel import BACKEND_ALIASES, builtin_backends, load_backend, resolve_backend
+
+        name = resolve_backend(getattr(self.timing, "attention_backend", ""), self.allocator_block_size(),
+                               self.model.spec().attention)
+        name = BACKEND_ALIASES.get(name, name)
+        if name in builtin_backends():
+            why = load_backend(name).reads_problem(self.model.spec().attention, self.model.name)
+            if why:
+                raise ValueError(f"timing.attention_backend: {why}")
+        return self
+
+    @model_validator(mode="after")
     def _store_needs_prefix_cache(self):
         if self.replicas.shared_prefix_store is not None and not (
                 self.allocator.kind == "paged" and getattr(self.allocator, "prefix_caching", False)):

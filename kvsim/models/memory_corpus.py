@@ -10,7 +10,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvsim.errors import ConfigError
+from kvsim.errors import ConfigError, read_user_text
 from kvsim.hw import GPUS, MODELS, GiB, WEIGHT_DTYPE_BYTES
 from kvsim.models import memory
 from kvsim.models.parallel import layers_per_stage
@@ -69,8 +69,7 @@ def _choice(path: Path, line: int, key: str, value: str, choices) -> str:
 
 def load(path: Path = CORPUS) -> list[MemoryRow]:
     """The corpus rows; a missing field or an unknown name is one ConfigError naming file, line and key."""
-    with open(path, newline="") as f:
-        lines = [ln for ln in f if not ln.startswith("#")]
+    lines = [ln for ln in read_user_text(Path(path), "memory corpus").splitlines() if not ln.startswith("#")]
     rows = []
     for i, r in enumerate(csv.DictReader(lines), start=2):
         for key in REQUIRED:

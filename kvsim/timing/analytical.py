@@ -182,6 +182,7 @@ class AnalyticalTiming:
         self.kernel: KernelModel | None = None
         if name != ROOFLINE:
             profile = load_backend(name, ctx.base_dir)
+            profile.check_reads(m.attention, m.name, "timing.attention_backend")
             # the run's geometry: this GPU's KV and query heads, every stage's layers, the page size
             self.kernel = KernelModel.for_gpu(profile, ctx.kv, ctx.gpu)
             if name.endswith((".yaml", ".yml")):

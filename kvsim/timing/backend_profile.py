@@ -47,6 +47,9 @@ class BackendProfile:
     # work units resident per SM at once (a launch runs in rounds of SMs x ctas_per_sm units; the last,
     # partly filled round streams at its own, lower concurrency, docs/kernel_model.md); 0 = no rounds
     ctas_per_sm: float = 0.0
+    # the models' attention kinds the kernel reads (kvsim.models: gqa -- MHA, GQA, MQA --, mla); an MLA
+    # kernel reads one latent per token and cannot run a model without one
+    attention_kinds: tuple[str, ...] = ("gqa", "mla")
     source: str = ""  # where the file came from (path), filled by the loader
 
     NUMERIC = ("launch_overhead_s", "unit_overhead_s", "max_bandwidth_utilisation", "units_per_sm_to_saturate",
@@ -54,12 +57,26 @@ class BackendProfile:
     FLAGS = ("split_kv", "gqa_grouped", "whole_page_reads")
     # keys older profile files may omit
     OPTIONAL = {"overlap": 0.0, "split_rule": "fill", "query_head_reads": 0.0, "bytes_in_flight_per_unit": 0.0,
-                "ctas_per_sm": 0.0}
+                "ctas_per_sm": 0.0, "attention_kinds": ["gqa", "mla"]}
 
     def to_yaml_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
         d["fused_dequant_kv_dtypes"] = list(self.fused_dequant_kv_dtypes)
+        d["attention_kinds"] = list(self.attention_kinds)
         return d
+
+    def reads_problem(self, attention: str, model: str) -> str:
+        """Why this kernel cannot run a model of ``attention`` kind (named ``model``), or ""."""
+        if attention in self.attention_kinds:
+            return ""
+        return (f"backend {self.name!r} reads {' or '.join(self.attention_kinds)} attention only; model {model} "
+                f"has {attention} attention (use auto, or a backend that reads it)")
+
+    def check_reads(self, attention: str, model: str, where: str) -> None:
+        """Refuse (one ConfigError line naming ``where``) a model whose ``attention`` kind this kernel does not read."""
+        why = self.reads_problem(attention, model)
+        if why:
+            raise ConfigError(f"{where}: {why}")
 
 
 def builtin_backends() -> list[str]:
@@ -121,11 +138,15 @@ def parse_profile(data, where: str) -> BackendProfile:
     if rule not in SPLIT_RULES:
         raise ConfigError(f"{where}: key 'split_rule' must be one of {format_choices(SPLIT_RULES)}, got {rule!r}")
     fused = data.get("fused_dequant_kv_dtypes", [])
-    from kvsim.hw import KV_DTYPES
+    from kvsim.hw import ATTENTION_KINDS, KV_DTYPES
 
     if not isinstance(fused, list) or any(d not in KV_DTYPES for d in fused):
         raise ConfigError(f"{where}: key 'fused_dequant_kv_dtypes' must be a list of KV dtypes "
                           f"({format_choices(KV_DTYPES)}), got {fused!r}")
+    kinds = data.get("attention_kinds", BackendProfile.OPTIONAL["attention_kinds"])
+    if not isinstance(kinds, list) or not kinds or any(k not in ATTENTION_KINDS for k in kinds):
+        raise ConfigError(f"{where}: key 'attention_kinds' must be a non-empty list of "
+                          f"{format_choices(ATTENTION_KINDS)}, got {kinds!r}")
     return BackendProfile(
         name=str(data["name"]), description=str(data.get("description", "")),
         reference_gpu=str(data.get("reference_gpu", "")),
@@ -136,7 +157,7 @@ def parse_profile(data, where: str) -> BackendProfile:
         min_split_tokens=int(vals["min_split_tokens"]), page_overhead_s=float(vals["page_overhead_s"]),
         dram_chunk_half_bytes=float(vals["dram_chunk_half_bytes"]), overlap=float(overlap), split_rule=rule,
         query_head_reads=float(rereads), bytes_in_flight_per_unit=float(inflight), ctas_per_sm=float(resident),
-        source=where,
+        attention_kinds=tuple(kinds), source=where,
     )
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from kvsim.errors import ConfigError, format_choices
+from kvsim.errors import ConfigError, format_choices, read_user_text
 
 COLUMNS = ("source_id", "source", "source_url", "source_commit", "source_date", "gpu", "gpu_preset", "backend",
            "backend_version", "batch", "context", "query_heads", "kv_heads", "head_dim", "attention", "dtype", "page_size",
@@ -110,6 +110,11 @@ def _point(vals: dict, at: str, row: int) -> KernelPoint:
             raise ConfigError(f"{at}: key '{k}' must be a whole number, got {vals[k]!r}") from None
         if ints[k] < 1:
             raise ConfigError(f"{at}: key '{k}' must be >= 1, got {ints[k]}")
+    if ints["query_heads"] % ints["kv_heads"]:
+        raise ConfigError(f"{at}: key 'kv_heads' must divide query_heads ({ints['query_heads']}), got {ints['kv_heads']}")
+    if vals["attention"] == "mla" and ints["kv_heads"] != 1:
+        raise ConfigError(f"{at}: key 'kv_heads' must be 1 for attention 'mla' (one latent per token), "
+                          f"got {ints['kv_heads']}")
     try:
         t_us = float(vals["time_us"])
     except ValueError:
@@ -147,10 +152,7 @@ def load_readings(path: str | Path, backends) -> list[KernelPoint]:
     from kvsim.hw import GPUS
 
     p = Path(path)
-    try:
-        lines = p.read_text().splitlines()
-    except OSError as e:
-        raise ConfigError(f"{p}: cannot read kernel readings ({e.strerror})") from None
+    lines = read_user_text(p, "kernel readings").splitlines()
     reader = csv.DictReader(lines)
     missing = [c for c in READING_COLUMNS if c not in (reader.fieldnames or [])]
     if missing:
@@ -179,11 +181,7 @@ def load_corpus(path: str | Path | None = None) -> list[KernelPoint]:
         res = resources.files("kvsim.timing") / "data" / "kernels" / "kernel_corpus.csv"
         return parse_rows(res.read_text().splitlines(), BUILTIN)
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise ConfigError(f"{p}: cannot read kernel corpus ({e.strerror})") from None
-    return parse_rows(text.splitlines(), str(p))
+    return parse_rows(read_user_text(p, "kernel corpus").splitlines(), str(p))
 
 
 def layout_of(pt: KernelPoint):

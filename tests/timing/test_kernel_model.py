@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from kvsim.models.geometry import KVGeometry
 from kvsim.errors import ConfigError
@@ -320,6 +321,34 @@ def test_mla_models_resolve_auto_to_flashmla_in_a_run():
     assert timing.attention_backend == "flashmla"
     # one latent per token and layer, read once by all 16 query heads of a GPU: 1,152 bytes in bf16
     assert timing.kernel.layout.kv_bytes_per_token_layer == 1152 and timing.kernel.heads_par == 1
+
+
+def test_an_mla_kernel_refuses_a_model_without_mla(tmp_path, capsys):
+    """flashmla reads one latent per token (``attention_kinds: [mla]``): a GQA model is refused in one line by
+    `kvsim kernel`, by a scenario (validate and run) and by a run's timing model; other kernels read both."""
+    from kvsim.cli import main
+    from kvsim.config import load_scenario
+
+    assert load_backend("flashmla").attention_kinds == ("mla",)
+    assert all(load_backend(b).attention_kinds == ("gqa", "mla") for b in builtin_backends() if b != "flashmla")
+    assert main(["kernel", "--gpu", "A100-80GB", "--model", "Llama-2-13B", "--batch", "4", "--context", "128",
+                 "--backend", "flashmla"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--backend" in err[0] and "Llama-2-13B has gqa attention" in err[0]
+    scn = tmp_path / "s.yaml"
+    scn.write_text("model: Llama-2-7B\ngpu: H100-SXM-80GB\ntiming: {kind: analytical, attention_backend: flashmla}\n"
+                   "trace: {synthetic: {preset: sharegpt, num_requests: 2, arrival: {process: poisson, rate_per_s: 1}}}\n")
+    with pytest.raises(ConfigError, match=r"s.yaml: timing.attention_backend: backend 'flashmla' reads mla"):
+        load_scenario(scn)
+    m = MODELS["Llama-2-7B"]
+    ctx = TimingContext(model=m, gpu=GPUS["H100-SXM-80GB"], kv=KVGeometry.for_gpu(m, "fp16", 1, block_size=16),
+                        weight_bytes=m.weight_bytes(), base_dir=Path("."), tensor_parallel=1)
+    with pytest.raises(ConfigError, match="timing.attention_backend: backend 'flashmla'"):
+        AnalyticalTiming(AnalyticalTimingConfig(attention_backend="flashmla"), ctx)
+    prof = tmp_path / "mine.yaml"  # a profile file's attention_kinds is checked as every key is
+    prof.write_text(yaml.safe_dump(load_backend("flashmla").to_yaml_dict() | {"attention_kinds": ["mha"]}))
+    with pytest.raises(ConfigError, match="mine.yaml: key 'attention_kinds' must be a non-empty list of gqa, mla"):
+        load_backend(str(prof))
 
 
 def test_rounds_of_resident_units_give_the_wave_sawtooth():

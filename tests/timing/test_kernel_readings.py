@@ -53,6 +53,8 @@ def test_readings_are_each_compared_with_the_model_as_the_corpus_rows_are(tmp_pa
     (HEADER + "\nH100-SXM-80GB,flashinfer-paged,8,1024,32,8,128,fp16,16,-1\n", "time_us"),
     (HEADER + "\nH100-SXM-80GB,flashinfer-paged,8,,32,8,128,fp16,16,50\n", "context"),
     (HEADER + "\nH100-SXM-80GB,flashinfer-paged,8,1024,32,8,128,fp13,16,50\n", "dtype"),
+    (HEADER + "\nH100-SXM-80GB,flashinfer-paged,8,1024,32,7,128,fp16,16,50\n", "kv_heads"),  # 32 % 7: no GQA
+    (HEADER + ",attention\nH100-SXM-80GB,flashmla,8,1024,128,32,576,fp16,64,50,mla\n", "kv_heads"),  # MLA: 1 latent
 ])
 def test_a_bad_reading_is_refused_in_one_line_naming_the_file_and_key(tmp_path, capsys, text, key):
     f = tmp_path / "mine.csv"
@@ -70,3 +72,13 @@ def test_readings_need_check_and_rows(tmp_path, capsys):
     assert main(["kernel", "--readings", str(f)]) == 2
     assert "--readings needs --check" in capsys.readouterr().err
     assert main(["kernel", "--check", "--readings", str(tmp_path / "absent.csv")]) == 2
+
+
+@pytest.mark.parametrize("args", [["kernel", "--check", "--readings"], ["kernel", "--check", "--corpus"],
+                                  ["memory", "--check", "--corpus"]])
+def test_a_file_that_is_not_text_is_refused_in_one_line(tmp_path, capsys, args):
+    f = tmp_path / "binary.csv"
+    f.write_bytes(b"\xff\xfe\x00bad")
+    assert main([*args, str(f)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "binary.csv" in err[0] and "not UTF-8 text" in err[0]

@@ -12,7 +12,13 @@ import argparse
 import json
 
 from kvsim.errors import ConfigError, did_you_mean, format_choices
-from kvsim.cliargs import positive_int
+from kvsim.cliargs import int_in, positive_int
+from kvsim.kv.base import MAX_BLOCK_TOKENS as MAX_BLOCK
+
+# one launch's bounds: a GPU's batch (vLLM's max_num_seqs is 256-1,024 by default; the tables the model
+# keeps per batch size grow with it) and a context past every preset's max_model_len
+MAX_BATCH = 1 << 20
+MAX_CONTEXT = 1 << 24
 
 JSON_KEYS = ("backend", "gpu", "model", "kv_dtype", "tensor", "kv_heads_per_gpu", "batch", "context_tokens",
              "block_size", "time_s", "time_per_layer_s", "bytes_read", "kv_bytes", "pages_fetched",
@@ -58,10 +64,13 @@ def register(subparsers) -> None:
     p.add_argument("--model", help="model preset (kvsim models) or a Hugging Face config.json; required unless --check")
     p.add_argument("--tensor", type=positive_int, default=1,
                    help="tensor-parallel GPUs sharing each layer (default 1): the launch is one GPU's heads")
-    p.add_argument("--batch", type=positive_int, help="sequences in the launch; required unless --check")
-    p.add_argument("--context", type=positive_int, help="KV tokens per sequence; required unless --check")
+    p.add_argument("--batch", type=int_in(1, MAX_BATCH, "sequences in one launch"),
+                   help=f"sequences in the launch (1..{MAX_BATCH:,}); required unless --check")
+    p.add_argument("--context", type=int_in(1, MAX_CONTEXT, "KV tokens per sequence"),
+                   help=f"KV tokens per sequence (1..{MAX_CONTEXT:,}); required unless --check")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--block-size", type=positive_int, help="page size in tokens (default 16)")
+    g.add_argument("--block-size", type=int_in(1, MAX_BLOCK, "as allocator.block_size"),
+                   help=f"page size in tokens, 1..{MAX_BLOCK} (default 16)")
     g.add_argument("--contiguous", action="store_true", help="contiguous KV (no page table)")
     p.add_argument("--backend", default="auto", help="built-in backend (contiguous, flashattention-paged, "
                                                     "flashinfer-paged, flashmla, vllm-paged-v1 (old name "

@@ -116,6 +116,9 @@ class Allocation:
 
 NO_HIT = Allocation(0)
 
+# the largest page a paged, radix or buddy allocator takes (tokens; engines use 16-512, the brief's range)
+MAX_BLOCK_TOKENS = 512
+
 
 @record
 class KVUsage:

@@ -25,7 +25,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 
 from kvsim.config_base import StrictModel, Tokens
-from kvsim.kv.base import NO_HIT, Allocation, KVRequest, cdiv
+from kvsim.kv.base import MAX_BLOCK_TOKENS, NO_HIT, Allocation, KVRequest, cdiv
 from kvsim.kv.extent import ExtentAllocator
 from kvsim.kv.reservation import ReservationChoice, reservation_field, reservation_policy, reservation_tokens
 from kvsim.registry import ALLOCATORS
@@ -33,7 +33,7 @@ from kvsim.registry import ALLOCATORS
 
 class BuddyAllocatorConfig(StrictModel):
     kind: Literal["buddy"] = "buddy"
-    block_size: Tokens = Field(16, ge=1, le=512, validation_alias=AliasChoices("block_size", "min_block_tokens"),
+    block_size: Tokens = Field(16, ge=1, le=MAX_BLOCK_TOKENS, validation_alias=AliasChoices("block_size", "min_block_tokens"),
                             description="smallest extent, in tokens (min_block_tokens: deprecated alias)")
     reservation: reservation_field("oracle") = Field(  # type: ignore[valid-type]
         "oracle", description="max | pow2 | oracle, or {kind: NAME}; then rounded to 2^k units")

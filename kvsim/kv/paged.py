@@ -49,7 +49,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from kvsim.config_base import StrictModel, Tokens
-from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, SampleGeometry, UsageSums, cdiv
+from kvsim.kv.base import MAX_BLOCK_TOKENS, NO_HIT, Allocation, KVRequest, KVUsage, SampleGeometry, UsageSums, cdiv
 from kvsim.kv.beam import BeamTables
 from kvsim.kv.eviction import EvictionConfig, LRUEvictionConfig, LRUFreePool
 from kvsim.kv.paged_counting import CountingPagedAllocator
@@ -68,7 +68,7 @@ __all__ = ["CountingPagedAllocator", "LowerTier", "OffloadConfig", "PagedAllocat
 
 class PagedAllocatorConfig(StrictModel):
     kind: Literal["paged"] = "paged"
-    block_size: Tokens = Field(16, ge=1, le=512, description="tokens per block")
+    block_size: Tokens = Field(16, ge=1, le=MAX_BLOCK_TOKENS, description="tokens per block")
     watermark: float = Field(0.01, ge=0, lt=1, description="fraction of blocks kept free at admission")
     prefix_caching: bool = Field(False, description="reuse full blocks across requests (vLLM v1 semantics)")
     track_block_ids: Literal["auto", "always"] = Field(

@@ -61,7 +61,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 
 from kvsim.config_base import StrictModel, Tokens
-from kvsim.kv.base import NO_HIT, Allocation, KVRequest, KVUsage, UsageSums, cdiv
+from kvsim.kv.base import MAX_BLOCK_TOKENS, NO_HIT, Allocation, KVRequest, KVUsage, UsageSums, cdiv
 from kvsim.kv.ledger import SlotLedger
 from kvsim.kv.eviction import EVICTION_POLICIES, BlockStats, EvictionConfig, LRUEvictionConfig
 from kvsim.kv.protocol import eviction_capabilities
@@ -71,7 +71,7 @@ from kvsim.registry import ALLOCATORS
 
 class RadixAllocatorConfig(StrictModel):
     kind: Literal["radix"] = "radix"
-    block_size: Tokens = Field(1, ge=1, le=512, validation_alias=AliasChoices("block_size", "page_size"),
+    block_size: Tokens = Field(1, ge=1, le=MAX_BLOCK_TOKENS, validation_alias=AliasChoices("block_size", "page_size"),
                             description="tokens per page (SGLang: 1; page_size: deprecated alias)")
     watermark: float = Field(0.0, ge=0, lt=1, description="fraction of pages kept free at admission")
     eviction: EvictionConfig = Field(  # type: ignore[valid-type]

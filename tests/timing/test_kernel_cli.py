@@ -92,3 +92,18 @@ def test_bad_input_is_one_line_exit_2(capsys, args, needle):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("flag, value, bound", [("--batch", "300000000", "1..1,048,576"),
+                                                ("--context", "100000000000", "1..16,777,216"),
+                                                ("--block-size", "1000000", "1..512")])
+def test_a_launch_past_the_bounds_is_a_usage_error(capsys, flag, value, bound):
+    """No launch so large that the model's per-batch tables exhaust memory: argparse's usage error, exit 2."""
+    base = {"--gpu": "A100-80GB", "--model": "Llama-2-13B", "--batch": "4", "--context": "100", flag: value}
+    code = 0
+    try:
+        code = main(["kernel"] + [x for kv in base.items() for x in kv])
+    except SystemExit as e:
+        code = e.code
+    assert code == 2
+    assert f"argument {flag}: expected an integer in {bound}" in capsys.readouterr().err.strip().splitlines()[-1]

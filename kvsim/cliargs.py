@@ -5,15 +5,24 @@ from __future__ import annotations
 import argparse
 
 
-def positive_int(text: str) -> int:
-    """An integer >= 1; anything else is argparse's one-line usage error."""
+def _at_least(text: str, low: int) -> int:
     try:
         v = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
+        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
+    if v < low:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text}")
     return v
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1; anything else is argparse's one-line usage error."""
+    return _at_least(text, 1)
+
+
+def nonnegative_int(text: str) -> int:
+    """An integer >= 0 (a seed); anything else is argparse's one-line usage error."""
+    return _at_least(text, 0)
 
 
 def int_in(low: int, high: int, why: str = ""):

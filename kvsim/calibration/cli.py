@@ -153,14 +153,14 @@ def handle(args: argparse.Namespace) -> int:
 def _selfcheck(device: str) -> int:
     from kvsim.calibration._deps import interpreter_requested, require_torch
 
+    from kvsim.calibration.runner import resolve_device
+
     torch = require_torch()
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device, dev = resolve_device(torch, device)  # (--device cuda without one: one line, exit 2)
     if device == "cpu" and not interpreter_requested():
         raise CalibrationError("selfcheck on CPU runs Triton's interpreter: set TRITON_INTERPRET=1 in the environment")
     from kvsim.calibration.selfcheck import run_selfcheck
 
-    dev = torch.device("cuda") if device == "cuda" else torch.device("cpu")
     kwargs = {"block_sizes": (1, 8, 16, 64, 128, 512), "geometry": (32, 8, 128)} if device == "cuda" else {}
     return 0 if run_selfcheck(dev, **kwargs)["ok"] else 1
 

@@ -130,7 +130,7 @@ def _commit(tmp: Path, out: Path, force: bool = False) -> None:
         raise CalibrationError(str(e)) from None
 
 
-def _resolve_device(torch, device: str):
+def resolve_device(torch, device: str):
     """(``cuda`` or ``cpu``, the torch device) for ``--device`` (``auto``: CUDA if available)."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -333,7 +333,7 @@ def run_calibration(
     from kvsim.calibration.timer import Timer
 
     t_start = time.monotonic()
-    device, dev = _resolve_device(torch, device)
+    device, dev = resolve_device(torch, device)
     spec = model if isinstance(model, ModelSpec) else resolve_model(model)
     grid = grid or (GPU_GRID if device == "cuda" else CPU_GRID)
     grid.validate()

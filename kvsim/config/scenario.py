@@ -49,7 +49,7 @@ class Scenario(StrictModel):
         DEFAULT_PROFILE, description="defaults for keys left out, from one engine and version: "
                                      f"{', '.join(PROFILE_NAMES)} (kvsim/config/profiles.py, docs/conformance.md)")
     description: str = ""
-    seed: int = 0
+    seed: int = Field(0, ge=0, description="seeds every random draw of a run (synthetic traces, sampled policies)")
     trace: TraceConfig
     model: ModelConfig
     gpu: GPUConfig = Field(default_factory=lambda: GPUConfig(**GPUS[DEFAULT_GPU].to_dict()))

@@ -13,6 +13,7 @@ import argparse
 import json
 
 from kvsim.errors import TraceError
+from kvsim.cliargs import nonnegative_int
 import sys
 import warnings
 from pathlib import Path
@@ -74,7 +75,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("output", metavar="OUT", help="output file (.csv, .jsonl, .parquet, + .gz); an existing file "
                                                  "only with --force")
     p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
-    p.add_argument("--seed", type=int, default=None, help="seed (default: the spec's seed, else 0)")
+    p.add_argument("--seed", type=nonnegative_int, default=None, help="seed >= 0 (default: the spec's seed, else 0)")
     p.set_defaults(func=cmd_generate)
     return parser
 

@@ -105,6 +105,16 @@ def test_refuses_to_replace_a_non_calibration_dir(tmp_path):
     assert (tmp_path / "precious.txt").exists()
 
 
+def test_selfcheck_on_cuda_without_a_gpu_is_one_line():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    r = kvsim("selfcheck", "--device", "cuda", check=False)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == ["kvsim: error: --device cuda: torch sees no CUDA device "
+                                             "(use --device cpu for a plumbing run)"]
+
+
 def test_selfcheck_small_matrix_on_interpreter():
     pytest.importorskip("triton")
     import torch

@@ -100,6 +100,18 @@ def test_cli_exit_2_one_line(scenario):
     assert "unknown unit 'GX'" in lines[0] and "Traceback" not in out.stderr
 
 
+def test_a_negative_seed_is_refused(scenario, tmp_path):
+    """numpy's generators take seeds >= 0: a negative one is one line naming ``seed`` (it was an internal error)."""
+    with pytest.raises(ConfigError, match=rf"^--set seed=-1 \(applied to {scenario}\): seed: .*greater than or equal to 0"):
+        load_scenario(scenario, ["seed=-1"])
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("num_requests: 5\narrival: {process: poisson, rate_per_s: 2}\n"
+                    "prompt_tokens: {kind: fixed, value: 10}\noutput_tokens: {kind: fixed, value: 5}\n")
+    out = kvsim("trace", "generate", str(spec), str(tmp_path / "t.csv"), "--seed", "-5")
+    assert out.returncode == 2 and "argument --seed: expected an integer >= 0, got -5" in out.stderr
+    assert not (tmp_path / "t.csv").exists()
+
+
 def test_generator_spec_takes_counts_and_rates():
     spec = SyntheticTraceSpec.model_validate({
         "num_requests": "10k", "arrival": {"rate_per_s": "2.5e1"},

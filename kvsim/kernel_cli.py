@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from kvsim.errors import ConfigError, did_you_mean, format_choices
+from kvsim.errors import ConfigError
 from kvsim.cliargs import int_in, positive_int
 from kvsim.kv.base import MAX_BLOCK_TOKENS as MAX_BLOCK
 
@@ -19,6 +19,9 @@ from kvsim.kv.base import MAX_BLOCK_TOKENS as MAX_BLOCK
 # keeps per batch size grow with it) and a context past every preset's max_model_len
 MAX_BATCH = 1 << 20
 MAX_CONTEXT = 1 << 24
+# the options of one launch's prediction (argparse dests), which --check does not take
+LAUNCH_FLAGS = ("gpu", "model", "tensor", "batch", "context", "block_size", "contiguous", "backend", "kv_dtype")
+LAUNCH_OPTIONS = tuple(f"--{f.replace('_', '-')}" for f in LAUNCH_FLAGS)
 
 JSON_KEYS = ("backend", "gpu", "model", "kv_dtype", "tensor", "kv_heads_per_gpu", "batch", "context_tokens",
              "block_size", "time_s", "time_per_layer_s", "bytes_read", "kv_bytes", "pages_fetched",
@@ -62,7 +65,7 @@ def register(subparsers) -> None:
                                              "time per page)", description=DESCRIPTION)
     p.add_argument("--gpu", help="GPU preset (kvsim models); required unless --check")
     p.add_argument("--model", help="model preset (kvsim models) or a Hugging Face config.json; required unless --check")
-    p.add_argument("--tensor", type=positive_int, default=1,
+    p.add_argument("--tensor", type=positive_int,
                    help="tensor-parallel GPUs sharing each layer (default 1): the launch is one GPU's heads")
     p.add_argument("--batch", type=int_in(1, MAX_BATCH, "sequences in one launch"),
                    help=f"sequences in the launch (1..{MAX_BATCH:,}); required unless --check")
@@ -72,13 +75,14 @@ def register(subparsers) -> None:
     g.add_argument("--block-size", type=int_in(1, MAX_BLOCK, "as allocator.block_size"),
                    help=f"page size in tokens, 1..{MAX_BLOCK} (default 16)")
     g.add_argument("--contiguous", action="store_true", help="contiguous KV (no page table)")
-    p.add_argument("--backend", default="auto", help="built-in backend (contiguous, flashattention-paged, "
-                                                    "flashinfer-paged, flashmla, vllm-paged-v1 (old name "
-                                                    "vllm-2023-paged), vllm-paged-v2) or a profile .yaml; auto: "
-                                                    "what a scenario's auto uses (flashinfer-paged for every "
-                                                    "layout, flashmla for MLA models); auto-2023: "
-                                                    "vllm-paged-v1 for pages, contiguous for --contiguous")
-    p.add_argument("--kv-dtype", default="fp16", choices=sorted(KV_DTYPES))
+    p.add_argument("--backend", help="built-in backend (contiguous, flashattention-paged, "
+                                     "flashinfer-paged, flashmla (MLA models only), vllm-paged-v1 (old name "
+                                     "vllm-2023-paged), vllm-paged-v2) or a profile .yaml; auto (the default): "
+                                     "what a scenario's auto uses (flashinfer-paged for every layout, flashmla "
+                                     "for MLA models); auto-flashattention: flashattention-paged (flashmla for "
+                                     "MLA), what the default vllm-v1 engine profile runs; auto-2023: "
+                                     "vllm-paged-v1 for pages, contiguous for --contiguous")
+    p.add_argument("--kv-dtype", choices=sorted(KV_DTYPES), help="KV dtype (default fp16)")
     p.add_argument("--json", action="store_true", help="print one JSON object (--check: one per error row)")
     p.add_argument("--check", action="store_true", help="print the model's error on the public kernel corpus "
                                                        "per backend and GPU (fit and held-out rows apart)")
@@ -98,10 +102,17 @@ def _model(name: str):
             return ModelSpec(**load_model_file(name, None))
         except ConfigError as e:
             raise ConfigError(f"--model: {e}") from None
-    if name not in MODELS:
-        raise ConfigError(f"--model: unknown model {name!r}{did_you_mean(name, MODELS)}; "
-                          f"valid: {format_choices(MODELS)}, or a Hugging Face config.json")
-    return MODELS[name]
+    return MODELS[_preset("--model", "model", name, MODELS)]
+
+
+def _preset(flag: str, kind: str, name: str, presets: dict) -> str:
+    """The preset key of ``name`` as a scenario reads it (any case), or one ConfigError line naming ``flag``."""
+    from kvsim.config.sections import preset_key
+
+    try:
+        return preset_key(kind, name, presets)
+    except ValueError as e:
+        raise ConfigError(f"{flag}: {e}") from None
 
 
 def predict(gpu: str, model: str, batch: int, context: int, block_size: int | None, backend: str = "auto",
@@ -111,14 +122,17 @@ def predict(gpu: str, model: str, batch: int, context: int, block_size: int | No
     from kvsim.hw import GPUS
     from kvsim.models.geometry import KVGeometry
     from kvsim.models.parallel import check_split
-    from kvsim.timing.kernel import KernelModel, load_backend, resolve_backend
+    from kvsim.timing.kernel import (AUTO_NAMES, KernelModel, backend_choices, load_backend, resolve_backend,
+                                     unknown_backend)
 
-    if gpu not in GPUS:
-        raise ConfigError(f"--gpu: unknown GPU {gpu!r}{did_you_mean(gpu, GPUS)}; valid: {format_choices(GPUS)}")
+    gpu = _preset("--gpu", "gpu", gpu, GPUS)
     g, m = GPUS[gpu], _model(model)
     why = check_split(m, tensor, 1)
     if why:
         raise ConfigError(f"--tensor: {why.removeprefix('parallel.tensor: ')}")
+    names = [*AUTO_NAMES, *backend_choices()]
+    if backend not in names and not backend.endswith((".yaml", ".yml")):
+        raise ConfigError(f"--backend: {unknown_backend(backend, names)}")
     prof = load_backend(resolve_backend(backend, block_size, m.attention), Path.cwd(), where="--backend")
     prof.check_reads(m.attention, m.name, "--backend")
     geometry = KVGeometry.for_gpu(m, kv_dtype, tensor, block_size=block_size)
@@ -155,8 +169,9 @@ def check(corpus: str | None, as_json: bool) -> int:
         return 0
     sources = corpus_summary(points)
     used = evaluable(points, profiles)
-    print(f"kernel corpus {corpus or BUILTIN}: {len(points)} rows from {len(sources)} sources; {len(used)} on a "
-          f"kvsim GPU preset and a built-in backend (the others are listed, not evaluated)")
+    print(f"kernel corpus {corpus or BUILTIN}: {len(points)} rows from {len(sources)} source"
+          f"{'s' * (len(sources) != 1)}; {len(used)} on a kvsim GPU preset and a built-in backend")
+    _print_not_evaluated(points, used)
     for src, floor in host_floors(used).items():  # the evaluated sources' floors
         print(f"  {src}: timed around the eager wrapper call; compared through its host floor "
               f"{floor * 1e6:.1f} us (its smallest-batch fit rows)")
@@ -181,6 +196,21 @@ def check(corpus: str | None, as_json: bool) -> int:
                 print(f"  {r.backend:22s} {r.gpu:14s} {r.points:3d} rows: time error {r.mape:.1%} mean, "
                       f"{r.max_rel:.1%} max")
     return 0
+
+
+def _print_not_evaluated(points, used) -> None:
+    """The rows --check does not evaluate, counted per source with their GPUs and backends."""
+    left = [p for p in points if p not in set(used)]
+    if not left:
+        return
+    print(f"  not evaluated ({len(left)} rows: a GPU that is not a kvsim preset, or a backend that is not built in):")
+    per: dict[str, list] = {}
+    for p in left:
+        per.setdefault(p.source_id, []).append(p)
+    for src, pts in per.items():
+        gpus = ", ".join(sorted({p.gpu_preset if p.gpu_preset != "none" else p.gpu for p in pts}))
+        backends = ", ".join(sorted({p.backend for p in pts}))
+        print(f"    {src}: {len(pts)} row{'s' * (len(pts) != 1)} ({gpus}; {backends})")
 
 
 def check_readings(path: str, as_json: bool) -> int:
@@ -226,17 +256,20 @@ def check_readings(path: str, as_json: bool) -> int:
 
 
 def handle(args: argparse.Namespace) -> int:
-    if args.readings is not None:
-        if not args.check:
-            raise ConfigError("--readings needs --check (kvsim kernel --check --readings FILE)")
-        return check_readings(args.readings, args.json)
+    if args.readings is not None and not args.check:
+        raise ConfigError("--readings needs --check (kvsim kernel --check --readings FILE)")
     if args.check:
-        return check(args.corpus, args.json)
+        given = [f"--{f.replace('_', '-')}" for f in LAUNCH_FLAGS if getattr(args, f) not in (None, False)]
+        if given:
+            raise ConfigError(f"{given[0]}: --check compares every built-in backend with every row of the corpus "
+                              f"(or of --readings); the launch options ({', '.join(LAUNCH_OPTIONS)}) do not apply")
+        return check_readings(args.readings, args.json) if args.readings is not None else check(args.corpus, args.json)
     for flag in ("gpu", "model", "batch", "context"):
         if getattr(args, flag) is None:
             raise ConfigError(f"--{flag} is required (or use --check for the corpus comparison)")
     block = None if args.contiguous else (args.block_size or 16)
-    out = predict(args.gpu, args.model, args.batch, args.context, block, args.backend, args.kv_dtype, args.tensor)
+    out = predict(args.gpu, args.model, args.batch, args.context, block, args.backend or "auto",
+                  args.kv_dtype or "fp16", args.tensor or 1)
     if args.json:
         print(json.dumps(out))
         return 0

@@ -209,11 +209,10 @@ class Scenario(StrictModel):
     def _backend_reads_model(self):
         """A built-in attention backend must read the model's attention kind (a profile file named by path
         is checked when the run loads it)."""
-        from kvsim.timing.kernel import BACKEND_ALIASES, builtin_backends, load_backend, resolve_backend
+        from kvsim.timing.kernel import builtin_backends, load_backend, resolve_backend
 
         name = resolve_backend(getattr(self.timing, "attention_backend", ""), self.allocator_block_size(),
                                self.model.spec().attention)
-        name = BACKEND_ALIASES.get(name, name)
         if name in builtin_backends():
             why = load_backend(name).reads_problem(self.model.spec().attention, self.model.name)
             if why:

@@ -43,13 +43,19 @@ def _preset(kind: str, value: Any, presets: dict) -> Any:
             return {**hf.load_model_file(name, None), **value}
         except ConfigError as e:
             raise ValueError(str(e)) from None
+    return {**presets[preset_key(kind, name, presets)].to_dict(), **value}
+
+
+def preset_key(kind: str, name: str, presets: dict) -> str:
+    """The preset ``name`` means (any case, separators ignored when unambiguous: :func:`lookup`), or a
+    ValueError naming the valid presets (and the nearest one) for a ``kind`` (``model``, ``gpu``) preset."""
     key = lookup(name, presets)
     if key is None:
         extra = " or a Hugging Face config.json path" if kind == "model" else ""
         hint = did_you_mean_preset(name, presets, NOT_PRESETS if kind == "model" else None)
         raise ValueError(f"unknown {kind} preset {name!r}{hint}; "
                          f"valid presets: {format_choices(presets)}{extra}")
-    return {**presets[key].to_dict(), **value}
+    return key
 
 
 class ModelConfig(StrictModel):

@@ -72,7 +72,7 @@ from kvsim.timing.overhead import EngineOverheadConfig, StepOverhead, async_over
 from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, step_transfers
 from kvsim.errors import did_you_mean, format_choices
 from kvsim.timing.kernel import (AUTO_NAMES, KernelModel, backend_choices, load_backend, pages_or_estimate,
-                                 resolve_backend)
+                                 resolve_backend, unknown_backend)
 
 ROOFLINE = "roofline"
 # decode_durations' matrix rows (fitted GEMM model); without parallelism the comm part is the float 0.0
@@ -131,8 +131,7 @@ class AnalyticalTimingConfig(StrictModel):
         names = [*AUTO_NAMES, ROOFLINE, *backend_choices()]
         if v in names or v.endswith((".yaml", ".yml")):
             return v
-        raise ValueError(f"unknown attention backend {v!r}{did_you_mean(v, names)}; valid: "
-                         f"{format_choices(names)}, or a profile .yaml path")
+        raise ValueError(unknown_backend(v, names))
 
 
 class AnalyticalTiming:

@@ -182,5 +182,10 @@ def load_backend(name: str, base_dir: Path | None = None, where: str = "timing.a
         if p.exists():
             return load_profile_file(p)
         raise ConfigError(f"{where}: backend profile file {name!r} not found")
-    raise ConfigError(f"{where}: unknown attention backend {name!r}{did_you_mean(name, backend_choices())}; "
-                      f"valid: {format_choices(backend_choices())}, or a path to a profile .yaml")
+    raise ConfigError(f"{where}: {unknown_backend(name, backend_choices())}")
+
+
+def unknown_backend(name: str, names) -> str:
+    """The message for an attention backend ``name`` that is none of ``names`` (nor a profile path)."""
+    return (f"unknown attention backend {name!r}{did_you_mean(name, names)}; valid: {format_choices(names)}, "
+            f"or a path to a profile .yaml")

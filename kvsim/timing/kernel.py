@@ -72,7 +72,7 @@ from kvsim.models.geometry import KVGeometry
 from kvsim.timing.gpu_memory import FALLBACK_GPU, dram_latency_s
 from kvsim.timing.backend_profile import (  # noqa: F401  (re-exported: callers import them from here)
     BACKEND_ALIASES, BACKENDS_PACKAGE, SPLIT_RULES, BackendProfile, backend_choices, builtin_backends, load_backend,
-    load_profile_file, parse_profile)
+    load_profile_file, parse_profile, unknown_backend)
 
 FP16_BYTES = 2
 V2_MAX_UNITS_FOR_SPLIT = 512  # vLLM: use_v1 when num_seqs * num_heads > 512 (PR #1348)
@@ -107,15 +107,15 @@ def resolve_backend(name: str, block_size: int | None, attention: str = "gqa") -
     (None: contiguous KV) for a model of ``attention`` kind (``gqa`` or ``mla``): ``auto`` ->
     :data:`AUTO_BACKEND` for every layout (:data:`AUTO_MLA_BACKEND` for MLA); ``auto-2023`` -> the
     2023 paged kernel for paged layouts and ``contiguous`` for contiguous ones;
-    ``auto-flashattention`` -> ``flashattention-paged`` for every layout (MLA: as ``auto``); else
-    ``name``."""
+    ``auto-flashattention`` -> ``flashattention-paged`` for every layout (MLA: as ``auto``); an old name
+    -> its backend's name (``vllm-2023-paged`` -> ``vllm-paged-v1``); else ``name``."""
     if name == AUTO:
         return AUTO_MLA_BACKEND if attention == "mla" else AUTO_BACKEND
     if name == AUTO_FA:
         return AUTO_MLA_BACKEND if attention == "mla" else FA_BACKEND
     if name == AUTO_2023:
         return PAGED_2023_BACKEND if block_size else CONTIGUOUS_BACKEND
-    return name
+    return BACKEND_ALIASES.get(name, name)
 
 
 def default_backend(block_size: int | None) -> str:

@@ -22,6 +22,7 @@ from importlib import resources
 from pathlib import Path
 
 from kvsim.errors import ConfigError, format_choices, read_user_text
+from kvsim.timing.backend_profile import BACKEND_ALIASES
 
 COLUMNS = ("source_id", "source", "source_url", "source_commit", "source_date", "gpu", "gpu_preset", "backend",
            "backend_version", "batch", "context", "query_heads", "kv_heads", "head_dim", "attention", "dtype", "page_size",
@@ -80,11 +81,15 @@ class KernelPoint:
     timing: str = "kernel"  # see TIMINGS
 
 
-def _field(rec: dict, key: str, where: str):
+# a corpus field whose value the source did not print may say so; a measured launch's own fields may not
+NOT_PRINTED_HINT = "write 'none' or 'na' for a value the source did not print"
+LAUNCH_FIELD_HINT = "a reading gives every launch field"
+
+
+def _field(rec: dict, key: str, where: str, hint: str = NOT_PRINTED_HINT):
     v = rec.get(key)
     if v is None or (v.strip() == "" and key not in OPTIONAL_TEXT):
-        raise ConfigError(f"{where}: key '{key}' is missing (every corpus field must be given; "
-                          f"write 'none' or 'na' for a value the source did not print)")
+        raise ConfigError(f"{where}: key '{key}' is missing ({hint})")
     return v.strip()
 
 
@@ -153,6 +158,9 @@ def load_readings(path: str | Path, backends) -> list[KernelPoint]:
 
     p = Path(path)
     lines = read_user_text(p, "kernel readings").splitlines()
+    if not any(line.strip() for line in lines):
+        raise ConfigError(f"{p}: the kernel readings file is empty (a header of {', '.join(READING_COLUMNS)} and "
+                          f"a row per reading are needed)")
     reader = csv.DictReader(lines)
     missing = [c for c in READING_COLUMNS if c not in (reader.fieldnames or [])]
     if missing:
@@ -161,12 +169,14 @@ def load_readings(path: str | Path, backends) -> list[KernelPoint]:
     out = []
     for i, rec in enumerate(reader, start=2):
         at = f"{p} row {i}"
-        vals = {k: _field(rec, k, at) for k in READING_COLUMNS}
+        vals = {k: _field(rec, k, at, LAUNCH_FIELD_HINT) for k in READING_COLUMNS}
         vals |= {k: (rec.get(k) or d).strip() for k, d in READING_OPTIONAL.items()}
         if vals["gpu_preset"] not in GPUS:
             raise ConfigError(f"{at}: key 'gpu_preset' must be one of {format_choices(GPUS)}, got {vals['gpu_preset']!r}")
+        vals["backend"] = BACKEND_ALIASES.get(vals["backend"], vals["backend"])  # an old name, as --backend takes it
         if vals["backend"] not in backends:
-            raise ConfigError(f"{at}: key 'backend' must be one of {format_choices(backends)}, got {vals['backend']!r}")
+            raise ConfigError(f"{at}: key 'backend' must be one of {format_choices(backends)} (or an old name: "
+                              f"{format_choices(BACKEND_ALIASES)}), got {vals['backend']!r}")
         vals |= {"source_id": p.name, "source_url": "none", "gpu": vals["gpu_preset"], "bandwidth_util": "na",
                  "reading": "text", "split": "holdout", "timing": "kernel"}
         out.append(_point(vals, at, i))

@@ -79,10 +79,10 @@ def test_model_from_a_config_json(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--gpu", "A100"], "did you mean 'A100-80GB'"),
+    (["--gpu", "A100"], "--gpu: unknown gpu preset 'A100' (did you mean"),
     (["--tensor", "3"], "--tensor: 3 does not divide"),
     (["--model", "missing/config.json"], "--model:"),
-    (["--model", "llama"], "valid:"),
+    (["--model", "llama"], "valid presets:"),
     (["--backend", "flashinfer"], "--backend: unknown attention backend"),
 ])
 def test_bad_input_is_one_line_exit_2(capsys, args, needle):
@@ -107,3 +107,34 @@ def test_a_launch_past_the_bounds_is_a_usage_error(capsys, flag, value, bound):
         code = e.code
     assert code == 2
     assert f"argument {flag}: expected an integer in {bound}" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_presets_are_read_as_a_scenario_reads_them(capsys):
+    """Any case, as in a scenario (kvsim.models.names.lookup); the old backend name gives the same launch."""
+    base = _run(capsys, "--block-size", "16", "--backend", "vllm-paged-v1")
+    assert main(["kernel", "--gpu", "a100-80gb", "--model", "llama-2-13b", "--batch", "32", "--context", "1024",
+                 "--block-size", "16", "--backend", "vllm-2023-paged", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == base
+
+
+@pytest.mark.parametrize("extra", [["--gpu", "A100-80GB"], ["--tensor", "2"], ["--backend", "flashmla"],
+                                   ["--contiguous"], ["--kv-dtype", "fp8"]])
+def test_check_refuses_the_launch_options(capsys, extra):
+    """--check compares every backend on every row: a launch option would be silently ignored, so it is refused."""
+    assert main(["kernel", "--check", *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"kvsim: error: {extra[0]}: --check compares every built-in backend")
+
+
+def test_check_lists_the_rows_it_does_not_evaluate(capsys):
+    from kvsim.hw import GPUS
+    from kvsim.timing.kernel import builtin_backends
+    from kvsim.timing.kernel_corpus import load_corpus
+
+    left = [p for p in load_corpus() if p.gpu_preset not in GPUS or p.backend not in builtin_backends()]
+    assert main(["kernel", "--check"]) == 0
+    out = capsys.readouterr().out
+    assert f"not evaluated ({len(left)} rows:" in out
+    for src in {p.source_id for p in left}:
+        n = sum(p.source_id == src for p in left)
+        assert f"    {src}: {n} row{'s' * (n != 1)} (" in out

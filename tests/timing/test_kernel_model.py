@@ -261,6 +261,13 @@ def test_constant_timing_takes_the_pages_array():
 def test_old_backend_name_is_an_alias():
     assert load_backend("vllm-2023-paged") == load_backend("vllm-paged-v1")
     assert "vllm-2023-paged" in str(pytest.raises(ConfigError, load_backend, "vllm-2023-pagd").value)
+    # a run records the backend's name, not the old one (summary.json, the report, kvsim kernel agree)
+    assert resolve_backend("vllm-2023-paged", 16) == "vllm-paged-v1"
+    m = MODELS["Llama-2-7B"]
+    ctx = TimingContext(model=m, gpu=GPUS["A100-80GB"], kv=KVGeometry.for_gpu(m, "fp16", 1, block_size=16),
+                        weight_bytes=m.weight_bytes(), base_dir=Path("."), tensor_parallel=1)
+    assert AnalyticalTiming(AnalyticalTimingConfig(attention_backend="vllm-2023-paged"), ctx).attention_backend \
+        == "vllm-paged-v1"
 
 
 def test_vllm_v2_follows_vllms_dispatch_rule():

@@ -64,8 +64,20 @@ def test_a_bad_reading_is_refused_in_one_line_naming_the_file_and_key(tmp_path, 
     assert len(err) == 1 and "mine.csv" in err[0] and f"'{key}'" in err[0]
 
 
+def test_a_reading_may_name_a_backend_by_its_old_name(tmp_path, capsys):
+    f = tmp_path / "mine.csv"
+    rows = [HEADER, "A100-80GB,{},32,1024,40,40,128,fp16,16,600"]
+    f.write_text("\n".join([rows[0], rows[1].format("vllm-2023-paged"), rows[1].format("vllm-paged-v1")]) + "\n")
+    assert main(["kernel", "--check", "--readings", str(f), "--json"]) == 0
+    old, new = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    assert old["backend"] == new["backend"] == "vllm-paged-v1" and old["predicted_s"] == new["predicted_s"]
+
+
 def test_readings_need_check_and_rows(tmp_path, capsys):
     f = tmp_path / "mine.csv"
+    f.write_text("")
+    assert main(["kernel", "--check", "--readings", str(f)]) == 2
+    assert "the kernel readings file is empty" in capsys.readouterr().err
     f.write_text(HEADER + "\n")
     assert main(["kernel", "--check", "--readings", str(f)]) == 2
     assert "no readings" in capsys.readouterr().err

@@ -140,11 +140,13 @@ def _cmd_models(args) -> int:
               + " ".join(f"{m['kv_bytes_per_token'][d]:>8}" for d in dtypes))
     print("(window: tokens x layers with a sliding window; MoE params are the total, see --json for active)")
     print()
-    print(f"{'gpu':<16}{'memory GiB':>11}{'HBM TB/s':>10}{'bf16 TFLOP/s':>14}  {'GPU-GPU link (GB/s one way)'}")
+    print(f"{'gpu':<16}{'memory GiB':>11}{'HBM TB/s':>10}{'bf16 TFLOP/s':>14}  {'host link':<16}"
+          f"{'GPU-GPU link (GB/s one way)'}")
     for name, g in table["gpus"].items():
         print(f"{name:<16}{g['memory_bytes'] / 2**30:>11.0f}{g['hbm_bandwidth_bytes_per_s'] / 1e12:>10.3f}"
-              f"{g['bf16_flops_per_s'] / 1e12:>14.1f}  {g['interconnect']} "
+              f"{g['bf16_flops_per_s'] / 1e12:>14.1f}  {g['host_link'] or '-':<16}{g['interconnect']} "
               f"{g['interconnect_bandwidth_bytes_per_s'] / 1e9:.0f}")
+    print("(host link: the CPU-GPU link preset swaps and offloads are priced on; its rates: docs/transfer_model.md)")
     return 0
 
 

@@ -32,6 +32,11 @@ def test_models_json_has_the_kv_bytes_per_token():
 def test_models_table_prints():
     out = kvsim("models")
     assert out.returncode == 0 and "OPT-13B" in out.stdout and "819200" in out.stdout
+    # each GPU's host link (what swaps and offloads are priced on) is in the table, not only in --json
+    from kvsim.hw import GPUS
+
+    rows = {line.split()[0]: line.split() for line in out.stdout.splitlines() if line.split()[:1] in ([g] for g in GPUS)}
+    assert set(rows) == set(GPUS) and all(GPUS[g].host_link in rows[g] for g in GPUS)
 
 
 @pytest.fixture(scope="module")

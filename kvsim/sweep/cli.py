@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from kvsim.cliargs import nonnegative_int, positive_int
 from kvsim.units import SET_HELP_UNITS
 
 
@@ -53,12 +54,12 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a key of every point, e.g. --set trace.end_s=60 (repeatable; like the sweep's set:); "
                         + SET_HELP_UNITS)
-    p.add_argument("-j", "--jobs", type=int, default=None, help="points run in parallel (default: CPU count)")
+    p.add_argument("-j", "--jobs", type=positive_int, default=None, help="points run in parallel (default: CPU count)")
     p.add_argument("--executor", choices=("local", "ray", "inline"), default="local",
                    help="local: process pool (default); ray: Ray tasks; inline: this process, one by one")
     p.add_argument("--address", default=None,
                    help="Ray cluster address (auto, ray://host:10001, host:6379); default: start a local Ray")
-    p.add_argument("--retries", type=int, default=1, help="extra attempts for a failing point (default 1)")
+    p.add_argument("--retries", type=nonnegative_int, default=1, help="extra attempts for a failing point (default 1)")
     p.add_argument("--force", action="store_true",
                    help="rerun points that are already complete; also replace another kvsim command's output at --out")
     p.add_argument("--no-plots", action="store_true", help="skip per-point PNG plots")

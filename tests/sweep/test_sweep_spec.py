@@ -182,6 +182,15 @@ def test_cli_dry_run_lists_points(tmp_path, capsys):
     assert "10 points, all valid" in out.err
 
 
+@pytest.mark.parametrize("flag, value", [("--retries", "-1"), ("--jobs", "0")])
+def test_bad_retries_or_jobs_are_refused_before_anything_is_written(tmp_path, capsys, flag, value):
+    out = tmp_path / "o"
+    with pytest.raises(SystemExit) as e:
+        kvsim_main(["sweep", str(STUDY_SWEEP), "--set", "trace.end_s=60", "--out", str(out), flag, value])
+    assert e.value.code == 2 and f"{flag}: expected an integer" in capsys.readouterr().err.splitlines()[-1]
+    assert not out.exists()
+
+
 def test_cli_invalid_sweep_exits_2(tmp_path, capsys):
     p = write(tmp_path, {"base": BASE, "grid": {"allocator.block_size": [0]}})
     assert kvsim_main(["sweep", str(p), "--out", str(tmp_path / "o")]) == 2

@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from kvsim.errors import CalibrationError, KvsimError
 from kvsim.cliargs import positive_int
-
-
+from kvsim.errors import CalibrationError, KvsimError
 
 
 def register(subparsers) -> None:
@@ -135,9 +134,9 @@ def handle(args: argparse.Namespace) -> int:
     if cmd == "selfcheck":
         return _selfcheck(args.selfcheck_device)
     if cmd == "moe-check":
-        from kvsim.calibration.moe_fit import main as moe_main
+        from kvsim.calibration.moe_fit import CORPUS_FILE, check
 
-        return moe_main(["--check", *(["--corpus", args.moe_corpus] if args.moe_corpus else [])])
+        return check(Path(args.moe_corpus) if args.moe_corpus else CORPUS_FILE)
     if cmd == "fit":
         import json
 

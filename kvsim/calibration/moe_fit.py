@@ -30,7 +30,7 @@ import pandas as pd
 import yaml
 
 from kvsim.calibration.gemm_fit import _irls, _unit
-from kvsim.errors import ConfigError
+from kvsim.errors import ConfigError, read_user_text
 from kvsim.hw import GPUS, WEIGHT_DTYPE_BYTES
 from kvsim.timing import moe_kernel
 from kvsim.timing.moe_kernel import CORPUS_FILE, FIT_FILE, MoeKernelProfile, MoeShape, layer_time_s
@@ -57,10 +57,13 @@ TILES_N = (64, 128, 256)
 def load_corpus(path: Path = CORPUS_FILE) -> pd.DataFrame:
     """The corpus as a frame; a row missing a field, or with a value outside its choices, is one
     ConfigError line naming the file, the line and the field."""
+    import io
+
+    text = read_user_text(Path(path), "the MoE kernel corpus")
     try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read the MoE kernel corpus ({e.__class__.__name__})") from None
+        df = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError) as e:
+        raise ConfigError(f"{path}: not a CSV of the MoE kernel corpus' columns ({str(e).splitlines()[0]})") from None
     for key in FIELDS:
         if key not in df.columns:
             raise ConfigError(f"{path}: column {key!r} is missing (columns: {', '.join(FIELDS)})")
@@ -191,15 +194,27 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}")
         return 2
+    table = print_report(df, profiles)
+    if not args.check:
+        out.write_text(fit_yaml(profiles, table, df))
+        print(f"wrote {out}")
+    return 0
+
+
+def check(corpus: Path = CORPUS_FILE) -> int:
+    """``kvsim calibrate moe-check``: the shipped fit's error on ``corpus`` (bad input: a ConfigError for the CLI)."""
+    print_report(load_corpus(corpus), moe_kernel.load_profiles(FIT_FILE))
+    return 0
+
+
+def print_report(df: pd.DataFrame, profiles: dict) -> pd.DataFrame:
+    """Print each profile's constants and the error table of ``df``'s rows of those profiles; returns the table."""
     df = df[df["profile"].isin(profiles)]
     table = report(df, profiles)
     for name, p in profiles.items():
         print(f"{name}: " + ", ".join(f"{k}={getattr(p, k):.4g}" for k in moe_kernel.PARAMS))
     print(table.to_string(index=False))
-    if not args.check:
-        out.write_text(fit_yaml(profiles, table, df))
-        print(f"wrote {out}")
-    return 0
+    return table
 
 
 if __name__ == "__main__":

@@ -152,4 +152,11 @@ def test_calibrate_moe_check_prints_the_shipped_error(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "vllm-fused-moe-triton" in out and "holdout" in out and "check" in out
     assert main(["calibrate", "moe-check", "--corpus", str(tmp_path / "none.csv")]) == 2
-    assert "cannot read the MoE kernel corpus" in capsys.readouterr().out
+    assert capsys.readouterr().err.startswith("kvsim: error: ")  # the CLI's one line, on stderr
+    binary = tmp_path / "binary.csv"
+    binary.write_bytes(b"\xff\xfe\x00")
+    for bad, why in ((tmp_path / "none.csv", "cannot read the MoE kernel corpus (No such file"),
+                     (binary, "not UTF-8 text")):
+        assert main(["calibrate", "moe-check", "--corpus", str(bad)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"kvsim: error: {bad}: ") and why in err[0]

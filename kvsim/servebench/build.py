@@ -23,12 +23,14 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from kvsim.servebench.result import BenchResult
+from kvsim.servebench.result import MAX_TOKENS, BenchResult
 
 TRACE_HEADER = "arrival_s,prompt_tokens,output_tokens"
 KEYED_HEADER = TRACE_HEADER + ",prefix_keys,prefix_block_tokens"
 KEY_BLOCK = 16  # block size of the prefix keys: the scenarios' (and vLLM's default) block size
-KEY_STRIDE = 1 << 16  # keys per request index (a prompt has fewer full blocks than this)
+# keys per request index: a prompt (at most MAX_TOKENS tokens, checked by kvsim.servebench.result) has
+# no more full blocks than this
+KEY_STRIDE = MAX_TOKENS // KEY_BLOCK
 # where the benchmark starts after the client's test prompt (sent at 0): far past its finish (checked)
 TEST_PROMPT_GAP_S = 3600.0
 

@@ -138,9 +138,47 @@ def _prepared(res, base: dict, base_dir: Path, args, where: str):
     return raw, validate_scenario(raw, where, sets=tuple(args.set))
 
 
+def _check_test_prompt(res, test, scn) -> None:
+    """Refuse a run whose test prompt (trace request 0, ``test``: its row) was rejected or did not
+    finish before the benchmark: the client stops when its test prompt fails."""
+    from kvsim.errors import ConfigError
+    from kvsim.servebench import build
+
+    reason = next((r for r in test["reject_reason"] if isinstance(r, str) and r), "")
+    if reason:
+        why = (f"{res.input_lens[0]} prompt + {max(1, res.output_lens[0])} output tokens exceed the model's "
+               f"max_model_len {scn.model.max_model_len_tokens}" if reason == "exceeds_max_model_len" else "")
+        raise ConfigError(f"{res.path}: the test prompt (request 0's, sent first) was rejected: {reason}"
+                          + (f" ({why})" if why else "") + "; the benchmark's client stops when its test prompt "
+                          "fails: rerun with --no-test-prompt, or on a deployment that serves request 0")
+    if not (test["finish_s"] < build.TEST_PROMPT_GAP_S).all():
+        raise ConfigError(f"{res.path}: the test prompt did not finish within {build.TEST_PROMPT_GAP_S:g} s "
+                          "of simulated time; rerun with --no-test-prompt")
+
+
+def _unserved_warning(res, reqs, report: dict) -> str | None:
+    """``kvsim run``'s warning (kvsim.dropped) when more than 5 % of the benchmark's requests (``reqs``:
+    their rows of the request table) were not served, and a plain one when none was."""
+    from kvsim.dropped import Dropped
+
+    status = reqs["status"]
+    rejected = reqs.loc[status == "rejected", "reject_reason"].value_counts()
+    d = Dropped(trace_requests=res.num_requests, simulated=len(reqs), finished=int((status == "finished").sum()),
+                rejected_by_reason={str(k): int(v) for k, v in rejected.items()},
+                unfinished=int((status == "unfinished").sum()),
+                dropped_by_length_policy=max(0, res.num_requests - len(reqs)),
+                capped_by_length_policy=int(report.get("capped", 0) or 0))
+    name = f"{res.path}" + (f" (result {res.index})" if res.index else "")
+    if d.finished:
+        return d.warning(name)
+    fix = "; ".join(d.fixes())
+    return (f"warning: {name}: kvsim served none of its {d.trace_requests} requests "
+            f"({'; '.join(p for p in d.parts() if 'capped' not in p)}): its throughputs are 0 and its latencies "
+            "empty" + (f". Fix: {fix}" if fix else ""))
+
+
 def _run_one(tmp: Path, res, raw: dict, scn, where: str, test_prompt: bool) -> list[dict]:
     """Write one result's trace and scenario into ``tmp``, run it, write its comparison and summary."""
-    from kvsim.errors import ConfigError
     from kvsim.servebench import build
     from kvsim.servebench.metrics import predicted, table_metrics
     from kvsim.simulate import run as simulate
@@ -157,10 +195,7 @@ def _run_one(tmp: Path, res, raw: dict, scn, where: str, test_prompt: bool) -> l
     ran = simulate(scn, tmp, where=where)
     reqs, shift = ran.requests, 0
     if test_prompt:  # the benchmark's own requests: trace requests 1.. (request 0 is the test prompt)
-        test = reqs[reqs["request_id"] == 0]
-        if not (test["finish_s"] < build.TEST_PROMPT_GAP_S).all():
-            raise ConfigError(f"{res.path}: the test prompt did not finish within {build.TEST_PROMPT_GAP_S:g} s "
-                              "of simulated time; rerun with --no-test-prompt")
+        _check_test_prompt(res, reqs[reqs["request_id"] == 0], scn)
         reqs, shift = reqs[reqs["request_id"] >= 1], 1
     # the serving section (kvsim.metrics.summarize.serving_metrics) of the benchmark's own requests,
     # with the TTFT of a request that streamed no text at 0, as the client counted it; the ITL
@@ -177,6 +212,8 @@ def _run_one(tmp: Path, res, raw: dict, scn, where: str, test_prompt: bool) -> l
           f"arrivals: {how}" + (f"; client max_concurrency {res.max_concurrency}" if res.max_concurrency else ""))
     print(f"kvsim: {scn.model.name} on {scn.parallel.tensor}x {scn.gpu.name}, engine profile {scn.engine_profile}")
     print(table_text(rows))
+    if (warning := _unserved_warning(res, reqs, ran.trace_report)) is not None:
+        print(warning, file=sys.stderr)
     return rows
 
 

@@ -38,7 +38,7 @@ def table_metrics(requests, zero_ttft: frozenset[int] = frozenset(), chunk_token
 
 def predicted(serving: dict, key: str) -> float:
     """kvsim's value of a benchmark key: ``request_throughput``, ``output_throughput`` or
-    ``{mean,median,p99}_{ttft,tpot,itl,e2el}_ms``. vLLM's mean ITL is the mean over every gap
+    ``{mean,median,p90,p99}_{ttft,tpot,itl,e2el}_ms``. vLLM's mean ITL is the mean over every gap
     between tokens, stalls included: the section's ``itl_ms.mean_with_stalls``."""
     if key in ("request_throughput", "output_throughput"):
         return float(serving[key])

@@ -25,6 +25,12 @@ PREDICTED = ("request_throughput", "output_throughput",
              *(f"{s}_{m}" for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms") for s in ("mean", "median", "p90", "p99")))
 
 
+# a token count's bound (input_lens, output_lens, the totals' means): past every preset's max_model_len,
+# and the prefix keys' room per request (kvsim.servebench.build.KEY_STRIDE full blocks)
+MAX_TOKENS = 1 << 20
+# a request count's bound (num_prompts, completed): far past any benchmark's --num-prompts (the trace grows with it)
+MAX_REQUESTS = 10_000_000
+
 # other names of a key: end-to-end latency is ``*_latency_ms`` in benchmark_serving.py of vLLM 0.5-0.6 and
 # ``*_e2e_latency_ms`` in SGLang's bench_serving.py
 _OTHER_NAMES = {f"{s}_e2el_ms": (f"{s}_latency_ms", f"{s}_e2e_latency_ms") for s in ("mean", "median", "p90", "p99")}
@@ -92,29 +98,76 @@ def _number(doc: dict, key: str, where: str, *, required: bool = False) -> float
     return float(v)
 
 
-def _int_list(doc: dict, key: str, where: str) -> list[int] | None:
-    v = doc.get(key)
-    if v is None:
-        return None
-    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v):
-        raise ConfigError(f"{where}: {key}: expected a list of token counts (integers >= 0)")
+def _finite(doc: dict, key: str, where: str, *, required: bool = False) -> float | None:
+    """:func:`_number`, refusing an infinite one (``"inf"``, ``Infinity``): a printed metric or total."""
+    v = _number(doc, key, where, required=required)
+    if v is not None and math.isinf(v):
+        raise ConfigError(f"{where}: {key}: expected a finite number, got {doc[key]!r}")
     return v
 
 
+def _count(doc: dict, key: str, where: str, *, required: bool = False) -> int | None:
+    """A request count (``num_prompts``, ``completed``): an integer 1..:data:`MAX_REQUESTS`."""
+    v = _number(doc, key, where, required=required)
+    if v is not None and not (1 <= v <= MAX_REQUESTS and v == int(v)):
+        raise ConfigError(f"{where}: {key}: expected an integer 1..{MAX_REQUESTS}, got {doc[key]!r}")
+    return None if v is None else int(v)
+
+
+def _int_list(doc: dict, key: str, where: str, low: int) -> list[int] | None:
+    """Token counts, each ``low``..:data:`MAX_TOKENS`."""
+    v = doc.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        raise ConfigError(f"{where}: {key}: expected a list of token counts (integers {low}..{MAX_TOKENS})")
+    bad = next((i for i, x in enumerate(v) if not low <= x <= MAX_TOKENS), None)
+    if bad is not None:
+        raise ConfigError(f"{where}: {key}[{bad}]: expected a token count {low}..{MAX_TOKENS}, got {v[bad]}")
+    return v
+
+
+def _mean_length(doc: dict, key: str, done: int, where: str) -> int:
+    """A request's mean token count: the printed total ``key`` over ``completed`` requests (at least 1)."""
+    total = _finite(doc, key, where, required=True)
+    if not 0 <= total <= MAX_TOKENS * done:
+        raise ConfigError(f"{where}: {key}: expected 0..{MAX_TOKENS} tokens per completed request ({done} "
+                          f"completed), got {total:g}")
+    return max(1, round(total / done))
+
+
 def _lengths(doc: dict, where: str) -> tuple[list[int], list[int], bool]:
-    inp, out = _int_list(doc, "input_lens", where), _int_list(doc, "output_lens", where)
+    # a prompt has at least one token; a request that streamed nothing has output 0 (it runs one)
+    inp, out = _int_list(doc, "input_lens", where, 1), _int_list(doc, "output_lens", where, 0)
     if inp is not None and out is not None:
         if len(inp) != len(out) or not inp:
             raise ConfigError(f"{where}: input_lens / output_lens: expected two lists of one length >= 1, "
                               f"got {len(inp)} and {len(out)}")
         return inp, out, True
     # no per-request lengths (vLLM 0.32 without --save-detailed): the printed totals' means
-    done = _number(doc, "completed", where, required=True)
-    tin, tout = (_number(doc, k, where, required=True) for k in ("total_input_tokens", "total_output_tokens"))
-    if done < 1:
-        raise ConfigError(f"{where}: completed: expected at least 1 request, got {done:g}")
-    n = int(_number(doc, "num_prompts", where) or done)
-    return [max(1, round(tin / done))] * n, [max(1, round(tout / done))] * n, False
+    done = _count(doc, "completed", where, required=True)
+    tin, tout = (_mean_length(doc, k, done, where) for k in ("total_input_tokens", "total_output_tokens"))
+    n = _count(doc, "num_prompts", where) or done
+    return [tin] * n, [tout] * n, False
+
+
+def _start_times(doc: dict, n: int, open_loop: bool, where: str) -> list[float] | None:
+    """The client's send times: finite, one per request; in an open loop (where kvsim replays them) in
+    request order, as vLLM's client sends and records them (a task per request, started in order)."""
+    starts = doc.get("start_times")
+    if starts is None:
+        return None
+    if not isinstance(starts, list) or len(starts) != n or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in starts):
+        raise ConfigError(f"{where}: start_times: expected one number per request ({n})")
+    bad = next((i for i, x in enumerate(starts) if isinstance(x, float) and not math.isfinite(x)), None)
+    if bad is not None:
+        raise ConfigError(f"{where}: start_times[{bad}]: expected a finite send time (s), got {starts[bad]!r}")
+    back = next((i for i in range(1, n) if starts[i] < starts[i - 1]), None) if open_loop else None
+    if back is not None:
+        raise ConfigError(f"{where}: start_times[{back}]: expected send times in request order (non-decreasing), "
+                          f"got {starts[back]!r} after {starts[back - 1]!r}")
+    return starts
 
 
 def load(path: Path, index: int | None = None) -> BenchResult:
@@ -158,25 +211,26 @@ def _result(path: Path, docs: list[dict], index: int) -> BenchResult:
         raise ConfigError(f"{path}: --index {index}: the file holds {len(docs)} result(s) (0..{len(docs) - 1})")
     doc, where = docs[index], str(path) if len(docs) == 1 else f"{path}: result {index}"
     rate = _number(doc, "request_rate", where, required=True)
-    burst = _number(doc, "burstiness", where) or 1.0
+    burst = _finite(doc, "burstiness", where)
     conc = doc.get("max_concurrency")
     if conc is not None and (isinstance(conc, bool) or not isinstance(conc, int) or conc < 1):
         raise ConfigError(f"{where}: max_concurrency: expected null or an integer >= 1, got {conc!r}")
-    if rate <= 0 or burst <= 0:
-        raise ConfigError(f"{where}: request_rate / burstiness: expected > 0")
+    if rate <= 0:
+        raise ConfigError(f"{where}: request_rate: expected a number > 0 (\"inf\": every request at once), "
+                          f"got {doc['request_rate']!r}")
+    if burst is not None and burst <= 0:
+        raise ConfigError(f"{where}: burstiness: expected a finite number > 0 (1: Poisson), got {doc['burstiness']!r}")
     inp, out, per_request = _lengths(doc, where)
-    starts = doc.get("start_times")
-    if starts is not None and (not isinstance(starts, list) or len(starts) != len(inp)
-                               or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in starts)):
-        raise ConfigError(f"{where}: start_times: expected one number per request ({len(inp)})")
+    starts = _start_times(doc, len(inp), conc is None, where)
     ttfts = doc.get("ttfts")
     zero = frozenset()
     if isinstance(ttfts, list) and len(ttfts) == len(inp):
         zero = frozenset(i for i, t in enumerate(ttfts) if isinstance(t, (int, float)) and t == 0)
-    published = {k: v for k in PREDICTED if (v := _number(doc, _key(doc, k), where)) is not None}
+    published = {k: v for k in PREDICTED if (v := _finite(doc, _key(doc, k), where)) is not None}
     if not published:
         raise ConfigError(f"{where}: no printed metric to compare with (expected one of {', '.join(PREDICTED)})")
     return BenchResult(path=path, index=index, model_id=str(doc.get("model_id") or ""), request_rate=rate,
-                       burstiness=burst, max_concurrency=conc, input_lens=inp, output_lens=out,
-                       per_request=per_request, start_times=starts, published=published, zero_ttft=zero,
+                       burstiness=1.0 if burst is None else burst, max_concurrency=conc, input_lens=inp,
+                       output_lens=out, per_request=per_request, start_times=starts, published=published,
+                       zero_ttft=zero,
                        chunk_tokens=stream_chunk_tokens(out, doc.get("itls")) if per_request else 1)

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from kvsim.errors import ConfigError
 from kvsim.servebench import build, result
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,6 +28,7 @@ def one_line_exit_2(r, *words):
     assert r.returncode == 2, (r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert ".tmp-" not in lines[0], lines[0]  # the user's file, never kvsim's hidden output directory
     for w in words:
         assert w in lines[0], lines[0]
 
@@ -220,12 +222,108 @@ def test_appended_results_need_an_index(tmp_path):
      ["max_concurrency"]),
     ('{"request_rate": "inf", "request_throughput": 1, "input_lens": [1, 2], "output_lens": [1]}', ["input_lens"]),
     ('{"request_rate": "inf", "input_lens": [1], "output_lens": [1]}', ["no printed metric"]),
+    # without per-request lengths: the request count and the means are bounded
+    *((f'{{"request_rate": 4.0, "completed": 20, "total_input_tokens": 2000, "total_output_tokens": 400, '
+       f'"request_throughput": 2.0, "num_prompts": {n}}}',
+       ["num_prompts", "expected an integer 1..10000000", f"got {got}"])
+      for n, got in (("-5", "-5"), ("0.5", "0.5"), ("0", "0"), ("1e12", "1000000000000.0"))),
+    ('{"request_rate": 4.0, "completed": 0, "total_input_tokens": 2000, "total_output_tokens": 400, '
+     '"request_throughput": 2.0}', ["completed", "expected an integer 1.."]),
+    ('{"request_rate": 4.0, "completed": 2, "total_input_tokens": 4e9, "total_output_tokens": 400, '
+     '"request_throughput": 2.0}', ["total_input_tokens", "0..1048576 tokens per completed request"]),
+    ('{"request_rate": 4.0, "completed": 2, "total_input_tokens": 100, "total_output_tokens": Infinity, '
+     '"request_throughput": 2.0}', ["total_output_tokens", "finite"]),
+    # absurd lengths are refused before any per-block key is built; a prompt has at least one token
+    ('{"request_rate": "inf", "request_throughput": 1, "input_lens": [5, 1000000000], "output_lens": [1, 1]}',
+     ["input_lens[1]", "1..1048576", "1000000000"]),
+    ('{"request_rate": "inf", "request_throughput": 1, "input_lens": [5, 5], "output_lens": [1, 1048577]}',
+     ["output_lens[1]", "0..1048576"]),
+    ('{"request_rate": "inf", "request_throughput": 1, "input_lens": [5, 0], "output_lens": [1, 1]}',
+     ["input_lens[1]", "1..1048576", "got 0"]),
+    # send times: finite and in request order (an open loop replays them)
+    ('{"request_rate": 4.0, "request_throughput": 1, "input_lens": [5, 5], "output_lens": [1, 1], '
+     '"start_times": [0.0, NaN]}', ["start_times[1]", "finite", "nan"]),
+    ('{"request_rate": 4.0, "request_throughput": 1, "input_lens": [5, 5], "output_lens": [1, 1], '
+     '"start_times": [0.0, Infinity]}', ["start_times[1]", "finite", "inf"]),
+    ('{"request_rate": 4.0, "request_throughput": 1, "input_lens": [5, 5, 5], "output_lens": [1, 1, 1], '
+     '"start_times": [2.0, 3.0, 1.0]}', ["start_times[2]", "non-decreasing", "1.0 after 3.0"]),
+    # burstiness 0 is refused, not taken for 1
+    ('{"request_rate": 4.0, "burstiness": 0, "request_throughput": 1, "input_lens": [5], "output_lens": [1]}',
+     ["burstiness", "> 0", "got 0"]),
+    ('{"request_rate": 0, "request_throughput": 1, "input_lens": [5], "output_lens": [1]}',
+     ["request_rate", "> 0", "got 0"]),
+    # a printed metric is finite (the file's own key named)
+    ('{"request_rate": "inf", "request_throughput": 1, "mean_ttft_ms": "inf", "input_lens": [5], "output_lens": [1]}',
+     ["mean_ttft_ms", "finite", "'inf'"]),
+    ('{"request_rate": "inf", "median_latency_ms": Infinity, "input_lens": [5], "output_lens": [1]}',
+     ["median_latency_ms", "finite"]),
 ])
 def test_bad_result_is_one_line_exit_2(tmp_path, content, words):
     p = tmp_path / "bad.json"
     p.write_text(content)
     one_line_exit_2(kvsim("servebench", str(p), "--model", "Llama-3-8B", "--gpu", "A100-80GB",
                           "--out", str(tmp_path / "o")), str(p), *words)
+
+
+def test_send_times_are_ordered_only_where_they_are_replayed(tmp_path):
+    """kvsim replays start_times only in an open loop: a closed loop's are checked finite, not ordered."""
+    _closed(tmp_path / "c.json", start_times=[float(24 - i) for i in range(24)])
+    assert result.load(tmp_path / "c.json").start_times[0] == 24.0
+    _closed(tmp_path / "o.json", max_concurrency=None, start_times=[0.0, 0.0] + [1.0] * 22)  # ties are in order
+    assert build.arrivals(result.load(tmp_path / "o.json"), 0)[0].tolist() == [0.0, 0.0] + [1.0] * 22
+    _closed(tmp_path / "n.json", start_times=[float("nan")] * 24)
+    with pytest.raises(ConfigError, match=r"start_times\[0\]: expected a finite send time"):
+        result.load(tmp_path / "n.json")
+
+
+def test_unset_burstiness_is_poisson(tmp_path):
+    _closed(tmp_path / "c.json")
+    doc = json.loads((tmp_path / "c.json").read_text())
+    del doc["burstiness"]
+    (tmp_path / "c.json").write_text(json.dumps(doc))
+    assert result.load(tmp_path / "c.json").burstiness == 1.0
+
+
+def _over_long(path: Path, over: int, n: int = 20) -> None:
+    """A result of ``n`` requests whose first ``over`` prompts are longer than Llama-3-8B's 8,192 tokens."""
+    doc = {"request_rate": 20.0, "request_throughput": 2.0, "mean_ttft_ms": 40.0,
+           "input_lens": [9000] * over + [300] * (n - over), "output_lens": [20] * n}
+    path.write_text(json.dumps(doc))
+
+
+def test_unserved_requests_are_a_warning_as_for_kvsim_run(tmp_path):
+    args = ("--model", "Llama-3-8B", "--gpu", "A100-80GB", "--no-test-prompt")
+    _over_long(tmp_path / "all.json", 20)
+    r = kvsim("servebench", str(tmp_path / "all.json"), *args, "--out", str(tmp_path / "a"))
+    assert r.returncode == 0, r.stderr
+    warning = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warning) == 1 and str(tmp_path / "all.json") in warning[0], r.stderr
+    assert "served none of its 20 requests" in warning[0] and "exceeds_max_model_len 20" in warning[0]
+    assert json.loads((tmp_path / "a" / "summary.json").read_text())["requests_finished"] == 0
+    _over_long(tmp_path / "some.json", 4)  # 20 %: kvsim run's warning (more than 5 % not served)
+    r = kvsim("servebench", str(tmp_path / "some.json"), *args, "--out", str(tmp_path / "s"))
+    assert r.returncode == 0, r.stderr
+    assert "20.0% of the trace's 20 requests were not served: 4 rejected (exceeds_max_model_len 4)" in r.stderr
+    _over_long(tmp_path / "one.json", 1)  # 5 %: no warning
+    r = kvsim("servebench", str(tmp_path / "one.json"), *args, "--out", str(tmp_path / "o"))
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+
+
+def test_a_rejected_test_prompt_says_why(tmp_path):
+    _over_long(tmp_path / "r.json", 1)
+    one_line_exit_2(kvsim("servebench", str(tmp_path / "r.json"), "--model", "Llama-3-8B", "--gpu", "A100-80GB",
+                          "--out", str(tmp_path / "o")),
+                    str(tmp_path / "r.json"), "test prompt", "rejected: exceeds_max_model_len",
+                    "9000 prompt + 20 output tokens exceed the model's max_model_len 8192", "--no-test-prompt")
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_validation_doc_lists_the_printed_statistics():
+    stats = list(dict.fromkeys(k.split("_")[0] for k in result.PREDICTED if k.endswith("_ms")))
+    doc = (ROOT / "docs/validation.md").read_text()
+    section = doc[doc.index("## Your own results: `kvsim servebench`"):doc.index("## The corpus")]
+    assert stats == ["mean", "median", "p90", "p99"]
+    assert " / ".join(stats) + " of TTFT, TPOT, ITL and E2EL" in " ".join(section.split())
 
 
 def test_bad_invocations_are_one_line_exit_2(tmp_path):

@@ -70,8 +70,12 @@ def _choice(path: Path, line: int, key: str, value: str, choices) -> str:
 def load(path: Path = CORPUS) -> list[MemoryRow]:
     """The corpus rows; a missing field or an unknown name is one ConfigError naming file, line and key."""
     lines = [ln for ln in read_user_text(Path(path), "memory corpus").splitlines() if not ln.startswith("#")]
+    reader = csv.DictReader(lines)
+    missing = [k for k in REQUIRED if k not in (reader.fieldnames or [])]
+    if missing:
+        raise ConfigError(f"{path}: column '{missing[0]}' is missing from the header (required: {', '.join(REQUIRED)})")
     rows = []
-    for i, r in enumerate(csv.DictReader(lines), start=2):
+    for i, r in enumerate(reader, start=2):
         for key in REQUIRED:
             if not (r.get(key) or "").strip():
                 raise ConfigError(f"{path}: line {i}: {key}: required field is empty")

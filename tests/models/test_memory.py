@@ -128,6 +128,16 @@ def test_summary_records_the_reserve(tmp_path):
     (lambda t: t.replace(",8192,1024,0.95,", ",8192,,0.95,", 1), "max_num_seqs: required field is empty"),
     (lambda t: t.replace(",0.95,79.19,14.99,", ",0.95,79.19,lots,", 1), "weights_gib: 'lots' is not a number"),
 ])
+def test_a_corpus_without_a_required_column_names_the_column(tmp_path):
+    lines = memory_corpus.CORPUS.read_text().splitlines()
+    header = next(i for i, ln in enumerate(lines) if not ln.startswith("#"))
+    lines[header] = lines[header].replace("source_url", "url", 1)
+    f = tmp_path / "c.csv"
+    f.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match=rf"^{f}: column 'source_url' is missing from the header \(required: "):
+        memory_corpus.load(f)
+
+
 def test_bad_corpus_row_is_one_line(tmp_path, edit, expect):
     f = tmp_path / "c.csv"
     f.write_text(edit(memory_corpus.CORPUS.read_text()))

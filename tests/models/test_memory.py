@@ -122,12 +122,6 @@ def test_summary_records_the_reserve(tmp_path):
                         abs_tol=4)
 
 
-@pytest.mark.parametrize("edit, expect", [
-    (lambda t: t.replace(",Llama-3.1-8B,", ",Llama-9-8B,", 1), "model: 'Llama-9-8B' is not one of"),
-    (lambda t: t.replace(",fit,", ",train,", 1), "split: 'train' is not one of"),
-    (lambda t: t.replace(",8192,1024,0.95,", ",8192,,0.95,", 1), "max_num_seqs: required field is empty"),
-    (lambda t: t.replace(",0.95,79.19,14.99,", ",0.95,79.19,lots,", 1), "weights_gib: 'lots' is not a number"),
-])
 def test_a_corpus_without_a_required_column_names_the_column(tmp_path):
     lines = memory_corpus.CORPUS.read_text().splitlines()
     header = next(i for i, ln in enumerate(lines) if not ln.startswith("#"))
@@ -138,6 +132,12 @@ def test_a_corpus_without_a_required_column_names_the_column(tmp_path):
         memory_corpus.load(f)
 
 
+@pytest.mark.parametrize("edit, expect", [
+    (lambda t: t.replace(",Llama-3.1-8B,", ",Llama-9-8B,", 1), "model: 'Llama-9-8B' is not one of"),
+    (lambda t: t.replace(",fit,", ",train,", 1), "split: 'train' is not one of"),
+    (lambda t: t.replace(",8192,1024,0.95,", ",8192,,0.95,", 1), "max_num_seqs: required field is empty"),
+    (lambda t: t.replace(",0.95,79.19,14.99,", ",0.95,79.19,lots,", 1), "weights_gib: 'lots' is not a number"),
+])
 def test_bad_corpus_row_is_one_line(tmp_path, edit, expect):
     f = tmp_path / "c.csv"
     f.write_text(edit(memory_corpus.CORPUS.read_text()))

@@ -200,6 +200,10 @@ def _remove_written(d: Path, written: Iterable[str]) -> None:
                 shutil.rmtree(p, ignore_errors=True)
 
 
+def _empty_dir(p: Path) -> bool:
+    return p.is_dir() and not p.is_symlink() and not any(p.iterdir())
+
+
 def _user_entries(d: Path, written: Iterable[str]) -> list[str]:
     """Top-most paths under ``d`` that kvsim did not write (per ``written``)."""
     listed = set(written)
@@ -324,10 +328,14 @@ def commit(tmp: Path, out: Path, command: str, *, force: bool = False, flag: str
         os.replace(tmp, out)
         return out
     user = _user_entries(out, old_marker.written)
+    for u in [u for u in user if _empty_dir(out / u) and (tmp / u).is_dir()]:
+        (out / u).rmdir()  # an empty folder where a new output folder goes holds nothing to keep
+        user.remove(u)
     taken = [u for u in user if (tmp / u).exists()]
     if taken:
-        raise ConfigError(f"{flag} {out}: your file {out / taken[0]} has the name of a new kvsim output; move it "
-                          f"away and rerun (the new output is kept in {tmp})")
+        what = "folder" if (out / taken[0]).is_dir() else "file"
+        raise ConfigError(f"{flag} {out}: your {what} {out / taken[0]} has the name of a new kvsim output; move "
+                          f"it away and rerun (the new output is kept in {tmp})")
     old = out.parent / f".{out.name}.old-{os.getpid()}"
     if old.exists():
         raise ConfigError(f"{old}: in the way of replacing {out}; move it away")

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import subprocess
+import shutil
 import sys
 from pathlib import Path
 
@@ -150,6 +151,27 @@ def test_a_file_of_an_old_run_that_the_new_run_does_not_write_is_removed(tmp_pat
     run(scn, out)
     run(scenario(tmp_path, name="other.yaml"), out)  # no variants now
     assert not (out / "a").exists() and not (out / "b").exists() and (out / "summary.json").is_file()
+
+
+def test_an_emptied_folder_of_an_old_variant_does_not_block_a_rerun(tmp_path):
+    """A variant folder kept for the user's file in it (the rerun had no such variant) and emptied since is
+    nothing to keep: the next run that writes that variant takes its place. A folder with a file still
+    blocks, and is called a folder."""
+    two = scenario(tmp_path, extra="variants:\n  a: {}\n  b: {allocator: {block_size: 32}}\n")
+    out = tmp_path / "out"
+    run(two, out)
+    (out / "b" / "mine.txt").write_text("keep")
+    run(scenario(tmp_path, name="one.yaml", extra="variants:\n  a: {}\n"), out)
+    assert (out / "b" / "mine.txt").read_text() == "keep" and "b" not in read_marker(out).written
+    with pytest.raises(ConfigError, match=r"your folder .*/b has the name of a new kvsim output"):
+        run(two, out)
+    assert (out / "b" / "mine.txt").read_text() == "keep"
+    (out / "b" / "mine.txt").rename(tmp_path / "mine.txt")  # the user moves their file out
+    for d in tmp_path.glob(".out.tmp-*"):  # (the refused run's output, kept for the user)
+        shutil.rmtree(d)
+    run(two, out)
+    assert (out / "b" / "summary.json").is_file() and "b/summary.json" in read_marker(out).written
+    assert hidden_leftovers(out) == []
 
 
 def test_empty_directory_is_used(tmp_path):

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
-
 from kvsim.errors import KvsimError
 from kvsim.plots import plot_concurrency_comparison, plot_fragmentation_bars, plot_latency_cdfs
 from kvsim.report.comparison_plots import (
@@ -40,7 +38,7 @@ from kvsim.report.comparison_plots import (
     plot_vs_rate,
 )
 from kvsim.report.comparison_table import comparison_frame, table_text, vllm_frame, vllm_metrics
-from kvsim.report.runs import baseline_choice, collect_runs
+from kvsim.report.runs import baseline_choice, collect_runs, read_table
 from kvsim.report.series import BLOCK_KEY, distinct_values, knees_frame, pick_runs, rate_key
 from kvsim.report.tables import prefix_hit_value
 from kvsim.results import write_text_atomic
@@ -122,7 +120,7 @@ def _write_comparison(runs, meta, out: Path, say, *, metric_names: str, base_lab
     attempt("memory_over_time.png", lambda p: plot_memory_over_time(runs, p))
 
     def cdfs(p: Path) -> None:
-        reqs = {r.label: pd.read_parquet(r.path / "requests.parquet", columns=["status", "ttft_s", "tpot_s", "e2e_s"])
+        reqs = {r.label: read_table(r.path / "requests.parquet", columns=["status", "ttft_s", "tpot_s", "e2e_s"])
                 for r in pick_runs(runs) if (r.path / "requests.parquet").exists()}
         plot_latency_cdfs(reqs, p, total_runs=len(runs))
 
@@ -155,4 +153,7 @@ def _write_comparison(runs, meta, out: Path, say, *, metric_names: str, base_lab
             attempt("bandwidth_vs_block_size.png", lambda p: plot_bandwidth_vs_block_size(runs, p))
     if meta["failed"]:
         say(f"compare: left out {len(meta['failed'])} failed point(s): {', '.join(meta['failed'][:5])}")
+    if meta.get("left_out"):
+        say(f"compare: left out {len(meta['left_out'])} variant(s) without a summary.json: "
+            f"{', '.join(meta['left_out'][:5])}")
     return written

@@ -27,8 +27,9 @@ import pandas as pd
 import yaml
 
 from kvsim.version import __version__
-from kvsim.errors import KvsimError
+from kvsim.errors import ConfigError, KvsimError
 from kvsim.report.priced_with import priced_with_lines
+from kvsim.report.runs import read_run_dir, read_table
 from kvsim.report.tables import fmt, summary_metrics
 
 MAX_POINT_SECTIONS = 16
@@ -303,7 +304,7 @@ def _dropped_section(summaries: dict[str, dict], trace_reports: dict[str, dict])
 
 
 def _single_run_body(run_dir: Path, tmp: Path, shown_name: str | None = None) -> tuple[str, list[str]]:
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = read_run_dir(run_dir)
     title = f"kvsim run: {summary.get('name', run_dir.name)}"
     body = _header(title, run_dir, "run", shown_name)
     body += _findings_section({str(summary.get("name", run_dir.name)): summary})
@@ -317,13 +318,15 @@ def _single_run_body(run_dir: Path, tmp: Path, shown_name: str | None = None) ->
 
 
 def _variants_body(run_dir: Path, tmp: Path, shown_name: str | None = None) -> tuple[str, list[str]]:
-    from kvsim.report.runs import variant_order
+    from kvsim.report.runs import variant_order, variants_without_summary
 
     subs = [run_dir / n for n in variant_order(run_dir)]  # scenario order, baseline first: everywhere
-    summaries = {p.name: json.loads((p / "summary.json").read_text()) for p in subs}
+    summaries = {p.name: read_run_dir(p) for p in subs}
     scenario = next(iter(summaries.values())).get("scenario", run_dir.name)
     title = f"kvsim run: {scenario} ({len(subs)} variants)"
     body = _header(title, run_dir, "variants", shown_name)
+    if left_out := variants_without_summary(run_dir):
+        body.append(_warn(f"Left out {len(left_out)} variant(s) without a summary.json: {', '.join(left_out)}."))
     _, baseline = _scenario_order(run_dir, list(summaries))
     body += _findings_section(summaries, baseline)
     body += _headline_section(summaries, baseline)
@@ -362,7 +365,7 @@ def _sweep_body(sweep_dir: Path, tmp: Path) -> tuple[str, list[str]]:
     from kvsim.report.comparison import compare
     from kvsim.report.comparison_plots import PLOT_CAPTIONS
 
-    idx = pd.read_parquet(sweep_dir / "index.parquet")
+    idx = read_table(sweep_dir / "index.parquet")
     doc = {}
     if (sweep_dir / "sweep.resolved.yaml").exists():
         doc = yaml.safe_load((sweep_dir / "sweep.resolved.yaml").read_text(encoding="utf-8")) or {}
@@ -381,7 +384,7 @@ def _sweep_body(sweep_dir: Path, tmp: Path) -> tuple[str, list[str]]:
     for _, r in idx.iterrows():
         f = sweep_dir / str(r["run_dir"]) / "summary.json"
         if r["status"] == "ok" and f.exists():
-            heads[str(r["label"])] = json.loads(f.read_text())
+            heads[str(r["label"])] = read_run_dir(f.parent)
     body += _findings_section(heads)
     body += _headline_section(heads)
     keys = [k for k in (doc.get("override_keys") or []) if k in idx.columns]
@@ -417,7 +420,7 @@ def _sweep_body(sweep_dir: Path, tmp: Path) -> tuple[str, list[str]]:
             if r["status"] != "ok" or not (pdir / "summary.json").exists():
                 body.append(f"<p>status {_esc(r['status'])}: {_esc(r['error'])}</p>")
                 continue
-            summary = json.loads((pdir / "summary.json").read_text())
+            summary = heads[str(r["label"])]
             body.append(f"<details><summary>summary.json</summary>{_summary_table(summary, None)}</details>")
             body += _run_plots(pdir, tmp)
     if doc:
@@ -463,6 +466,19 @@ def write_run_report(run_dir: str | Path, out: str | Path | None = None, *, forc
 
     run_dir = Path(run_dir)
     path = Path(out) if out is not None else run_dir / "report.html"
+    if out is not None:
+        _check_out_folder(path)
     check_out_file(path, force=force)
     text = render_report(run_dir, shown_name)
-    return write_file_atomic(path, lambda p: p.write_text(text, encoding="utf-8"), force=force)
+    try:
+        return write_file_atomic(path, lambda p: p.write_text(text, encoding="utf-8"), force=force)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot write the report: {e.strerror or e}") from None
+
+
+def _check_out_folder(path: Path) -> None:
+    """``report --out FILE`` writes into an existing folder only (as ``trace convert`` does)."""
+    folder = path.parent
+    if not folder.is_dir():
+        why = "is not a folder" if folder.exists() else "does not exist"
+        raise ConfigError(f"--out {path}: the output folder {folder} {why}")

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from kvsim.errors import KvsimError
+from kvsim.errors import ConfigError, KvsimError, read_user_text
 from kvsim.report.tables import flatten, is_missing, point_labels, resolved_scenario
 
 
@@ -40,7 +40,7 @@ class Run:
             p = self.path / "requests.parquet"
             if not p.exists():
                 return None
-            a = pd.read_parquet(p, columns=["arrival_s"])["arrival_s"].to_numpy()
+            a = read_table(p, columns=["arrival_s"])["arrival_s"].to_numpy()
             self._rate = float((len(a) - 1) / (a.max() - a.min())) if len(a) > 1 and a.max() > a.min() else math.nan
         return None if math.isnan(self._rate) else self._rate
 
@@ -49,21 +49,94 @@ def _is_sweep_dir(p: Path) -> bool:
     return (p / "index.parquet").exists() and (p / "points").is_dir()
 
 
-def _load_run(path: Path, label: str, **kw) -> Run:
-    summary = json.loads((path / "summary.json").read_text())
+# Keys every kvsim summary.json has (docs/metrics.md), with their JSON type: how a run directory is recognised
+RUN_KEYS = {"name": (str, "text"), "kv": (dict, "an object"), "concurrency": (dict, "an object")}
+RUN_TABLES = ("requests.parquet", "steps.parquet")
+
+
+def read_summary(run_dir: Path) -> dict:
+    """The ``summary.json`` of ``run_dir``, checked: valid JSON, an object, with :data:`RUN_KEYS`.
+    Anything else is one :class:`ConfigError` line naming the file (or the directory, when it is
+    not a kvsim run) and what was expected."""
+    run_dir = Path(run_dir)
+    path = run_dir / "summary.json"
+    try:
+        doc = json.loads(read_user_text(path, "the run summary"))
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON (line {e.lineno} col {e.colno}: {e.msg})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: expected a JSON object (a kvsim run summary), got {_json_type(doc)}")
+    missing = [k for k in RUN_KEYS if k not in doc]
+    if missing:
+        raise ConfigError(f"{run_dir}: not a kvsim run directory (its summary.json has no "
+                          f"{', '.join(missing)} key{'s' * (len(missing) > 1)})")
+    for key, (kind, what) in RUN_KEYS.items():
+        if not isinstance(doc[key], kind):
+            raise ConfigError(f"{path}: {key}: expected {what}, got {_json_type(doc[key])}")
+    return doc
+
+
+def _json_type(v) -> str:
+    names = {dict: "an object", list: "a list", str: "text", bool: "true/false", type(None): "null"}
+    return names.get(type(v), "a number")
+
+
+def read_table(path: Path, columns: list[str] | None = None) -> pd.DataFrame:
+    """A run's Parquet table; a file that is not one (truncated, corrupt) is one ConfigError line."""
+    import pyarrow as pa
+
+    try:
+        return pd.read_parquet(path, columns=columns)
+    except (pa.ArrowException, OSError) as e:
+        raise _table_error(path, e) from None
+
+
+def _table_error(path: Path, e: Exception) -> ConfigError:
+    """``PATH: cannot read the parquet file: why``, without pyarrow's "Could not open ... '<path>': " prefix."""
+    text = str(e).strip()
+    why = text.split("': ", 1)[1] if text.startswith("Could not open") and "': " in text else text
+    return ConfigError(f"{path}: cannot read the parquet file: {why}")
+
+
+def check_tables(run_dir: Path) -> None:
+    """Every table of ``run_dir`` that exists is a readable Parquet file (its footer is read):
+    a corrupt table is an input error in ``compare`` and ``report`` alike, not a missing plot."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for name in RUN_TABLES:
+        path = Path(run_dir) / name
+        if path.exists():
+            try:
+                pq.read_metadata(path)
+            except (pa.ArrowException, OSError) as e:
+                raise _table_error(path, e) from None
+
+
+def read_run_dir(run_dir: Path) -> dict:
+    """The checked summary of a run directory (:func:`read_summary`), once its tables are known to be
+    readable (:func:`check_tables`). The one reader of run directories for compare and report."""
+    summary = read_summary(run_dir)
+    check_tables(run_dir)
+    return summary
+
+
+def _load_run(path: Path, label: str, summary: dict | None = None, **kw) -> Run:
+    summary = read_run_dir(path) if summary is None else summary
     params = flatten(resolved_scenario(path) or {})
     return Run(label=label, path=path, summary=summary, params=params, **kw)
 
 
 def collect_runs(paths: list[str | Path]) -> tuple[list[Run], dict]:
-    """Runs of every input, in order. ``meta``: ``sweep`` (bool), ``override_keys``, ``failed``."""
+    """Runs of every input, in order. ``meta``: ``sweep`` (bool), ``override_keys``, ``failed``,
+    ``left_out`` (variant directories without a summary.json)."""
     runs: list[Run] = []
-    meta: dict[str, Any] = {"sweep": False, "override_keys": [], "failed": []}
+    meta: dict[str, Any] = {"sweep": False, "override_keys": [], "failed": [], "left_out": []}
     for raw in paths:
         p = Path(raw)
         if _is_sweep_dir(p):
             meta["sweep"] = True
-            idx = pd.read_parquet(p / "index.parquet")
+            idx = read_table(p / "index.parquet")
             keys = []
             if (p / "sweep.resolved.yaml").exists():
                 keys = (yaml.safe_load((p / "sweep.resolved.yaml").read_text()) or {}).get("override_keys") or []
@@ -79,11 +152,12 @@ def collect_runs(paths: list[str | Path]) -> tuple[list[Run], dict]:
                 ov = {k: (None if is_missing(row[k]) else py_value(row[k])) for k in keys}
                 runs.append(_load_run(p / str(row["run_dir"]), label, point_id=pid, variant=variant, overrides=ov))
         elif (p / "summary.json").exists():
-            s = json.loads((p / "summary.json").read_text())
-            runs.append(_load_run(p, str(s.get("name", p.name))))
+            s = read_run_dir(p)
+            runs.append(_load_run(p, s["name"], s))
         elif p.is_dir() and any((c / "summary.json").exists() for c in p.iterdir()):
             for name in variant_order(p):
                 runs.append(_load_run(p / name, name))
+            meta["left_out"] += [str(p / name) for name in variants_without_summary(p)]
         else:
             raise KvsimError(f"{p}: not a kvsim run, variants or sweep directory (no summary.json, no index.parquet)")
     labels = [r.label for r in runs]
@@ -111,13 +185,7 @@ def variant_order(run_dir: Path) -> list[str]:
     plot and report of a run."""
     run_dir = Path(run_dir)
     have = sorted(c.name for c in run_dir.iterdir() if (c / "summary.json").exists())
-    runs: dict = {}
-    path = run_dir / "scenario.resolved.yaml"
-    if path.exists():
-        try:
-            runs = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("runs") or {}
-        except yaml.YAMLError:
-            runs = {}
+    runs = _scenario_runs(run_dir)
     order = [str(n) for n in runs if str(n) in have] + [n for n in have if n not in runs]
     base = next((r.get("scenario", {}).get("baseline") for r in runs.values()
                  if isinstance(r, dict) and isinstance(r.get("scenario"), dict)), None)
@@ -125,6 +193,26 @@ def variant_order(run_dir: Path) -> list[str]:
         order.remove(base)
         order.insert(0, base)
     return order
+
+
+def variants_without_summary(run_dir: Path) -> list[str]:
+    """The variants that ``run_dir``'s scenario.resolved.yaml lists but that have no ``summary.json``
+    (deleted, or a folder copied without it): left out of compare and report, with a note."""
+    run_dir = Path(run_dir)
+    return [str(n) for n in _scenario_runs(run_dir) if not (run_dir / str(n) / "summary.json").exists()]
+
+
+def _scenario_runs(run_dir: Path) -> dict:
+    """The ``runs`` of ``run_dir``'s scenario.resolved.yaml, in the scenario's order ({} if none)."""
+    path = run_dir / "scenario.resolved.yaml"
+    if not path.exists():
+        return {}
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError:
+        return {}
+    runs = doc.get("runs") if isinstance(doc, dict) else None
+    return runs if isinstance(runs, dict) else {}
 
 
 def baseline_of(runs: list[Run], baseline: str | None = None) -> str:

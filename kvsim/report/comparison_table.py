@@ -119,6 +119,9 @@ def comparison_frame(runs: list[Run], meta: dict | None = None, *, source_root: 
             v = r.overrides.get(k) if r.point_id is not None and k in r.overrides else r.params.get(k)
             row[k] = json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v
         row["offered_rate_req_per_s"] = r.offered_rate()
+        # what priced the run, resolved (an `auto` backend, a profile's defaults): not a scenario key that differs
+        row["attention_backend"] = get_path(r.summary, ("kv_access", "attention_backend"))
+        row["engine_profile"] = get_path(r.summary, ("engine_profile", "name"))
         row.update(summary_metrics(r.summary))
         rows.append(row)
     df = pd.DataFrame(rows)

@@ -67,6 +67,8 @@ INT_METRICS = ("requests_total", "requests_finished", "requests_rejected", "requ
                "preemptions", "preemptions_swap", "swapped_out_bytes", "recomputed_tokens", "engine_steps")
 PREFIX_HIT_KEY = ("prefix_cache", "hit_ratio_tokens")
 BANDWIDTH_KEY = "kv_bandwidth_utilisation"
+ACCESS_KEY = "kv_access"
+ACCESS_DEPRECATED = ("mean_access_latency_ns",)  # = page_fetch_time_ns, kept in summary.json for old readers
 
 
 # Summary keys renamed since: a summary.json written before the rename is read under its old key.
@@ -101,6 +103,11 @@ def summary_metrics(summary: dict) -> dict[str, Any]:
         for k, v in flatten(pc).items():
             if _num(v) is not None:
                 row[f"prefix_cache_{k.replace('.', '_')}"] = v
+    access = summary.get(ACCESS_KEY)
+    if isinstance(access, dict):  # how the attention kernels read the KV (the headline's access latency)
+        for k, v in access.items():
+            if k not in ACCESS_DEPRECATED and _num(v) is not None:
+                row[f"{ACCESS_KEY}_{k}"] = v
     bw = summary.get(BANDWIDTH_KEY)
     if isinstance(bw, dict):
         for k, v in flatten(bw).items():

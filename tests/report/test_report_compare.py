@@ -71,6 +71,15 @@ def test_variants_dir_and_default_out(variants_dir):
     # scenario order (the variants as scenarios/quickstart.yaml lists them), as in every table and plot
     assert table["label"].tolist() == ["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged-16"]
     assert "allocator.kind" in table.columns  # the scenario keys that differ between the runs
+    # what priced each run, as it resolved them, and the headline's KV access columns, from each summary
+    for _, row in table.iterrows():
+        summary = json.loads((variants_dir / row["label"] / "summary.json").read_text())
+        access = summary["kv_access"]
+        assert row["attention_backend"] == access["attention_backend"]
+        assert row["engine_profile"] == summary["engine_profile"]["name"]
+        for key in ("kv_load_latency_ns", "hbm_bandwidth_utilisation", "page_fetch_time_ns", "attention_kernel_s"):
+            assert row[f"kv_access_{key}"] == pytest.approx(access[key], rel=1e-12)
+    assert "kv_access_mean_access_latency_ns" not in table.columns  # the deprecated name stays in summary.json only
 
 
 def test_several_run_dirs_need_out_and_get_qualified_labels(variants_dir, tmp_path):

@@ -179,6 +179,7 @@ def _unserved_warning(res, reqs, report: dict) -> str | None:
 
 def _run_one(tmp: Path, res, raw: dict, scn, where: str, test_prompt: bool) -> list[dict]:
     """Write one result's trace and scenario into ``tmp``, run it, write its comparison and summary."""
+    from kvsim.errors import ConfigError, TraceError
     from kvsim.servebench import build
     from kvsim.servebench.metrics import predicted, table_metrics
     from kvsim.simulate import run as simulate
@@ -192,7 +193,11 @@ def _run_one(tmp: Path, res, raw: dict, scn, where: str, test_prompt: bool) -> l
     _, how = build.arrivals(res, scn.seed)
     (tmp / "trace.csv").write_text(build.trace_text(res, scn.seed, test_prompt))
     (tmp / "scenario.yaml").write_text(build.scenario_text(res, raw, how, test_prompt))
-    ran = simulate(scn, tmp, where=where)
+    try:
+        ran = simulate(scn, tmp, where=where)
+    except TraceError as e:  # the trace kvsim wrote from the result: name the result, not the hidden file
+        why = str(e).removeprefix(f"{tmp / 'trace.csv'}: ")
+        raise ConfigError(f"{res.path}: its requests as a kvsim trace: {why}") from None
     reqs, shift = ran.requests, 0
     if test_prompt:  # the benchmark's own requests: trace requests 1.. (request 0 is the test prompt)
         _check_test_prompt(res, reqs[reqs["request_id"] == 0], scn)

@@ -429,3 +429,12 @@ def test_the_fifth_collection_files_are_whole_and_name_their_source_and_deployme
         # the copied lists agree with the printed figures: every request completed, the median TTFT
         assert round(d["request_throughput"] * d["duration"]) == n
         assert 1000 * float(np.median(d["ttfts"])) == pytest.approx(d["median_ttft_ms"], rel=1e-9)
+
+
+def test_a_trace_error_names_the_result_not_kvsims_hidden_trace(tmp_path):
+    """Every request dropped by ``--set trace.length_policy=drop``: the trace kvsim wrote from the result has
+    none left; the one line names the user's result file (the hidden trace.csv is kvsim's)."""
+    _over_long(tmp_path / "all.json", 20)
+    one_line_exit_2(kvsim("servebench", str(tmp_path / "all.json"), "--model", "Llama-3-8B", "--gpu", "A100-80GB",
+                          "--no-test-prompt", "--set", "trace.length_policy=drop", "--out", str(tmp_path / "o")),
+                    f"{tmp_path / 'all.json'}: its requests as a kvsim trace: no requests left", "length_policy=drop")

@@ -67,6 +67,18 @@ def test_docs_example_tier_line_validates(scenario):
     assert s.allocator.offload.ssd.capacity_bytes == 10**12
 
 
+def test_docs_reference_scenario_validates(tmp_path):
+    """docs/scenario.md's reference block (every section, its variants) is a scenario that validates, with
+    the defaults it names where it names one."""
+    doc = (ROOT / "docs" / "scenario.md").read_text()
+    block = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
+    f = tmp_path / "ref.yaml"
+    f.write_text(block.replace("../traces/", f"{ROOT / 'traces'}/"))
+    loaded = load_scenario(f)
+    s = loaded.base
+    assert s.trace.start_s is None and s.allocator.offload is not None and len(loaded.runs) >= 2
+
+
 @pytest.mark.parametrize("expr, key, hint", [
     ("kv_budget.bytes=16.5 B", "kv_budget.bytes", "16 GiB"),
     ("allocator.block_size=1.5", "allocator.block_size", "128k"),

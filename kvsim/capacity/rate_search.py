@@ -76,6 +76,8 @@ def parse_slo(text: str, where: str = "--slo") -> dict[str, float]:
             raise ConfigError(f"{where}: {key}={value!r} is not a number of milliseconds") from None
         if not math.isfinite(v) or v <= 0:
             raise ConfigError(f"{where}: {key}={value} must be a positive, finite number of milliseconds")
+        if key in out:
+            raise ConfigError(f"{where}: {key} is given twice ({out[key]:g} and {v:g} ms); give each objective once")
         out[key] = v
     if not out:
         raise ConfigError(f"{where}: give at least one objective, e.g. ttft_ms=500,tpot_ms=50 or "
@@ -89,6 +91,8 @@ def check_search(lo: float, hi: float, tol: float, attainment: float) -> None:
             raise ConfigError(f"capacity: {name} {v} must be a positive, finite number")
     if lo >= hi:
         raise ConfigError(f"capacity: --lo {lo} must be below --hi {hi}")
+    if not math.isfinite(hi / lo):
+        raise ConfigError(f"capacity: --hi {hi} / --lo {lo} is beyond a floating-point number; narrow the range")
     if attainment > 1:
         raise ConfigError(f"capacity: --attainment {attainment} is a fraction of requests: at most 1")
 

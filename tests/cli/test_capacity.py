@@ -104,6 +104,11 @@ def test_capacity_needs_an_slo(tmp_path, capsys):
     assert "capacity needs SLOs" in capsys.readouterr().err
     assert main(["capacity", str(scn), "--slo", "ttft_ms=1", "--lo", "2", "--hi", "1"]) == 2
     assert "--lo 2.0 must be below --hi 1.0" in capsys.readouterr().err
+    # a range whose ratio is not a floating-point number (the step count would overflow), a repeated objective
+    assert main(["capacity", str(scn), "--slo", "ttft_ms=1", "--lo", "1e-300", "--hi", "1e300"]) == 2
+    assert "--hi 1e+300 / --lo 1e-300 is beyond a floating-point number" in capsys.readouterr().err
+    assert main(["capacity", str(scn), "--slo", "ttft_ms=500,ttft_ms=600"]) == 2
+    assert "--slo: ttft_ms is given twice (500 and 600 ms)" in capsys.readouterr().err
     assert main(["capacity", str(scn), "--slo", "ttft_ms=1", "--variant", "paged16"]) == 2
     assert "did you mean 'paged-16'" in capsys.readouterr().err
 

@@ -115,6 +115,7 @@ def run_sweep(sweep_file_or_spec: str | Path | dict | LoadedSweep, out_dir: str 
         raise ConfigError(f"unknown executor {executor!r}; valid executors: {', '.join(EXECUTORS)}")
     sweep = sweep_file_or_spec if isinstance(sweep_file_or_spec, LoadedSweep) else \
         load_sweep(sweep_file_or_spec, base_dir=base_dir)
+    _check_trace_files(sweep)
     out = _open_sweep_dir(sweep, out_dir, force)
     say = log or (lambda m: None)
     for note in recover_killed_points(out, sweep.points):
@@ -158,6 +159,28 @@ def run_sweep(sweep_file_or_spec: str | Path | dict | LoadedSweep, out_dir: str 
     say(f"sweep {sweep.name}: {len(todo) - len(failed)} ran, {skipped} skipped, {len(failed)} failed "
         f"in {wall:.1f} s -> {out}")
     return df
+
+
+def _check_trace_files(sweep: LoadedSweep) -> None:
+    """Read every trace file the points use, once each, before anything is written: a file that cannot
+    be read is an input error (one line, exit 2), not a failure of every point that would retry it."""
+    from kvsim.errors import KvsimError
+    from kvsim.trace.config import resolve_path
+    from kvsim.trace.load import load_trace
+
+    seen = set()
+    for p in sweep.points:
+        t = p.scenario.trace
+        if t.file is None:
+            continue
+        key = (resolve_path(t.file, sweep.anchor.parent), t.format, t.on_unsorted, t.on_zero_output)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            load_trace(*key)
+        except KvsimError as e:
+            raise ConfigError(f"{sweep.path}: point {p.id}: trace.file: {e}") from None
 
 
 def _open_sweep_dir(sweep: LoadedSweep, out_dir: str | Path | None, force: bool) -> Path:

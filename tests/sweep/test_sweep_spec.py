@@ -191,6 +191,19 @@ def test_bad_retries_or_jobs_are_refused_before_anything_is_written(tmp_path, ca
     assert not out.exists()
 
 
+def test_a_trace_file_that_cannot_be_read_stops_the_sweep_before_any_point(tmp_path, capsys):
+    """Every point would fail on it (and retry): one line naming the sweep, a point and the trace, exit 2,
+    nothing written."""
+    broken = tmp_path / "broken.csv.gz"
+    broken.write_bytes((REPO / "traces" / "azure_conv_2023.csv.gz").read_bytes()[:2000])
+    p = write(tmp_path, {"base": {**BASE, "trace": {"file": str(broken)}}, "grid": {"allocator.block_size": [16, 32]}})
+    out = tmp_path / "o"
+    assert kvsim_main(["sweep", str(p), "--out", str(out), "--jobs", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"kvsim: error: {p}: point ") and f"trace.file: {broken}" in err[0]
+    assert not out.exists()
+
+
 def test_cli_invalid_sweep_exits_2(tmp_path, capsys):
     p = write(tmp_path, {"base": BASE, "grid": {"allocator.block_size": [0]}})
     assert kvsim_main(["sweep", str(p), "--out", str(tmp_path / "o")]) == 2

@@ -251,6 +251,6 @@ def _main(argv: list[str]) -> int:
     except Exception as e:  # a bug: say so in one line unless --debug
         if debug:
             raise
-        print(f"kvsim: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)",
+        print(f"kvsim: internal error: {type(e).__name__}: {e} (rerun as kvsim --debug COMMAND ... for the traceback)",
               file=sys.stderr)
         return 1

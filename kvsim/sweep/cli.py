@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from kvsim.cliargs import nonnegative_int, positive_int
+from kvsim.errors import ConfigError
 from kvsim.units import SET_HELP_UNITS
 
 
@@ -15,6 +16,9 @@ def _cmd_sweep(args) -> int:
     from kvsim.sweep.runner import run_sweep
     from kvsim.sweep.spec import load_sweep
 
+    if args.address is not None and args.executor != "ray":
+        raise ConfigError(f"--address {args.address}: a Ray cluster address, for --executor ray only "
+                          f"(this sweep's executor: {args.executor})")
     log = None if args.quiet else (lambda m: print(m, file=sys.stderr))
     sweep = load_sweep(args.file, overrides=args.set or [])
     if args.dry_run:

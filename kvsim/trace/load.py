@@ -228,7 +228,7 @@ def _read_all(source: Container, schema: TraceSchema, ctx: RowContext, on_unsort
                 raise ctx.fail(
                     lines[i],
                     f"column '{schema.output}' is 0; a request must generate at least one token "
-                    f"(set on_zero_output: drop to drop such requests)",
+                    f"(drop such requests: trace.on_zero_output: drop in a scenario, --on-zero-output drop in kvsim trace)",
                 )
             rep.zero_dropped += int(zero.sum())
             rep.first_zero_line = rep.first_zero_line or int(lines[i])
@@ -268,7 +268,7 @@ def _check_order(times: np.ndarray, lines: np.ndarray, schema: TraceSchema, ctx:
                 lines[i],
                 f"arrival time {_fmt_time(times[i], schema)} is earlier than the previous request's "
                 f"{_fmt_time(before, schema)}; the file is not sorted by time "
-                f"(set on_unsorted: sort to sort it)",
+                f"(sort it: trace.on_unsorted: sort in a scenario, --on-unsorted sort in kvsim trace)",
             )
         rep.unsorted += int(back.sum())
         rep.first_unsorted_line = rep.first_unsorted_line or int(lines[i])

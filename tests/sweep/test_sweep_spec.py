@@ -204,6 +204,13 @@ def test_a_trace_file_that_cannot_be_read_stops_the_sweep_before_any_point(tmp_p
     assert not out.exists()
 
 
+def test_a_ray_address_needs_the_ray_executor(tmp_path, capsys):
+    out = tmp_path / "o"
+    assert kvsim_main(["sweep", str(STUDY_SWEEP), "--out", str(out), "--address", "auto"]) == 2
+    assert "--address auto: a Ray cluster address, for --executor ray only" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_cli_invalid_sweep_exits_2(tmp_path, capsys):
     p = write(tmp_path, {"base": BASE, "grid": {"allocator.block_size": [0]}})
     assert kvsim_main(["sweep", str(p), "--out", str(tmp_path / "o")]) == 2

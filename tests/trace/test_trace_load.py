@@ -152,7 +152,8 @@ def test_negative_length(write_text):
 
 def test_zero_output_is_error_by_default(write_text):
     path = write_text("m.jsonl", mooncake_line(0, 10, 5) + mooncake_line(10, 10, 5) + mooncake_line(20, 10, 0))
-    expect_error(path, "line 3", "'output_length' is 0", "on_zero_output: drop")
+    expect_error(path, "line 3", "'output_length' is 0", "trace.on_zero_output: drop in a scenario",
+                 "--on-zero-output drop in kvsim trace")
 
 
 def test_zero_prompt_is_error(write_text):
@@ -162,7 +163,7 @@ def test_zero_prompt_is_error(write_text):
 
 def test_unsorted_is_error_by_default(write_text):
     path = write_text("a.csv", AZURE_HEADER + azure_rows(3, start_s=10) + azure_rows(1))
-    expect_error(path, "line 5", "not sorted", "on_unsorted: sort")
+    expect_error(path, "line 5", "not sorted", "trace.on_unsorted: sort in a scenario", "--on-unsorted sort in kvsim trace")
 
 
 def test_unsorted_across_chunks(write_text, monkeypatch):

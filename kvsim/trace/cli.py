@@ -18,7 +18,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from kvsim.errors import ConfigError, KvsimError
+from kvsim.errors import ConfigError, KvsimError, did_you_mean, format_choices
 from kvsim.trace.formats import FORMAT_CHOICES  # light: `kvsim --help` must not import pandas (trace.load does)
 
 _FORMAT_HELP = "source format: auto (detect from the columns), azure, mooncake or generic"
@@ -196,19 +196,46 @@ def load_spec(path: str | Path):
     try:
         return SyntheticTraceSpec.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{path}: {validation_message(exc)}") from None
+        raise ConfigError(f"{path}: {validation_message(exc, SyntheticTraceSpec)}") from None
 
 
-def validation_message(exc) -> str:
-    """The first pydantic error as ``key.path: message`` (plus a count of any others)."""
+def validation_message(exc, model=None) -> str:
+    """The first pydantic error as ``key.path: message`` (plus a count of any others); with ``model``
+    (the validated class), an unknown key gets the valid keys there and a missing ``kind`` the valid kinds."""
     errors = exc.errors()
     first = errors[0]
-    loc = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-after"))
+    path = tuple(p for p in first["loc"] if not str(p).startswith("function-after"))
+    loc = ".".join(str(p) for p in path)
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
-        msg = "unknown key"
+        keys = _members_at(model, path[:-1]) if model is not None else None
+        msg = "unknown key" + (f"{did_you_mean(str(path[-1]), keys)}; valid keys: {format_choices(keys)}" if keys else "")
+    elif first["type"] == "union_tag_not_found" and model is not None:
+        kinds = _members_at(model, path, tags=True)
+        msg = "key 'kind' is missing" + (f"; valid kinds: {format_choices(kinds)}" if kinds else "")
     more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
     return f"{loc or '(top level)'}: {msg}{more}"
+
+
+def _members_at(model, path: tuple, tags: bool = False) -> list[str] | None:
+    """The field names of the pydantic model that ``path`` leads to from ``model`` (``tags``: the ``kind``
+    values of the discriminated union there), or None where the path leaves the models."""
+    from typing import Annotated, Union, get_args, get_origin
+
+    from pydantic import BaseModel
+
+    def models(ann) -> list:
+        if get_origin(ann) in (Annotated, Union):
+            return [m for a in get_args(ann) for m in models(a)]
+        return [ann] if isinstance(ann, type) and issubclass(ann, BaseModel) else []
+
+    found = [model]
+    for part in path:
+        found = [m for c in found if str(part) in c.model_fields for m in models(c.model_fields[str(part)].annotation)]
+    if tags:
+        kinds = [get_args(m.model_fields["kind"].annotation) for m in found if "kind" in m.model_fields]
+        return sorted({str(k) for ks in kinds for k in ks}) or None
+    return sorted({f for m in found for f in m.model_fields}) if len(found) == 1 else None
 
 
 def cmd_generate(args) -> int:

@@ -134,6 +134,11 @@ def test_generate_empirical_path_relative_to_spec(tmp_path):
         ("- 1\n- 2\n", "expected a mapping"),
         ("num_requests: 10\npreset: sharegpt\narrival: {rate_per_s: 1}\nprompt_tokens: {kind: normal, mean: 3}\n",
          "prompt_tokens"),
+        ("num_reqests: 10\npreset: sharegpt\narrival: {rate_per_s: 1}\n",
+         "num_reqests: unknown key (did you mean 'num_requests'?); valid keys: arrival, "),
+        ("num_requests: 10\narrival: {rate_per_s: 1, burst: 2}\n", "arrival.burst: unknown key; valid keys: cv, process, rate_per_s"),
+        ("num_requests: 10\narrival: {rate_per_s: 1}\nprompt_tokens: {value: 3}\noutput_tokens: {kind: fixed, value: 3}\n",
+         "prompt_tokens: key 'kind' is missing; valid kinds: empirical, fixed, lognormal, uniform, zipf"),
     ],
 )
 def test_generate_bad_spec_is_config_error(tmp_path, text, needle):

@@ -148,6 +148,8 @@ def _run_local(tasks, on_outcome, jobs, retries, on_retry) -> None:
                     res = fut.result()
                 except BrokenProcessPool as e:
                     died.append((task, e))
+                except KeyboardInterrupt:  # Ctrl-C reached the workers too: stop, retry nothing
+                    raise
                 except BaseException as e:  # noqa: BLE001 -- recorded, retried
                     fail_or_retry(task, e)
                 else:
@@ -161,6 +163,8 @@ def _run_local(tasks, on_outcome, jobs, retries, on_retry) -> None:
                     res = fut.result()
                 except BrokenProcessPool as e:
                     died.append((task, e))
+                except KeyboardInterrupt:
+                    raise
                 except BaseException as e:  # noqa: BLE001
                     fail_or_retry(task, e)
                 else:

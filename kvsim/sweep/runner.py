@@ -133,10 +133,12 @@ def run_sweep(sweep_file_or_spec: str | Path | dict | LoadedSweep, out_dir: str 
     outcomes = _Outcomes(sweep, out, status, say, sys.stderr.isatty() if progress is None else progress, skipped)
     say = outcomes.say
     tasks = [make_task(sweep, p, out, plots) for p in todo]
+    restore = None
     try:
         execute(tasks, outcomes.on_outcome, executor=executor, jobs=jobs, retries=retries, address=address,
                 on_retry=outcomes.on_retry)
     except KeyboardInterrupt:
+        restore = _hold_interrupts()  # a terminal's Ctrl-C reaches the workers too; the index is written first
         ok = sum(point_state(sweep, out, p) == "complete" for p in sweep.points)  # on disk: what a rerun skips
         raise Interrupted(f"interrupted; {ok} of {len(sweep.points)} points are complete in {out / 'points'} "
                           f"(index.csv lists the rest as pending); rerun the same command to resume: complete "
@@ -146,11 +148,19 @@ def run_sweep(sweep_file_or_spec: str | Path | dict | LoadedSweep, out_dir: str 
         # Also on Ctrl-C: the index lists every point, the unfinished ones as "pending".
         df = build_index(sweep, out, status)
         write_index(df, out)
+        if restore is not None:
+            restore()
     for note in recover_killed_points(out, sweep.points, finish=False):
         say(note)
 
     if report:
-        _write_sweep_report(out, df, say)
+        try:
+            _write_sweep_report(out, df, say)
+        except KeyboardInterrupt:
+            ok = int((df["status"] == STATUS_OK).sum())
+            raise Interrupted(f"interrupted while writing compare/ and report.html; {ok} of {len(sweep.points)} points "
+                              f"are complete in {out / 'points'}; rerun the same command to write them (complete "
+                              "points are skipped)") from None
     failed = outcomes.failed
     set_complete(out, not failed and len(status) == len(sweep.points))
     wall = time.perf_counter() - t_start
@@ -159,6 +169,18 @@ def run_sweep(sweep_file_or_spec: str | Path | dict | LoadedSweep, out_dir: str 
     say(f"sweep {sweep.name}: {len(todo) - len(failed)} ran, {skipped} skipped, {len(failed)} failed "
         f"in {wall:.1f} s -> {out}")
     return df
+
+
+def _hold_interrupts():
+    """Ignore further Ctrl-C while an interrupted sweep writes its index (the main thread only); returns
+    the function that restores the handler, or None where it cannot be changed."""
+    import signal
+
+    try:
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: signals are the main thread's
+        return None
+    return lambda: signal.signal(signal.SIGINT, old)
 
 
 def _check_trace_files(sweep: LoadedSweep) -> None:

@@ -45,3 +45,29 @@ def test_pool_broken_before_next_submit_blames_only_the_dead_point(monkeypatch):
     assert sorted(by_id) == ["a", "b", "c"] and len(outcomes) == 3
     assert by_id["a"].ok and by_id["c"].ok and by_id["c"].attempts == 1
     assert not by_id["b"].ok and by_id["b"].attempts == 2 and "worker process died" in by_id["b"].error
+
+
+class _InterruptedPool(_RacyPool):
+    """The pool of a terminal's Ctrl-C: the whole process group gets SIGINT, so a worker's point ends in
+    KeyboardInterrupt, which its future hands back."""
+
+    def submit(self, fn, task):
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        if task["point_id"] == "b":
+            fut.set_exception(KeyboardInterrupt())
+        else:
+            fut.set_result(fn(task))
+        return fut
+
+
+def test_a_workers_ctrl_c_stops_the_sweep_and_is_not_retried(monkeypatch):
+    import pytest
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", _InterruptedPool)
+    ran = []
+    monkeypatch.setattr(executors, "run_point", lambda task: ran.append(task["point_id"]) or {"wall_s": 0.0})
+    outcomes = []
+    with pytest.raises(KeyboardInterrupt):
+        executors.execute([{"point_id": p} for p in ("a", "b", "c", "d")], outcomes.append, executor="local",
+                          jobs=1, retries=3)
+    assert [o.point_id for o in outcomes] == ["a"] and ran == ["a"]  # b is neither failed nor retried; c, d not started

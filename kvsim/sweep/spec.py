@@ -284,7 +284,10 @@ def _sweep_base(spec, path: Path, root: Path, where: str, name: str, overrides) 
     if spec.base_file is not None:
         anchor = (root / spec.base_file).resolve() if not Path(spec.base_file).is_absolute() \
             else Path(spec.base_file)
-        base_raw = read_yaml_mapping(anchor, "base scenario")
+        try:
+            base_raw = read_yaml_mapping(anchor, "base scenario")
+        except ConfigError as e:
+            raise ConfigError(f"{where}: base_file: {e}") from None
         base_where = f"{where}: base_file {spec.base_file}"
     else:
         anchor = path
@@ -304,6 +307,8 @@ def _sweep_base(spec, path: Path, root: Path, where: str, name: str, overrides) 
         base_raw = deep_merge(base_raw, _undot(common))
         if variants_raw is not None:
             base_raw["variants"] = variants_raw
+    if spec.set:  # a bad value may be the sweep's set:, not the base's own
+        base_where += f" (with set: {', '.join(spec.set)})"
     base_raw = expand_model(base_raw, anchor.parent, base_where)  # model: x.json -> its fields
     base = validate_scenario(base_raw, base_where, sets=tuple(overrides))  # a bad --set value names it
     return anchor, base_raw, common, base

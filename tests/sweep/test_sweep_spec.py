@@ -204,6 +204,13 @@ def test_a_trace_file_that_cannot_be_read_stops_the_sweep_before_any_point(tmp_p
     assert not out.exists()
 
 
+def test_errors_name_the_sweeps_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"sweep.yaml: base_file: .*nope.yaml: base scenario file not found"):
+        load_sweep(write(tmp_path, {"base_file": "nope.yaml", "grid": {"kv_dtype": ["fp16"]}}))
+    with pytest.raises(ConfigError, match=r"sweep.yaml: base \(with set: trace.end_s\): trace.end_s: "):
+        load_sweep(write(tmp_path, {"base": BASE, "set": {"trace.end_s": -5}, "grid": {"kv_dtype": ["fp16"]}}))
+
+
 def test_a_ray_address_needs_the_ray_executor(tmp_path, capsys):
     out = tmp_path / "o"
     assert kvsim_main(["sweep", str(STUDY_SWEEP), "--out", str(out), "--address", "auto"]) == 2

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kvsim.config_base import Count, Number, Tokens
 
@@ -103,6 +103,9 @@ LengthDist = Annotated[
 # ---- arrivals, shared prompts, conversations, sampling ---------------------------------------
 
 
+MIN_RATE_PER_S = 1e-12  # an input bound (arrival times stay finite numbers of seconds), not a modelling constant
+
+
 class ArrivalSpec(_Strict):
     """Arrival process: ``poisson`` (exponential gaps), ``gamma`` (gaps with coefficient of
     variation ``cv``; cv > 1 is burstier than Poisson, cv = 1 is Poisson) or ``constant``
@@ -112,6 +115,14 @@ class ArrivalSpec(_Strict):
     process: Literal["poisson", "gamma", "constant"] = "poisson"
     rate_per_s: Number = Field(gt=0)
     cv: float = Field(default=1.0, gt=0)
+
+    @field_validator("rate_per_s")
+    @classmethod
+    def _rate_keeps_times_finite(cls, v):
+        if v < MIN_RATE_PER_S:
+            raise ValueError(f"{v:g} requests/s is below {MIN_RATE_PER_S:g} (one request per ~30,000 years): the "
+                             f"arrival times would not be finite numbers of seconds")
+        return v
 
     @model_validator(mode="after")
     def _cv_only_for_gamma(self):

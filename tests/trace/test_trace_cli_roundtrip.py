@@ -137,6 +137,8 @@ def test_generate_empirical_path_relative_to_spec(tmp_path):
         ("num_reqests: 10\npreset: sharegpt\narrival: {rate_per_s: 1}\n",
          "num_reqests: unknown key (did you mean 'num_requests'?); valid keys: arrival, "),
         ("num_requests: 10\narrival: {rate_per_s: 1, burst: 2}\n", "arrival.burst: unknown key; valid keys: cv, process, rate_per_s"),
+        ("num_requests: 10\npreset: sharegpt\narrival: {rate_per_s: 1.0e-320}\n",
+         "arrival.rate_per_s: 9.99989e-321 requests/s is below 1e-12"),
         ("num_requests: 10\narrival: {rate_per_s: 1}\nprompt_tokens: {value: 3}\noutput_tokens: {kind: fixed, value: 3}\n",
          "prompt_tokens: key 'kind' is missing; valid kinds: empirical, fixed, lognormal, uniform, zipf"),
     ],

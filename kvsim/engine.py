@@ -313,7 +313,9 @@ class Engine:
         sched = rep.scheduler
         usage = sched.usage()
         timing = rep.timing.step_time(plan.shape)
-        sched.credit_prefetch(sched.prefetch_target(), (timing.duration_s,))  # the head while this step computes
+        target = sched.prefetch_target()
+        if target is not None:  # the head while this step computes
+            sched.credit_prefetch(target, (timing.duration_s,))
         yield from self._advance(rep, start + timing.duration_s)
         first, done = sched.on_step_done(rep.now_s)
         itl_d, itl_n = sched.streamed_itl(rep.now_s, timing.duration_s)  # (None, None) but in multi-step rounds

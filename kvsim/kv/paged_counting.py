@@ -120,7 +120,9 @@ class CountingPagedAllocator(PagedCore):
 
     def free(self, request_id: int) -> None:
         held = self.ledger.held.get(request_id)
-        self.seqs.drop(request_id)
+        seqs = self.seqs
+        if seqs.seq_len or seqs.samples or seqs.beams:  # (else there is nothing of it to drop)
+            seqs.drop(request_id)
         self.ledger.remove(request_id)
         self.num_free_blocks += held // self.block_size
 

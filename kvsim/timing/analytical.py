@@ -365,24 +365,23 @@ class AnalyticalTiming:
         else:
             duration = linear_s + attention_s + kv_write_s + overhead_s + swap_s
             duration = duration + comm_s
-        return StepTiming(
-            duration_s=duration,
-            breakdown_s={
-                "weights_read_s": 0.0,
-                "kv_read_s": attn_kv_s + kv_write_s,
-                "linear_compute_s": linear_s,
-                "gemm_s": layers_s,
-                "lm_head_s": lm_s,
-                "attention_compute_s": attn_flops_s,
-                "attention_s": attention_s,
-                "decode_attention_s": dec_s,
-                "prefill_attention_s": pre_s,
-                "overhead_s": overhead_s,
-                "swap_s": swap_s,
-                "parallel_comm_s": comm_s,
-            } | ({} if self.routed is None else {"moe_experts_s": experts_s}),
-            kv_bytes_read=kv_read,
-        )
+        breakdown = {
+            "weights_read_s": 0.0,
+            "kv_read_s": attn_kv_s + kv_write_s,
+            "linear_compute_s": linear_s,
+            "gemm_s": layers_s,
+            "lm_head_s": lm_s,
+            "attention_compute_s": attn_flops_s,
+            "attention_s": attention_s,
+            "decode_attention_s": dec_s,
+            "prefill_attention_s": pre_s,
+            "overhead_s": overhead_s,
+            "swap_s": swap_s,
+            "parallel_comm_s": comm_s,
+        }
+        if self.routed is not None:
+            breakdown["moe_experts_s"] = experts_s
+        return StepTiming(duration_s=duration, breakdown_s=breakdown, kv_bytes_read=kv_read)
 
     def decode_durations(self, num_seqs: np.ndarray, kv_tokens_read: np.ndarray,
                          kv_pages_read: np.ndarray | None = None):

@@ -242,6 +242,7 @@ class KernelModel:
                                     or self._dequant_bytes is not None)
         self._n_table = np.zeros((3, 0))
         self._n_lists: list[list[float]] = []
+        self._bw_of_units: dict[float, float] = {}  # split-KV launches: units -> _parallel_bw(units) (time_scalar)
 
     def time_s(self, num_seqs, kv_tokens, kv_pages):
         """All layers' attention-kernel time. Scalars (python ints/floats) or numpy arrays;
@@ -344,7 +345,9 @@ class KernelModel:
                 splits = cap if cap < want else want
             units = base * splits
             unit = self._unit_oh * units
-            bwpar = self._parallel_bw(units, min)
+            bwpar = self._bw_of_units.get(units)  # _parallel_bw's double, remembered per unit count
+            if bwpar is None:
+                bwpar = self._bw_of_units[units] = self._parallel_bw(units, min)
         else:
             if n1 >= self._n_size:
                 self._grow_n_table(n1)

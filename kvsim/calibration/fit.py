@@ -153,6 +153,10 @@ def fit_rows(rows: pd.DataFrame, geom: dict, kv_dtype: str, template, peak_bw: f
 def decode_rows(df: pd.DataFrame, kv_dtype: str, impl: str | None) -> pd.DataFrame:
     sel = df[df["op"].isin([S.DECODE_PAGED, S.DECODE_CONTIGUOUS]) & (df["dtype"] == kv_dtype)].copy()
     if impl is not None:
+        paged = sorted(set(sel.loc[sel["op"] == S.DECODE_PAGED, "impl"].astype(str)))
+        if impl not in paged:
+            raise CalibrationError(f"--impl {impl!r}: no paged decode rows of that implementation "
+                                   f"({kv_dtype}); measured: {', '.join(paged) or 'none'}")
         sel = sel[(sel["impl"] == impl) | (sel["op"] == S.DECODE_CONTIGUOUS)]
     sel["contiguous"] = sel["op"] == S.DECODE_CONTIGUOUS
     # fastest implementation per point (what an engine would launch)

@@ -96,6 +96,6 @@ def load_calibration_dir(path: str | Path) -> CalibrationData:
     if len(bad):
         i = int(bad[0])
         raise CalibrationError(f"{csv_path}: row {i + 2}: field 'median_s' must be a positive number, "
-                               f"got {df['median_s'].iloc[i].item()!r}")
+                               f"got {str(df['median_s'].iloc[i])!r}")
     df["median_s"] = med
     return CalibrationData(path, meta, df)

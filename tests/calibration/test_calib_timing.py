@@ -177,6 +177,10 @@ def test_csv_bad_time(example_copy):
     df.loc[3, "median_s"] = -1.0
     df.to_csv(example_copy / S.CSV_FILE, index=False)
     expect_error(r"measurements\.csv: row 5: field 'median_s'", example_copy)
+    df = df.astype({"median_s": object})
+    df.loc[3, "median_s"] = "abc"  # text in the column (it was an internal error: a str has no .item())
+    df.to_csv(example_copy / S.CSV_FILE, index=False)
+    expect_error(r"measurements\.csv: row 5: field 'median_s' must be a positive number, got 'abc'", example_copy)
 
 
 def test_kv_dtype_not_measured(example_copy):

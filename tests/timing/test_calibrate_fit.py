@@ -75,3 +75,15 @@ def test_fit_needs_a_known_gpu(tmp_path, capsys):
     assert main(["calibrate", "fit", str(d), "--out", str(tmp_path / "p.yaml")]) == 2
     err = capsys.readouterr().err
     assert "gpu_name" in err and "--gpu" in err
+
+
+def test_fit_refuses_an_implementation_that_was_not_measured(tmp_path, capsys):
+    """An --impl the calibration has no paged rows of left only the contiguous rows: a profile fitted on 4
+    of them (it was written, exit 0). It is refused with the implementations measured."""
+    d = _calibration_dir(tmp_path)
+    out = tmp_path / "p.yaml"
+    assert main(["calibrate", "fit", str(d), "--impl", "nope", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--impl 'nope': no paged decode rows" in err[0] and "measured: triton" in err[0]
+    assert not out.exists()
+    assert main(["calibrate", "fit", str(d), "--impl", "triton", "--out", str(out)]) == 0

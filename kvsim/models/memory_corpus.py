@@ -6,6 +6,7 @@ vLLM's memory profile")."""
 from __future__ import annotations
 
 import csv
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 from kvsim.errors import ConfigError, read_user_text
 from kvsim.hw import GPUS, MODELS, GiB, WEIGHT_DTYPE_BYTES
 from kvsim.models import memory
-from kvsim.models.parallel import layers_per_stage
+from kvsim.models.parallel import check_split, layers_per_stage
 
 CORPUS = Path(__file__).parent / "data" / "vllm_memory_profile.csv"
 REQUIRED = ("source_url", "vllm_version", "gpu", "model", "weight_dtype", "tensor", "pipeline", "stage",
@@ -54,11 +55,18 @@ class MemoryRow:
         return max(layers_per_stage(self.spec.num_layers, self.pipeline))
 
 
-def _num(path: Path, line: int, key: str, text: str, kind=float):
+def _num(path: Path, line: int, key: str, text: str, kind=float, low: float = 0.0, high: float = math.inf):
+    """A field's number: an integer >= 1 (``kind=int``) or a finite float in ``[low, high]``."""
     try:
-        return kind(text)
+        v = kind(text)
     except ValueError:
-        raise ConfigError(f"{path}: line {line}: {key}: {text!r} is not a number") from None
+        what = "an integer" if kind is int else "a number"
+        raise ConfigError(f"{path}: line {line}: {key}: {text!r} is not {what}") from None
+    if kind is int and v < 1:
+        raise ConfigError(f"{path}: line {line}: {key}: {v} must be at least 1")
+    if kind is float and not (math.isfinite(v) and low <= v <= high):
+        raise ConfigError(f"{path}: line {line}: {key}: {text!r} must be a finite number in [{low:g}, {high:g}]")
+    return v
 
 
 def _choice(path: Path, line: int, key: str, value: str, choices) -> str:
@@ -87,10 +95,13 @@ def load(path: Path = CORPUS) -> list[MemoryRow]:
             stage=_choice(path, i, "stage", r["stage"], STAGES),
             tokens=_num(path, i, "max_num_batched_tokens", r["max_num_batched_tokens"], int),
             seqs=_num(path, i, "max_num_seqs", r["max_num_seqs"], int),
-            utilisation=_num(path, i, "gpu_memory_utilization", r["gpu_memory_utilization"]),
+            utilisation=_num(path, i, "gpu_memory_utilization", r["gpu_memory_utilization"], float, 1e-9, 1.0),
             split=_choice(path, i, "split", r["split"], SPLITS),
             gpu_p2p=_choice(path, i, "gpu_p2p", (r.get("gpu_p2p") or "yes").strip(), ("yes", "no")) == "yes",
             printed={k: _num(path, i, k, r[k]) for k in MEASURED if (r.get(k) or "").strip()}))
+        why = check_split(rows[-1].spec, rows[-1].tensor, rows[-1].pipeline)
+        if why:
+            raise ConfigError(f"{path}: line {i}: {why.removeprefix('parallel.')}")  # the corpus' own column
     return rows
 
 

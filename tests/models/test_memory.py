@@ -122,6 +122,29 @@ def test_summary_records_the_reserve(tmp_path):
                         abs_tol=4)
 
 
+@pytest.mark.parametrize("tensor, expect", [("0", "tensor: 0 must be at least 1"),
+                                            ("3", "tensor: 3 does not divide Llama-3.1-8B's 32 attention heads")])
+def test_a_corpus_split_that_cannot_be_is_one_line(tmp_path, tensor, expect):
+    """It was a ZeroDivisionError (tensor 0) or a fit 732 % off (a tensor size vLLM refuses)."""
+    import csv
+    import io
+
+    text = memory_corpus.CORPUS.read_text()
+    lines = text.splitlines()
+    header = next(i for i, ln in enumerate(lines) if not ln.startswith("#"))
+    cols = next(csv.reader([lines[header]]))
+    row = next(i for i in range(header + 1, len(lines)) if ",Llama-3.1-8B," in lines[i])
+    cells = next(csv.reader([lines[row]]))
+    cells[cols.index("tensor")] = tensor
+    out = io.StringIO()
+    csv.writer(out, lineterminator="").writerow(cells)
+    lines[row] = out.getvalue()
+    f = tmp_path / "c.csv"
+    f.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match=rf"^{f}: line \d+: {expect}"):
+        memory_corpus.load(f)
+
+
 def test_a_corpus_without_a_required_column_names_the_column(tmp_path):
     lines = memory_corpus.CORPUS.read_text().splitlines()
     header = next(i for i, ln in enumerate(lines) if not ln.startswith("#"))
@@ -137,6 +160,9 @@ def test_a_corpus_without_a_required_column_names_the_column(tmp_path):
     (lambda t: t.replace(",fit,", ",train,", 1), "split: 'train' is not one of"),
     (lambda t: t.replace(",8192,1024,0.95,", ",8192,,0.95,", 1), "max_num_seqs: required field is empty"),
     (lambda t: t.replace(",0.95,79.19,14.99,", ",0.95,79.19,lots,", 1), "weights_gib: 'lots' is not a number"),
+    (lambda t: t.replace(",0.95,79.19,14.99,", ",0.95,79.19,nan,", 1), "weights_gib: 'nan' must be a finite number"),
+    (lambda t: t.replace(",8192,1024,0.95,", ",8192,1024,-0.5,", 1), "gpu_memory_utilization: '-0.5' must be a finite"),
+    (lambda t: t.replace(",8192,1024,0.95,", ",8192,0,0.95,", 1), "max_num_seqs: 0 must be at least 1"),
 ])
 def test_bad_corpus_row_is_one_line(tmp_path, edit, expect):
     f = tmp_path / "c.csv"

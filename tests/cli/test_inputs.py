@@ -151,3 +151,17 @@ def test_sweep_grid_takes_units(scenario, tmp_path):
         load_sweep(sweep, check_capacity=False)
     with pytest.raises(ConfigError, match=r"^--set kv_budget.bytes=1.5 \(applied to .*\): kv_budget.bytes"):
         load_sweep(sweep, overrides=["kv_budget.bytes=1.5"], check_capacity=False)
+
+
+@pytest.mark.parametrize("timing, needle", [
+    ("{kind: calibrated, file: no/such/dir}", "calibration directory"),
+    ("{kind: analytical, attention_backend: no/such/profile.yaml}", "timing.attention_backend: backend profile file"),
+])
+def test_validate_reads_what_the_timing_model_reads(tmp_path, timing, needle):
+    """`kvsim validate` builds each run's timing model as `kvsim run` does, so a calibration directory or a
+    backend profile file that a run would refuse is refused here too (it validated, then the run failed)."""
+    scn = tmp_path / "s.yaml"
+    scn.write_text("model: OPT-13B\ngpu: A100-40GB\ntrace: {synthetic: {preset: sharegpt, num_requests: 5, "
+                   f"arrival: {{process: poisson, rate_per_s: 1}}}}}}\ntiming: {timing}\n")
+    out = kvsim("validate", str(scn))
+    assert out.returncode == 2 and needle in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr

@@ -293,8 +293,11 @@ class Scenario(StrictModel):
 
     def usable_memory_bytes(self) -> int:
         """One GPU's memory as the KV budget counts it: the CUDA-visible total under vLLM's memory
-        profile (kvsim/models/memory.py ``CUDA_TOTAL``, where a log printed it), else ``gpu.memory_bytes``."""
-        if isinstance(self.kv_budget.activation_reserve_bytes, str):
+        profile (kvsim/models/memory.py ``CUDA_TOTAL``, where a log printed it for the preset and the scenario
+        kept the preset's ``memory_bytes``), else ``gpu.memory_bytes`` (an override is the user's GPU)."""
+        preset = GPUS.get(self.gpu.name)
+        if (isinstance(self.kv_budget.activation_reserve_bytes, str) and preset is not None
+                and self.gpu.memory_bytes == preset.memory_bytes):
             return cuda_total_bytes(self.gpu.name, self.gpu.memory_bytes)
         return self.gpu.memory_bytes
 

@@ -103,6 +103,11 @@ def test_unknown_gpu_counts_its_nominal_memory():
                          "bf16_flops_per_s": 1e15})
     assert s.usable_memory_bytes() == 100 * GiB
     assert _llama_h100().usable_memory_bytes() == memory.CUDA_TOTAL["H100-SXM-80GB"][0] < 80 * GiB
+    # a preset with its memory overridden is the user's GPU: its memory counts, not the preset's printed total
+    smaller = _llama_h100(gpu={"preset": "H100-SXM-80GB", "memory_bytes": 40 * GiB})
+    assert smaller.usable_memory_bytes() == 40 * GiB
+    same = _llama_h100(gpu={"preset": "H100-SXM-80GB", "memory_bytes": GPUS["H100-SXM-80GB"].memory_bytes})
+    assert same.usable_memory_bytes() == memory.CUDA_TOTAL["H100-SXM-80GB"][0]
 
 
 def test_summary_records_the_reserve(tmp_path):

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvsim.version import __version__
-from kvsim.config import LoadedScenario, Scenario, load_scenario
+from kvsim.config import LoadedScenario, Scenario, load_scenario, validate_scenario
 from kvsim.errors import Interrupted, SimulationLimitError, TraceError
 from kvsim.dropped import Dropped, warnings_for
 from kvsim.outdir import MARKER, RESUME_FILE, atomic_out_dir, check_out_dir
@@ -27,11 +27,17 @@ if TYPE_CHECKING:  # pandas is imported where used (import cost: tests/test_impo
     import pandas as pd
 
 
-def run(scenario: Scenario | LoadedScenario | str | Path, *, base_dir: Path | str | None = None,
+def run(scenario: Scenario | LoadedScenario | str | Path | dict, *, base_dir: Path | str | None = None,
         check_invariants: bool = False) -> RunResult | dict[str, RunResult]:
-    """Simulate in memory. A path or LoadedScenario with variants returns {variant: RunResult}."""
+    """Simulate in memory. A path or LoadedScenario with variants returns {variant: RunResult}; a dict
+    is a scenario's mapping, validated as a file's would be (bad input: a ConfigError line)."""
     if isinstance(scenario, (str, Path)):
         scenario = load_scenario(scenario)
+    elif isinstance(scenario, dict):
+        scenario = validate_scenario(scenario, "scenario")
+    elif not isinstance(scenario, (Scenario, LoadedScenario)):
+        raise TypeError(f"run(): expected a scenario path, mapping, Scenario or LoadedScenario, "
+                        f"got {type(scenario).__name__}")
     if isinstance(scenario, LoadedScenario):
         base = Path(base_dir) if base_dir is not None else scenario.path.parent
         results = _run_all(scenario, base, check_invariants)
@@ -244,9 +250,10 @@ def _write_comparison(tmp: Path, summaries: dict, bar, *, plots, stage: int) -> 
         bar(stage)
 
 
-def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invariants: bool = False,
+def run_to_dir(loaded: LoadedScenario | str | Path, out: Path | None = None, *, check_invariants: bool = False,
                progress: bool | None = None, plots: bool = True, log=None, warn=None, force: bool = False) -> Path:
-    """Run every variant of ``loaded`` and write the result directory atomically. Returns its path.
+    """Run every variant of ``loaded`` (or of the scenario file at that path) and write the result
+    directory atomically. Returns its path.
 
     ``out`` follows kvsim.outdir's rules (docs/outputs.md): a new or empty directory, or an earlier
     ``kvsim run`` output (replaced, keeping files kvsim did not write); another kvsim command's
@@ -255,6 +262,8 @@ def run_to_dir(loaded: LoadedScenario, out: Path | None = None, *, check_invaria
     ``warn``: called with a warning line when more than 5 % of a variant's trace was not served
     (default: printed on stderr).
     """
+    if isinstance(loaded, (str, Path)):
+        loaded = load_scenario(loaded)
     plotting = None
     if plots:
         from kvsim import plots as plotting

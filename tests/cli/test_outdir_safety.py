@@ -520,3 +520,23 @@ def test_remove_output_deletes_only_kvsim_files(tmp_path):
     assert not remove_output(out)  # no marker any more: nothing to do
     run(scenario(tmp_path), tmp_path / "out2")
     assert remove_output(tmp_path / "out2") and not (tmp_path / "out2").exists()
+
+
+def test_the_python_api_takes_paths_and_mappings_and_refuses_the_rest(tmp_path):
+    """run_to_dir takes a scenario path as run does; run takes a scenario mapping, validated as a file is
+    (a ConfigError line); anything else is a TypeError naming what it takes (they were AttributeErrors)."""
+    import yaml
+
+    import kvsim
+    from kvsim.api import run_to_dir
+
+    scn = scenario(tmp_path)
+    out = run_to_dir(str(scn), tmp_path / "o", plots=False, progress=False, warn=lambda m: None)
+    assert (out / "summary.json").is_file()
+    raw = yaml.safe_load(scn.read_text())
+    raw["trace"]["synthetic"]["num_requests"] = 3
+    assert kvsim.run(raw).summary["requests_total"] == 3
+    with pytest.raises(ConfigError, match="^scenario: trace: required key is missing"):
+        kvsim.run({"model": "OPT-13B"})
+    with pytest.raises(TypeError, match="run\\(\\): expected a scenario path, mapping, Scenario or LoadedScenario, got int"):
+        kvsim.run(5)

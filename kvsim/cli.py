@@ -194,9 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("models", help="list model and GPU presets with KV bytes per token",
                        description="Model presets (any case in a scenario; or model: path/to/config.json for a "
                                    "Hugging Face config) and GPU presets with their interconnect. See docs/models.md.")
-    m.add_argument("--json", action="store_true")
+    m.add_argument("--json", action="store_true", help="print the tables as one JSON object (every field)")
     m.add_argument("--config", action="append", metavar="CONFIG_JSON",
-                   help="show a Hugging Face config.json (repeatable) instead of the presets")
+                   help="show a Hugging Face config.json (repeatable) instead of the model presets (the GPU "
+                        "presets are listed as always)")
     m.set_defaults(func=_cmd_models)
 
     for module, fn in PLUGIN_COMMANDS:

@@ -70,12 +70,13 @@ def default_out_dir(gpu_name: str, model_name: str) -> Path:
 
 
 def resolve_model(name: str) -> ModelSpec:
-    from kvsim.errors import did_you_mean, format_choices
+    """The model preset ``name`` means, read as a scenario reads it (any case)."""
+    from kvsim.config.sections import preset_key
 
-    if name not in MODELS:
-        raise CalibrationError(f"--model: unknown model {name!r}{did_you_mean(name, MODELS)}; "
-                               f"choose from {format_choices(MODELS)}")
-    return MODELS[name]
+    try:
+        return MODELS[preset_key("model", name, MODELS)]
+    except ValueError as e:
+        raise CalibrationError(f"--model: {e}") from None
 
 
 def _driver_version() -> str | None:

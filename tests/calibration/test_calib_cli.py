@@ -105,6 +105,15 @@ def test_refuses_to_replace_a_non_calibration_dir(tmp_path):
     assert (tmp_path / "precious.txt").exists()
 
 
+def test_the_model_preset_is_read_as_a_scenario_reads_it():
+    from kvsim.calibration.runner import resolve_model
+    from kvsim.errors import CalibrationError
+
+    assert resolve_model("qwen3-0.6b").name == "Qwen3-0.6B"
+    with pytest.raises(CalibrationError, match=r"^--model: unknown model preset 'llama' \(did you mean"):
+        resolve_model("llama")
+
+
 def test_selfcheck_on_cuda_without_a_gpu_is_one_line():
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():

@@ -204,7 +204,9 @@ class AnalyticalTiming:
             # after the KV-write row (6) and the comm and overhead rows where the table has them
             self._experts_row = 7 + (not self._no_comm) + (self._overhead_row is not None)
             rows["moe_experts_s"] = self._experts_row
-        self._decode_table = np.zeros((8, 0))  # grown by _grow_decode_table on first use
+        # the decode table's rows: _FITTED_ROWS' seven, then comm, overhead and experts where this model has them
+        self._decode_rows = 7 + (not self._no_comm) + (self._overhead_row is not None) + (self._experts_row is not None)
+        self._decode_table = np.zeros((self._decode_rows, 0))  # grown by _grow_decode_table on first use
 
     def _fitted_parts(self, matrix: np.ndarray) -> DecodeParts:
         """The breakdown of fitted decode steps whose per-step parts are the columns of ``matrix``
@@ -260,6 +262,7 @@ class AnalyticalTiming:
             rows.append(self.overhead.decode_row(n))
         if self._experts_row is not None:
             rows.append(experts)
+        assert len(rows) == self._decode_rows, "decode table rows out of step with _decode_rows"
         self._decode_table = np.array(rows)
 
     def _attention_s(self, num_seqs, kv_tokens, kv_pages):

@@ -224,3 +224,34 @@ def test_fast_equals_step_when_arrivals_intake_is_charged(extra):
     step, fast = both({"kv_budget": {"tokens": 4000}, "timing": timing, **extra}, rows)
     assert_same(step, fast)
     assert step.steps["overhead_s"].max() > 0.001 + 0.0015 - 1e-12  # some step paid an intake
+
+
+PIPELINE_SCENARIO = """\
+seed: 0
+trace:
+  synthetic:
+    num_requests: 200
+    preset: sharegpt
+    arrival: {process: poisson, rate_per_s: 8}
+    system_prompt: {tokens: 256, fraction: 0.8}
+model: Llama-3.1-8B
+gpu: A100-40GB
+kv_budget: {tokens: 20000}
+parallel: {pipeline: 2}
+engine: {mode: MODE}
+"""
+
+
+def test_fast_equals_step_with_pipeline_stages_under_the_default_profile(tmp_path):
+    """Pipeline stages send activations (a comm row) and the vllm-v1 profile's overhead model adds an overhead
+    row: the fitted decode table has 9 rows. A backlogged window priced step by step that stopped after its
+    first step, before any step had been priced, read the table's empty form, made with 8 rows: an
+    IndexError in the fast engine only (found by a QA pass)."""
+    from kvsim.config import load_scenario
+
+    out = {}
+    for mode in ("step", "fast"):
+        f = tmp_path / f"{mode}.yaml"
+        f.write_text(PIPELINE_SCENARIO.replace("MODE", mode))
+        out[mode] = run(load_scenario(f).base, tmp_path, check_invariants=True)
+    assert_same(out["step"], out["fast"])

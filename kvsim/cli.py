@@ -86,7 +86,7 @@ def _cmd_validate(args) -> int:
     from kvsim.api import TraceCache
     from kvsim.config import load_scenario
     from kvsim.dropped import Dropped, predict_rejections, warnings_for
-    from kvsim.simulate import build_allocator, build_timing, host_transfers
+    from kvsim.simulate import build_allocator, build_timing, check_trace_supported, host_transfers
 
     check_command_fits_file("validate", args.file)
     loaded = load_scenario(args.file, args.set or [])
@@ -98,6 +98,7 @@ def _cmd_validate(args) -> int:
         build_timing(scn, alloc.block_size, loaded.path.parent, host_transfers(scn, str(loaded.path)),
                      str(loaded.path))
         trace, report = traces.get(scn)
+        check_trace_supported(scn, trace, str(loaded.path))
         rejected = predict_rejections(scn, trace, str(loaded.path))
         d = Dropped(trace_requests=len(trace) + int(report.get("dropped", 0) or 0), simulated=len(trace),
                     finished=len(trace) - sum(rejected.values()), rejected_by_reason=rejected,

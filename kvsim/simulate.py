@@ -249,12 +249,18 @@ def build_replica(scn: Scenario, index: int, base_dir: Path, transfers: HostTran
     return Replica(index, sched, timing, timing_caps=timing_caps), budget, geometry
 
 
-def _check_multi_step(scn: Scenario, trace: Trace, where: str) -> None:
-    """Multi-step rounds (kvsim/sched/rounds.py) do not plan a beam request's forks and prunes."""
+def check_trace_supported(scn: Scenario, trace: Trace, where: str) -> None:
+    """What the scenario cannot simulate for this trace, as one ConfigError line (``kvsim run`` and
+    ``kvsim validate`` alike): multi-step rounds (kvsim/sched/rounds.py) do not plan a beam request's forks
+    and prunes; the radix allocator models one sequence per request."""
     if scn.scheduler.num_scheduler_steps > 1 and trace.beam is not None and trace.beam.any():
         raise ConfigError(f"{where}: scheduler.num_scheduler_steps > 1 with beam-search requests (the trace's beam "
                           f"column) is not modelled (a beam forks and prunes at positions a round's slot "
                           f"reservation does not plan); set num_scheduler_steps: 1")
+    if scn.allocator.kind == "radix" and trace.num_samples is not None and (trace.num_samples > 1).any():
+        i = int(np.argmax(trace.num_samples > 1))
+        raise ConfigError(f"{where}: allocator.kind: radix models one sequence per request, and trace request {i} "
+                          f"has {int(trace.num_samples[i])} parallel samples or beams; use allocator kind paged")
 
 
 def _check_token_budget(scn: Scenario, sched: Scheduler, where: str) -> None:
@@ -323,7 +329,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     geometry = built[0][2]  # the run's one KV geometry: the plan's, with the allocator's page size
     del built
     _check_token_budget(scn, replicas[0].scheduler, where)
-    _check_multi_step(scn, engine_trace, where)
+    check_trace_supported(scn, engine_trace, where)
     recorder = _step_recorder(geometry, steps_path)
     engine = Engine(engine_trace, recorder=recorder, max_model_len_tokens=scn.model.max_model_len_tokens,
                     check_invariants=check_invariants,

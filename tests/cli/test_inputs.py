@@ -165,3 +165,20 @@ def test_validate_reads_what_the_timing_model_reads(tmp_path, timing, needle):
                    f"arrival: {{process: poisson, rate_per_s: 1}}}}}}\ntiming: {timing}\n")
     out = kvsim("validate", str(scn))
     assert out.returncode == 2 and needle in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ("allocator: {kind: radix}\n", "allocator.kind: radix models one sequence per request, and trace request 0"),
+    ("engine_profile: vllm-v0.6\nscheduler: {num_scheduler_steps: 4}\n",
+     "scheduler.num_scheduler_steps > 1 with beam-search requests"),
+])
+def test_what_a_trace_needs_is_checked_by_validate_and_run_alike(tmp_path, extra, needle):
+    """The radix allocator with parallel samples was an internal error (a ValueError) in both; multi-step
+    with beams validated, then the run refused it. Now both refuse each in one line."""
+    sampling = "{n: 2, fraction: 1.0}" if "radix" in extra else "{beam_width: 2, fraction: 1.0}"
+    scn = tmp_path / "s.yaml"
+    scn.write_text("model: Llama-3.1-8B\ngpu: A100-40GB\ntrace: {synthetic: {num_requests: 20, preset: alpaca, "
+                   f"arrival: {{process: poisson, rate_per_s: 5}}, sampling: {sampling}}}}}\n" + extra)
+    for args in (["validate", str(scn)], ["run", str(scn), "--out", str(tmp_path / "o"), "-q", "--no-plots"]):
+        out = kvsim(*args)
+        assert out.returncode == 2 and needle in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr

@@ -95,7 +95,8 @@ def load_calibration_dir(path: str | Path) -> CalibrationData:
     bad = df.index[~(med > 0) | ~med.map(math.isfinite)]
     if len(bad):
         i = int(bad[0])
+        raw = df["median_s"].iloc[i]  # a numpy number as its Python value (-1.0), or the text as read ('abc')
         raise CalibrationError(f"{csv_path}: row {i + 2}: field 'median_s' must be a positive number, "
-                               f"got {str(df['median_s'].iloc[i])!r}")
+                               f"got {raw if isinstance(raw, str) else raw.item()!r}")
     df["median_s"] = med
     return CalibrationData(path, meta, df)

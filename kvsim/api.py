@@ -259,8 +259,8 @@ def run_to_dir(loaded: LoadedScenario | str | Path, out: Path | None = None, *, 
     ``kvsim run`` output (replaced, keeping files kvsim did not write); another kvsim command's
     output only with ``force``; never a directory kvsim did not write, nor ``.``, the scenario's
     directory or a parent of them. ``log``: one line per variant (finished, rejected by reason).
-    ``warn``: called with a warning line when more than 5 % of a variant's trace was not served
-    (default: printed on stderr).
+    ``warn``: called with a warning line when more than 5 % of a variant's trace was not served,
+    and before running with each of the scenario's notes (``Scenario.notes``; default: printed on stderr).
     """
     if isinstance(loaded, (str, Path)):
         loaded = load_scenario(loaded)
@@ -275,6 +275,8 @@ def run_to_dir(loaded: LoadedScenario | str | Path, out: Path | None = None, *, 
     runs = loaded.runs
     if out is not None:  # refuse a bad --out before the (possibly slow) trace loading
         check_out_dir(Path(out), "run", force=force, protect=[loaded.path])
+    for note in scenario_notes(runs):
+        warn(note)
     traces = TraceCache(base_dir, str(loaded.path))
     built = {name: traces.get(scn) for name, scn in runs.items()}
     if out is None:
@@ -332,6 +334,16 @@ def run_to_dir(loaded: LoadedScenario | str | Path, out: Path | None = None, *, 
     for w in warnings_for(dropped):
         warn(w)
     return out
+
+
+def scenario_notes(runs: dict) -> list[str]:
+    """Each distinct ``Scenario.notes()`` line of the variants ``runs`` once, prefixed by the
+    variants it holds for unless it holds for all."""
+    by_note: dict[str, list[str]] = {}
+    for name, scn in runs.items():
+        for note in scn.notes():
+            by_note.setdefault(note, []).append(name)
+    return [note if len(names) == len(runs) else f"{', '.join(names)}: {note}" for note, names in by_note.items()]
 
 
 def comparison_table(results: dict) -> pd.DataFrame:

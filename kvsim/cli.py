@@ -112,10 +112,8 @@ def _cmd_validate(args) -> int:
         print(f"{name}: ok ({scn.model.name} on {gpus}, {scn.kv_dtype} KV, allocator {scn.allocator.kind}, "
               f"KV capacity {alloc.capacity_tokens} tokens x {par.kv.bytes_per_token:,} bytes/token{' per GPU' * many} "
               f"<= {budget / 2**30:.2f} GiB{' per GPU' * many}; {served})")
-        m = scn.model
-        if m.sliding_window_layers:
-            print(f"  note: {m.sliding_window_layers} of {m.num_layers} layers use a {m.sliding_window_tokens}-token "
-                  f"sliding window; KV is charged for every token (an upper bound past the window, docs/models.md)")
+        for note in scn.notes():
+            print(f"  {note}")
         dropped[name] = d
     for w in warnings_for(dropped):
         print(w, file=sys.stderr)

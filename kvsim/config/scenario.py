@@ -269,6 +269,21 @@ class Scenario(StrictModel):
         return plan(self.model.spec(), self.gpu_spec(), self.kv_dtype, self.weight_dtype,
                     self.parallel.tensor, self.parallel.pipeline, self.parallel.nccl_ll)
 
+    def notes(self) -> list[str]:
+        """What a run of this scenario does that its keys do not say: one line each, printed by
+        ``kvsim validate`` and warned by ``kvsim run`` (never a refusal: a sweep may vary the keys)."""
+        out = []
+        m = self.model
+        if m.sliding_window_layers:
+            out.append(f"note: {m.sliding_window_layers} of {m.num_layers} layers use a {m.sliding_window_tokens}-token "
+                       f"sliding window; KV is charged for every token (an upper bound past the window, docs/models.md)")
+        caches = self.allocator_prefix_caching() or self.allocator.kind == "radix"
+        if self.replicas.count > 1 and self.replicas.router.kind == "prefix_affinity" and not caches:
+            out.append(f"note: replicas.router: prefix_affinity reads each replica's prefix cache, and allocator "
+                       f"kind {self.allocator.kind} caches no prefixes here, so every request goes to the least-loaded "
+                       f"replica (set allocator.prefix_caching: true, or router: least_loaded)")
+        return out
+
     def kv_geometry(self) -> KVGeometry:
         """One GPU's KV geometry (kvsim/models/geometry.py), without the allocator's page size: a run
         builds it once and completes it with ``with_block_size(allocator.block_size)``. Its

@@ -185,3 +185,23 @@ def test_recompute_of_many_generated_samples_is_chunked_to_the_budget(mode):
     assert (r["status"] == "finished").all()
     # some recompute re-prefilled more than one step's budget
     assert (r["recomputed_tokens"] > 256).any()
+
+
+def test_prefix_affinity_without_a_prefix_cache_is_noted_and_runs_as_least_loaded():
+    from kvsim.api import scenario_notes
+
+    def scn(router, caching):
+        raw = {"trace": {"file": str(MOONCAKE_SYN), "max_requests": 60}, "model": "Llama-3-8B",
+               "kv_budget": {"tokens": 200_000}, "allocator": {"kind": "paged", "block_size": 64,
+                                                               "prefix_caching": caching},
+               "timing": {"kind": "analytical"}, "replicas": {"count": 2, "router": router}}
+        return Scenario.model_validate(raw)
+
+    off = scn("prefix_affinity", False)
+    notes = off.notes()
+    assert len(notes) == 1 and "prefix_affinity" in notes[0] and "least-loaded" in notes[0]
+    assert scn("prefix_affinity", True).notes() == [] and scn("least_loaded", False).notes() == []
+    assert scenario_notes({"a": off, "b": scn("prefix_affinity", True)}) == [f"a: {notes[0]}"]
+    # what the note says: the same routing as least_loaded
+    pd.testing.assert_frame_equal(run(off, base_dir=ROOT).requests,
+                                  run(scn("least_loaded", False), base_dir=ROOT).requests, check_exact=True)

@@ -112,13 +112,12 @@ def predict_rejections(scn, trace, where: str = "scenario") -> dict[str, int]:
     by the scheduler's own admission check on each request, without simulating."""
     from kvsim.kv.base import KVRequest
     from kvsim.metrics.request_log import RequestLog
-    from kvsim.sched.scheduler import Scheduler
-    from kvsim.simulate import build_allocator
+    from kvsim.simulate import build_allocator, build_scheduler
 
     allocator, _ = build_allocator(scn, where)
     max_len = scn.model.max_model_len_tokens
-    sched = Scheduler(scn.scheduler, allocator, max_len, kv=scn.kv_geometry().with_block_size(allocator.block_size),
-                      request_log=RequestLog())
+    sched = build_scheduler(scn, allocator, scn.kv_geometry().with_block_size(allocator.block_size), where,
+                            request_log=RequestLog())
     samples = trace.num_samples
     keys = trace.prefix_keys
     counts: Counter[str] = Counter()

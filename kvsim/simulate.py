@@ -228,6 +228,15 @@ def build_timing(scn: Scenario, page_size: int, base_dir: Path, transfers: HostT
         raise type(e)(f"{where}: {e}") from None
 
 
+def build_scheduler(scn: Scenario, allocator, geometry: KVGeometry, where: str, **kw) -> Scheduler:
+    """The scenario's scheduler over ``allocator`` (``kw``: Scheduler's keyword arguments); what it
+    refuses (a capability the allocator lacks) is one ConfigError line naming ``where``."""
+    try:
+        return Scheduler(scn.scheduler, allocator, scn.model.max_model_len_tokens, kv=geometry, **kw)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
 def build_replica(scn: Scenario, index: int, base_dir: Path, transfers: HostTransfers, store, request_log: RequestLog,
                   where: str) -> tuple[Replica, int, KVGeometry]:
     """One engine replica (allocator, timing model, scheduler), its KV budget in bytes and the run's
@@ -236,9 +245,8 @@ def build_replica(scn: Scenario, index: int, base_dir: Path, transfers: HostTran
     allocator, budget = build_allocator(scn, where)
     timing, geometry = build_timing(scn, allocator.block_size, base_dir, transfers, where)
     timing_caps = timing_capabilities(timing)
-    sched = Scheduler(scn.scheduler, allocator, scn.model.max_model_len_tokens,
-                      want_context_lens=timing_caps.needs_context_lens,
-                      kv=geometry, host_transfers=transfers, request_log=request_log, replica_index=index)
+    sched = build_scheduler(scn, allocator, geometry, where, want_context_lens=timing_caps.needs_context_lens,
+                            host_transfers=transfers, request_log=request_log, replica_index=index)
     if not transfers.legacy and sched.caps.host_link_tiers:
         allocator.use_host_link(transfers)  # CPU-tier loads over the same link as swaps
     if store is not None:

@@ -53,9 +53,10 @@ class AsyncScheduling:
         # just ended, is not yet known to the plan (KnownTokenCaching; without prefix caching: moot)
         self._known_caching = on and self.caps.prefix_caching
         if self._known_caching and not self.caps.known_token_caching:
-            raise ConfigError(f"scheduler.async_scheduling with prefix caching needs an allocator with "
-                              f"ensure_slots_known (KnownTokenCaching), not {type(self.allocator).__name__}: "
-                              f"use allocator kind paged, or async_scheduling: false")
+            raise ConfigError(f"scheduler.async_scheduling: true with prefix caching needs an allocator that "
+                              f"registers a block once its tokens are known (KnownTokenCaching: allocator kind "
+                              f"paged), which {type(self.allocator).__name__} does not; use allocator kind paged, "
+                              f"or set scheduler.async_scheduling: false")
         self._sampled_last: set[int] = set()  # requests that sampled a token in the step just ended
         self._group_sampled = False  # ... and, if it was a decode-group step, every member did
         self._held: list[tuple[KVRequest, float, Request | None]] = []  # arrivals the next plan may not see

@@ -132,8 +132,22 @@ def test_what_async_scheduling_is_not_modelled_with_is_one_line():
 
 
 def test_a_prefix_cache_without_known_token_caching_is_refused():
-    with pytest.raises(ConfigError, match="ensure_slots_known"):
+    with pytest.raises(ConfigError, match="KnownTokenCaching"):
         _sched(RadixAllocator(20, 16))
+
+
+def test_async_with_radix_is_one_line_naming_the_file_in_validate_and_run(tmp_path, capsys):
+    from kvsim.cli import main
+
+    (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n")
+    f = tmp_path / "s.yaml"
+    f.write_text("model: llama-3-8b\ngpu: H100-SXM-80GB\ntrace: {file: t.csv}\nallocator: {kind: radix}\n"
+                 "scheduler: {async_scheduling: true}\n")
+    for cmd in (["validate", str(f)], ["run", str(f), "-q", "--no-plots", "--out", str(tmp_path / "out")]):
+        assert main(cmd) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"kvsim: error: {f}: scheduler.async_scheduling: true"), err
+        assert "allocator kind paged" in err[0] and "async_scheduling: false" in err[0]
 
 
 def test_uncached_freed_blocks_are_reused_first_with_prefix_caching():

@@ -77,13 +77,15 @@ def _choice(path: Path, line: int, key: str, value: str, choices) -> str:
 
 def load(path: Path = CORPUS) -> list[MemoryRow]:
     """The corpus rows; a missing field or an unknown name is one ConfigError naming file, line and key."""
-    lines = [ln for ln in read_user_text(Path(path), "memory corpus").splitlines() if not ln.startswith("#")]
-    reader = csv.DictReader(lines)
+    numbered = [(n, ln) for n, ln in enumerate(read_user_text(Path(path), "memory corpus").splitlines(), start=1)
+                if not ln.startswith("#")]  # comment lines are skipped; errors name the file's own line numbers
+    reader = csv.DictReader(ln for _, ln in numbered)
     missing = [k for k in REQUIRED if k not in (reader.fieldnames or [])]
     if missing:
         raise ConfigError(f"{path}: column '{missing[0]}' is missing from the header (required: {', '.join(REQUIRED)})")
     rows = []
-    for i, r in enumerate(reader, start=2):
+    for r in reader:
+        i = numbered[reader.line_num - 1][0]
         for key in REQUIRED:
             if not (r.get(key) or "").strip():
                 raise ConfigError(f"{path}: line {i}: {key}: required field is empty")

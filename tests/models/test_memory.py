@@ -146,7 +146,8 @@ def test_a_corpus_split_that_cannot_be_is_one_line(tmp_path, tensor, expect):
     lines[row] = out.getvalue()
     f = tmp_path / "c.csv"
     f.write_text("\n".join(lines) + "\n")
-    with pytest.raises(ConfigError, match=rf"^{f}: line \d+: {expect}"):
+    # the file's own line number (comment lines counted: an editor's line; they were skipped before)
+    with pytest.raises(ConfigError, match=rf"^{f}: line {row + 1}: {expect}"):
         memory_corpus.load(f)
 
 

@@ -27,6 +27,7 @@ calibrated timing model does). Each row is a uniform batch: ``batch`` sequences 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -164,6 +165,18 @@ def decode_rows(df: pd.DataFrame, kv_dtype: str, impl: str | None) -> pd.DataFra
     return sel.sort_values(["contiguous", "block_size", "batch", "context_len"]).reset_index(drop=True)
 
 
+FIT_HEADER = "# kvsim backend profile fitted by `kvsim calibrate fit "
+
+
+def _fitted_here(path: Path) -> bool:
+    """Whether ``path`` is a profile an earlier ``kvsim calibrate fit`` wrote (its first line)."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            return f.readline().startswith(FIT_HEADER)
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def run_fit(dir_: str, out: str, *, template: str = "vllm-paged-v1", gpu: str | None = None,
             kv_dtype: str | None = None, impl: str | None = None, name: str | None = None,
             force: bool = False) -> dict:
@@ -192,16 +205,20 @@ def run_fit(dir_: str, out: str, *, template: str = "vllm-paged-v1", gpu: str | 
     if rows.empty:
         raise CalibrationError(f"{data.csv_path}: no decode_paged/decode_contiguous rows with dtype={kv_dtype!r}")
     outp = Path(out)
-    if outp.exists() and not force:
-        raise CalibrationError(f"--out {out}: file exists (kvsim does not overwrite files it did not write; "
-                               f"pass --force to replace it)")
+    if outp.is_dir():
+        raise CalibrationError(f"--out {out}: is a directory; give the profile's file name (e.g. {outp / 'fitted.yaml'})")
+    if outp.exists() and not force and not _fitted_here(outp):
+        raise CalibrationError(f"--out {out}: file exists and is not a profile `kvsim calibrate fit` wrote "
+                               f"(kvsim does not overwrite files it did not write; pass --force to replace it)")
     prof, stats = fit_rows(rows, meta["model"], kv_dtype, tmpl, spec.hbm_bandwidth_bytes_per_s, spec.num_sms,
                            name or f"fitted-{gpu_name}", gpu_name)
-    header = (f"# kvsim backend profile fitted by `kvsim calibrate fit {dir_}` (device {meta['device']}, "
+    header = (f"{FIT_HEADER}{dir_}` (device {meta['device']}, "
               f"GPU {gpu_name}, KV dtype {kv_dtype}).\n# {stats['rows']} rows; MAPE {stats['mape']:.4f}; "
               f"RMS relative error {stats['rms_rel_error']:.4f}. Use it as timing.attention_backend: {outp.name}\n")
     if meta["device"] == "cpu":
         header += f"# {S.CPU_LABEL}\n"
     outp.parent.mkdir(parents=True, exist_ok=True)
-    outp.write_text(header + yaml.safe_dump(prof.to_yaml_dict(), sort_keys=False))
+    tmp = outp.with_name(f".{outp.name}.tmp-{os.getpid()}")
+    tmp.write_text(header + yaml.safe_dump(prof.to_yaml_dict(), sort_keys=False))
+    os.replace(tmp, outp)  # a rerun replaces the earlier fit at once; never a half-written profile
     return {"profile": str(outp), "gpu": gpu_name, "kv_dtype": kv_dtype, **stats, **prof.to_yaml_dict()}

@@ -59,15 +59,24 @@ def test_fit_recovers_known_parameters_within_2_percent(tmp_path):
     assert prof.reference_gpu == "A100-80GB"
 
 
-def test_fit_cli_prints_json_and_refuses_to_overwrite(tmp_path, capsys):
+def test_fit_cli_prints_json_replaces_its_own_fit_and_refuses_other_files(tmp_path, capsys):
     d = _calibration_dir(tmp_path)
     out = tmp_path / "p.yaml"
     assert main(["calibrate", "fit", str(d), "--out", str(out)]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["profile"] == str(out) and got["rows"] == 7 * 4 * 6
-    assert main(["calibrate", "fit", str(d), "--out", str(out)]) == 2
+    # a rerun replaces the profile the first fit wrote (it said "not written by kvsim")
+    assert main(["calibrate", "fit", str(d), "--name", "again", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert load_profile_file(out).name == "again" and sorted(p.name for p in tmp_path.iterdir()) == ["cal", "p.yaml"]
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("name: my own profile\n")
+    assert main(["calibrate", "fit", str(d), "--out", str(mine)]) == 2
     err = capsys.readouterr().err
-    assert "file exists" in err and len(err.strip().splitlines()) == 1
+    assert "file exists" in err and "--force" in err and len(err.strip().splitlines()) == 1
+    assert mine.read_text() == "name: my own profile\n"
+    assert main(["calibrate", "fit", str(d), "--out", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
 
 
 def test_fit_needs_a_known_gpu(tmp_path, capsys):

@@ -107,7 +107,8 @@ def register(subparsers) -> None:
     ft.add_argument("--kv-dtype", dest="fit_kv_dtype", help="KV dtype rows to fit (default: first fp16/bf16)")
     ft.add_argument("--impl", dest="fit_impl", help="decode implementation (default: fastest per point)")
     ft.add_argument("--name", dest="fit_name", help="profile name (default fitted-<gpu>)")
-    ft.add_argument("--force", dest="fit_force", action="store_true", help="replace an existing --out file that is not an earlier fit (a fit is replaced without it)")
+    ft.add_argument("--force", dest="fit_force", action="store_true",
+                    help="replace an existing --out file that is not an earlier fit (a fit is replaced without it)")
     mc = sub.add_parser("moe-check", help="the fused MoE kernel model's error on the public MoE-kernel corpus",
                         description="Print the shipped MoE kernel profile (kvsim/timing/data/moe/moe_kernel_fit.yaml) "
                                     "and its error per split (fit, holdout, check) and config on "

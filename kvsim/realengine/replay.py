@@ -61,9 +61,10 @@ class ReplayedRequest:
     reject_reason: str = ""
 
 
-def settings_for(scn, model_file: Path, threads: int, device: str, eager: bool) -> EngineSettings:
-    """The engine settings a scenario asks for; anything vLLM cannot be told is refused here."""
-    where = "scenario"
+def settings_for(scn, model_file: Path, threads: int, device: str, eager: bool,
+                 where: str = "scenario") -> EngineSettings:
+    """The engine settings a scenario asks for; anything vLLM cannot be told is refused here, one
+    line naming ``where`` (the scenario file, as ``kvsim run`` names it)."""
     a, s = scn.allocator, scn.scheduler
     if a.kind != "paged":
         raise EngineError(f"{where}: allocator.kind is {a.kind!r}; the vLLM engine replays only 'paged'")
@@ -234,7 +235,8 @@ def replay_to_dir(loaded, out: Path | None, *, model: str | None = None, threads
                           + (" or cpu" if device == "cpu" else " (the CPU clock does not time GPU work)"))
     model_file = model_file_of(loaded, model)
     vocab = int(read_model_config(model_file)[1].get("vocab_size", 32000))
-    settings = {name: settings_for(scn, model_file, threads, device, eager) for name, scn in loaded.runs.items()}
+    settings = {name: settings_for(scn, model_file, threads, device, eager, str(loaded.path))
+                for name, scn in loaded.runs.items()}
     vllm = require_vllm()
     out = Path(out) if out is not None else Path("results") / f"{loaded.name}-replay-vllm"
     check_out_dir(out, "replay", force=force, protect=[loaded.path])

@@ -180,3 +180,5 @@ def test_the_vllm_0_32_profile_runs_async_and_the_vllm_replay_refuses_it(tmp_pat
     assert scn.profile_filled()["filled"]["scheduler.async_scheduling"] is True
     with pytest.raises(EngineError, match="async_scheduling is true.*set it to false"):
         settings_for(scn, tmp_path / "config.json", 1, "cpu", True)
+    with pytest.raises(EngineError, match=r"^s\.yaml: scheduler\.async_scheduling is true"):
+        settings_for(scn, tmp_path / "config.json", 1, "cpu", True, "s.yaml")

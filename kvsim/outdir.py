@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvsim.errors import ConfigError
+from kvsim.errors import ConfigError, KvsimError
 
 MARKER = ".kvsim-output.json"
 MARKER_FORMAT = "kvsim output directory"
@@ -387,8 +387,9 @@ def atomic_out_dir(out: str | Path, command: str, *, force: bool = False, flag: 
                    log: Callable[[str], None] | None = None, resume: bool = False) -> Iterator[Path]:
     """Yield a temporary directory to write ``command``'s output into; on success it replaces ``out``.
 
-    Refused (before anything is written) per :func:`check_out_dir`. On an exception the temp
-    directory stays, marked incomplete (``INCOMPLETE`` says why), and a later run removes it.
+    Refused (before anything is written) per :func:`check_out_dir`. On a refusal (a KvsimError) with
+    nothing finished the temp directory is removed; on any other exception it stays, marked
+    incomplete (``INCOMPLETE`` says why), and a later run removes it.
     ``resume``: the yielded directory may be an interrupted run's (:func:`adopt_interrupted`: the
     caller keeps what its :data:`RESUME_FILE` lists and still holds, and clears the rest); on Ctrl-C
     a temp directory with no :data:`RESUME_FILE` (nothing finished) is removed at once.
@@ -405,7 +406,9 @@ def atomic_out_dir(out: str | Path, command: str, *, force: bool = False, flag: 
     try:
         yield tmp
     except BaseException as e:
-        if resume and isinstance(e, KeyboardInterrupt) and not (tmp / RESUME_FILE).exists():
+        # nothing to resume: a refusal (bad input, one line, exit 2) or Ctrl-C leaves no temp directory
+        if (isinstance(e, KvsimError) or (resume and isinstance(e, KeyboardInterrupt))) \
+                and not (tmp / RESUME_FILE).exists():
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         with contextlib.suppress(OSError):

@@ -231,6 +231,25 @@ def test_failed_run_leaves_the_old_run_and_nothing_complete(tmp_path, monkeypatc
     assert read_marker(tmp).complete is False and "stopped part-way" in (tmp / "INCOMPLETE").read_text()
 
 
+def test_a_run_time_refusal_leaves_the_old_run_and_no_temp_directory(tmp_path, monkeypatch):
+    """Bad input found only while running (one line, exit 2) left its hidden temp directory behind."""
+    import kvsim.api
+    from kvsim.errors import CalibrationError
+
+    scn = scenario(tmp_path)
+    out = tmp_path / "out"
+    run(scn, out)
+    before = snapshot(out)
+
+    def refuse(*a, **k):
+        raise CalibrationError("calibration/x: meta.json is missing")
+
+    monkeypatch.setattr(kvsim.api, "run_scenario", refuse)
+    with pytest.raises(CalibrationError):
+        run(scn, out)
+    assert snapshot(out) == before and hidden_leftovers(out) == []
+
+
 def test_leftovers_of_killed_runs(tmp_path):
     scn = scenario(tmp_path)
     out = tmp_path / "out"

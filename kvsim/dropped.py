@@ -17,7 +17,9 @@ FIXES = {
     "exceeds_max_model_len": "set trace.length_policy: cap (truncate them to the model's max length) or drop, "
                              "or a longer max length (model: {preset: NAME, max_model_len_tokens: N})",
     "exceeds_kv_capacity": "give the KV cache more room (a larger GPU or kv_budget, a smaller model or kv_dtype: "
-                           "fp8) or lower the requests' num_samples below scheduler.max_num_seqs",
+                           "fp8)",
+    "exceeds_max_num_seqs": "raise scheduler.max_num_seqs to at least the requests' num_samples (their samples "
+                            "are scheduled together), or lower num_samples",
     "exceeds_batch_token_budget": "raise scheduler.max_num_batched_tokens or set scheduler.chunked_prefill: true",
     "dropped_by_length_policy": "trace.length_policy: drop removed them; use cap to keep them truncated, or a "
                                 "longer max length (model: {preset: NAME, max_model_len_tokens: N})",

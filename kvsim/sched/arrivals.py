@@ -9,6 +9,7 @@ from kvsim.sched.request import Request, RequestStatus, batch_tokens
 REJECT_TOO_LONG = "exceeds_max_model_len"
 REJECT_KV = "exceeds_kv_capacity"
 REJECT_BUDGET = "exceeds_batch_token_budget"
+REJECT_SEQS = "exceeds_max_num_seqs"
 
 
 class Arrivals:
@@ -61,8 +62,10 @@ class Arrivals:
         prompt, output = kv.prompt_tokens, kv.output_tokens
         if prompt + output > self.max_model_len_tokens:
             return REJECT_TOO_LONG
-        if not self.allocator.max_footprint_fits(kv) or kv.num_samples > self.max_num_seqs:
+        if not self.allocator.max_footprint_fits(kv):
             return REJECT_KV
+        if kv.num_samples > self.max_num_seqs:  # its samples run as one group, never all in one batch
+            return REJECT_SEQS
         if not self.chunked_prefill:
             # A recompute after preemption re-prefills prompt + generated tokens (each generated
             # position once per sample) in one step: Request.batch_tokens of them from 0 computed.

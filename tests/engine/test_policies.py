@@ -205,3 +205,19 @@ def test_prefix_affinity_without_a_prefix_cache_is_noted_and_runs_as_least_loade
     # what the note says: the same routing as least_loaded
     pd.testing.assert_frame_equal(run(off, base_dir=ROOT).requests,
                                   run(scn("least_loaded", False), base_dir=ROOT).requests, check_exact=True)
+
+
+def test_samples_beyond_max_num_seqs_have_their_own_reject_reason(tmp_path, capsys):
+    """Were counted as exceeds_kv_capacity, whose fix (more KV) could not help."""
+    from kvsim.cli import main
+
+    (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens,num_samples\n0,10,5,1\n0.1,10,5,8\n")
+    f = tmp_path / "s.yaml"
+    f.write_text("model: llama-3-8b\ngpu: H100-SXM-80GB\ntrace: {file: t.csv}\nscheduler: {max_num_seqs: 4}\n")
+    assert main(["validate", str(f)]) == 0
+    out = capsys.readouterr()
+    assert "1/2 requests admissible" in out.out and "exceeds_max_num_seqs" in out.out + out.err
+    assert "scheduler.max_num_seqs" in out.err and "exceeds_kv_capacity" not in out.out + out.err
+    assert main(["run", str(f), "-q", "--no-plots", "--out", str(tmp_path / "o")]) == 0
+    got = pd.read_parquet(tmp_path / "o" / "requests.parquet")
+    assert got.set_index("request_id")["reject_reason"].to_dict() == {0: "", 1: "exceeds_max_num_seqs"}

@@ -374,6 +374,12 @@ class PagedAllocator(BulkDecode, PagedCore):
         req = self._requests[rid]
         table = self.block_tables[rid]
         keys = req.block_keys
+        if full == start + 1:  # one block (a decode crossing a boundary): the same, without the lists
+            key = int(keys[start]) if keys is not None and start < len(keys) else (rid, start)
+            if self.blocks.cache_one(table[start], key, req.priority) and self.lower:
+                self.lower.recomputed(key)
+            self._registered[rid] = full
+            return
         # self._key for these blocks at once (int keys from the trace, then (request, block))
         trace_keys = [] if keys is None else [int(x) for x in keys[start:full]] if not isinstance(keys, np.ndarray) \
             else keys[start:full].tolist()

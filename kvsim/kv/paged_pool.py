@@ -111,6 +111,17 @@ class BlockPool:
             stats.touch(self.tick, priority)
             self.block_stats[b] = stats
 
+    def cache_one(self, b: int, key, priority: int) -> bool:
+        """``cache_new([b], [key])`` for one block: whether ``key`` was cached now (not cached yet)."""
+        if key in self.key_to_block:
+            return False
+        if self.keeps_stats:
+            self.cache(b, key, priority)
+        else:
+            self.key_to_block[key] = b
+            self.block_key[b] = key
+        return True
+
     def cache_new(self, blocks: list[int], keys: list, priority: int) -> list:
         """``cache(blocks[i], keys[i])`` in order for each key not cached yet (a key already cached,
         in another block or earlier in this call, keeps that block); the keys cached, in order."""

@@ -194,7 +194,7 @@ class PagedAllocator(BulkDecode, PagedCore):
 
     def _tier_hits(self, req: KVRequest, num_tokens: int, start: int) -> list[LowerTier]:
         """Tier of each block after the GPU hits that is found in a lower tier (leading run)."""
-        if not self.lower or req.num_samples > 1:
+        if not self.lower.tiers or req.num_samples > 1:  # (the tier list's truth: no __bool__ call)
             return []
         return self.lower.hits(lambda k: self._key(req, k), start, (num_tokens - 1) // self.block_size)
 
@@ -229,7 +229,7 @@ class PagedAllocator(BulkDecode, PagedCore):
     # -- mutations -------------------------------------------------------------------------------
     def _new_block(self) -> int:
         b, evicted = self.blocks.take()
-        if evicted is not None and self.lower:  # the cached content goes to the next tier down
+        if evicted is not None and self.lower.tiers:  # the cached content goes to the next tier down
             self.lower.offload(evicted)
         return b
 
@@ -237,7 +237,7 @@ class PagedAllocator(BulkDecode, PagedCore):
         """``_new_block`` ``n`` times (the offloads, which touch only the lower tiers, after the takes)."""
         evicted: list = []
         blocks = self.blocks.take_many(n, evicted)
-        if evicted and self.lower:
+        if evicted and self.lower.tiers:
             for key in evicted:
                 self.lower.offload(key)
         return blocks
@@ -376,7 +376,7 @@ class PagedAllocator(BulkDecode, PagedCore):
         keys = req.block_keys
         if full == start + 1:  # one block (a decode crossing a boundary): the same, without the lists
             key = int(keys[start]) if keys is not None and start < len(keys) else (rid, start)
-            if self.blocks.cache_one(table[start], key, req.priority) and self.lower:
+            if self.blocks.cache_one(table[start], key, req.priority) and self.lower.tiers:
                 self.lower.recomputed(key)
             self._registered[rid] = full
             return

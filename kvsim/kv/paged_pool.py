@@ -72,17 +72,21 @@ class BlockPool:
         else:
             pop = self.free.pop
             out = [pop() for _ in range(n)]
-        stats = self.block_stats
+        key_to_block = self.key_to_block
+        stats = self.block_stats if self.keeps_stats else None  # (without stats, none to drop)
+        before = len(evicted)
         for b in out:
             key = block_key[b]
             if key is not None:
-                self.cached_free -= 1
-                del self.key_to_block[key]
+                del key_to_block[key]
                 block_key[b] = None
-                stats.pop(b, None)
-                self.evictions += 1
+                if stats is not None:
+                    stats.pop(b, None)
                 evicted.append(key)
             refs[b] = 1
+        n_evicted = len(evicted) - before
+        self.cached_free -= n_evicted
+        self.evictions += n_evicted
         return out
 
     def hits_in_free(self, blocks: list[int]) -> int:
@@ -161,17 +165,20 @@ class BlockPool:
         block_key = self.block_key
         freed = []
         front = [] if self.front_reuse else freed  # uncached blocks: to the front, or with the rest
+        cached = shared = 0
         for b in blocks:
             n = refs[b] - 1
             refs[b] = n
             if n == 0:
                 if block_key[b] is not None:
-                    self.cached_free += 1
+                    cached += 1
                     freed.append(b)
                 else:
                     front.append(b)
             else:
-                self.shared_extra -= 1
+                shared += 1
+        self.cached_free += cached
+        self.shared_extra -= shared
         if front and front is not freed:
             self.free.add_front_many(front)  # type: ignore[attr-defined]
         if self.caps.bulk:

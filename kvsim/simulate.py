@@ -370,7 +370,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     steps = _steps_table(box, steps_path)
     del box
     summary = summarize(reqs, steps, summary_args)
-    _add_prefix_ideal(summary, trace, geometry.block_size)
+    _add_prefix_ideal(summary, trace, reqs, geometry.block_size)
     summary["engine_profile"] = scn.profile_filled()  # the profile and the keys it filled (docs/metrics.md)
     summary["host_link"] = host_link_record(scn, transfers)
     if scn.frontend is not None:
@@ -397,14 +397,18 @@ def _arrivals(scn: Scenario, trace: Trace) -> tuple[Trace, np.ndarray | None, Cl
     return trace, None, ClosedLoopClient(trace.arrival_s, scn.client.max_concurrency, depart)
 
 
-def _add_prefix_ideal(summary: dict, trace: Trace, block_size: int | None) -> None:
-    """Beside the hit ratio the run reached, the trace's ideal at the run's block size (an
-    unbounded cache, :func:`kvsim.trace.stats.paged_ideal_hit_ratio`): ``prefix_cache.ideal_*``."""
+def _add_prefix_ideal(summary: dict, trace: Trace, reqs, block_size: int | None) -> None:
+    """Beside the hit ratio the run reached, the ideal at the run's block size (an unbounded
+    cache, :func:`kvsim.trace.stats.paged_ideal_hit_ratio`) over the requests the run admitted, as
+    the hit ratio counts them (rejected requests neither hit nor produce blocks): ``prefix_cache.ideal_*``."""
     pc = summary.get("prefix_cache")
-    if not isinstance(pc, dict) or not block_size:
+    if not isinstance(pc, dict) or not block_size or trace.prefix_keys is None:
         return
     from kvsim.trace.stats import paged_ideal_hit_ratio
 
+    admitted = reqs["cached_tokens"].to_numpy() >= 0
+    if not admitted.all():
+        trace = trace.select(np.sort(reqs["request_id"].to_numpy()[admitted]))
     ideal = paged_ideal_hit_ratio(trace, block_size)
     if ideal is not None:
         pc["ideal_hit_ratio_tokens"] = ideal["hit_ratio_tokens"]

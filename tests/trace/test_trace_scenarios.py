@@ -66,3 +66,22 @@ def test_summary_sets_the_hit_ratio_reached_beside_the_traces_ideal():
     assert 0 < pc["hit_ratio_tokens"] <= pc["ideal_hit_ratio_tokens"]
     off = scn.model_copy(update={"allocator": scn.allocator.model_copy(update={"prefix_caching": False})})
     assert run(off, base_dir=ROOT).summary.get("prefix_cache") is None  # no prefix caching: no ideal either
+
+
+def test_the_ideal_counts_the_requests_the_run_admitted(tmp_path):
+    """Rejected requests left the run's denominator but stayed in the ideal's: a run reached 0.942
+    against an "ideal" of 0.554. Both now count the admitted requests."""
+    import json
+
+    lines = [{"timestamp": 2000 * i, "input_length": 1000, "output_length": 4, "hash_ids": [7, 8]} for i in range(20)]
+    lines += [{"timestamp": 41000 + i, "input_length": 7000, "output_length": 4, "hash_ids": list(range(100 + 20 * i, 114 + 20 * i))}
+              for i in range(2)]
+    f = tmp_path / "t.jsonl"
+    f.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    raw = scenario({"file": str(f), "format": "mooncake"}).model_dump(exclude_unset=True)
+    scn = Scenario.model_validate({**raw, "kv_budget": {"tokens": 4096}})
+    res = run(scn, base_dir=ROOT)
+    s = res.summary
+    assert s["rejected_by_reason"] == {"exceeds_kv_capacity": 2}
+    pc = s["prefix_cache"]
+    assert 0 < pc["hit_ratio_tokens"] <= pc["ideal_hit_ratio_tokens"]

@@ -105,6 +105,7 @@ def load_trace(
                 f"required by the {fmt} format (found: {shown})"
             )
         source.prefix_column = schema.prefix
+        source.known_columns = schema.columns
         ctx = RowContext(where, source.row_label)
         read = _read_all(source, schema, ctx, on_unsorted, on_zero_output)
         container = source.name

@@ -295,3 +295,28 @@ def test_no_traceback_types_escape(write_text):
         warnings.simplefilter("error")
         with pytest.raises(TraceError):
             load_trace(path)
+
+
+# ---- a JSON-lines column the format reads must be on the first line too -----------------------
+
+GENERIC_LINE = '{{"arrival_s": {t}, "prompt_tokens": 32, "output_tokens": 5{extra}}}\n'
+
+
+@pytest.mark.parametrize("extra, column", [(', "priority": 7', "priority"), (', "num_samples": 2', "num_samples"),
+                                           (', "prefix_keys": [1, 2], "prefix_block_tokens": 16', "prefix_block_tokens")])
+def test_jsonl_column_first_seen_on_a_later_line_is_an_error(write_text, extra, column):
+    text = GENERIC_LINE.format(t=0, extra="") + "\n" + GENERIC_LINE.format(t=1, extra=extra)
+    expect_error(write_text("g.jsonl", text), "line 3", f"column '{column}' is not on line 1",
+                 "on every line or on none")
+
+
+def test_jsonl_late_hash_ids_in_a_later_chunk(write_text, monkeypatch):
+    monkeypatch.setattr(load_mod, "CHUNK_LINES", 2)
+    lines = [f'{{"timestamp": {t}, "input_length": 10, "output_length": 5}}\n' for t in range(4)]
+    text = "".join(lines) + mooncake_line(9, 10, 5, [3])
+    expect_error(write_text("m.jsonl", text), "line 5", "column 'hash_ids' is not on line 1")
+
+
+def test_jsonl_unknown_column_on_a_later_line_is_still_ignored(write_text):
+    text = GENERIC_LINE.format(t=0, extra="") + GENERIC_LINE.format(t=1, extra=', "note": "x"')
+    assert len(load_trace(write_text("g.jsonl", text))) == 2

@@ -320,3 +320,20 @@ def test_jsonl_late_hash_ids_in_a_later_chunk(write_text, monkeypatch):
 def test_jsonl_unknown_column_on_a_later_line_is_still_ignored(write_text):
     text = GENERIC_LINE.format(t=0, extra="") + GENERIC_LINE.format(t=1, extra=', "note": "x"')
     assert len(load_trace(write_text("g.jsonl", text))) == 2
+
+
+# ---- a CSV chunk's first row with too many fields (pandas would truncate it) ------------------
+
+
+@pytest.mark.parametrize("row", ["2023-11-16 18:20:00.0,1,2,3", "2023-11-16 18:20:00.0,1,2,"])
+def test_too_many_csv_fields_on_the_first_row(write_text, row):
+    path = write_text("a.csv", AZURE_HEADER + row + "\n" + azure_rows(2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no pandas ParserWarning either
+        expect_error(path, "line 2", "expected 3 comma-separated fields", "found 4")
+
+
+def test_too_many_csv_fields_on_the_first_row_of_a_later_chunk(write_text, monkeypatch):
+    monkeypatch.setattr(load_mod, "CHUNK_LINES", 3)
+    path = write_text("a.csv", AZURE_HEADER + azure_rows(3) + "2023-11-16 18:20:00.0,1,2,3\n" + azure_rows(2, 600))
+    expect_error(path, "line 5", "expected 3 comma-separated fields")

@@ -337,3 +337,33 @@ def test_too_many_csv_fields_on_the_first_row_of_a_later_chunk(write_text, monke
     monkeypatch.setattr(load_mod, "CHUNK_LINES", 3)
     path = write_text("a.csv", AZURE_HEADER + azure_rows(3) + "2023-11-16 18:20:00.0,1,2,3\n" + azure_rows(2, 600))
     expect_error(path, "line 5", "expected 3 comma-separated fields")
+
+
+# ---- token counts are bounded (coerce.MAX_TOKENS) and never wrap around -----------------------
+
+
+def test_token_count_above_the_bound_is_an_error(write_text):
+    from kvsim.trace.coerce import MAX_TOKENS
+
+    ok = load_trace(write_text("ok.csv", AZURE_HEADER + f"2023-11-16 18:15:46.0,{MAX_TOKENS},44\n"))
+    assert ok.prompt_tokens.tolist() == [MAX_TOKENS]
+    path = write_text("a.csv", AZURE_HEADER + azure_rows(1) + "2023-11-16 18:20:00.0,9223372036854775807,44\n")
+    expect_error(path, "line 3", "column 'ContextTokens' is too large (9223372036854775807)", str(MAX_TOKENS))
+    path = write_text("m.jsonl", mooncake_line(0, 10, 5) + mooncake_line(1, 10, MAX_TOKENS + 1))
+    expect_error(path, "line 2", "column 'output_length' is too large")
+
+
+def test_integer_beyond_int64_is_too_large_not_fractional(write_text):
+    path = write_text("a.csv", AZURE_HEADER + "2023-11-16 18:15:46.0,10,99999999999999999999999\n")
+    expect_error(path, "line 2", "column 'GeneratedTokens' is too large")
+
+
+def test_parquet_uint64_max_is_too_large_not_negative(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "g.parquet"
+    col = pa.array([5, 2**64 - 1], pa.uint64())
+    pq.write_table(pa.table({"arrival_s": [0.0, 1.0], "prompt_tokens": col, "output_tokens": [1, 1]}), path)
+    msg = expect_error(path, "row 2", "'prompt_tokens' is too large", str(2**64 - 1))
+    assert "negative" not in msg

@@ -367,3 +367,57 @@ def test_parquet_uint64_max_is_too_large_not_negative(tmp_path):
     pq.write_table(pa.table({"arrival_s": [0.0, 1.0], "prompt_tokens": col, "output_tokens": [1, 1]}), path)
     msg = expect_error(path, "row 2", "'prompt_tokens' is too large", str(2**64 - 1))
     assert "negative" not in msg
+
+
+# ---- not a text trace: lines are read with a bound, undecodable bytes are named ---------------
+
+
+def test_dev_zero_is_refused_quickly_with_one_line():
+    """Was: 3.7 GB read, then 'internal error: MemoryError', exit 1. In a subprocess capped at
+    2 GiB of address space, so a regression fails here instead of exhausting the machine."""
+    import resource
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if not Path("/dev/zero").exists():
+        pytest.skip("no /dev/zero")
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    proc = subprocess.run([sys.executable, "-m", "kvsim", "trace", "stats", "/dev/zero"], capture_output=True,
+                          text=True, timeout=120, preexec_fn=cap)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [proc.stderr.strip()] and proc.stdout == ""
+    assert proc.stderr.startswith("kvsim: error: /dev/zero: line 1: longer than 16 MiB without a line break: "
+                                  "not a text trace"), proc.stderr
+
+
+@pytest.mark.parametrize("name", ["g.csv", "g.jsonl", "g.csv.gz"])
+def test_line_longer_than_the_bound_is_refused(write_text, monkeypatch, name):
+    from kvsim.trace import fileio
+
+    monkeypatch.setattr(fileio, "MAX_LINE_BYTES", 64)
+    if "jsonl" in name:
+        ok = '{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 5}'
+        long = '{"arrival_s": 1, "prompt_tokens": 5, "output_tokens": 5, "note": "' + "x" * 64 + '"}'
+    else:
+        ok, long = "arrival_s,prompt_tokens,output_tokens", "1," + "5" * 70 + ",5"
+    assert len(ok) + 1 <= 64 + 1
+    expect_error(write_text(name, ok + "\n" + long + "\n"), "line 2", "without a line break", "not a text trace")
+
+
+def test_line_of_exactly_the_bound_is_read(write_text, monkeypatch):
+    from kvsim.trace import fileio
+
+    header = "arrival_s,prompt_tokens,output_tokens\n"
+    monkeypatch.setattr(fileio, "MAX_LINE_BYTES", len(header) - 1)  # the newline is not counted
+    assert len(load_trace(write_text("g.csv", header + "0,5,5\n"))) == 1
+
+
+def test_jsonl_starting_with_a_non_utf8_byte_says_so(write_text):
+    path = write_text("m.jsonl", "")
+    path.write_bytes(b'\xff{"timestamp": 0, "input_length": 3, "output_length": 5}\n')
+    msg = expect_error(path, "line 1", "not UTF-8 text", "JSON lines")
+    assert "CSV header" not in msg

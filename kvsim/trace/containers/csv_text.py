@@ -12,7 +12,7 @@ import pandas as pd
 
 from kvsim.errors import TraceError
 from kvsim.trace.containers.base import Chunk, Container
-from kvsim.trace.fileio import LineReader, OpenTrace
+from kvsim.trace.fileio import TEXT_FORMATS, LineReader, OpenTrace
 
 _PANDAS_FIELDS_RE = re.compile(r"Expected (\d+) fields in line (\d+), saw (\d+)")
 
@@ -31,7 +31,10 @@ class CsvContainer(Container):
             raise TraceError(f"{where}: line 1: the file is empty (expected a CSV header line)")
         try:
             row = next(csv.reader([header.decode("utf-8-sig")]))
-        except (UnicodeDecodeError, csv.Error) as exc:
+        except UnicodeDecodeError as exc:
+            raise TraceError(f"{where}: line 1: not UTF-8 text (byte {exc.start}: {exc.reason}), so not a "
+                             f"text trace ({TEXT_FORMATS})") from None
+        except csv.Error as exc:
             raise TraceError(f"{where}: line 1: cannot read the CSV header: {exc}") from None
         self.columns = [c.strip() for c in row]
         dupes = sorted({c for c in self.columns if self.columns.count(c) > 1})

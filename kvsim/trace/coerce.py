@@ -73,8 +73,21 @@ def show(value) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+ARRIVAL_HINT = ("; the generic format's arrival_s is seconds from the trace start, as numbers (absolute "
+                "date-times: use the azure columns TIMESTAMP, ContextTokens, GeneratedTokens)")
+
+
+def refuse_time_types(col: pd.Series, name: str, lines: np.ndarray, ctx: RowContext, hint: str = "") -> None:
+    """A date-time or duration column (typed parquet) is not a number: its raw integer ticks
+    (e.g. microseconds) must never be read as a count or as seconds."""
+    if col.dtype.kind in "mM" and len(col):
+        what = "date-times" if col.dtype.kind == "M" else "durations"
+        raise ctx.fail(lines[0], f"column '{name}' holds {what} ({col.dtype}), not numbers{hint}")
+
+
 def numeric(col: pd.Series, name: str, lines: np.ndarray, ctx: RowContext) -> np.ndarray:
     """Column -> float64 or int64 array; error on a missing, boolean or non-numeric value."""
+    refuse_time_types(col, name, lines, ctx)
     kind = col.dtype.kind
     if kind == "u":
         return _unsigned(col, name, lines, ctx)
@@ -161,6 +174,7 @@ def times(col: pd.Series, name: str, time_unit: str, lines: np.ndarray, ctx: Row
             raise ctx.fail(lines[i], f"column '{name}' is not a date-time like 2023-11-16 18:15:46.68, got {show(values[i])}")
         parsed = parsed.dt.tz_localize(None)
         return parsed.to_numpy(dtype="datetime64[ns]").astype(np.int64)
+    refuse_time_types(col, name, lines, ctx, ARRIVAL_HINT if time_unit == "s" else "")
     arr = numeric(col, name, lines, ctx).astype(np.float64)
     bad = ~np.isfinite(arr)
     if bad.any():

@@ -421,3 +421,47 @@ def test_jsonl_starting_with_a_non_utf8_byte_says_so(write_text):
     path.write_bytes(b'\xff{"timestamp": 0, "input_length": 3, "output_length": 5}\n')
     msg = expect_error(path, "line 1", "not UTF-8 text", "JSON lines")
     assert "CSV header" not in msg
+
+
+# ---- typed parquet date-times/durations are not numbers ---------------------------------------
+
+
+@pytest.mark.parametrize("arrow_type, what", [("timestamp", "date-times"), ("duration", "durations")])
+def test_generic_parquet_time_typed_arrival_is_refused(tmp_path, arrow_type, what):
+    """Was read as raw microseconds taken for seconds (a 1 s gap became 1,000,000 s)."""
+    import datetime as dt
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if arrow_type == "timestamp":
+        col = pa.array([dt.datetime(2023, 11, 16, 18, 15, 46), dt.datetime(2023, 11, 16, 18, 15, 47)], pa.timestamp("us"))
+    else:
+        col = pa.array([0, 1_000_000], pa.duration("us"))
+    path = tmp_path / "g.parquet"
+    pq.write_table(pa.table({"arrival_s": col, "prompt_tokens": [5, 5], "output_tokens": [1, 1]}), path)
+    expect_error(path, "row 1", f"column 'arrival_s' holds {what}", "seconds from the trace start", "TIMESTAMP")
+
+
+def test_parquet_time_typed_length_is_refused(tmp_path):
+    import datetime as dt
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "g.parquet"
+    col = pa.array([dt.datetime(2023, 11, 16)], pa.timestamp("us"))
+    pq.write_table(pa.table({"arrival_s": [0.0], "prompt_tokens": col, "output_tokens": [1]}), path)
+    expect_error(path, "row 1", "column 'prompt_tokens' holds date-times", "not numbers")
+
+
+def test_azure_parquet_with_typed_timestamps_still_loads(tmp_path):
+    import datetime as dt
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "a.parquet"
+    col = pa.array([dt.datetime(2023, 11, 16, 18, 15, 46), dt.datetime(2023, 11, 16, 18, 15, 47, 500000)], pa.timestamp("us"))
+    pq.write_table(pa.table({"TIMESTAMP": col, "ContextTokens": [5, 5], "GeneratedTokens": [1, 1]}), path)
+    assert load_trace(path).arrival_s.tolist() == [0.0, 1.5]

@@ -37,6 +37,12 @@ class SimulationLimitError(KvsimError):
     """A run exceeded a configured simulated-time or wall-time limit."""
 
 
+class KvsimWarning(UserWarning):
+    """Something the user should know that is not an error (a trace repaired while loading, ...);
+    the CLI prints ``str(warning)`` as one line ``kvsim: warning: <message>`` on stderr. Every
+    warning kvsim raises for the user derives from it."""
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C, with what was kept: ``str()`` is the one-line message the CLI prints (exit 130)."""
 

@@ -20,6 +20,11 @@ from kvsim.trace.arrays import split_flat
 
 # Token counts and keys must fit comfortably in int64 after float parsing.
 MAX_EXACT_FLOAT_INT = 2**53
+# The most tokens a trace may give one request's prompt or output: ~4.3 billion, a thousand times
+# the longest context windows, so no real request is refused; and small enough that int64 never
+# overflows downstream: prompt + output, a sum over 2**31 requests, or a count times a KV footprint
+# of up to 2**31 bytes per token all stay below 2**63.
+MAX_TOKENS = 2**32
 
 
 class SlowPath(Exception):
@@ -68,10 +73,25 @@ def show(value) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+ARRIVAL_HINT = ("; the generic format's arrival_s is seconds from the trace start, as numbers (absolute "
+                "date-times: use the azure columns TIMESTAMP, ContextTokens, GeneratedTokens)")
+
+
+def refuse_time_types(col: pd.Series, name: str, lines: np.ndarray, ctx: RowContext, hint: str = "") -> None:
+    """A date-time or duration column (typed parquet) is not a number: its raw integer ticks
+    (e.g. microseconds) must never be read as a count or as seconds."""
+    if col.dtype.kind in "mM" and len(col):
+        what = "date-times" if col.dtype.kind == "M" else "durations"
+        raise ctx.fail(lines[0], f"column '{name}' holds {what} ({col.dtype}), not numbers{hint}")
+
+
 def numeric(col: pd.Series, name: str, lines: np.ndarray, ctx: RowContext) -> np.ndarray:
     """Column -> float64 or int64 array; error on a missing, boolean or non-numeric value."""
+    refuse_time_types(col, name, lines, ctx)
     kind = col.dtype.kind
-    if kind in "iu":
+    if kind == "u":
+        return _unsigned(col, name, lines, ctx)
+    if kind == "i":
         return col.to_numpy(np.int64)
     if kind == "f":
         arr = col.to_numpy(np.float64)
@@ -93,13 +113,28 @@ def numeric(col: pd.Series, name: str, lines: np.ndarray, ctx: RowContext) -> np
     return num.astype(np.float64) if num.dtype.kind == "f" else num.astype(np.int64)
 
 
+def _unsigned(col: pd.Series, name: str, lines: np.ndarray, ctx: RowContext) -> np.ndarray:
+    """An unsigned column -> int64; a value above int64's range is an error (not wrapped negative)."""
+    arr = col.to_numpy(np.uint64)
+    big = arr > np.iinfo(np.int64).max
+    if big.any():
+        i = int(np.argmax(big))
+        raise ctx.fail(lines[i], f"column '{name}' is too large ({int(arr[i])}); it must fit in a signed 64-bit integer")
+    return arr.astype(np.int64)
+
+
 def integers(col: pd.Series, name: str, lines: np.ndarray, ctx: RowContext) -> np.ndarray:
     arr = numeric(col, name, lines, ctx)
     if arr.dtype.kind == "f":
-        bad = ~np.isfinite(arr) | (arr != np.round(arr)) | (np.abs(arr) > MAX_EXACT_FLOAT_INT)
+        bad = ~np.isfinite(arr) | (arr != np.round(arr))
         if bad.any():
             i = int(np.argmax(bad))
             raise ctx.fail(lines[i], f"column '{name}' must be a whole number, got {float(arr[i])!r}")
+        big = np.abs(arr) > MAX_EXACT_FLOAT_INT
+        if big.any():
+            i = int(np.argmax(big))
+            raise ctx.fail(lines[i], f"column '{name}' is too large ({float(arr[i])!r}) to be an exact integer "
+                                     f"(at most 2**53 in magnitude when written as a float)")
         arr = arr.astype(np.int64)
     return arr
 
@@ -110,6 +145,11 @@ def lengths(col: pd.Series, name: str, lines: np.ndarray, ctx: RowContext) -> np
     if neg.any():
         i = int(np.argmax(neg))
         raise ctx.fail(lines[i], f"column '{name}' is negative ({int(arr[i])}); token counts must be >= 0")
+    big = arr > MAX_TOKENS
+    if big.any():
+        i = int(np.argmax(big))
+        raise ctx.fail(lines[i], f"column '{name}' is too large ({int(arr[i])}); token counts must be "
+                                 f"<= {MAX_TOKENS} (2**32) per request")
     return arr
 
 
@@ -134,6 +174,7 @@ def times(col: pd.Series, name: str, time_unit: str, lines: np.ndarray, ctx: Row
             raise ctx.fail(lines[i], f"column '{name}' is not a date-time like 2023-11-16 18:15:46.68, got {show(values[i])}")
         parsed = parsed.dt.tz_localize(None)
         return parsed.to_numpy(dtype="datetime64[ns]").astype(np.int64)
+    refuse_time_types(col, name, lines, ctx, ARRIVAL_HINT if time_unit == "s" else "")
     arr = numeric(col, name, lines, ctx).astype(np.float64)
     bad = ~np.isfinite(arr)
     if bad.any():

@@ -26,6 +26,12 @@ from kvsim.errors import TraceError
 GZIP_MAGIC = b"\x1f\x8b"
 PARQUET_MAGIC = b"PAR1"
 _HASH_BLOCK_BYTES = 1 << 20
+# The longest line a text trace may have. One request per line is at most a few kB (a Mooncake
+# line with a 128K-token prompt: ~2 kB); 16 MiB holds ~800,000 20-digit prefix keys. A longer line
+# means the file is not a text trace (binary data, /dev/zero), and reading it whole could exhaust
+# memory. Read at each call, so tests may lower it.
+MAX_LINE_BYTES = 16 << 20
+TEXT_FORMATS = "a trace is CSV with a header line or JSON lines, in UTF-8 text, or parquet"
 
 
 class HashingReader(io.RawIOBase):
@@ -123,6 +129,10 @@ class OpenTrace:
         self.close()
 
 
+def _mib(n: int) -> str:
+    return f"{n / 2**20:g} MiB"
+
+
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, EOFError):
         return "the file is truncated: the compressed stream ends before its end marker"
@@ -142,19 +152,28 @@ class LineReader:
         self.line_no = 0
 
     def __iter__(self) -> Iterator[bytes]:
-        it = iter(self._stream)
         while True:
-            try:
-                line = next(it)
-            except StopIteration:
+            line = self._next_line()
+            if not line:
                 return
-            except (EOFError, OSError, zlib.error) as exc:
-                raise TraceError(
-                    f"{self._path}: line {self.line_no + 1}: cannot read past line {self.line_no}: "
-                    f"{_describe(exc)}"
-                ) from None
             self.line_no += 1
             yield line
+
+    def _next_line(self) -> bytes:
+        """The next line (b"" at the end), read at most MAX_LINE_BYTES (+ the newline) at a time."""
+        limit = MAX_LINE_BYTES
+        try:
+            line = self._stream.readline(limit + 1)
+        except (EOFError, OSError, zlib.error) as exc:
+            raise TraceError(
+                f"{self._path}: line {self.line_no + 1}: cannot read past line {self.line_no}: {_describe(exc)}"
+            ) from None
+        if len(line) > limit and not line.endswith(b"\n"):
+            raise TraceError(
+                f"{self._path}: line {self.line_no + 1}: longer than {_mib(limit)} without a line break: "
+                f"not a text trace ({TEXT_FORMATS})"
+            )
+        return line
 
     def readline(self) -> bytes:
         for line in self:

@@ -52,6 +52,12 @@ class TraceSchema:
     def required(self) -> tuple[str, str, str]:
         return (self.arrival, self.prompt, self.output)
 
+    @property
+    def columns(self) -> frozenset[str]:
+        """Every column this format reads (required and optional); other columns are ignored."""
+        extra = (self.prefix, self.block_tokens_column, *self.optional_ints)
+        return frozenset(self.required) | {c for c in extra if c is not None}
+
 
 SCHEMAS: dict[str, TraceSchema] = {
     "azure": TraceSchema("azure", "TIMESTAMP", "ContextTokens", "GeneratedTokens", "datetime"),

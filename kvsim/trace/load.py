@@ -35,7 +35,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from kvsim.errors import TraceError, format_choices
+from kvsim.errors import KvsimWarning, TraceError, format_choices
 from kvsim.trace import coerce
 from kvsim.trace.coerce import RowContext
 from kvsim.trace.containers import Chunk, Container, open_container
@@ -51,7 +51,7 @@ OnUnsorted = Literal["error", "sort"]
 OnZeroOutput = Literal["error", "drop"]
 
 
-class TraceWarning(UserWarning):
+class TraceWarning(KvsimWarning):
     """A trace was repaired while loading (sorted, requests dropped, ...)."""
 
 
@@ -105,6 +105,7 @@ def load_trace(
                 f"required by the {fmt} format (found: {shown})"
             )
         source.prefix_column = schema.prefix
+        source.known_columns = schema.columns
         ctx = RowContext(where, source.row_label)
         read = _read_all(source, schema, ctx, on_unsorted, on_zero_output)
         container = source.name

@@ -74,7 +74,7 @@ def limit_lengths(trace: Trace, max_model_len_tokens: int | None, policy: str = 
     if not max_model_len_tokens:
         return trace, report
     limit = int(max_model_len_tokens)
-    over = trace.prompt_tokens + trace.output_tokens > limit
+    over = trace.prompt_tokens > limit - trace.output_tokens  # prompt + output > limit, without overflow
     n_over = int(over.sum())
     report["over_long"] = n_over
     if n_over == 0 or policy == "reject":

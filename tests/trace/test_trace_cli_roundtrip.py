@@ -162,3 +162,54 @@ def test_standalone_main_prints_repair_warnings(tmp_path, capsys):
     path.write_text("arrival_s,prompt_tokens,output_tokens\n2,5,5\n1,5,5\n")
     assert main(["stats", str(path), "--on-unsorted", "sort"]) == 0
     assert "warning: " in capsys.readouterr().err
+
+
+UNSORTED = "arrival_s,prompt_tokens,output_tokens\n2,5,5\n1,5,5\n"
+ZERO_OUTPUT = "arrival_s,prompt_tokens,output_tokens\n0,5,0\n1,5,5\n"
+
+
+@pytest.mark.parametrize("text, argv, needle", [
+    (UNSORTED, ["trace", "stats", "{p}", "--on-unsorted", "sort"], "sorted the requests"),
+    (ZERO_OUTPUT, ["trace", "convert", "{p}", "{o}", "--on-zero-output", "drop"], "dropped 1 request"),
+])
+def test_kvsim_main_prints_repair_warnings_as_one_line(tmp_path, capsys, text, argv, needle):
+    from kvsim.cli import main as kvsim_main
+
+    path = tmp_path / "t.csv"
+    path.write_text(text)
+    argv = [a.format(p=path, o=tmp_path / "o.jsonl") for a in argv]
+    assert kvsim_main(argv) == 0
+    err = capsys.readouterr().err
+    assert err == f"kvsim: warning: {path}: " + err.split(f"{path}: ", 1)[1] and err.count("\n") == 1, err
+    assert needle in err and "TraceWarning" not in err
+
+
+def test_one_line_warnings_leaves_other_warnings_alone(capsys):
+    import warnings
+
+    from kvsim.cli import one_line_warnings
+    from kvsim.errors import KvsimWarning
+
+    seen = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, category, *a, **k: seen.append((category, str(message)))
+        with one_line_warnings():
+            warnings.warn("ours", KvsimWarning)
+            warnings.warn("theirs", UserWarning)
+    assert capsys.readouterr().err == "kvsim: warning: ours\n"
+    assert seen == [(UserWarning, "theirs")]  # shown the way it would have been
+
+
+def test_kvsim_process_prints_one_warning_line(tmp_path):
+    """The real entry point (`python -m kvsim`): no file:line prefix, no source line."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "u.csv"
+    path.write_text(UNSORTED)
+    proc = subprocess.run([sys.executable, "-m", "kvsim", "trace", "stats", str(path), "--on-unsorted", "sort"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [f"kvsim: warning: {path}: sorted the requests by arrival time: 1 arrival(s) "
+                                        f"were earlier than the one before (first at line 3; on_unsorted: sort)"]

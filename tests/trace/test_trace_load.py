@@ -295,3 +295,173 @@ def test_no_traceback_types_escape(write_text):
         warnings.simplefilter("error")
         with pytest.raises(TraceError):
             load_trace(path)
+
+
+# ---- a JSON-lines column the format reads must be on the first line too -----------------------
+
+GENERIC_LINE = '{{"arrival_s": {t}, "prompt_tokens": 32, "output_tokens": 5{extra}}}\n'
+
+
+@pytest.mark.parametrize("extra, column", [(', "priority": 7', "priority"), (', "num_samples": 2', "num_samples"),
+                                           (', "prefix_keys": [1, 2], "prefix_block_tokens": 16', "prefix_block_tokens")])
+def test_jsonl_column_first_seen_on_a_later_line_is_an_error(write_text, extra, column):
+    text = GENERIC_LINE.format(t=0, extra="") + "\n" + GENERIC_LINE.format(t=1, extra=extra)
+    expect_error(write_text("g.jsonl", text), "line 3", f"column '{column}' is not on line 1",
+                 "on every line or on none")
+
+
+def test_jsonl_late_hash_ids_in_a_later_chunk(write_text, monkeypatch):
+    monkeypatch.setattr(load_mod, "CHUNK_LINES", 2)
+    lines = [f'{{"timestamp": {t}, "input_length": 10, "output_length": 5}}\n' for t in range(4)]
+    text = "".join(lines) + mooncake_line(9, 10, 5, [3])
+    expect_error(write_text("m.jsonl", text), "line 5", "column 'hash_ids' is not on line 1")
+
+
+def test_jsonl_unknown_column_on_a_later_line_is_still_ignored(write_text):
+    text = GENERIC_LINE.format(t=0, extra="") + GENERIC_LINE.format(t=1, extra=', "note": "x"')
+    assert len(load_trace(write_text("g.jsonl", text))) == 2
+
+
+# ---- a CSV chunk's first row with too many fields (pandas would truncate it) ------------------
+
+
+@pytest.mark.parametrize("row", ["2023-11-16 18:20:00.0,1,2,3", "2023-11-16 18:20:00.0,1,2,"])
+def test_too_many_csv_fields_on_the_first_row(write_text, row):
+    path = write_text("a.csv", AZURE_HEADER + row + "\n" + azure_rows(2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no pandas ParserWarning either
+        expect_error(path, "line 2", "expected 3 comma-separated fields", "found 4")
+
+
+def test_too_many_csv_fields_on_the_first_row_of_a_later_chunk(write_text, monkeypatch):
+    monkeypatch.setattr(load_mod, "CHUNK_LINES", 3)
+    path = write_text("a.csv", AZURE_HEADER + azure_rows(3) + "2023-11-16 18:20:00.0,1,2,3\n" + azure_rows(2, 600))
+    expect_error(path, "line 5", "expected 3 comma-separated fields")
+
+
+# ---- token counts are bounded (coerce.MAX_TOKENS) and never wrap around -----------------------
+
+
+def test_token_count_above_the_bound_is_an_error(write_text):
+    from kvsim.trace.coerce import MAX_TOKENS
+
+    ok = load_trace(write_text("ok.csv", AZURE_HEADER + f"2023-11-16 18:15:46.0,{MAX_TOKENS},44\n"))
+    assert ok.prompt_tokens.tolist() == [MAX_TOKENS]
+    path = write_text("a.csv", AZURE_HEADER + azure_rows(1) + "2023-11-16 18:20:00.0,9223372036854775807,44\n")
+    expect_error(path, "line 3", "column 'ContextTokens' is too large (9223372036854775807)", str(MAX_TOKENS))
+    path = write_text("m.jsonl", mooncake_line(0, 10, 5) + mooncake_line(1, 10, MAX_TOKENS + 1))
+    expect_error(path, "line 2", "column 'output_length' is too large")
+
+
+def test_integer_beyond_int64_is_too_large_not_fractional(write_text):
+    path = write_text("a.csv", AZURE_HEADER + "2023-11-16 18:15:46.0,10,99999999999999999999999\n")
+    expect_error(path, "line 2", "column 'GeneratedTokens' is too large")
+
+
+def test_parquet_uint64_max_is_too_large_not_negative(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "g.parquet"
+    col = pa.array([5, 2**64 - 1], pa.uint64())
+    pq.write_table(pa.table({"arrival_s": [0.0, 1.0], "prompt_tokens": col, "output_tokens": [1, 1]}), path)
+    msg = expect_error(path, "row 2", "'prompt_tokens' is too large", str(2**64 - 1))
+    assert "negative" not in msg
+
+
+# ---- not a text trace: lines are read with a bound, undecodable bytes are named ---------------
+
+
+def test_dev_zero_is_refused_quickly_with_one_line():
+    """Was: 3.7 GB read, then 'internal error: MemoryError', exit 1. In a subprocess capped at
+    2 GiB of address space, so a regression fails here instead of exhausting the machine."""
+    import resource
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if not Path("/dev/zero").exists():
+        pytest.skip("no /dev/zero")
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    proc = subprocess.run([sys.executable, "-m", "kvsim", "trace", "stats", "/dev/zero"], capture_output=True,
+                          text=True, timeout=120, preexec_fn=cap)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [proc.stderr.strip()] and proc.stdout == ""
+    assert proc.stderr.startswith("kvsim: error: /dev/zero: line 1: longer than 16 MiB without a line break: "
+                                  "not a text trace"), proc.stderr
+
+
+@pytest.mark.parametrize("name", ["g.csv", "g.jsonl", "g.csv.gz"])
+def test_line_longer_than_the_bound_is_refused(write_text, monkeypatch, name):
+    from kvsim.trace import fileio
+
+    monkeypatch.setattr(fileio, "MAX_LINE_BYTES", 64)
+    if "jsonl" in name:
+        ok = '{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 5}'
+        long = '{"arrival_s": 1, "prompt_tokens": 5, "output_tokens": 5, "note": "' + "x" * 64 + '"}'
+    else:
+        ok, long = "arrival_s,prompt_tokens,output_tokens", "1," + "5" * 70 + ",5"
+    assert len(ok) + 1 <= 64 + 1
+    expect_error(write_text(name, ok + "\n" + long + "\n"), "line 2", "without a line break", "not a text trace")
+
+
+def test_line_of_exactly_the_bound_is_read(write_text, monkeypatch):
+    from kvsim.trace import fileio
+
+    header = "arrival_s,prompt_tokens,output_tokens\n"
+    monkeypatch.setattr(fileio, "MAX_LINE_BYTES", len(header) - 1)  # the newline is not counted
+    assert len(load_trace(write_text("g.csv", header + "0,5,5\n"))) == 1
+
+
+def test_jsonl_starting_with_a_non_utf8_byte_says_so(write_text):
+    path = write_text("m.jsonl", "")
+    path.write_bytes(b'\xff{"timestamp": 0, "input_length": 3, "output_length": 5}\n')
+    msg = expect_error(path, "line 1", "not UTF-8 text", "JSON lines")
+    assert "CSV header" not in msg
+
+
+# ---- typed parquet date-times/durations are not numbers ---------------------------------------
+
+
+@pytest.mark.parametrize("arrow_type, what", [("timestamp", "date-times"), ("duration", "durations")])
+def test_generic_parquet_time_typed_arrival_is_refused(tmp_path, arrow_type, what):
+    """Was read as raw microseconds taken for seconds (a 1 s gap became 1,000,000 s)."""
+    import datetime as dt
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if arrow_type == "timestamp":
+        col = pa.array([dt.datetime(2023, 11, 16, 18, 15, 46), dt.datetime(2023, 11, 16, 18, 15, 47)], pa.timestamp("us"))
+    else:
+        col = pa.array([0, 1_000_000], pa.duration("us"))
+    path = tmp_path / "g.parquet"
+    pq.write_table(pa.table({"arrival_s": col, "prompt_tokens": [5, 5], "output_tokens": [1, 1]}), path)
+    expect_error(path, "row 1", f"column 'arrival_s' holds {what}", "seconds from the trace start", "TIMESTAMP")
+
+
+def test_parquet_time_typed_length_is_refused(tmp_path):
+    import datetime as dt
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "g.parquet"
+    col = pa.array([dt.datetime(2023, 11, 16)], pa.timestamp("us"))
+    pq.write_table(pa.table({"arrival_s": [0.0], "prompt_tokens": col, "output_tokens": [1]}), path)
+    expect_error(path, "row 1", "column 'prompt_tokens' holds date-times", "not numbers")
+
+
+def test_azure_parquet_with_typed_timestamps_still_loads(tmp_path):
+    import datetime as dt
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "a.parquet"
+    col = pa.array([dt.datetime(2023, 11, 16, 18, 15, 46), dt.datetime(2023, 11, 16, 18, 15, 47, 500000)], pa.timestamp("us"))
+    pq.write_table(pa.table({"TIMESTAMP": col, "ContextTokens": [5, 5], "GeneratedTokens": [1, 1]}), path)
+    assert load_trace(path).arrival_s.tolist() == [0.0, 1.5]

@@ -141,3 +141,15 @@ def test_on_unsorted_via_config(tmp_path):
     with pytest.warns(UserWarning):
         trace, report = build_trace(TraceConfig(file="u.csv", on_unsorted="sort"), tmp_path, 0, None)
     assert trace.arrival_s.tolist() == [1.0, 2.0] and len(report["repairs"]) == 1
+
+
+@pytest.mark.parametrize("policy", ["cap", "drop"])
+def test_length_policy_does_not_overflow_on_huge_counts(policy):
+    """prompt + output would wrap negative in int64 and hide the over-long request."""
+    huge = np.iinfo(np.int64).max
+    t, report = limit_lengths(small(2, prompt=[huge, 100], output=[44, 10]), 2048, policy)
+    assert report["over_long"] == 1
+    if policy == "cap":
+        assert t.prompt_tokens.tolist() == [2048 - 44, 100] and t.output_tokens.tolist() == [44, 10]
+    else:
+        assert len(t) == 1 and t.prompt_tokens.tolist() == [100]

@@ -25,6 +25,8 @@ class Container:
     ``prefix_column`` is set by the loader once the format is known: a container that can decode
     that column's key lists natively (arrow) returns them in :attr:`Chunk.keys` and drops the
     column from the frame; the others leave it in the frame for :func:`kvsim.trace.coerce.key_lists`.
+    ``known_columns`` (also set by the loader) are the columns the format reads: a container whose
+    rows may each have their own keys (JSON lines) refuses one that is not in ``columns``.
     """
 
     name: ClassVar[Literal["csv", "jsonl", "parquet"]]
@@ -32,6 +34,7 @@ class Container:
     columns: list[str]
     metadata: dict[str, str]
     prefix_column: str | None = None
+    known_columns: frozenset[str] = frozenset()
 
     def __init__(self, where: str, chunk_rows: int):
         self._where = where

@@ -12,7 +12,7 @@ import pandas as pd
 
 from kvsim.errors import TraceError
 from kvsim.trace.containers.base import Chunk, Container
-from kvsim.trace.fileio import LineReader, OpenTrace
+from kvsim.trace.fileio import TEXT_FORMATS, LineReader, OpenTrace
 
 _PANDAS_FIELDS_RE = re.compile(r"Expected (\d+) fields in line (\d+), saw (\d+)")
 
@@ -31,7 +31,10 @@ class CsvContainer(Container):
             raise TraceError(f"{where}: line 1: the file is empty (expected a CSV header line)")
         try:
             row = next(csv.reader([header.decode("utf-8-sig")]))
-        except (UnicodeDecodeError, csv.Error) as exc:
+        except UnicodeDecodeError as exc:
+            raise TraceError(f"{where}: line 1: not UTF-8 text (byte {exc.start}: {exc.reason}), so not a "
+                             f"text trace ({TEXT_FORMATS})") from None
+        except csv.Error as exc:
             raise TraceError(f"{where}: line 1: cannot read the CSV header: {exc}") from None
         self.columns = [c.strip() for c in row]
         dupes = sorted({c for c in self.columns if self.columns.count(c) > 1})
@@ -52,7 +55,23 @@ class CsvContainer(Container):
         if buf:
             yield self._parse(buf, first_line)
 
+    def _field_count_error(self, line: int, found: int) -> TraceError:
+        return TraceError(
+            f"{self._where}: line {line}: expected {len(self.columns)} comma-separated "
+            f"fields (as in the header), found {found}"
+        )
+
+    def _check_first_row(self, buf: list[bytes], first_line: int) -> None:
+        """pandas checks every row's field count against the chunk's first row, but an over-long
+        first row itself it truncates (with a warning, or silently for a trailing comma): check it
+        here, with the same message."""
+        offset, line = next(((i, b) for i, b in enumerate(buf) if b.strip()), (0, b""))
+        fields = next(csv.reader([line.decode("utf-8", "replace")], skipinitialspace=True), [])
+        if len(fields) > len(self.columns):
+            raise self._field_count_error(first_line + offset, len(fields))
+
     def _parse(self, buf: list[bytes], first_line: int) -> Chunk:
+        self._check_first_row(buf, first_line)
         try:
             frame = pd.read_csv(
                 io.BytesIO(b"".join(buf)),
@@ -70,11 +89,7 @@ class CsvContainer(Container):
         except pd.errors.ParserError as exc:
             m = _PANDAS_FIELDS_RE.search(str(exc))
             if m:
-                line = first_line + int(m.group(2)) - 1
-                raise TraceError(
-                    f"{self._where}: line {line}: expected {len(self.columns)} comma-separated "
-                    f"fields (as in the header), found {m.group(3)}"
-                ) from None
+                raise self._field_count_error(first_line + int(m.group(2)) - 1, int(m.group(3))) from None
             raise TraceError(f"{self._where}: lines {first_line}-{first_line + len(buf) - 1}: {exc}") from None
         except UnicodeDecodeError as exc:
             raise TraceError(f"{self._where}: near line {first_line}: not UTF-8 text ({exc.reason})") from None

@@ -51,6 +51,23 @@ class JsonlContainer(Container):
             )
         return obj
 
+    def _late_columns(self, present) -> list[str]:
+        """Columns the format reads that are in ``present`` but not on the first line."""
+        return sorted((set(present) & self.known_columns) - set(self.columns))
+
+    def _check_keys(self, obj: dict, line_no: int) -> dict:
+        """``obj`` unless it has a column the format reads that the first line lacks: optional
+        columns are optional for the whole file (on every line or on none), as the reverse case
+        (on the first line, missing later) is a 'missing value' error."""
+        late = self._late_columns(obj)
+        if late:
+            assert self._first is not None
+            raise TraceError(
+                f"{self._where}: line {line_no}: column '{late[0]}' is not on line {self._first[1]} (the first "
+                f"object); an optional column must be on every line or on none"
+            )
+        return obj
+
     def chunks(self) -> Iterator[Chunk]:
         assert self._first is not None
         lines = [self._first[0]]
@@ -72,7 +89,7 @@ class JsonlContainer(Container):
             return self._fast(lines, numbers)
         except (SlowPath, pa.ArrowException):
             pass  # let the exact line-by-line parser find and explain the problem
-        records = [self._decode(line, n) for line, n in zip(lines, line_nos)]
+        records = [self._check_keys(self._decode(line, n), n) for line, n in zip(lines, line_nos)]
         data = {c: [r.get(c) for r in records] for c in self.columns}
         frame = pd.DataFrame({c: pd.Series(v, dtype=object) for c, v in data.items()})
         return Chunk(frame, numbers)
@@ -82,7 +99,7 @@ class JsonlContainer(Container):
 
         data = b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines)
         table = pj.read_json(io.BytesIO(data), read_options=pj.ReadOptions(block_size=max(1 << 20, len(data) + 1)))
-        if table.num_rows != len(lines):
+        if table.num_rows != len(lines) or self._late_columns(table.column_names):
             raise SlowPath
         keys = None
         if self.prefix_column is not None and self.prefix_column in table.column_names:

@@ -120,6 +120,17 @@ def check_not_protected(out: Path, flag: str, protect: Iterable[str | Path] = ()
                           f"(e.g. {flag} results/NAME)")
 
 
+def check_parent_folders(out: Path, flag: str) -> None:
+    """Refuse ``out`` when the nearest of its parents that exists is not a folder (``afile/sub``):
+    kvsim could not create ``out`` there."""
+    for parent in Path(out).parents:
+        if parent.exists() or parent.is_symlink():
+            if not parent.is_dir():
+                raise ConfigError(f"{flag} {out}: {parent} is a file, not a folder; choose an {flag} "
+                                  f"under a folder (e.g. {flag} results/NAME)")
+            return
+
+
 def _describe(command: str) -> str:
     return f"`kvsim {command}`"
 
@@ -134,6 +145,7 @@ def check_out_dir(out: str | Path, command: str, *, force: bool = False, flag: s
     """
     out = Path(out)
     check_not_protected(out, flag, protect)
+    check_parent_folders(out, flag)
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise ConfigError(f"{flag} {out}: exists and is not a directory; kvsim will not replace it")
     if not out.exists():

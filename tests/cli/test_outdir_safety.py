@@ -122,6 +122,24 @@ def test_run_refuses_a_foreign_directory_and_leaves_it_intact(tmp_path):
     assert hidden_leftovers(out) == []
 
 
+def test_an_out_under_a_regular_file_is_one_line_for_every_directory_command(tmp_path):
+    """``--out afile/sub`` (afile a file) was an internal error (FileExistsError, NotADirectoryError, exit 1)
+    in run, compare and sweep; now the parent is checked once, in check_out_dir."""
+    scn = scenario(tmp_path)
+    run_dir = tmp_path / "r"
+    run(scn, run_dir)
+    sweep = tmp_path / "sw.yaml"
+    sweep.write_text(f"name: sw\nbase_file: {scn}\ngrid:\n  allocator.block_size: [16, 32]\n")
+    afile = tmp_path / "afile"
+    afile.write_text("data")
+    for command in (["run", scn], ["compare", run_dir], ["sweep", sweep]):
+        for out in (afile / "sub", afile / "x" / "sub"):
+            res = kvsim(*command, "--out", out, "-q")
+            one_line_error(res, f"--out {out}: {afile} is a file, not a folder")
+    assert afile.read_text() == "data"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "r", "scn", "sw.yaml"]
+
+
 def test_rerun_replaces_only_what_kvsim_wrote(tmp_path):
     scn = scenario(tmp_path, extra="variants:\n  a: {allocator: {block_size: 16}}\n  b: {allocator: {block_size: 32}}\n")
     out = tmp_path / "results" / "quickstart"

@@ -19,8 +19,11 @@ Rules (user-facing text: docs/outputs.md):
   directory gives the user's files back (or is renamed back to ``OUT`` if the swap was cut short).
   A hidden directory without our marker is never removed.
 * **Output files** (``trace convert/generate``, ``report --out FILE``): an existing file is
-  replaced only when the marker of the directory holding it lists it (kvsim wrote it), or with
-  ``--force``. Files are written to a temp name and renamed into place.
+  replaced only when the marker of the kvsim directory holding it says the same command wrote it
+  (:func:`writer_of`: a run's ``summary.json`` is never a report's to replace; its ``report.html``
+  is), or with ``--force``. Files are written to a temp name and renamed into place. One written into
+  another command's directory is recorded in that marker's ``by`` (name -> command), not in its
+  ``written``: the owner keeps it when it replaces the directory.
 
 This module uses the standard library only (``kvsim calibrate`` runs on machines with a bare Python).
 """
@@ -43,6 +46,11 @@ INCOMPLETE_FILE = "INCOMPLETE"
 RESUME_FILE = ".kvsim-resume.json"  # in a temp directory: the parts finished so far (kvsim run's variants)
 
 
+# Single files that several commands write the same way: ``report.html`` of a run, sweep or replay
+# directory is the report ``kvsim report DIR`` writes, so that command may rewrite it.
+FILE_WRITERS = {"report.html": "report"}
+
+
 @dataclass(frozen=True)
 class Marker:
     """The content of a :data:`MARKER` file."""
@@ -50,10 +58,44 @@ class Marker:
     command: str
     complete: bool
     written: tuple[str, ...]  # relative paths ("a", "a/summary.json"), sorted
+    # single files written into the directory by another command: sorted (name, command) pairs; a name
+    # not in ``written`` is not the owner's (kept when the owner replaces the directory)
+    by: tuple[tuple[str, str], ...] = ()
 
     def to_json(self) -> str:
-        return json.dumps({"format": MARKER_FORMAT, "command": self.command, "complete": self.complete,
-                           "written": list(self.written)}, indent=1) + "\n"
+        doc = {"format": MARKER_FORMAT, "command": self.command, "complete": self.complete,
+               "written": list(self.written)}
+        if self.by:
+            doc["by"] = dict(self.by)
+        return json.dumps(doc, indent=1) + "\n"
+
+
+def _marker(command: str, complete: bool, written: Iterable[str], by: dict[str, str] | None = None) -> Marker:
+    """A :class:`Marker` with ``by`` entries that say no more than the defaults dropped
+    (:func:`writer_of`)."""
+    written = tuple(sorted(set(written)))
+    listed = set(written)
+    kept = {n: c for n, c in (by or {}).items() if not (n in listed and FILE_WRITERS.get(n, command) == c)}
+    return Marker(command, complete, written, tuple(sorted(kept.items())))
+
+
+def writer_of(marker: Marker, name: str) -> str | None:
+    """The kvsim command that wrote the file ``name`` of the directory ``marker`` belongs to (None:
+    not kvsim). Markers written before ``by`` existed read as before: their files are the owner's,
+    ``report.html`` the report's."""
+    by = dict(marker.by)
+    if name in by:
+        return by[name]
+    if name in marker.written:
+        return FILE_WRITERS.get(name, marker.command)
+    return None
+
+
+def _read_by(doc: dict) -> dict[str, str]:
+    by = doc.get("by", {})
+    if not isinstance(by, dict):
+        raise TypeError("by")
+    return {str(n): str(c) for n, c in by.items()}
 
 
 def read_marker(d: Path) -> Marker | None:
@@ -65,7 +107,8 @@ def read_marker(d: Path) -> Marker | None:
         doc = json.loads(p.read_text(encoding="utf-8"))
         if doc.get("format") != MARKER_FORMAT:
             raise ValueError("not a kvsim marker")
-        return Marker(str(doc["command"]), bool(doc["complete"]), tuple(sorted(str(w) for w in doc["written"])))
+        written = tuple(sorted(str(w) for w in doc["written"]))
+        return Marker(str(doc["command"]), bool(doc["complete"]), written, tuple(sorted(_read_by(doc).items())))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         raise ConfigError(f"{p}: damaged kvsim marker file; kvsim will not touch {d} "
                           f"(move it away or choose another output path)") from None
@@ -120,6 +163,17 @@ def check_not_protected(out: Path, flag: str, protect: Iterable[str | Path] = ()
                           f"(e.g. {flag} results/NAME)")
 
 
+def check_parent_folders(out: Path, flag: str) -> None:
+    """Refuse ``out`` when the nearest of its parents that exists is not a folder (``afile/sub``):
+    kvsim could not create ``out`` there."""
+    for parent in Path(out).parents:
+        if parent.exists() or parent.is_symlink():
+            if not parent.is_dir():
+                raise ConfigError(f"{flag} {out}: {parent} is a file, not a folder; choose an {flag} "
+                                  f"under a folder (e.g. {flag} results/NAME)")
+            return
+
+
 def _describe(command: str) -> str:
     return f"`kvsim {command}`"
 
@@ -134,6 +188,7 @@ def check_out_dir(out: str | Path, command: str, *, force: bool = False, flag: s
     """
     out = Path(out)
     check_not_protected(out, flag, protect)
+    check_parent_folders(out, flag)
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise ConfigError(f"{flag} {out}: exists and is not a directory; kvsim will not replace it")
     if not out.exists():
@@ -311,13 +366,21 @@ def _new_temp(out: Path, command: str) -> Path:
     return tmp
 
 
+def _by_under(marker: Marker, entries: list[str]) -> dict[str, str]:
+    """The ``by`` entries of ``marker`` for files that are, or are under, one of ``entries``."""
+    return {n: c for n, c in marker.by if any(n == e or n.startswith(e + "/") for e in entries)}
+
+
 def commit(tmp: Path, out: Path, command: str, *, force: bool = False, flag: str = "--out",
            legacy: Callable[[Path], Marker | None] | None = None) -> Path:
     """Mark ``tmp`` complete and put it at ``out``, keeping the files in ``out`` kvsim did not write."""
     tmp, out = Path(tmp), Path(out)
     (tmp / INCOMPLETE_FILE).unlink(missing_ok=True)
     (tmp / RESUME_FILE).unlink(missing_ok=True)
-    write_marker(tmp, Marker(command, True, tuple(tree(tmp))))
+    written = tree(tmp)
+    mine = _is_ours(tmp)
+    by = {n: c for n, c in (mine.by if mine else ()) if n in written}  # e.g. report.html, by the report
+    write_marker(tmp, _marker(command, True, written, by))
     # Check again: the directory may have changed while we were running.
     old_marker = check_out_dir(out, command, force=force, flag=flag, legacy=legacy)
     if not out.exists():
@@ -339,6 +402,9 @@ def commit(tmp: Path, out: Path, command: str, *, force: bool = False, flag: str
     old = out.parent / f".{out.name}.old-{os.getpid()}"
     if old.exists():
         raise ConfigError(f"{old}: in the way of replacing {out}; move it away")
+    kept = _by_under(old_marker, user)  # other commands' files among the kept ones: still theirs
+    if kept:
+        write_marker(tmp, _marker(command, True, written, {**by, **kept}))
     if read_marker(out) is None:  # a recognised older kvsim directory: give it its marker first
         write_marker(out, old_marker)
     os.replace(out, old)
@@ -429,12 +495,14 @@ def open_in_place(out: str | Path, command: str, written: Iterable[str], *, forc
     """
     out = Path(out)
     marker = check_out_dir(out, command, force=force, flag=flag, protect=protect)
+    by = dict(marker.by) if marker else {}
     if marker is not None and marker.command != command:
         _remove_written(out, marker.written)
+        by = {n: c for n, c in by.items() if n not in marker.written}  # other commands' files: kept
         marker = None
     out.mkdir(parents=True, exist_ok=True)
     names = set(written) | (set(marker.written) if marker else set())
-    write_marker(out, Marker(command, False, tuple(sorted(names))))
+    write_marker(out, _marker(command, False, names, by))
     return out
 
 
@@ -442,41 +510,66 @@ def set_complete(out: str | Path, complete: bool = True) -> None:
     out = Path(out)
     m = read_marker(out)
     if m is not None:
-        write_marker(out, Marker(m.command, complete, m.written))
+        write_marker(out, Marker(m.command, complete, m.written, m.by))
 
 
 # --- single files ---------------------------------------------------------------------------------
 
 
-def check_out_file(path: str | Path, *, force: bool = False, flag: str = "--out") -> None:
-    """May kvsim write the file ``path``? Yes when it does not exist, when the marker of its
-    directory lists it (kvsim wrote it), or with ``force``. Never a directory."""
+def check_out_file(path: str | Path, *, command: str, force: bool = False, flag: str = "--out") -> None:
+    """May ``command`` write the file ``path``? Yes when it does not exist, when the marker of its
+    directory says ``command`` wrote it (:func:`writer_of`), or with ``force``. Never a directory;
+    never, without ``force``, a file another command wrote (a run's ``summary.json``)."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{flag} {path}: is a directory; give a file name")
     if not (path.exists() or path.is_symlink()) or force:
         return
-    marker = _is_ours(path.parent)
-    if marker is not None and path.name in marker.written:
+    owner, marker, rel = _owning_output(path)
+    writer = writer_of(marker, rel) if marker is not None else None
+    if writer == command:
         return
+    if writer is not None:
+        raise ConfigError(f"{flag} {path}: {_describe(writer)} wrote it (in the {_describe(marker.command)} output "
+                          f"{owner}), not {_describe(command)}; choose another name, or pass --force to "
+                          f"overwrite it")
     raise ConfigError(f"{flag} {path}: file exists and kvsim did not write it; pass --force to overwrite it, "
                       f"or choose another name")
 
 
-def record_written(d: str | Path, names: Iterable[str]) -> None:
-    """Add ``names`` (relative to ``d``) to the marker of ``d``, if it has one."""
+def _owning_output(path: Path) -> tuple[Path | None, Marker | None, str]:
+    """The nearest kvsim output directory holding ``path`` (a folder with a marker), its marker and
+    ``path`` relative to it; (None, None, name) when there is none."""
+    path = Path(os.path.abspath(path))
+    for d in path.parents:
+        marker = _is_ours(d)
+        if marker is not None:
+            return d, marker, path.relative_to(d).as_posix()
+    return None, None, path.name
+
+
+def record_written(d: str | Path, names: Iterable[str], command: str | None = None) -> None:
+    """Record in the marker of ``d`` (if it has one) that ``command`` wrote ``names`` (relative to
+    ``d``). The directory's own files: those of its command (``None``: that one) and the outputs
+    every such directory has (:data:`FILE_WRITERS`: ``report.html``), replaced when it is. Another
+    command's files are recorded under ``by`` only: the owner keeps them when it replaces ``d``."""
     d = Path(d)
     m = _is_ours(d)
-    if m is not None:
-        write_marker(d, Marker(m.command, m.complete, tuple(sorted(set(m.written) | set(names)))))
+    if m is None:
+        return
+    names = set(names)
+    own = {n for n in names if command in (None, m.command) or FILE_WRITERS.get(n) == command}
+    by = {n: c for n, c in m.by if n not in own}
+    by.update({n: command for n in names - own})
+    write_marker(d, _marker(m.command, m.complete, set(m.written) | own, by))
 
 
-def write_file_atomic(path: str | Path, write: Callable[[Path], None], *, force: bool = False,
+def write_file_atomic(path: str | Path, write: Callable[[Path], None], *, command: str, force: bool = False,
                       flag: str = "--out") -> Path:
     """Check ``path`` (:func:`check_out_file`), have ``write(tmp)`` write a temp file next to it,
-    rename it into place and record it in the directory's marker. Returns ``path``."""
+    rename it into place and record that ``command`` wrote it (:func:`record_written`). Returns ``path``."""
     path = Path(path)
-    check_out_file(path, force=force, flag=flag)
+    check_out_file(path, command=command, force=force, flag=flag)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         write(tmp)
@@ -485,7 +578,9 @@ def write_file_atomic(path: str | Path, write: Callable[[Path], None], *, force:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-    record_written(path.parent, [path.name])
+    owner, _, rel = _owning_output(path)
+    if owner is not None:
+        record_written(owner, [rel], command)
     return path
 
 

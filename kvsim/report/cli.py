@@ -55,7 +55,7 @@ def register(subparsers) -> None:
         description="Write DIR/report.html: resolved scenario, summary table(s) and every plot embedded, "
                     "no network access needed to view it.")
     r.add_argument("dir", help="run, variants or sweep directory")
-    r.add_argument("--out", help="output file (default DIR/report.html); an existing file only if kvsim wrote it "
-                                 "(listed in DIR's .kvsim-output.json) or with --force")
-    r.add_argument("--force", action="store_true", help="overwrite an existing output file kvsim did not write")
+    r.add_argument("--out", help="output file (default DIR/report.html); an existing file only if it is a kvsim "
+                                 "report (its folder's .kvsim-output.json says so) or with --force")
+    r.add_argument("--force", action="store_true", help="overwrite an existing output file that is not a kvsim report")
     r.set_defaults(func=_cmd_report)

@@ -460,18 +460,18 @@ def write_run_report(run_dir: str | Path, out: str | Path | None = None, *, forc
                      shown_name: str | None = None) -> Path:
     """Write ``report.html`` (or ``out``) for a run, variants or sweep directory; returns its path.
 
-    An existing file is replaced only if kvsim wrote it (the directory's marker lists it) or with
-    ``force`` (kvsim.outdir)."""
+    An existing file is replaced only if it is a kvsim report (the marker of the kvsim directory
+    holding it says so: kvsim.outdir.writer_of) or with ``force``."""
     from kvsim.outdir import check_out_file, write_file_atomic
 
     run_dir = Path(run_dir)
     path = Path(out) if out is not None else run_dir / "report.html"
     if out is not None:
         _check_out_folder(path)
-    check_out_file(path, force=force)
+    check_out_file(path, command="report", force=force)
     text = render_report(run_dir, shown_name)
     try:
-        return write_file_atomic(path, lambda p: p.write_text(text, encoding="utf-8"), force=force)
+        return write_file_atomic(path, lambda p: p.write_text(text, encoding="utf-8"), command="report", force=force)
     except OSError as e:
         raise ConfigError(f"{path}: cannot write the report: {e.strerror or e}") from None
 

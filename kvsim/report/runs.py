@@ -129,37 +129,15 @@ def _load_run(path: Path, label: str, summary: dict | None = None, **kw) -> Run:
 
 def collect_runs(paths: list[str | Path]) -> tuple[list[Run], dict]:
     """Runs of every input, in order. ``meta``: ``sweep`` (bool), ``override_keys``, ``failed``,
-    ``left_out`` (variant directories without a summary.json)."""
+    ``left_out`` (variant directories without a summary.json). A run given twice is refused."""
     runs: list[Run] = []
     meta: dict[str, Any] = {"sweep": False, "override_keys": [], "failed": [], "left_out": []}
+    given: list[str] = []  # the input each run came from
     for raw in paths:
-        p = Path(raw)
-        if _is_sweep_dir(p):
-            meta["sweep"] = True
-            idx = read_table(p / "index.parquet")
-            keys = []
-            if (p / "sweep.resolved.yaml").exists():
-                keys = (yaml.safe_load((p / "sweep.resolved.yaml").read_text()) or {}).get("override_keys") or []
-            keys = [k for k in keys if k in idx.columns]
-            meta["override_keys"] += [k for k in keys if k not in meta["override_keys"]]
-            labels = point_labels([row.to_dict() for _, row in idx.iterrows()])
-            for label, (_, row) in zip(labels, idx.iterrows()):
-                if row["status"] != "ok":
-                    meta["failed"].append(str(row["point_id"]))
-                    continue
-                pid = str(row["point_id"])
-                variant = row.get("variant") if isinstance(row.get("variant"), str) else None
-                ov = {k: (None if is_missing(row[k]) else py_value(row[k])) for k in keys}
-                runs.append(_load_run(p / str(row["run_dir"]), label, point_id=pid, variant=variant, overrides=ov))
-        elif (p / "summary.json").exists():
-            s = read_run_dir(p)
-            runs.append(_load_run(p, s["name"], s))
-        elif p.is_dir() and any((c / "summary.json").exists() for c in p.iterdir()):
-            for name in variant_order(p):
-                runs.append(_load_run(p / name, name))
-            meta["left_out"] += [str(p / name) for name in variants_without_summary(p)]
-        else:
-            raise KvsimError(f"{p}: not a kvsim run, variants or sweep directory (no summary.json, no index.parquet)")
+        found = _runs_of(Path(raw), meta)
+        runs += found
+        given += [str(raw)] * len(found)
+    refuse_repeated_runs(runs, given)
     labels = [r.label for r in runs]
     if len(set(labels)) < len(labels):  # same variant names from several inputs: qualify them
         for r in runs:
@@ -172,6 +150,50 @@ def collect_runs(paths: list[str | Path]) -> tuple[list[Run], dict]:
     if not runs:
         raise KvsimError("nothing to compare: no complete runs in " + ", ".join(str(p) for p in paths))
     return runs, meta
+
+
+def _runs_of(p: Path, meta: dict[str, Any]) -> list[Run]:
+    """The runs of one input (a sweep, single-run or variants directory); updates ``meta``."""
+    found: list[Run] = []
+    if _is_sweep_dir(p):
+        meta["sweep"] = True
+        idx = read_table(p / "index.parquet")
+        keys = []
+        if (p / "sweep.resolved.yaml").exists():
+            keys = (yaml.safe_load((p / "sweep.resolved.yaml").read_text()) or {}).get("override_keys") or []
+        keys = [k for k in keys if k in idx.columns]
+        meta["override_keys"] += [k for k in keys if k not in meta["override_keys"]]
+        labels = point_labels([row.to_dict() for _, row in idx.iterrows()])
+        for label, (_, row) in zip(labels, idx.iterrows()):
+            if row["status"] != "ok":
+                meta["failed"].append(str(row["point_id"]))
+                continue
+            pid = str(row["point_id"])
+            variant = row.get("variant") if isinstance(row.get("variant"), str) else None
+            ov = {k: (None if is_missing(row[k]) else py_value(row[k])) for k in keys}
+            found.append(_load_run(p / str(row["run_dir"]), label, point_id=pid, variant=variant, overrides=ov))
+    elif (p / "summary.json").exists():
+        s = read_run_dir(p)
+        found.append(_load_run(p, s["name"], s))
+    elif p.is_dir() and any((c / "summary.json").exists() for c in p.iterdir()):
+        for name in variant_order(p):
+            found.append(_load_run(p / name, name))
+        meta["left_out"] += [str(p / name) for name in variants_without_summary(p)]
+    else:
+        raise KvsimError(f"{p}: not a kvsim run, variants or sweep directory (no summary.json, no index.parquet)")
+    return found
+
+
+def refuse_repeated_runs(runs: list[Run], given: list[str]) -> None:
+    """One run given twice (the same directory twice, a variants directory and one of its variants, a
+    sweep and one of its points) would be compared with itself under two labels: refused."""
+    seen: dict[Path, str] = {}
+    for run, raw in zip(runs, given):
+        where = Path(run.path).resolve()
+        if where in seen:
+            how = f"{raw} twice" if seen[where] == raw else f"as {seen[where]} and as {raw}"
+            raise KvsimError(f"compare: the run {run.path} is given twice ({how}); give each run directory once")
+        seen[where] = raw
 
 
 def py_value(v):

@@ -159,12 +159,12 @@ def cmd_stats(args) -> int:
 
 
 def cmd_convert(args) -> int:
-    from kvsim.trace.write import container_of, write_trace
+    from kvsim.trace.write import TRACE_WRITER, container_of, write_trace
 
     from kvsim.outdir import check_out_file
 
     container_of(Path(args.output))  # reject a bad output name before reading the input
-    check_out_file(Path(args.output), force=args.force, flag="OUT")
+    check_out_file(Path(args.output), command=TRACE_WRITER, force=args.force, flag="OUT")
     trace = _load(args)
     write_trace(trace, args.output, force=args.force)
     _out(f"wrote {len(trace):,} requests ({trace.source['format']} -> generic) to {args.output}")
@@ -240,12 +240,12 @@ def _members_at(model, path: tuple, tags: bool = False) -> list[str] | None:
 
 def cmd_generate(args) -> int:
     from kvsim.trace.synthetic import generate_trace
-    from kvsim.trace.write import container_of, write_trace
+    from kvsim.trace.write import TRACE_WRITER, container_of, write_trace
 
     from kvsim.outdir import check_out_file
 
     container_of(Path(args.output))
-    check_out_file(Path(args.output), force=args.force, flag="OUT")
+    check_out_file(Path(args.output), command=TRACE_WRITER, force=args.force, flag="OUT")
     spec = load_spec(args.spec)
     seed = args.seed if args.seed is not None else spec.seed
     trace = generate_trace(spec, seed=seed, base_dir=Path(args.spec).resolve().parent)

@@ -27,6 +27,8 @@ from kvsim.errors import TraceError
 from kvsim.trace.arrays import flatten
 from kvsim.trace.schema import Trace
 
+TRACE_WRITER = "trace"  # who wrote a trace file, in an output directory's marker (kvsim.outdir.writer_of)
+
 CHUNK_ROWS = 100_000
 CONTAINERS = ("csv", "jsonl", "parquet")
 
@@ -66,17 +68,19 @@ def _open_binary(path: Path, gz: bool):
 def write_trace(trace: Trace, path: str | Path, *, force: bool = False) -> Path:
     """Write ``trace`` to ``path`` in the generic schema; the container follows the extension.
 
-    An existing file is replaced only if kvsim wrote it (a marker of its folder lists it) or with
-    ``force``; the file is written under a temporary name and renamed into place (kvsim.outdir)."""
+    An existing file is replaced only if a kvsim trace command wrote it (the marker of its folder says
+    so: kvsim.outdir.writer_of) or with ``force``; the file is written under a temporary name and
+    renamed into place (kvsim.outdir)."""
     from kvsim.outdir import check_out_file, write_file_atomic
 
     path = Path(path)
     container, gz = container_of(path)
     if not path.parent.exists():
         raise TraceError(f"{path}: the output folder {path.parent} does not exist")
-    check_out_file(path, force=force, flag="OUT")
+    check_out_file(path, command=TRACE_WRITER, force=force, flag="OUT")
     try:
-        write_file_atomic(path, lambda tmp: _write(trace, tmp, container, gz), force=force, flag="OUT")
+        write_file_atomic(path, lambda tmp: _write(trace, tmp, container, gz), command=TRACE_WRITER, force=force,
+                          flag="OUT")
     except OSError as exc:
         raise TraceError(f"{path}: cannot write the trace: {exc.strerror or exc}") from None
     return path

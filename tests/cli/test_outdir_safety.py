@@ -122,6 +122,24 @@ def test_run_refuses_a_foreign_directory_and_leaves_it_intact(tmp_path):
     assert hidden_leftovers(out) == []
 
 
+def test_an_out_under_a_regular_file_is_one_line_for_every_directory_command(tmp_path):
+    """``--out afile/sub`` (afile a file) was an internal error (FileExistsError, NotADirectoryError, exit 1)
+    in run, compare and sweep; now the parent is checked once, in check_out_dir."""
+    scn = scenario(tmp_path)
+    run_dir = tmp_path / "r"
+    run(scn, run_dir)
+    sweep = tmp_path / "sw.yaml"
+    sweep.write_text(f"name: sw\nbase_file: {scn}\ngrid:\n  allocator.block_size: [16, 32]\n")
+    afile = tmp_path / "afile"
+    afile.write_text("data")
+    for command in (["run", scn], ["compare", run_dir], ["sweep", sweep]):
+        for out in (afile / "sub", afile / "x" / "sub"):
+            res = kvsim(*command, "--out", out, "-q")
+            one_line_error(res, f"--out {out}: {afile} is a file, not a folder")
+    assert afile.read_text() == "data"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "r", "scn", "sw.yaml"]
+
+
 def test_rerun_replaces_only_what_kvsim_wrote(tmp_path):
     scn = scenario(tmp_path, extra="variants:\n  a: {allocator: {block_size: 16}}\n  b: {allocator: {block_size: 32}}\n")
     out = tmp_path / "results" / "quickstart"
@@ -348,6 +366,63 @@ def test_report_overwrites_only_its_own_file(tmp_path):
     assert mine.read_text() == "my page"
     assert kvsim("report", out, "--out", mine, "--force").returncode == 0
     assert "kvsim run" in mine.read_text()
+
+
+def test_report_never_replaces_a_file_another_command_wrote(tmp_path):
+    """``report --out RUN/summary.json`` (or scenario.resolved.yaml, comparison.csv) replaced the run's
+    results with HTML (exit 0), after which report and compare of RUN failed. Only ``report.html``,
+    the report every run directory has, may be rewritten by ``kvsim report`` (a marker without ``by``,
+    as older kvsim wrote, reads as before)."""
+    scn = scenario(tmp_path, extra="variants:\n  a: {}\n  b: {allocator: {block_size: 32}}\n")
+    out, other = tmp_path / "run", tmp_path / "other"
+    run(scn, out, plots=True)
+    run(scenario(tmp_path, name="one.yaml"), other)
+    assert "by" not in json.loads((out / MARKER).read_text())
+    before = snapshot(out)
+    for name in ("scenario.resolved.yaml", "comparison.csv", "a/summary.json"):
+        one_line_error(kvsim("report", other, "--out", out / name), str(out / name), "`kvsim run` wrote it",
+                       "not `kvsim report`")
+    (out / "summary.json").write_text("{}")  # a summary of the user's beside the variants: never kvsim's
+    one_line_error(kvsim("report", other, "--out", out / "summary.json"), "kvsim did not write it")
+    (out / "summary.json").unlink()
+    assert snapshot(out) == before
+    assert kvsim("report", out).returncode == 0 and kvsim("compare", out, "-q").returncode == 0
+    assert kvsim("report", other, "--out", out / "report.html").returncode == 0  # a report, where a report goes
+    assert "report.html" in read_marker(out).written
+
+
+def test_a_file_written_into_another_commands_directory_is_kept_by_it(tmp_path):
+    """``trace convert T RUN/t.jsonl`` put t.jsonl in RUN's marker, so the next ``run --out RUN`` deleted it
+    (even while reading it as its trace). Now it is recorded as the trace command's file (``by``): the run
+    keeps it, the trace command may rewrite it, and so does a sweep written in place."""
+    from kvsim.sweep.runner import run_sweep
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("num_requests: 10\narrival: {process: poisson, rate_per_s: 2}\n"
+                    "prompt_tokens: {kind: uniform, low: 10, high: 20}\n"
+                    "output_tokens: {kind: uniform, low: 1, high: 5}\n")
+    out = tmp_path / "run"
+    run(scenario(tmp_path), out)
+    assert kvsim("trace", "generate", spec, out / "t.jsonl").returncode == 0
+    data = (out / "t.jsonl").read_bytes()
+    on_file = scenario(tmp_path, name="file.yaml")
+    on_file.write_text(on_file.read_text().replace(on_file.read_text().split("model:")[0],
+                                                   f"name: f\ntrace: {{file: {out / 't.jsonl'}}}\n"))
+    run(on_file, out)
+    assert (out / "t.jsonl").read_bytes() == data
+    from kvsim.outdir import writer_of
+
+    marker = read_marker(out)
+    assert "t.jsonl" not in marker.written and writer_of(marker, "t.jsonl") == "trace"
+    run(on_file, out)  # the record survives a replacement
+    assert writer_of(read_marker(out), "t.jsonl") == "trace"
+    assert kvsim("trace", "generate", spec, out / "t.jsonl", "--seed", "3").returncode == 0  # its own file
+    sweep_dir = tmp_path / "sweep"
+    sweep = {"name": "s", "base_file": str(scenario(tmp_path)), "grid": {"allocator.block_size": [16]}}
+    run_sweep(sweep, sweep_dir, executor="inline", plots=False, report=False, base_dir=tmp_path)
+    assert kvsim("trace", "generate", spec, sweep_dir / "t.jsonl").returncode == 0
+    run_sweep(sweep, sweep_dir, executor="inline", plots=False, report=False, base_dir=tmp_path, force=True)
+    assert (sweep_dir / "t.jsonl").is_file() and writer_of(read_marker(sweep_dir), "t.jsonl") == "trace"
 
 
 # --- trace convert / generate ---------------------------------------------------------------------

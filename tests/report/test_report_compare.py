@@ -95,6 +95,44 @@ def test_several_run_dirs_need_out_and_get_qualified_labels(variants_dir, tmp_pa
     assert_real_png(written["memory_over_time.png"])
 
 
+TINY_VARIANTS = """\
+name: tiny
+seed: 0
+trace:
+  synthetic:
+    num_requests: 10
+    arrival: {process: poisson, rate_per_s: 20}
+    prompt_tokens: {kind: uniform, low: 10, high: 100}
+    output_tokens: {kind: uniform, low: 5, high: 30}
+model: OPT-13B
+gpu: A100-40GB
+kv_budget: {tokens: 8192}
+timing: {kind: constant, step_s: 0.01}
+variants:
+  a: {allocator: {kind: paged, block_size: 16}}
+  b: {allocator: {kind: paged, block_size: 32}}
+"""
+
+
+def test_a_run_given_twice_is_refused(tmp_path, capsys):
+    """``compare R R --out X`` labelled the same runs twice with one label each (``R/a`` twice); a run
+    given twice, also as a variants directory and one of its variants, is refused in one line."""
+    from kvsim.api import run_to_dir
+    from kvsim.config import load_scenario
+
+    scn = tmp_path / "tiny.yaml"
+    scn.write_text(TINY_VARIANTS)
+    r = run_to_dir(load_scenario(scn), tmp_path / "r", plots=False, progress=False, warn=lambda m: None)
+    out = tmp_path / "X"
+    for inputs, how in ([[r, r], f"({r} twice)"], [[r, r / "b"], f"(as {r} and as {r / 'b'})"],
+                        [[r, f"{r}/"], f"(as {r} and as {r}/)"]):
+        assert kvsim_main(["compare", *map(str, inputs), "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "is given twice" in err and how in err, err
+        assert not out.exists()
+    assert [x.label for x in collect_runs([r])[0]] == ["a", "b"]
+
+
 def test_not_a_run_dir(tmp_path, capsys):
     assert kvsim_main(["compare", str(tmp_path)]) == 2
     assert "not a kvsim run, variants or sweep directory" in capsys.readouterr().err

@@ -31,7 +31,7 @@ def plan_group_window(sched, group: DecodeGroup, plan, max_steps: int) -> Decode
     asy = sched.async_scheduling  # finishes hold their KV a step (kvsim.sched.async_sched)
     if asy and (sched.holds_arrivals or sched.num_finishing):
         return None  # arrivals the next plan takes in, or step 0 holds the last step's finishes
-    if (not plan.group_decodes or plan.preempted or shape.swap_in_bytes or shape.swap_out_bytes
+    if (not plan.group_decodes or plan.preempted or plan.swapped_in or shape.swap_out_bytes
             or shape.tier_load_s or (plan.scheduled and sched.swapped)):
         return None
     if plan.scheduled and sched.waiting.head is not None and sched.head_might_fit(len(sched.running)):

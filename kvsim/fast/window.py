@@ -16,6 +16,9 @@ A window of K steps starting with the scheduled step 0 is exact when, for steps 
   allocations -- an optimistic test, since those allocations only take free blocks and can only
   evict cached blocks the head would hit -- and the window ends there if the head might fit;
   while requests are swapped out the window ends at the first finish;
+* step 0 swaps nothing in (even a swap-in that moves no bytes, its blocks still cached: the
+  scheduler does not try the waiting head in such a step under prompt-only steps, so the head's
+  blocked state at step 0 says nothing about step 1);
 * every block a request needs is free at the window's start (frees inside the window are ignored
   for this bound, which only makes windows shorter), so no preemption happens;
 * with async scheduling (kvsim.sched.async_sched) a finish holds its KV and running place until
@@ -74,7 +77,7 @@ class DecodeWindow:
 def plan_decode_window(sched, plan, max_steps: int) -> DecodeWindow | None:
     """The candidate window after ``plan`` (step 0), or None if step 0 is not a pure decode step."""
     shape = plan.shape
-    if plan.admitted or plan.preempted or shape.num_prefill_seqs or shape.swap_in_bytes or shape.swap_out_bytes \
+    if plan.admitted or plan.preempted or plan.swapped_in or shape.num_prefill_seqs or shape.swap_out_bytes \
             or shape.tier_load_s or sched.holds_arrivals:
         return None
     running = sched.running

@@ -11,13 +11,15 @@ class StepPlan:
     """What one engine step runs. ``scheduled`` pairs request ids with their new-token counts, in
     scheduling order; ``preempted``/``admitted`` list request ids changed by this schedule() call.
     ``group_decodes``: members of the scheduler's decode group that each decode one token in this
-    step besides ``scheduled`` (they are not listed one by one)."""
+    step besides ``scheduled`` (they are not listed one by one). ``swapped_in``: requests this call
+    swapped back in (a step that does is never a decode window's step 0, whatever its bytes)."""
 
     scheduled: tuple[tuple[int, int], ...]
     shape: BatchShape
     admitted: tuple[int, ...]
     preempted: tuple[int, ...]
     group_decodes: int = 0
+    swapped_in: int = 0
 
     @property
     def is_empty(self) -> bool:

@@ -254,6 +254,7 @@ class Scheduler(Arrivals, WindowHooks, PrefillPhases, MultiStepRounds, AsyncSche
             admitted=tuple(step.admitted),
             preempted=tuple(step.preempted),
             group_decodes=group_decodes,
+            swapped_in=step.swapped_in,
         )
         if self._lookahead:
             self._open_round(step, now_s, plan.shape.num_prefill_tokens, plan.shape.num_decode_seqs)
@@ -341,6 +342,7 @@ class Scheduler(Arrivals, WindowHooks, PrefillPhases, MultiStepRounds, AsyncSche
                 raise RuntimeError(f"request {req.request_id}: swapped in but its next tokens do not fit")
             req.status = RequestStatus.RUNNING
             self._insert_running(req)
+            step.swapped_in += 1
             cost = req.batch_tokens(n)
             step.scheduled[req.request_id] = (n, cost)
             step.budget -= cost

@@ -24,6 +24,7 @@ class StepDraft:
     admitted: list[int] = field(default_factory=list)
     swap_in_bytes: int = 0
     swap_out_bytes: int = 0
+    swapped_in: int = 0  # requests swapped in (their bytes may be 0: all found in the prefix cache)
     swap_in_copies: int = 0
     swap_out_copies: int = 0
     tier_load_s: float = 0.0  # unhidden tier loads, as kvsim.timing.transfer priced them

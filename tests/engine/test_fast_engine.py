@@ -255,3 +255,18 @@ def test_fast_equals_step_with_pipeline_stages_under_the_default_profile(tmp_pat
         f.write_text(PIPELINE_SCENARIO.replace("MODE", mode))
         out[mode] = run(load_scenario(f).base, tmp_path, check_invariants=True)
     assert_same(out["step"], out["fast"])
+
+
+def test_fast_equals_step_when_a_swap_in_moves_no_bytes():
+    """A swap-in whose blocks the prefix cache still held moves 0 bytes; under prompt-only steps the
+    waiting head is not tried in that step, and a decode window opened on it kept the head waiting
+    (found by a QA fuzz: 21 of 30 request rows differed). A step that swaps in opens no window."""
+    rows = random_rows(300, seed=11, prompt=(32, 400))
+    keys = [np.array([1000 * (i % 4) + k for k in range(int(p) // 16)], dtype=np.int64)
+            for i, (_, p, _) in enumerate(rows)]
+    step, fast = both({"kv_budget": {"tokens": 3000}, "timing": TIMING,
+                       "allocator": {"kind": "paged", "block_size": 16, "prefix_caching": True},
+                       "scheduler": {"preemption_mode": "swap", "prefetch": True, "prefill_only_steps": True}},
+                      rows, prefix_keys=keys)
+    assert step.summary["preemptions_by_mode"]["swap"] > 0
+    assert_same(step, fast)

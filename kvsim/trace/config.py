@@ -117,11 +117,13 @@ def build_trace(
     report["start_s"], report["end_s"] = cfg.start_s, cfg.end_s
     report["requests_after_time_slice"] = len(trace)
 
-    trace, length_report = transforms.limit_lengths(trace, max_model_len_tokens, cfg.length_policy)
+    over = transforms.over_long(trace, max_model_len_tokens)
+    trace, _ = transforms.limit_lengths(trace, max_model_len_tokens, cfg.length_policy)
     report["length_policy"] = cfg.length_policy
     report["max_model_len_tokens"] = max_model_len_tokens
-    for key in ("over_long", "capped", "dropped"):
-        report[key] = length_report[key]
+    # counted among the requests the count slice below keeps (a max_requests of 4 is not charged
+    # with the file's other over-long requests)
+    report.update(transforms.counts_in_window(over, cfg.length_policy, cfg.skip_requests, cfg.max_requests))
     report["requests_after_length_policy"] = len(trace)
 
     trace = transforms.slice_count(trace, cfg.skip_requests, cfg.max_requests)

@@ -66,6 +66,34 @@ def slice_count(trace: Trace, skip_requests: int = 0, max_requests: int | None =
     return out
 
 
+def over_long(trace: Trace, max_model_len_tokens: int | None) -> np.ndarray:
+    """Which requests have prompt + output > ``max_model_len_tokens`` (none without a limit)."""
+    if not max_model_len_tokens:
+        return np.zeros(len(trace), dtype=bool)
+    return trace.prompt_tokens > int(max_model_len_tokens) - trace.output_tokens  # without overflow
+
+
+def counts_in_window(over: np.ndarray, policy: str, skip_requests: int = 0, max_requests: int | None = None) -> dict:
+    """``{over_long, capped, dropped}`` among the requests the count slice after the length policy
+    reaches (``over``: over-long flags before the policy, :func:`over_long`), so that a count slice
+    is not charged with over-long requests it would never have reached: those inside the slice
+    and, under ``drop``, those removed from its span; when the slice is short of ``max_requests``
+    (the trace ran out), as many of the later removed ones as it lacks (all without a maximum)."""
+    n = len(over)
+    kept = np.flatnonzero(~over) if policy == "drop" else np.arange(n)
+    if skip_requests and skip_requests >= len(kept):
+        return {"over_long": 0, "capped": 0, "dropped": 0}
+    hi = len(kept) if max_requests is None else min(len(kept), skip_requests + max_requests)
+    size = hi - skip_requests
+    lo_pos = int(kept[skip_requests]) if skip_requests else 0
+    last = int(kept[hi - 1]) + 1 if size > 0 else lo_pos
+    k = int(over[lo_pos:last].sum())
+    if max_requests is None or size < max_requests:
+        tail = int(over[last:].sum())
+        k += tail if max_requests is None else min(tail, max_requests - size)
+    return {"over_long": k, "capped": k if policy == "cap" else 0, "dropped": k if policy == "drop" else 0}
+
+
 def limit_lengths(trace: Trace, max_model_len_tokens: int | None, policy: str = "reject") -> tuple[Trace, dict]:
     """Apply a length policy; return the new trace and ``{over_long, capped, dropped}`` counts."""
     if policy not in LENGTH_POLICIES:
@@ -74,7 +102,7 @@ def limit_lengths(trace: Trace, max_model_len_tokens: int | None, policy: str = 
     if not max_model_len_tokens:
         return trace, report
     limit = int(max_model_len_tokens)
-    over = trace.prompt_tokens > limit - trace.output_tokens  # prompt + output > limit, without overflow
+    over = over_long(trace, limit)
     n_over = int(over.sum())
     report["over_long"] = n_over
     if n_over == 0 or policy == "reject":

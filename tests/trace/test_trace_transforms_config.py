@@ -94,8 +94,9 @@ def test_build_trace_from_file_resolves_against_base_dir(tmp_path, monkeypatch):
     assert report["content_sha256"] == "bd070915a98fc0ed264d7cfef2ce746002eb3076a695ec31ba2674c0111ec131"
     assert report["requests_loaded"] == 3993
     assert report["requests_after_time_slice"] < 3993
-    assert report["dropped"] == report["over_long"] > 0
-    assert report["requests_after_length_policy"] == report["requests_after_time_slice"] - report["dropped"]
+    # counted in the span the 500 requests came from, not over the whole slice
+    assert 0 < report["dropped"] == report["over_long"] <= (report["requests_after_time_slice"]
+                                                            - report["requests_after_length_policy"])
     assert report["requests"] == len(trace) == 500
     assert trace.arrival_s.max() < 150  # (400 - 100) / 2
     assert (trace.prompt_tokens + trace.output_tokens <= 32_768).all()
@@ -153,3 +154,25 @@ def test_length_policy_does_not_overflow_on_huge_counts(policy):
         assert t.prompt_tokens.tolist() == [2048 - 44, 100] and t.output_tokens.tolist() == [44, 10]
     else:
         assert len(t) == 1 and t.prompt_tokens.tolist() == [100]
+
+
+@pytest.mark.parametrize("policy, skip, most, expect", [
+    ("drop", 0, 4, 0),      # the first 4 requests are short: the 16 long ones after them are not the slice's
+    ("cap", 0, 4, 0),
+    ("reject", 0, 4, 0),
+    ("drop", 0, 6, 2),      # the slice lacks 2 requests: 2 of the later long ones would have been in it
+    ("cap", 0, 6, 2),       # requests 4 and 5, capped, are in it
+    ("drop", 0, None, 16),
+    ("drop", 2, 2, 0),
+    ("drop", 2, 5, 3),
+])
+def test_length_policy_counts_only_what_the_count_slice_reaches(tmp_path, policy, skip, most, expect):
+    """A run of max_requests: 4 over a file of 20 requests, 16 of them over-long, warned that 80 %
+    of the trace was not served (16 dropped) although it asked for 4 and got 4 (QA report)."""
+    rows = ["arrival_s,prompt_tokens,output_tokens"] + [f"{i * 0.5},{100 if i < 4 else 3000},20" for i in range(20)]
+    (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
+    cfg = TraceConfig(file="t.csv", length_policy=policy, skip_requests=skip, max_requests=most)
+    trace, report = build_trace(cfg, tmp_path, seed=0, max_model_len_tokens=2048)
+    assert report["over_long"] == expect
+    assert report["dropped"] == (expect if policy == "drop" else 0)
+    assert report["capped"] == (expect if policy == "cap" else 0)

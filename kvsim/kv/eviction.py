@@ -25,7 +25,9 @@ needed. Two implementations:
   ========== ==========================================================================
 
 "Time" is a logical access counter owned by the allocator (deterministic, no wall clock).
-Ties always break by block id, so runs are reproducible.
+Ties break by the order blocks were freed, earliest first (a request frees its blocks tail first,
+so among blocks freed together the tail of a prefix chain goes before its head, as under LRU), so
+runs are reproducible.
 
 Writing a policy: the free pool object needs only the members of
 :class:`kvsim.kv.protocol.EvictionPolicy` (``num_free``, ``in``, ``pop``, ``remove``, ``add``); a
@@ -185,7 +187,10 @@ class PolicyFreePool:
             return
         self._version += 1
         self._entry_version[block] = self._version
-        heapq.heappush(self.heap, (*self.score(stats), block, self._version, block))
+        # ties by when the block was freed, earliest first: a request's blocks are freed tail first
+        # (reverse block-table order), so the tail of a prefix chain goes before its head, as under
+        # LRU (by block id, the head could go first and leave the tail cached but unreachable)
+        heapq.heappush(self.heap, (*self.score(stats), self._version, self._version, block))
 
     def order(self) -> list[int]:
         live = sorted(e for e in self.heap if self._entry_version.get(e[-1]) == e[-2])

@@ -180,3 +180,19 @@ def test_cpu_tier_overflow_demotes_to_ssd():
     got = a.allocate(req(9, 2, [11]), 2)
     assert got.ssd_tokens == 1 and got.load_s == pytest.approx(4 / 1e8)
     a.check_invariants()
+
+
+@pytest.mark.parametrize("eviction", [FIFOEvictionConfig(), LFUEvictionConfig(), LRUKEvictionConfig(k=2),
+                                      PriorityEvictionConfig()])
+def test_policy_pools_evict_a_chain_tail_first_on_ties(eviction):
+    """Blocks of one prefix chain freed together score alike; the tie went by block id, so the head
+    was evicted first and the tail stayed cached but unreachable (a QA run: 0 cached tokens where
+    LRU keeps 64). Ties now go by free order, tail first, as LRU's queue does."""
+    a = PagedAllocator(4, block_size=4, prefix_caching=True, eviction=eviction)
+    admit(a, req(0, 12, [10, 11, 12]), tokens=12)  # blocks 0, 1, 2: one chain
+    a.free(0)  # freed tail first: 2, 1, 0
+    admit(a, req(1, 8, [77, 78]), tokens=8)  # the spare, then one eviction: the chain's tail
+    assert 12 not in a.key_to_block and 10 in a.key_to_block and 11 in a.key_to_block
+    a.free(1)
+    assert admit(a, req(2, 9, [10, 11])) == 8  # the head survives, so the prefix still hits
+    a.check_invariants()

@@ -230,27 +230,10 @@ def test_force_replaces_another_kvsim_command_output_never_a_foreign_one(tmp_pat
     assert read_marker(out).command == "run"
 
 
-def test_failed_run_leaves_the_old_run_and_nothing_complete(tmp_path, monkeypatch):
-    import kvsim.api
-
-    scn = scenario(tmp_path)
-    out = tmp_path / "out"
-    run(scn, out)
-    before = snapshot(out)
-
-    def boom(*a, **k):
-        raise RuntimeError("stopped part-way")
-
-    monkeypatch.setattr(kvsim.api, "run_scenario", boom)
-    with pytest.raises(RuntimeError):
-        run(scn, out)
-    assert snapshot(out) == before
-    [tmp] = [out.parent / n for n in hidden_leftovers(out)]
-    assert read_marker(tmp).complete is False and "stopped part-way" in (tmp / "INCOMPLETE").read_text()
-
-
-def test_a_run_time_refusal_leaves_the_old_run_and_no_temp_directory(tmp_path, monkeypatch):
-    """Bad input found only while running (one line, exit 2) left its hidden temp directory behind."""
+@pytest.mark.parametrize("refusal", [False, True])
+def test_a_failed_run_leaves_the_old_run(tmp_path, monkeypatch, refusal):
+    """An internal failure keeps its temp directory, marked incomplete; a refusal found only while
+    running (bad input, one line, exit 2: a KvsimError) with nothing finished leaves none (it did)."""
     import kvsim.api
     from kvsim.errors import CalibrationError
 
@@ -258,14 +241,20 @@ def test_a_run_time_refusal_leaves_the_old_run_and_no_temp_directory(tmp_path, m
     out = tmp_path / "out"
     run(scn, out)
     before = snapshot(out)
+    error = CalibrationError("calibration/x: meta.json is missing") if refusal else RuntimeError("stopped part-way")
 
-    def refuse(*a, **k):
-        raise CalibrationError("calibration/x: meta.json is missing")
+    def fail(*a, **k):
+        raise error
 
-    monkeypatch.setattr(kvsim.api, "run_scenario", refuse)
-    with pytest.raises(CalibrationError):
+    monkeypatch.setattr(kvsim.api, "run_scenario", fail)
+    with pytest.raises(type(error)):
         run(scn, out)
-    assert snapshot(out) == before and hidden_leftovers(out) == []
+    assert snapshot(out) == before
+    if refusal:
+        assert hidden_leftovers(out) == []
+        return
+    [tmp] = [out.parent / n for n in hidden_leftovers(out)]
+    assert read_marker(tmp).complete is False and "stopped part-way" in (tmp / "INCOMPLETE").read_text()
 
 
 def test_leftovers_of_killed_runs(tmp_path):

@@ -100,14 +100,22 @@ def _window_means_small(win: DecodeWindow, k: int, durations: np.ndarray, segmen
 
 def _means(held: float, useful: float, shared: float, cached_free: float, external: float, written: float,
            unshared: float, parts: list, capacity_tokens: int) -> MemoryParts:
-    """A window's MemoryParts from its time-weighted allocator sums and written slots (tokens)."""
+    """A window's MemoryParts from its time-weighted allocator sums and written slots (tokens). Each
+    part is a mean of quantities >= 0; a difference of two means can round a hair below 0 (seen:
+    -4.8e-7 tokens where step mode writes 0), which is taken as 0 (:func:`_nonneg`)."""
     return MemoryParts(
-        written - shared,  # token_states
-        useful - written,  # reservation
-        held - useful,  # internal_frag
+        _nonneg(written - shared, capacity_tokens),  # token_states
+        _nonneg(useful - written, capacity_tokens),  # reservation
+        _nonneg(held - useful, capacity_tokens),  # internal_frag
         external,  # external_frag
-        capacity_tokens - (held - shared) - external,  # free
+        _nonneg(capacity_tokens - (held - shared) - external, capacity_tokens),  # free
         cached_free,
         float(max([p[0] - p[2] for p in parts])),  # peak_used
         unshared,
     )
+
+
+def _nonneg(x: float, capacity_tokens: int) -> float:
+    """``x``, or 0.0 where rounding took a difference of means below 0 (by at most 1e-9 of the
+    capacity; a larger negative is not rounding and is left for the invariant checks to see)."""
+    return 0.0 if -1e-9 * capacity_tokens <= x < 0.0 else x

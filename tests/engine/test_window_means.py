@@ -57,3 +57,16 @@ def test_small_and_numpy_means_agree_with_the_definition(k, monkeypatch):
             for name, v in want.items():
                 scale = max(abs(v), capacity * 1e-3)  # differences of sums near zero: absolute
                 assert abs(getattr(memory, name) - v) <= 1e-11 * scale, name
+
+
+def test_a_difference_of_means_rounded_below_zero_is_zero():
+    """A fast-mode row wrote reservation_bytes of -4.8e-7 where step mode writes 0 (useful == written
+    in every step, their time-weighted means apart in the last bit). Larger negatives stay visible."""
+    from kvsim.fast.means import _means
+
+    held = useful = 1000.0 + 1e-13  # the same exact sums, rounded apart
+    written = 1000.0 + 2e-13
+    parts = [(1000, 1000, 0, 0, 0)]
+    m = _means(held, useful, 0.0, 0.0, 0.0, written, written, parts, 5000)
+    assert m.reservation == 0.0 and m.internal_frag == 0.0 and m.token_states > 0
+    assert _means(held, useful, 0.0, 0.0, 0.0, useful + 50.0, written, parts, 5000).reservation < -49

@@ -276,7 +276,7 @@ def run_to_dir(loaded: LoadedScenario | str | Path, out: Path | None = None, *, 
     if out is not None:  # refuse a bad --out before the (possibly slow) trace loading
         check_out_dir(Path(out), "run", force=force, protect=[loaded.path])
     for note in scenario_notes(runs):
-        warn(note)
+        warn(f"kvsim: {note}")
     traces = TraceCache(base_dir, str(loaded.path))
     built = {name: traces.get(scn) for name, scn in runs.items()}
     if out is None:

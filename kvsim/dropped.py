@@ -91,7 +91,7 @@ class Dropped:
         if self.lost_frac <= WARN_REJECTED_FRAC:
             return None
         fix = "; ".join(self.fixes())
-        return (f"warning: {name}: {100 * self.lost_frac:.1f}% of the trace's {self.trace_requests} requests were "
+        return (f"kvsim: warning: {name}: {100 * self.lost_frac:.1f}% of the trace's {self.trace_requests} requests were "
                 f"not served: {'; '.join(p for p in self.parts() if 'capped' not in p)}"
                 + (f". Fix: {fix}" if fix else ""))
 

@@ -172,7 +172,7 @@ def _unserved_warning(res, reqs, report: dict) -> str | None:
     if d.finished:
         return d.warning(name)
     fix = "; ".join(d.fixes())
-    return (f"warning: {name}: kvsim served none of its {d.trace_requests} requests "
+    return (f"kvsim: warning: {name}: kvsim served none of its {d.trace_requests} requests "
             f"({'; '.join(p for p in d.parts() if 'capped' not in p)}): its throughputs are 0 and its latencies "
             "empty" + (f". Fix: {fix}" if fix else ""))
 

@@ -288,4 +288,4 @@ def _write_sweep_report(out: Path, df: pd.DataFrame, say) -> None:
             compare([out], out / "compare", log=say)  # replaces an earlier compare/ (kvsim.outdir)
         write_run_report(out)
     except Exception as e:  # noqa: BLE001 -- the sweep's results stand without the report
-        say(f"warning: could not write the sweep report: {type(e).__name__}: {e}")
+        say(f"kvsim: warning: could not write the sweep report: {type(e).__name__}: {e}")

@@ -561,7 +561,7 @@ def test_run_validate_and_report_say_what_was_rejected(tmp_path):
     assert 0.05 * 40 < n_rej < 40
     fin = summary["requests_finished"]
     assert f"tiny: {fin}/40 finished; {n_rej} rejected (exceeds_max_model_len {n_rej})" in res.stderr
-    warn = [ln for ln in res.stderr.splitlines() if ln.startswith("warning:")]
+    warn = [ln for ln in res.stderr.splitlines() if ln.startswith("kvsim: warning:")]
     assert len(warn) == 1 and "length_policy: cap" in warn[0] and "max_model_len_tokens" in warn[0]
     # validate predicts the same counts without simulating
     v = kvsim("validate", scn)

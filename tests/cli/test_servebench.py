@@ -296,7 +296,7 @@ def test_unserved_requests_are_a_warning_as_for_kvsim_run(tmp_path):
     _over_long(tmp_path / "all.json", 20)
     r = kvsim("servebench", str(tmp_path / "all.json"), *args, "--out", str(tmp_path / "a"))
     assert r.returncode == 0, r.stderr
-    warning = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
+    warning = [line for line in r.stderr.splitlines() if line.startswith("kvsim: warning:")]
     assert len(warning) == 1 and str(tmp_path / "all.json") in warning[0], r.stderr
     assert "served none of its 20 requests" in warning[0] and "exceeds_max_model_len 20" in warning[0]
     assert json.loads((tmp_path / "a" / "summary.json").read_text())["requests_finished"] == 0

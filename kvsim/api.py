@@ -349,10 +349,14 @@ def scenario_notes(runs: dict) -> list[str]:
 def comparison_table(results: dict) -> pd.DataFrame:
     """The ``comparison.csv`` table (one layout for ``kvsim run`` and ``kvsim compare``:
     kvsim.report.comparison_table.comparison_frame) of in-memory results: ``{name: RunResult}`` as
-    ``kvsim.run`` returns them (parameter columns and offered rate included), or ``{name: summary}``."""
+    ``kvsim.run`` returns them (parameter columns and offered rate included), ``{name: LoadedRun}`` as
+    ``kvsim.load_results`` returns them, or ``{name: summary}``; rows in the display order (the
+    scenario's ``baseline:`` first). Anything else is a one-line TypeError."""
     from kvsim.report.comparison_table import comparison_frame
     from kvsim.report.runs import in_memory_runs
 
+    if isinstance(results, dict):
+        results = {k: v.path if isinstance(v, LoadedRun) else v for k, v in results.items()}
     return comparison_frame(in_memory_runs(results))
 
 
@@ -365,16 +369,18 @@ class LoadedRun:
 
 
 def load_results(path: str | Path) -> LoadedRun | dict[str, LoadedRun]:
-    """Read a run directory (or a variants directory: returns {variant: LoadedRun})."""
+    """Read a run directory (or a variants directory: returns {variant: LoadedRun} in the display
+    order: the scenario's order from ``scenario.resolved.yaml``, the ``baseline:`` variant first)."""
     import pandas as pd
 
     from kvsim.errors import KvsimError
+    from kvsim.report.runs import variant_order
 
     path = Path(path)
     if (path / "summary.json").exists():
         return LoadedRun(path, json.loads((path / "summary.json").read_text()),
                          pd.read_parquet(path / "requests.parquet"), pd.read_parquet(path / "steps.parquet"))
-    subs = sorted(p for p in path.iterdir() if (p / "summary.json").exists()) if path.is_dir() else []
+    subs = variant_order(path) if path.is_dir() else []
     if not subs:
         raise KvsimError(f"{path}: not a kvsim result directory (no summary.json)")
-    return {p.name: load_results(p) for p in subs}  # type: ignore[misc]
+    return {name: load_results(path / name) for name in subs}  # type: ignore[misc]

@@ -211,10 +211,14 @@ def variant_order(run_dir: Path) -> list[str]:
     order = [str(n) for n in runs if str(n) in have] + [n for n in have if n not in runs]
     base = next((r.get("scenario", {}).get("baseline") for r in runs.values()
                  if isinstance(r, dict) and isinstance(r.get("scenario"), dict)), None)
-    if isinstance(base, str) and base in order:
-        order.remove(base)
-        order.insert(0, base)
-    return order
+    return baseline_first(order, base)
+
+
+def baseline_first(names: list[str], baseline) -> list[str]:
+    """``names`` with ``baseline`` (when it is one of them) moved first: the display order."""
+    if isinstance(baseline, str) and baseline in names:
+        return [baseline] + [n for n in names if n != baseline]
+    return list(names)
 
 
 def variants_without_summary(run_dir: Path) -> list[str]:
@@ -264,20 +268,32 @@ def baseline_choice(runs: list[Run], baseline: str | None = None) -> tuple[str, 
     return labels[0], "the first run (no --baseline, no baseline: key)"
 
 
-def in_memory_runs(results: dict) -> list[Run]:
-    """Runs for :func:`comparison_frame` from ``{name: RunResult}`` (``kvsim.run``) or
-    ``{name: summary dict}``: parameters from each result's scenario, offered rate from its requests."""
-    from kvsim.simulate import resolved_dict
+def in_memory_runs(results) -> list[Run]:
+    """Runs for :func:`comparison_frame` from ``{name: RunResult}`` (``kvsim.run``),
+    ``{name: run directory Path}`` (a ``kvsim.load_results`` LoadedRun's) or ``{name: summary dict}``: parameters from each
+    result's scenario, offered rate from its requests; in the one display order (the given order,
+    the ``baseline:`` run moved first, as :func:`variant_order`). Anything else is a TypeError line."""
+    if not isinstance(results, dict):
+        raise TypeError(f"comparison_table(): expected a mapping {{name: RunResult, LoadedRun or summary dict}} "
+                        f"(as kvsim.run or kvsim.load_results return), got {type(results).__name__}")
+    runs = [_in_memory_run(str(name), res) for name, res in results.items()]
+    order = baseline_first([r.label for r in runs], next((r.params.get("baseline") for r in runs), None))
+    return sorted(runs, key=lambda r: order.index(r.label))
 
-    runs = []
-    for name, res in results.items():
-        if isinstance(res, dict):
-            runs.append(Run(label=str(name), path=None, summary=res, params={}))
-            continue
-        arr = res.requests["arrival_s"].to_numpy() if "arrival_s" in res.requests else None
-        rate = math.nan
-        if arr is not None and len(arr) > 1 and arr.max() > arr.min():
-            rate = float((len(arr) - 1) / (arr.max() - arr.min()))
-        runs.append(Run(label=str(name), path=None, summary={"name": name, **res.summary},
-                        params=flatten(resolved_dict(res.scenario)), _rate=rate))
-    return runs
+
+def _in_memory_run(name: str, res) -> Run:
+    from kvsim.simulate import RunResult, resolved_dict
+
+    if isinstance(res, dict):
+        return Run(label=name, path=None, summary=res, params={})
+    if isinstance(res, Path):  # a run directory (kvsim.api passes a LoadedRun's)
+        return _load_run(res, name)
+    if not isinstance(res, RunResult):
+        raise TypeError(f"comparison_table(): {name!r}: expected a RunResult, LoadedRun or summary dict, "
+                        f"got {type(res).__name__}")
+    arr = res.requests["arrival_s"].to_numpy() if "arrival_s" in res.requests else None
+    rate = math.nan
+    if arr is not None and len(arr) > 1 and arr.max() > arr.min():
+        rate = float((len(arr) - 1) / (arr.max() - arr.min()))
+    return Run(label=name, path=None, summary={"name": name, **res.summary},
+               params=flatten(resolved_dict(res.scenario)), _rate=rate)

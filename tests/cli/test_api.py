@@ -1,0 +1,66 @@
+"""The Python API (kvsim.api): in-memory results, result directories and reading them back agree
+on one order (the scenario's, baseline first) and one layout; bad input is one TypeError line."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+import kvsim
+
+SCENARIO = {
+    "name": "tiny",
+    "trace": {"synthetic": {"preset": "sharegpt", "num_requests": 30,
+                            "arrival": {"process": "poisson", "rate_per_s": 4.0}}, "length_policy": "cap"},
+    "model": "OPT-13B", "gpu": "A100-40GB",
+    "baseline": "paged-16",  # not the first variant, and not first by name either
+    "variants": {"contiguous-max": {"allocator": {"kind": "contiguous", "reservation": "max"}},
+                 "contiguous-pow2": {"allocator": {"kind": "contiguous", "reservation": "pow2"}},
+                 "paged-16": {"allocator": {"kind": "paged", "block_size": 16}}},
+}
+ORDER = ["paged-16", "contiguous-max", "contiguous-pow2"]
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory):
+    """(scenario path, in-memory results, result directory) of SCENARIO."""
+    tmp = tmp_path_factory.mktemp("api")
+    path = tmp / "tiny.yaml"
+    path.write_text(yaml.safe_dump(SCENARIO, sort_keys=False))
+    loaded = kvsim.load_scenario(path)
+    out = kvsim.run_to_dir(loaded, tmp / "out", plots=False, progress=False, warn=lambda m: None)
+    return path, kvsim.run(loaded), out
+
+
+def _csv_round_trip(df: pd.DataFrame) -> pd.DataFrame:
+    return pd.read_csv(io.StringIO(df.drop(columns="source").to_csv(index=False)))
+
+
+def test_comparison_table_of_run_results_is_comparison_csv(done):
+    _, results, out = done
+    table, csv = kvsim.comparison_table(results), pd.read_csv(out / "comparison.csv")
+    assert list(table["label"]) == ORDER == list(csv["label"])
+    assert list(table.columns) == list(csv.columns)
+    pd.testing.assert_frame_equal(_csv_round_trip(table), csv.drop(columns="source"))
+
+
+def test_load_results_lists_variants_in_scenario_order_baseline_first(done):
+    assert list(kvsim.load_results(done[2])) == ORDER
+
+
+def test_comparison_table_of_loaded_results_is_comparison_csv(done):
+    out = done[2]
+    table = kvsim.comparison_table(kvsim.load_results(out))
+    pd.testing.assert_frame_equal(_csv_round_trip(table), pd.read_csv(out / "comparison.csv").drop(columns="source"))
+
+
+@pytest.mark.parametrize("bad, what", [([1], "got list"), ({"a": 3}, "'a': expected a RunResult"),
+                                       ("dir", "got str")])
+def test_comparison_table_refuses_other_input_in_one_line(bad, what):
+    with pytest.raises(TypeError, match="comparison_table\\(\\): .*RunResult, LoadedRun or summary") as e:
+        kvsim.comparison_table(bad)
+    assert what in str(e.value) and "\n" not in str(e.value)

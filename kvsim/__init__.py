@@ -20,4 +20,9 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
+def __dir__():
+    # The lazy names above are public: list them as `dir(kvsim)` would if they were imported.
+    return sorted(set(globals()) | set(__all__))
+
+
 __all__ = ["__version__", "comparison_table", "load_scenario", "load_results", "run", "run_to_dir", "sweep"]

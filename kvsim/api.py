@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -15,7 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvsim.version import __version__
-from kvsim.config import LoadedScenario, Scenario, load_scenario, validate_scenario
+from kvsim.config import LoadedScenario, Scenario, load_mapping, load_scenario
+from kvsim.config.load import MAPPING_PATH
 from kvsim.errors import Interrupted, SimulationLimitError, TraceError
 from kvsim.dropped import Dropped, warnings_for
 from kvsim.outdir import MARKER, RESUME_FILE, atomic_out_dir, check_out_dir
@@ -29,30 +31,49 @@ if TYPE_CHECKING:  # pandas is imported where used (import cost: tests/test_impo
 
 def run(scenario: Scenario | LoadedScenario | str | Path | dict, *, base_dir: Path | str | None = None,
         check_invariants: bool = False) -> RunResult | dict[str, RunResult]:
-    """Simulate in memory. A path or LoadedScenario with variants returns {variant: RunResult}; a dict
-    is a scenario's mapping, validated as a file's would be (bad input: a ConfigError line)."""
+    """Simulate in memory. A scenario with variants returns {variant: RunResult}, else one RunResult
+    (``name``: the variant's, or the scenario's). A dict is a scenario's mapping, validated and
+    expanded as a file's would be (bad input: a ConfigError line); relative paths in a dict or
+    Scenario are read against ``base_dir`` (default: the current directory), in a file's against
+    its directory."""
+    loaded = as_loaded(scenario, "run", base_dir)
+    base = Path(base_dir) if base_dir is not None else loaded.path.parent
+    results = _run_all(loaded, base, check_invariants)
+    return results if loaded.variants else next(iter(results.values()))
+
+
+def as_loaded(scenario, caller: str, base_dir: Path | str | None = None) -> LoadedScenario:
+    """``scenario`` (a path, mapping, Scenario or LoadedScenario) as a LoadedScenario; a mapping or
+    Scenario is named :data:`MAPPING_PATH` ("scenario", in the current directory or ``base_dir``)."""
     if isinstance(scenario, (str, Path)):
-        scenario = load_scenario(scenario)
-    elif isinstance(scenario, dict):
-        scenario = validate_scenario(scenario, "scenario")
-    elif not isinstance(scenario, (Scenario, LoadedScenario)):
-        raise TypeError(f"run(): expected a scenario path, mapping, Scenario or LoadedScenario, "
-                        f"got {type(scenario).__name__}")
+        return load_scenario(scenario)
+    if isinstance(scenario, dict):
+        return load_mapping(scenario, base_dir)
+    if isinstance(scenario, Scenario):  # one run, as given (its variants: already expanded, or not wanted)
+        return LoadedScenario(path=MAPPING_PATH, name=str(scenario.name or MAPPING_PATH.stem),
+                              base=scenario, variants={})
     if isinstance(scenario, LoadedScenario):
-        base = Path(base_dir) if base_dir is not None else scenario.path.parent
-        results = _run_all(scenario, base, check_invariants)
-        return results if scenario.variants else next(iter(results.values()))
-    return run_scenario(scenario, Path(base_dir or "."), check_invariants=check_invariants)
+        return scenario
+    raise TypeError(f"{caller}(): expected a scenario path, mapping, Scenario or LoadedScenario, "
+                    f"got {type(scenario).__name__}")
 
 
 def _run_all(loaded: LoadedScenario, base_dir: Path, check_invariants: bool) -> dict[str, RunResult]:
     traces = TraceCache(base_dir, str(loaded.path))
-    out = {}
-    for name, scn in loaded.runs.items():
-        trace, report = traces.get(scn)
-        out[name] = run_scenario(scn, base_dir, trace=trace, trace_report=report,
-                                 check_invariants=check_invariants, where=str(loaded.path))
-    return out
+    return {name: simulate_variant(loaded, name, scn, base_dir, traces.get(scn), check_invariants=check_invariants)
+            for name, scn in loaded.runs.items()}
+
+
+def simulate_variant(loaded: LoadedScenario, name: str, scn: Scenario, base_dir: Path, built: tuple,
+                     **kw) -> RunResult:
+    """One run of ``loaded`` (its trace ``built``: (trace, report)), named ``name``; a simulation
+    limit it passes is one line naming the scenario and the run (``FILE: NAME: ...``)."""
+    trace, report = built
+    try:
+        res = run_scenario(scn, base_dir, trace=trace, trace_report=report, where=str(loaded.path), **kw)
+    except SimulationLimitError as e:
+        raise SimulationLimitError(f"{loaded.path}: {name}: {e}") from None
+    return dataclasses.replace(res, name=name)
 
 
 class TraceCache:
@@ -215,15 +236,10 @@ def _run_variant(loaded: LoadedScenario, name: str, scn, d: Path, built: tuple, 
                  plots, stage: int) -> dict:
     """Run one variant into ``d`` (tables, summary and, with ``plots`` -- the kvsim.plots module --
     its plots); returns its summary."""
-    trace, report = built
     d.mkdir(exist_ok=True)
     bar.set_description(name)
-    try:
-        res = run_scenario(scn, loaded.path.parent, trace=trace, trace_report=report,
-                           steps_path=d / "steps.parquet", check_invariants=check_invariants,
-                           progress=bar, where=str(loaded.path))
-    except SimulationLimitError as e:
-        raise SimulationLimitError(f"{loaded.path}: {name}: {e}") from None
+    res = simulate_variant(loaded, name, scn, loaded.path.parent, built, steps_path=d / "steps.parquet",
+                           check_invariants=check_invariants, progress=bar)
     summary = {"name": name, "scenario": loaded.name, "kvsim_version": __version__, **res.summary}
     write_parquet(d / "requests.parquet", res.requests)
     write_json(d / "summary.json", summary)
@@ -250,10 +266,12 @@ def _write_comparison(tmp: Path, summaries: dict, bar, *, plots, stage: int) -> 
         bar(stage)
 
 
-def run_to_dir(loaded: LoadedScenario | str | Path, out: Path | None = None, *, check_invariants: bool = False,
-               progress: bool | None = None, plots: bool = True, log=None, warn=None, force: bool = False) -> Path:
-    """Run every variant of ``loaded`` (or of the scenario file at that path) and write the result
-    directory atomically. Returns its path.
+def run_to_dir(loaded: LoadedScenario | Scenario | str | Path | dict, out: Path | None = None, *,
+               check_invariants: bool = False, progress: bool | None = None, plots: bool = True, log=None,
+               warn=None, force: bool = False) -> Path:
+    """Run every variant of ``loaded`` (or of the scenario file at that path, or of a mapping or
+    Scenario as :func:`run` takes them, relative paths against the current directory) and write the
+    result directory atomically. Returns its path.
 
     ``out`` follows kvsim.outdir's rules (docs/outputs.md): a new or empty directory, or an earlier
     ``kvsim run`` output (replaced, keeping files kvsim did not write); another kvsim command's
@@ -262,8 +280,7 @@ def run_to_dir(loaded: LoadedScenario | str | Path, out: Path | None = None, *, 
     ``warn``: called with a warning line when more than 5 % of a variant's trace was not served,
     and before running with each of the scenario's notes (``Scenario.notes``; default: printed on stderr).
     """
-    if isinstance(loaded, (str, Path)):
-        loaded = load_scenario(loaded)
+    loaded = as_loaded(loaded, "run_to_dir")
     plotting = None
     if plots:
         from kvsim import plots as plotting

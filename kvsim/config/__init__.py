@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from kvsim.config_base import reject_non_finite  # noqa: F401  (re-exported for kvsim.sweep)
 from kvsim.config.load import (LoadedScenario, _kind_default, _kind_of, _set_dotted, _undot, deep_merge,  # noqa: F401
-                               expand_model, load_scenario, parse_set, read_yaml_mapping, validate_scenario)
+                               expand_model, load_mapping, load_scenario, parse_set, read_yaml_mapping, validate_scenario)
 from kvsim.config.messages import format_validation_error  # noqa: F401
 from kvsim.config.profiles import ENGINE_PROFILES, apply_engine_profile  # noqa: F401
 from kvsim.config.scenario import (DEPRECATED_KEYS, PLUGIN_SECTIONS, POLICY_KEYS, AllocatorConfig,  # noqa: F401

@@ -126,12 +126,17 @@ def read_yaml_mapping(path: Path, what: str = "scenario") -> dict:
     raw = load_yaml(text, str(path))
     if raw is None:
         raise ConfigError(f"{path}: the {what} file is empty")
+    return check_mapping(raw, str(path))
+
+
+def check_mapping(raw: Any, where: str) -> dict:
+    """``raw`` as a scenario's top level: a mapping with string keys and finite numbers (ConfigError line)."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping of keys at the top level, got {type(raw).__name__}")
+        raise ConfigError(f"{where}: expected a mapping of keys at the top level, got {type(raw).__name__}")
     bad = [k for k in raw if not isinstance(k, str)]
     if bad:
-        raise ConfigError(f"{path}: top-level key {bad[0]!r} is not a string")
-    reject_non_finite(raw, str(path))
+        raise ConfigError(f"{where}: top-level key {bad[0]!r} is not a string")
+    reject_non_finite(raw, where)
     return raw
 
 
@@ -158,12 +163,43 @@ def apply_sets(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
     return raw
 
 
+# What a mapping given in Python (kvsim.run, kvsim.run_to_dir) is called in messages; relative paths
+# in it are read against the current directory (the parent of this name).
+MAPPING_PATH = Path("scenario")
+
+
 def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedScenario:
+    """The scenario file at ``path`` with ``overrides`` (a list of ``"path.to.key=value"`` strings,
+    applied in order to the base and every variant) and its variants, validated."""
     path = Path(path)
-    raw = apply_sets(read_yaml_mapping(path), overrides)
+    overrides = check_overrides(overrides)
+    return expand_scenario(apply_sets(read_yaml_mapping(path), overrides), path, overrides)
+
+
+def load_mapping(raw: dict, base_dir: Path | None = None) -> LoadedScenario:
+    """A scenario mapping validated as a file's would be (variants, ``baseline:``), named
+    :data:`MAPPING_PATH` in messages; model files relative to ``base_dir`` (default: the current
+    directory). ``raw`` itself is left unchanged."""
+    raw = copy.deepcopy(check_mapping(raw, str(MAPPING_PATH)))
+    return expand_scenario(raw, MAPPING_PATH, (), base_dir)
+
+
+def check_overrides(overrides) -> tuple[str, ...]:
+    """``overrides`` as a tuple; anything but a list or tuple of strings is a one-line TypeError."""
+    if not isinstance(overrides, (list, tuple)) or not all(isinstance(o, str) for o in overrides):
+        raise TypeError(f"load_scenario(): overrides are a list of \"path.to.key=value\" strings, "
+                        f"got {overrides!r}")
+    return tuple(overrides)
+
+
+def expand_scenario(raw: dict, path: Path, overrides: tuple[str, ...], base_dir: Path | None = None) -> LoadedScenario:
+    """The base and ``variants:`` of a scenario mapping (``overrides`` already applied to ``raw``,
+    and applied again to each variant), validated; ``path`` names it, its directory (or ``base_dir``)
+    anchors relative model files."""
+    base_dir = path.parent if base_dir is None else Path(base_dir)
     raw.setdefault("name", path.stem)
-    raw = expand_model(raw, path.parent, str(path))
-    sets = tuple(overrides)
+    raw = expand_model(raw, base_dir, str(path))
+    sets = overrides
     base = validate_scenario(raw, str(path), sets=sets)
     if base.baseline is not None and base.baseline not in base.variants:
         raise ConfigError(f"{path}: baseline: {base.baseline!r} is not a variant"
@@ -181,6 +217,6 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
         for expr in overrides:
             key, value = parse_set(expr)
             _set_dotted(merged, key, value, f"--set {expr}")
-        merged = expand_model(merged, path.parent, str(path), prefix=f"variants.{vname}.")
+        merged = expand_model(merged, base_dir, str(path), prefix=f"variants.{vname}.")
         variants[vname] = validate_scenario(merged, str(path), prefix=f"variants.{vname}.", sets=sets)
     return LoadedScenario(path=path, name=str(base.name), base=base, variants=variants)

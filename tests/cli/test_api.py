@@ -64,3 +64,45 @@ def test_comparison_table_refuses_other_input_in_one_line(bad, what):
     with pytest.raises(TypeError, match="comparison_table\\(\\): .*RunResult, LoadedRun or summary") as e:
         kvsim.comparison_table(bad)
     assert what in str(e.value) and "\n" not in str(e.value)
+
+
+def test_run_of_a_mapping_expands_variants_and_checks_baseline_as_a_file(done):
+    path, results, _ = done
+    from_dict = kvsim.run(SCENARIO, base_dir=path.parent)
+    assert list(from_dict) == list(results)
+    assert all(from_dict[n].summary == results[n].summary for n in results)
+    with pytest.raises(kvsim.errors.ConfigError, match="^scenario: baseline: 'nope' is not a variant"):
+        kvsim.run(dict(SCENARIO, baseline="nope"))
+
+
+def test_run_result_is_named_after_its_variant(done):
+    assert {n: r.name for n, r in done[1].items()} == {n: n for n in done[1]}
+    one = {k: v for k, v in SCENARIO.items() if k not in ("name", "variants", "baseline")}
+    assert kvsim.run(one).name == "scenario"  # a mapping without name: is called "scenario" (as in messages)
+
+
+@pytest.mark.parametrize("kind", ["mapping", "Scenario"])
+def test_run_to_dir_takes_what_run_takes(done, tmp_path, kind):
+    one = {k: v for k, v in SCENARIO.items() if k not in ("variants", "baseline")}
+    given = one if kind == "mapping" else kvsim.load_scenario(done[0]).base
+    out = kvsim.run_to_dir(given, tmp_path / "out", plots=False, progress=False, warn=lambda m: None)
+    assert (out / "summary.json").is_file()
+    with pytest.raises(TypeError, match=r"^run_to_dir\(\): expected a scenario path, mapping, Scenario or "
+                                        r"LoadedScenario, got int$"):
+        kvsim.run_to_dir(3, tmp_path / "x")
+
+
+@pytest.mark.parametrize("overrides", ["trace.end_s=60", [1]])
+def test_load_scenario_overrides_are_a_list_of_strings(done, overrides):
+    with pytest.raises(TypeError, match=r'^load_scenario\(\): overrides are a list of "path.to.key=value" strings'):
+        kvsim.load_scenario(done[0], overrides)
+
+
+def test_run_names_file_and_variant_when_a_limit_stops_it(done):
+    loaded = kvsim.load_scenario(done[0], ["limits.max_sim_time_s=0.5"])
+    with pytest.raises(kvsim.errors.SimulationLimitError, match=f"^{done[0]}: contiguous-max: simulated time"):
+        kvsim.run(loaded)
+
+
+def test_dir_lists_the_lazy_public_api():
+    assert set(kvsim.__all__) <= set(dir(kvsim))

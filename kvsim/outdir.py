@@ -34,6 +34,7 @@ import contextlib
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,6 +175,25 @@ def check_parent_folders(out: Path, flag: str) -> None:
             return
 
 
+def check_creatable(out: str | Path, flag: str = "--out") -> None:
+    """Refuse, before any work, an ``out`` that does not exist and cannot be created (a parent that is
+    a file, a read-only or virtual file system such as /proc): kvsim makes and removes a hidden probe
+    folder where ``out``'s first missing folder would go."""
+    out = Path(out)
+    check_parent_folders(out, flag)
+    if out.exists():
+        return
+    missing = out
+    while not missing.parent.exists() and missing.parent != missing:
+        missing = missing.parent
+    try:
+        probe = Path(tempfile.mkdtemp(prefix=f".{missing.name}.probe-", dir=missing.parent))
+    except OSError as e:
+        raise ConfigError(f"{flag} {out}: cannot be created in {missing.parent} ({e.strerror or e}); "
+                          f"choose another {flag}") from None
+    probe.rmdir()
+
+
 def _describe(command: str) -> str:
     return f"`kvsim {command}`"
 
@@ -188,7 +208,7 @@ def check_out_dir(out: str | Path, command: str, *, force: bool = False, flag: s
     """
     out = Path(out)
     check_not_protected(out, flag, protect)
-    check_parent_folders(out, flag)
+    check_creatable(out, flag)
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise ConfigError(f"{flag} {out}: exists and is not a directory; kvsim will not replace it")
     if not out.exists():

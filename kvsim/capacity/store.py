@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from kvsim.capacity.rate_search import MARKER, SLO_KEYS, Evaluation, VariantCapacity
 from kvsim.errors import ConfigError
+from kvsim.outdir import check_creatable
 
 if TYPE_CHECKING:  # pandas is imported where used (import cost: tests/test_import_cost.py)
     import pandas as pd
@@ -24,17 +25,25 @@ def known_evaluations(out: Path) -> dict[str, Evaluation]:
     if not isinstance(doc, dict) or doc.get("kind") != MARKER:
         return {}
     out_evals = {}
-    stored = [e for v in doc.get("variants") or [] for e in v.get("evaluations") or []]
-    for e in stored + list(doc.get("evaluations_unfinished") or []):
-            try:
-                e = {**e, "reused": True, "percentiles_ms": {k: math.inf if x is None else float(x)
-                                             for k, x in (e.get("percentiles_ms") or {}).items()}}
-                ev = Evaluation(**e)
-            except TypeError:
-                continue  # written by another kvsim version: simulate again
-            if ev.key:
-                out_evals[ev.key] = ev
+    for e in _stored_evaluations(doc):
+        try:
+            e = {**e, "reused": True, "percentiles_ms": {k: math.inf if x is None else float(x)
+                                                         for k, x in (e.get("percentiles_ms") or {}).items()}}
+            ev = Evaluation(**e)
+        except (TypeError, ValueError, AttributeError):
+            continue  # written by another kvsim version, or damaged: simulate again
+        if ev.key:
+            out_evals[ev.key] = ev
     return out_evals
+
+
+def _stored_evaluations(doc: dict) -> list:
+    """The evaluation records of a capacity.json, skipping whatever is not shaped as kvsim writes it."""
+    def dicts(x):
+        return [e for e in x if isinstance(e, dict)] if isinstance(x, list) else []
+
+    stored = [e for v in dicts(doc.get("variants")) for e in dicts(v.get("evaluations"))]
+    return stored + dicts(doc.get("evaluations_unfinished"))
 
 
 def results_frame(results: list[VariantCapacity]) -> pd.DataFrame:
@@ -68,6 +77,7 @@ def check_out(out: Path) -> None:
     """Refuse an ``--out`` that is a file, or holds capacity.csv / capacity.json kvsim did not write."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a directory")
+    check_creatable(out, "--out")  # before the search, not after it
     csv_path, json_path = out / "capacity.csv", out / "capacity.json"
     if csv_path.exists() or json_path.exists():
         try:

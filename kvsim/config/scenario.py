@@ -155,7 +155,8 @@ class Scenario(StrictModel):
     def _variant_names(cls, v):
         for name in v:
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-                raise ValueError(f"variant name {name!r} must be letters, digits, '.', '_' or '-'")
+                raise ValueError(f"variant name {name!r} must start with a letter or digit, then letters, "
+                                 f"digits, '.', '_' or '-'")
         return v
 
     @model_validator(mode="after")

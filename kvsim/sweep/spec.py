@@ -47,6 +47,7 @@ from kvsim.config import (
 from kvsim.errors import ConfigError, KvsimError, did_you_mean, format_choices
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+NAME_RULE = "must start with a letter or digit, then letters, digits, '.', '_' or '-'"
 # Keys a point may not override: they identify the run, not the simulation.
 RESERVED_KEYS = ("name", "variants", "description")
 # Index columns that an override column could shadow.
@@ -71,7 +72,7 @@ class SweepFile(BaseModel):
     @classmethod
     def _name(cls, v):
         if v is not None and not NAME_RE.fullmatch(v):
-            raise ValueError(f"name {v!r} must be letters, digits, '.', '_' or '-'")
+            raise ValueError(f"name {v!r} {NAME_RULE}")
         return v
 
     @field_validator("set")
@@ -98,7 +99,7 @@ class SweepFile(BaseModel):
             name = p.get("name")
             if name is not None:
                 if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-                    raise ValueError(f"points[{i}].name {name!r} must be letters, digits, '.', '_' or '-'")
+                    raise ValueError(f"points[{i}].name {name!r} {NAME_RULE}")
                 if name in seen:
                     raise ValueError(f"points[{i}].name {name!r} is used twice")
                 seen.add(name)

@@ -209,3 +209,30 @@ def test_below_range_says_when_rejections_alone_block_the_objective():
     assert "no rate meets" not in plain and "try a lower --lo" in plain and "p95_ttft_ms 2500 ms" in plain
     ok = VariantCapacity("v", "ok", 1.0, 1.1, 2.0, 0.95, 1.0, (), {"ttft_ms": 500.0})
     assert why_below_range(ok, 0.9) is None
+
+
+def test_an_out_capacity_cannot_write_is_refused_before_the_search(tmp_path, capsys, monkeypatch):
+    """Under a file or on /proc, capacity simulated every step and then failed (exit 1)."""
+    import kvsim.capacity.rate_search as rs
+
+    scn = tmp_path / "cap.yaml"
+    scn.write_text(SCENARIO)
+    (tmp_path / "afile").write_text("mine\n")
+    monkeypatch.setattr(rs, "search", lambda *a, **k: pytest.fail("searched before checking --out"))
+    for out, why in ((tmp_path / "afile" / "sub", "is a file, not a folder"), ("/proc/kvsim-qa", "cannot be created")):
+        assert main(["capacity", str(scn), "--slo", "ttft_ms=500", "--out", str(out), "-q"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"--out {out}" in err[0] and why in err[0], err
+    assert (tmp_path / "afile").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("doc", [{"variants": "garbage"}, {"variants": [3, {"evaluations": "x"}]},
+                                 {"variants": [{"evaluations": [{"rate_scale": "high"}]}]},
+                                 {"evaluations_unfinished": 7}])
+def test_a_damaged_capacity_json_of_kvsim_is_simulated_again(tmp_path, doc):
+    """Was an internal error (AttributeError, exit 1) on a capacity.json with kvsim's marker."""
+    from kvsim.capacity.rate_search import MARKER
+    from kvsim.capacity.store import known_evaluations
+
+    (tmp_path / "capacity.json").write_text(json.dumps({"kind": MARKER, **doc}))
+    assert known_evaluations(tmp_path) == {}

@@ -623,3 +623,19 @@ def test_the_python_api_takes_paths_and_mappings_and_refuses_the_rest(tmp_path):
         kvsim.run({"model": "OPT-13B"})
     with pytest.raises(TypeError, match="run\\(\\): expected a scenario path, mapping, Scenario or LoadedScenario, got int"):
         kvsim.run(5)
+
+
+def test_an_out_that_cannot_be_created_is_one_line_before_any_work(tmp_path):
+    """/proc/NAME (or any folder the file system will not create) was an internal error, exit 1 --
+    for capacity only after its whole search; now every directory command refuses it first."""
+    from kvsim.outdir import check_creatable
+
+    with pytest.raises(ConfigError, match=r"^--out /proc/kvsim-qa/sub: cannot be created in /proc"):
+        check_creatable("/proc/kvsim-qa/sub")
+    ok = tmp_path / "new" / "deeper"
+    check_creatable(ok)  # creatable: nothing left behind
+    assert list(tmp_path.iterdir()) == []
+    res = kvsim("sweep", str(ROOT / "scenarios" / "studies" / "block_size_sweep.yaml"), "--out", "/proc/kvsim-qa")
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [
+        "kvsim: error: --out /proc/kvsim-qa: cannot be created in /proc (No such file or directory); "
+        "choose another --out"], res.stderr

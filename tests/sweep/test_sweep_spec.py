@@ -119,7 +119,8 @@ def test_in_memory_spec_resolves_against_base_dir(tmp_path):
     ({"base": BASE, "grid": {"name": ["a"]}}, ["cannot override 'name'"]),
     ({"base": BASE, "grid": {"variants.x": [1]}}, ["cannot override 'variants'"]),
     ({"base": BASE, "points": [{"name": "a"}, {"name": "a"}]}, ["used twice"]),
-    ({"base": BASE, "points": [{"name": "bad name"}]}, ["must be letters"]),
+    ({"base": BASE, "points": [{"name": "bad name"}]}, ["must start with a letter or digit, then letters"]),
+    ({"base": BASE, "points": [{"name": ".hidden"}]}, ["'.hidden' must start with a letter or digit"]),
     ({"base": BASE, "points": [{"kv_dtype": "fp8"}], "grid": {"kv_dtype": ["fp16"]}}, ["also a grid key"]),
     ({"base": BASE, "points": [{"kv_dtype": "fp8"}, {"kv_dtype": "fp8"}]}, ["listed twice"]),
 ])

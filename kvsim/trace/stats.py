@@ -55,7 +55,8 @@ def paged_ideal_hit_ratio(trace: Trace, block_size: int) -> dict | None:
     ``allocator: {kind: paged, prefix_caching: true, block_size: B}`` measures when nothing is
     evicted and requests are admitted in arrival order): per request, in arrival order, the
     leading *full* B-token blocks whose keys an earlier request produced, at most
-    ``(prompt - 1) // B`` of them (the last prompt token is always computed). Ratios over
+    ``(prompt - 1) // B`` of them (the last prompt token is always computed); a request with
+    parallel samples or beams neither hits nor produces (the paged cache is bypassed for them). Ratios over
     ``sum(ceil(prompt / B))`` blocks and over all prompt tokens. It differs from the trace-level
     ``ideal_hit_ratio_*`` above, which also counts a request's partial last source block."""
     from kvsim.trace.prefix import block_keys
@@ -66,7 +67,10 @@ def paged_ideal_hit_ratio(trace: Trace, block_size: int) -> dict | None:
     b = int(block_size)
     seen: set[int] = set()
     hit_blocks = 0
+    samples = trace.num_samples
     for i, k in enumerate(keys):
+        if samples is not None and samples[i] > 1:
+            continue  # parallel samples / beams bypass the paged prefix cache: no hits, nothing cached
         limit = min((int(trace.prompt_tokens[i]) - 1) // b, k.shape[0])
         h = 0
         for key in k[:limit].tolist():

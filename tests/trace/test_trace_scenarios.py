@@ -85,3 +85,20 @@ def test_the_ideal_counts_the_requests_the_run_admitted(tmp_path):
     assert s["rejected_by_reason"] == {"exceeds_kv_capacity": 2}
     pc = s["prefix_cache"]
     assert 0 < pc["hit_ratio_tokens"] <= pc["ideal_hit_ratio_tokens"]
+
+
+def test_the_ideal_gives_requests_with_samples_no_hits_as_the_paged_cache_does(tmp_path):
+    """Parallel samples bypass the paged prefix cache (no hits, nothing cached), while the ideal
+    counted their hits: it was no ceiling for such a trace."""
+    import json
+
+    lines = [{"arrival_s": 2.0 * i, "prompt_tokens": 1000, "output_tokens": 4, "num_samples": 2 if i % 2 else 1,
+              "prefix_keys": [7, 8], "prefix_block_tokens": 512} for i in range(10)]
+    f = tmp_path / "t.jsonl"
+    f.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    res = run(scenario({"file": str(f)}), base_dir=ROOT)
+    pc = res.summary["prefix_cache"]
+    assert (res.requests.loc[res.requests["num_samples"] > 1, "cached_tokens"] == 0).all()
+    # 5 single-sample requests: the first computes, the next 4 hit 992 of 1000 tokens; 10 requests in all
+    assert pc["ideal_hit_ratio_tokens"] == 4 * 992 / 10_000
+    assert 0 < pc["hit_ratio_tokens"] <= pc["ideal_hit_ratio_tokens"]

@@ -256,18 +256,18 @@ def cmd_generate(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Stand-alone entry point: ``python -m kvsim.trace.cli {stats,convert,generate} ...``."""
+    from kvsim.cli import one_line_warnings
     from kvsim.trace.load import TraceWarning
 
     parser = argparse.ArgumentParser(prog="kvsim")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["trace", *(sys.argv[1:] if argv is None else argv)])
-    with warnings.catch_warnings():
+    with one_line_warnings():  # ``kvsim: warning: ...`` and ``kvsim: error: ...``, as ``kvsim trace`` prints them
         warnings.simplefilter("always", TraceWarning)
-        warnings.showwarning = lambda message, *a, **k: sys.stderr.write(f"warning: {message}\n")
         try:
             code = args.func(args)
         except KvsimError as exc:
-            sys.stderr.write(f"error: {exc}\n")
+            sys.stderr.write(f"kvsim: error: {exc}\n")
             return 2
     return code
 

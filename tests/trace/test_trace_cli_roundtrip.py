@@ -154,14 +154,15 @@ def test_generate_bad_spec_is_config_error(tmp_path, text, needle):
 def test_standalone_main_prints_one_line_errors(tmp_path, capsys):
     assert main(["stats", str(tmp_path / "none.jsonl")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and err.count("\n") == 1
+    assert err.startswith("kvsim: error: ") and err.count("\n") == 1
 
 
 def test_standalone_main_prints_repair_warnings(tmp_path, capsys):
     path = tmp_path / "u.csv"
     path.write_text("arrival_s,prompt_tokens,output_tokens\n2,5,5\n1,5,5\n")
     assert main(["stats", str(path), "--on-unsorted", "sort"]) == 0
-    assert "warning: " in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvsim: warning: {path}: sorted") and err.count("\n") == 1, err
 
 
 UNSORTED = "arrival_s,prompt_tokens,output_tokens\n2,5,5\n1,5,5\n"

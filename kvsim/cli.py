@@ -8,16 +8,14 @@ Where output may go (never over files kvsim did not write): kvsim.outdir, docs/o
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import importlib
 import json
 import sys
-import warnings
 from pathlib import Path
 
 from kvsim.version import __version__
-from kvsim.errors import Interrupted, KvsimError, KvsimWarning
+from kvsim.errors import Interrupted, KvsimError, one_line_warnings
 from kvsim.units import SET_HELP_UNITS
 
 
@@ -230,24 +228,6 @@ def freeze_for_exit() -> None:
     in reference cycles are skipped, which Python does not promise to run at exit anyway. Not for
     callers that go on running (``main(argv)`` with a list never freezes)."""
     gc.freeze()
-
-
-@contextlib.contextmanager
-def one_line_warnings():
-    """While active, kvsim's own warnings (:class:`~kvsim.errors.KvsimWarning` and its subclasses,
-    e.g. a trace repair) print as one line ``kvsim: warning: <message>`` on stderr, like errors do;
-    any other warning is shown as Python would show it. Filters (``-W``) still apply."""
-    with warnings.catch_warnings():
-        python_show = warnings.showwarning
-
-        def show(message, category, filename, lineno, file=None, line=None):
-            if issubclass(category, KvsimWarning):
-                print(f"kvsim: warning: {message}", file=sys.stderr)
-            else:
-                python_show(message, category, filename, lineno, file, line)
-
-        warnings.showwarning = show
-        yield
 
 
 def _main(argv: list[str]) -> int:

@@ -12,7 +12,10 @@ Bugs (violated invariants, misuse of an allocator) raise ordinary exceptions suc
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import sys
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -66,3 +69,21 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
 
 def format_choices(choices: Iterable[str]) -> str:
     return ", ".join(sorted(choices))
+
+
+@contextlib.contextmanager
+def one_line_warnings():
+    """While active, kvsim's own warnings (:class:`~kvsim.errors.KvsimWarning` and its subclasses,
+    e.g. a trace repair) print as one line ``kvsim: warning: <message>`` on stderr, like errors do;
+    any other warning is shown as Python would show it. Filters (``-W``) still apply."""
+    with warnings.catch_warnings():
+        python_show = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, KvsimWarning):
+                print(f"kvsim: warning: {message}", file=sys.stderr)
+            else:
+                python_show(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield

@@ -167,6 +167,9 @@ class GPUSpec:
     # the GPU<->host link preset (kvsim/timing/data/links/<name>.yaml) swaps and tier loads use when a
     # scenario has no host_link: (docs/transfer_model.md, "Host link per GPU"); "" = none known
     host_link: str = ""
+    # CUDA compute capability (major.minor, e.g. 9.0 for Hopper): which kernels an engine can run on
+    # it (vLLM's FlashAttention backend reads fp8 KV only with FlashAttention-3, on 9.x); None = unknown
+    compute_capability: float | None = None
 
     def through_host(self, copy_rate_bytes_per_s: float, efficiency: float, latency_s: float) -> GPUSpec:
         """This GPU where the GPUs cannot reach each other (``parallel.gpu_p2p: false``): its
@@ -314,32 +317,35 @@ HOST_PATH_ALLREDUCE = dict(efficiency=0.3, latency_s=120e-6)
 # picks the protocol with the least latency + bytes / bandwidth (docs/engine_overhead.md, "All-reduce").
 NCCL_LL = dict(base_latency_s=6.6e-6, step_latency_s=1.0e-6, bandwidth_fraction=0.25)
 
+# compute_capability of every preset: NVIDIA, "CUDA GPU Compute Capability" (developer.nvidia.com/cuda-gpus):
+# A100 8.0, L40S 8.9, H100 and H200 9.0 (also the A100 and H100 architecture whitepapers: SM80, SM90)
 GPUS: dict[str, GPUSpec] = {
     g.name: g
     for g in [
         GPUSpec("A100-40GB", 40 * GiB, 1.555e12, 312e12, source="NVIDIA A100 datasheet (SXM4 40GB); 108 SMs: "
                 "NVIDIA A100 Tensor Core GPU Architecture whitepaper", num_sms=108, host_link="pcie-gen4-x16",
-                **_NVLINK3),
+                compute_capability=8.0, **_NVLINK3),
         GPUSpec("A100-80GB", 80 * GiB, 2.039e12, 312e12, source="NVIDIA A100 datasheet (SXM4 80GB); 108 SMs: "
                 "NVIDIA A100 Tensor Core GPU Architecture whitepaper", num_sms=108, host_link="pcie-gen4-x16",
-                **_NVLINK3),
+                compute_capability=8.0, **_NVLINK3),
         GPUSpec("A100-PCIe-80GB", 80 * GiB, 1.935e12, 312e12, source="NVIDIA A100 datasheet (80GB PCIe column): "
                 "1,935 GB/s HBM2e, BF16 312 TFLOPS dense, PCIe Gen4 64 GB/s (both directions); FlashInfer's launch "
                 "post prints the same 1,935 GB/s; 108 SMs: NVIDIA A100 Tensor Core GPU Architecture whitepaper",
                 num_sms=108, interconnect="PCIe Gen4 x16", interconnect_bandwidth_bytes_per_s=32e9,
-                host_link="pcie-gen4-x16"),
+                host_link="pcie-gen4-x16", compute_capability=8.0),
         GPUSpec("H100-SXM-80GB", 80 * GiB, 3.35e12, 989e12, source="NVIDIA H100 datasheet (SXM5); 132 SMs: "
                 "NVIDIA H100 Tensor Core GPU Architecture whitepaper", num_sms=132, host_link="pcie-gen5-x16",
-                **_NVLINK4),
+                compute_capability=9.0, **_NVLINK4),
         GPUSpec("H100-PCIe-80GB", 80 * GiB, 2.0e12, 756e12, source="NVIDIA H100 PCIe product brief (PB-11133-001) "
                 "and H100 datasheet table: 2,000 GB/s HBM2e, BF16 1,513 TFLOPS with sparsity (dense: half), 114 SMs, "
                 "PCIe Gen5 128 GB/s (both directions)", num_sms=114, interconnect="PCIe Gen5 x16",
-                interconnect_bandwidth_bytes_per_s=64e9, host_link="pcie-gen5-x16"),
+                interconnect_bandwidth_bytes_per_s=64e9, host_link="pcie-gen5-x16", compute_capability=9.0),
         GPUSpec("H200-141GB", 141 * GiB, 4.8e12, 989e12, source="NVIDIA H200 datasheet (SXM); 132 SMs: same "
-                "GH100 configuration as H100 SXM5", num_sms=132, host_link="pcie-gen5-x16", **_NVLINK4),
+                "GH100 configuration as H100 SXM5", num_sms=132, host_link="pcie-gen5-x16",
+                compute_capability=9.0, **_NVLINK4),
         GPUSpec("L40S", 48 * GiB, 0.864e12, 362.05e12, source="NVIDIA L40S datasheet; 142 SMs (18,176 CUDA "
                 "cores / 128 per Ada SM)", num_sms=142, interconnect="PCIe Gen4 x16",
-                interconnect_bandwidth_bytes_per_s=32e9, host_link="pcie-gen4-x16"),
+                interconnect_bandwidth_bytes_per_s=32e9, host_link="pcie-gen4-x16", compute_capability=8.9),
     ]
 }
 

@@ -133,7 +133,8 @@ def predict(gpu: str, model: str, batch: int, context: int, block_size: int | No
     names = [*AUTO_NAMES, *backend_choices()]
     if backend not in names and not backend.endswith((".yaml", ".yml")):
         raise ConfigError(f"--backend: {unknown_backend(backend, names)}")
-    prof = load_backend(resolve_backend(backend, block_size, m.attention), Path.cwd(), where="--backend")
+    prof = load_backend(resolve_backend(backend, block_size, m.attention, kv_dtype, g.compute_capability),
+                        Path.cwd(), where="--backend")
     prof.check_reads(m.attention, m.name, "--backend")
     geometry = KVGeometry.for_gpu(m, kv_dtype, tensor, block_size=block_size)
     km = KernelModel.for_gpu(prof, geometry, g)

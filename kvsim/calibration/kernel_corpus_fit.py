@@ -96,7 +96,9 @@ TIME_CONSTANTS = ("launch_overhead_s", "unit_overhead_s", "max_bandwidth_utilisa
 SATURATION = ("max_bandwidth_utilisation", "bytes_in_flight_per_unit")
 # FlashInfer has rows of its own since the Vidur Llama-3-8B profile entered the corpus: it is a family
 BORROWERS = {"flashattention-paged": {"contiguous": TIME_CONSTANTS, "flashmla": TIME_CONSTANTS,
-                                      "vllm-paged-v1": SATURATION},
+                                      "vllm-paged-v1": SATURATION,
+                                      # the same kernel family on Hopper, reading fp8 KV fused: every fitted constant
+                                      "flashattention3-paged": FITTED["flashattention-paged"]},
              "vllm-paged-v1": {"vllm-paged-v2": ("page_overhead_s",)}}
 HELD_FORM = ("ctas_per_sm",)  # form constants a start sets and the search never moves
 TIE = 0.005  # weighted MAPE difference below which two fits count as equally good

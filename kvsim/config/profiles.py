@@ -92,8 +92,9 @@ _PROFILES: tuple[EngineProfile, ...] = (
         "timing[analytical].attention_backend": Fill(
             "auto-flashattention", f"{_VLLM_032} vllm/platforms/cuda.py _get_backend_priorities: FLASH_ATTN first "
                                    "for non-MLA models on compute capability 8.x/9.x (A100, H100, H200), an MLA "
-                                   "backend for MLA models (kvsim: flashmla); Blackwell (10.x) prefers "
-                                   "FLASHINFER, not modelled"),
+                                   "backend for MLA models (kvsim: flashmla); fp8 KV: FLASH_ATTN only with "
+                                   "FlashAttention-3 (9.x), else FLASHINFER (FlashAttentionBackend."
+                                   "supports_kv_cache_dtype); Blackwell (10.x) prefers FLASHINFER, not modelled"),
         "timing[analytical].step_overhead_s": Fill(0.002023, f"no public per-step constant: {_FIT}, 6 vLLM v1 cases"),
         "timing[analytical].allreduce": Fill("vllm-custom", _VLLM_AR),
         "timing[analytical].moe_align_kernel": Fill("vllm", _VLLM_ALIGN),

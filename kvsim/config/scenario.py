@@ -213,7 +213,7 @@ class Scenario(StrictModel):
         from kvsim.timing.kernel import builtin_backends, load_backend, resolve_backend
 
         name = resolve_backend(getattr(self.timing, "attention_backend", ""), self.allocator_block_size(),
-                               self.model.spec().attention)
+                               self.model.spec().attention, self.kv_dtype, self.gpu.spec().compute_capability)
         if name in builtin_backends():
             why = load_backend(name).reads_problem(self.model.spec().attention, self.model.name)
             if why:

@@ -131,6 +131,9 @@ class GPUConfig(StrictModel):
     num_sms: int | None = Field(None, gt=0, description="streaming multiprocessors (attention-kernel parallelism); "
                                                           "unknown: the kernel model assumes enough parallelism")
     host_link: str = Field("", description="GPU<->host link preset used without host_link: ('' = none known)")
+    compute_capability: float | None = Field(
+        None, gt=0, description="CUDA compute capability, e.g. 9.0 (Hopper): which kernel vLLM's default "
+                                "runs for fp8 KV (docs/kernel_model.md, 'Selecting a backend'); unknown: None")
 
     @field_validator("host_link")
     @classmethod

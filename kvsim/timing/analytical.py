@@ -177,7 +177,8 @@ class AnalyticalTiming:
         self.attention_flops_per_pair = 4.0 * m.num_layers * m.num_attention_heads * m.head_dim
         self.block_size = ctx.block_size
         self.peak_hbm_bandwidth_bytes_per_s = ctx.gpu.hbm_bandwidth_bytes_per_s
-        name = resolve_backend(cfg.attention_backend, ctx.block_size, m.attention)
+        name = resolve_backend(cfg.attention_backend, ctx.block_size, m.attention, ctx.kv.kv_dtype,
+                               ctx.gpu.compute_capability)
         self.kernel: KernelModel | None = None
         if name != ROOFLINE:
             profile = load_backend(name, ctx.base_dir)

@@ -96,23 +96,39 @@ CONTIGUOUS_BACKEND = "contiguous"
 # profile fills it; its sources are in kvsim/config/profiles.py and docs/conformance.md).
 AUTO_FA = "auto-flashattention"
 FA_BACKEND = "flashattention-paged"
+# ... and for fp8 KV, vLLM's selector skips FLASH_ATTN unless FlashAttention-3 reads fp8 in the kernel
+# (FlashAttentionBackend.supports_kv_cache_dtype -> flash_attn_supports_fp8: compute capability 9.x) and
+# takes the next backend of _get_backend_priorities that reads it, FLASHINFER (docs/kernel_model.md)
+FA3_FP8_BACKEND = "flashattention3-paged"
+FP8_FALLBACK_BACKEND = "flashinfer-paged"
 AUTO_NAMES = (AUTO, AUTO_2023, AUTO_FA)
 
 # The static geometry one launch reads is the run's KV geometry (one GPU's heads and layers).
 KVLayout = KVGeometry
 
 
-def resolve_backend(name: str, block_size: int | None, attention: str = "gqa") -> str:
+def resolve_backend(name: str, block_size: int | None, attention: str = "gqa", kv_dtype: str = "fp16",
+                    compute_capability: float | None = None) -> str:
     """The backend a run uses for ``timing.attention_backend: name`` on a layout of ``block_size``
-    (None: contiguous KV) for a model of ``attention`` kind (``gqa`` or ``mla``): ``auto`` ->
-    :data:`AUTO_BACKEND` for every layout (:data:`AUTO_MLA_BACKEND` for MLA); ``auto-2023`` -> the
-    2023 paged kernel for paged layouts and ``contiguous`` for contiguous ones;
-    ``auto-flashattention`` -> ``flashattention-paged`` for every layout (MLA: as ``auto``); an old name
+    (None: contiguous KV) for a model of ``attention`` kind (``gqa`` or ``mla``) with ``kv_dtype`` KV on
+    a GPU of ``compute_capability`` (None: unknown): ``auto`` -> :data:`AUTO_BACKEND` for every layout
+    (:data:`AUTO_MLA_BACKEND` for MLA); ``auto-2023`` -> the 2023 paged kernel for paged layouts and
+    ``contiguous`` for contiguous ones; ``auto-flashattention`` -> ``flashattention-paged`` for every
+    layout (MLA: as ``auto``) but with fp8 KV on a known 8.x or 9.x GPU, where vLLM runs
+    :data:`FP8_FALLBACK_BACKEND` (8.x) or FlashAttention-3 (9.x, :data:`FA3_FP8_BACKEND`); an old name
     -> its backend's name (``vllm-2023-paged`` -> ``vllm-paged-v1``); else ``name``."""
     if name == AUTO:
         return AUTO_MLA_BACKEND if attention == "mla" else AUTO_BACKEND
     if name == AUTO_FA:
-        return AUTO_MLA_BACKEND if attention == "mla" else FA_BACKEND
+        if attention == "mla":
+            return AUTO_MLA_BACKEND
+        if kv_dtype == "fp8" and compute_capability is not None:
+            major = int(compute_capability)
+            if major == 9:
+                return FA3_FP8_BACKEND
+            if major == 8:
+                return FP8_FALLBACK_BACKEND
+        return FA_BACKEND
     if name == AUTO_2023:
         return PAGED_2023_BACKEND if block_size else CONTIGUOUS_BACKEND
     return BACKEND_ALIASES.get(name, name)

@@ -256,7 +256,7 @@ def cmd_generate(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Stand-alone entry point: ``python -m kvsim.trace.cli {stats,convert,generate} ...``."""
-    from kvsim.cli import one_line_warnings
+    from kvsim.errors import one_line_warnings
     from kvsim.trace.load import TraceWarning
 
     parser = argparse.ArgumentParser(prog="kvsim")

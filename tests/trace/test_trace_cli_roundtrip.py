@@ -188,7 +188,7 @@ def test_kvsim_main_prints_repair_warnings_as_one_line(tmp_path, capsys, text, a
 def test_one_line_warnings_leaves_other_warnings_alone(capsys):
     import warnings
 
-    from kvsim.cli import one_line_warnings
+    from kvsim.errors import one_line_warnings
     from kvsim.errors import KvsimWarning
 
     seen = []

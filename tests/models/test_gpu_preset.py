@@ -123,3 +123,13 @@ def test_preset_is_checked(tmp_path):
     with pytest.raises(ValueError, match="unknown gpu preset 'B300'.*valid presets"):
         GPUConfig(**{**GPUS["A100-80GB"].to_dict(), "preset": "B300"})
     assert GPUConfig(**{**GPUS["A100-80GB"].to_dict(), "preset": "a100-80gb"}).preset == "A100-80GB"
+
+
+def test_docs_gpu_examples_validate():
+    """docs/models.md "Choosing a GPU": every example line is a GPU kvsim reads as the text says."""
+    doc = (ROOT / "docs" / "models.md").read_text()
+    block = doc.split("## Choosing a GPU", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    gpus = [yaml.safe_load(line.split("#", 1)[0])["gpu"] for line in block.splitlines()]
+    got = [Scenario.model_validate({"trace": {"file": "x.csv"}, "model": "Llama-3-8B", "gpu": g}).gpu for g in gpus]
+    assert [(g.name, g.preset) for g in got] == [("H100-SXM-80GB", "H100-SXM-80GB"), ("A100-80GB-rack2", "A100-80GB"),
+                                                  ("H200-141GB", "H200-141GB"), ("mine", "")]

@@ -157,6 +157,9 @@ class GPUSpec:
     hbm_bandwidth_bytes_per_s: float
     bf16_flops_per_s: float  # dense
     source: str = ""
+    # the GPUS preset this GPU is or was derived from ("" = a GPU of your own), set by GPUS and the config
+    # layer: measured data follow it, never ``name`` (docs/models.md, "Choosing a GPU")
+    preset: str = ""
     # GPU-to-GPU link for tensor/pipeline parallelism: peak bytes/s per GPU in ONE direction (half
     # the bidirectional figure datasheets print); 0 = none known (parallel runs must set it).
     interconnect: str = ""
@@ -320,7 +323,7 @@ NCCL_LL = dict(base_latency_s=6.6e-6, step_latency_s=1.0e-6, bandwidth_fraction=
 # compute_capability of every preset: NVIDIA, "CUDA GPU Compute Capability" (developer.nvidia.com/cuda-gpus):
 # A100 8.0, L40S 8.9, H100 and H200 9.0 (also the A100 and H100 architecture whitepapers: SM80, SM90)
 GPUS: dict[str, GPUSpec] = {
-    g.name: g
+    g.name: replace(g, preset=g.name)
     for g in [
         GPUSpec("A100-40GB", 40 * GiB, 1.555e12, 312e12, source="NVIDIA A100 datasheet (SXM4 40GB); 108 SMs: "
                 "NVIDIA A100 Tensor Core GPU Architecture whitepaper", num_sms=108, host_link="pcie-gen4-x16",

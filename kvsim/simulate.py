@@ -60,6 +60,11 @@ def resolved_dict(scn: Scenario) -> dict:
     for key in ("frontend", "client"):
         if d.get(key, 0) is None:
             d.pop(key)  # absent = none: old scenarios keep their resolved form and hash
+    gpu = d.get("gpu")
+    if isinstance(gpu, dict) and gpu.get("preset") in ("", gpu.get("name")):
+        # a preset under its own name, or a GPU of your own: the form before gpu.preset (loading it again
+        # gives the same preset: Scenario._gpu_preset); a renamed preset keeps it
+        gpu.pop("preset")
     model = d.get("model")
     if isinstance(model, dict):
         for key in ("q_lora_rank", "v_head_dim"):  # MLA shapes (issue 23), at their default 0: the form before them

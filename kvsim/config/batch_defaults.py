@@ -25,7 +25,8 @@ _V1_ADJUST = "then _set_default_max_num_seqs_and_batched_tokens_args"
 @dataclass(frozen=True)
 class BatchContext:
     """What a batch rule reads: one GPU of the scenario (vLLM reads device 0's name and total
-    memory), the model's context limit, whether prefills are chunked, and the two limits where the
+    memory: kvsim's GPU preset stands for the device's name, ``gpu_name`` is what messages print),
+    the model's context limit, whether prefills are chunked, and the two limits where the
     scenario (or the profile's fixed fills) gave them (None: left out)."""
 
     gpu_name: str
@@ -34,22 +35,32 @@ class BatchContext:
     chunked_prefill: bool
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    gpu_preset: str = ""  # the preset the GPU is or derives from ("" = a GPU of your own: its name)
+
+    @property
+    def device_name(self) -> str:
+        """The name vLLM's tests read: the preset's (a renamed preset is still that part), else a
+        custom GPU's own name."""
+        return self.gpu_preset or self.gpu_name
 
 
-def vllm_v1_server_tier(gpu_name: str, gpu_memory_bytes: int) -> tuple[int, int, str]:
+def vllm_v1_server_tier(gpu_name: str, gpu_memory_bytes: int, device_name: str = "") -> tuple[int, int, str]:
     """``(max_num_batched_tokens, max_num_seqs, why)`` vLLM 0.32 starts from on an NVIDIA GPU under
     ``vllm serve``: 16,384 / 1,024 from 160 GiB of device memory (B200-class; a tier newer than the
     70 GiB one), 8,192 / 1,024 from 70 GiB unless the device name contains "a100" (H100, H200; vllm-project/
     vllm#12369 raised H100/H200's server budget from 2,048, #17073 made the test one of memory,
-    #17885 put A100 back because its throughput fell), else 2,048 / 256."""
-    gib = gpu_memory_bytes / GiB
+    #17885 put A100 back because its throughput fell), else 2,048 / 256. ``device_name``: the name
+    vLLM would read (:attr:`BatchContext.device_name`; default ``gpu_name``), ``gpu_name`` the one
+    the reason prints."""
+    gib, device = gpu_memory_bytes / GiB, device_name or gpu_name
+    who = gpu_name if device == gpu_name else f"{gpu_name} (preset {device})"
     if gpu_memory_bytes >= 160 * GiB:
-        return 16384, 1024, f"{gpu_name}: {gib:g} GiB >= 160 GiB"
-    if gpu_memory_bytes >= 70 * GiB and "a100" not in gpu_name.lower():
-        return 8192, 1024, f"{gpu_name}: {gib:g} GiB >= 70 GiB and not an A100"
+        return 16384, 1024, f"{who}: {gib:g} GiB >= 160 GiB"
+    if gpu_memory_bytes >= 70 * GiB and "a100" not in device.lower():
+        return 8192, 1024, f"{who}: {gib:g} GiB >= 70 GiB and not an A100"
     if gpu_memory_bytes >= 70 * GiB:
-        return 2048, 256, f"{gpu_name}: an A100 (excluded from the 70 GiB tier, vllm-project/vllm#17885)"
-    return 2048, 256, f"{gpu_name}: {gib:g} GiB < 70 GiB"
+        return 2048, 256, f"{who}: an A100 (excluded from the 70 GiB tier, vllm-project/vllm#17885)"
+    return 2048, 256, f"{who}: {gib:g} GiB < 70 GiB"
 
 
 def vllm_v1_server_batch(ctx: BatchContext) -> tuple[dict[str, int], str]:
@@ -58,7 +69,7 @@ def vllm_v1_server_batch(ctx: BatchContext) -> tuple[dict[str, int], str]:
     default budget is at most max_num_seqs x max_model_len; a default max_num_seqs is at most the
     budget. ``--performance-mode throughput`` (which doubles both) is not modelled: the default
     mode is ``balanced``."""
-    tokens, seqs, why = vllm_v1_server_tier(ctx.gpu_name, ctx.gpu_memory_bytes)
+    tokens, seqs, why = vllm_v1_server_tier(ctx.gpu_name, ctx.gpu_memory_bytes, ctx.device_name)
     out: dict[str, int] = {}
     if ctx.max_num_batched_tokens is None:
         if not ctx.chunked_prefill:

@@ -122,7 +122,7 @@ class Scenario(StrictModel):
                             max_model_len=self.model.max_model_len_tokens, chunked_prefill=s.chunked_prefill,
                             max_num_seqs=s.max_num_seqs if "max_num_seqs" in given else None,
                             max_num_batched_tokens=s.max_num_batched_tokens if "max_num_batched_tokens" in given
-                            else None)
+                            else None, gpu_preset=self.gpu.preset)
 
     @field_validator("model", mode="before")
     @classmethod
@@ -132,7 +132,14 @@ class Scenario(StrictModel):
     @field_validator("gpu", mode="before")
     @classmethod
     def _gpu_preset(cls, v):
-        return _preset("gpu", v, GPUS)
+        """``gpu: NAME`` and ``{preset: NAME, ...}`` record the preset (``gpu.preset``, from the
+        preset's own fields) whatever name overrides it. A mapping of every field named exactly
+        like a preset is that preset, as it always was (old scenario.resolved.yaml files, which
+        write no ``preset`` for a GPU named after its preset: kvsim.simulate.resolved_dict)."""
+        v = _preset("gpu", v, GPUS)
+        if isinstance(v, dict) and "preset" not in v and v.get("name") in GPUS:
+            v = {**v, "preset": v["name"]}
+        return v
 
     @field_validator("host_link", mode="before")
     @classmethod
@@ -310,11 +317,12 @@ class Scenario(StrictModel):
     def usable_memory_bytes(self) -> int:
         """One GPU's memory as the KV budget counts it: the CUDA-visible total under vLLM's memory
         profile (kvsim/models/memory.py ``CUDA_TOTAL``, where a log printed it for the preset and the scenario
-        kept the preset's ``memory_bytes``), else ``gpu.memory_bytes`` (an override is the user's GPU)."""
-        preset = GPUS.get(self.gpu.name)
+        kept the preset's ``memory_bytes``, whatever its name), else ``gpu.memory_bytes`` (an override
+        is the user's GPU)."""
+        preset = GPUS.get(self.gpu.preset)
         if (isinstance(self.kv_budget.activation_reserve_bytes, str) and preset is not None
                 and self.gpu.memory_bytes == preset.memory_bytes):
-            return cuda_total_bytes(self.gpu.name, self.gpu.memory_bytes)
+            return cuda_total_bytes(self.gpu.preset, self.gpu.memory_bytes)
         return self.gpu.memory_bytes
 
     def reserve_bytes(self) -> int:

@@ -11,7 +11,7 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 from kvsim.config_base import Bytes, ByteRate, Number, StrictModel, Tokens
 from kvsim.units import parse_bytes
 from kvsim.errors import ConfigError, format_choices
-from kvsim.hw import KV_DTYPES, NOT_PRESETS, WEIGHT_DTYPE_BYTES, GPUSpec, ModelSpec
+from kvsim.hw import GPUS, KV_DTYPES, NOT_PRESETS, WEIGHT_DTYPE_BYTES, GPUSpec, ModelSpec
 from kvsim.kv.beam import DEFAULT_FORK_PROB
 from kvsim.metrics.summarize import DEFAULT_PERCENTILES
 from kvsim.models import hf
@@ -116,13 +116,16 @@ DEFAULT_GPU = "A100-80GB"  # the GPU preset of a scenario without gpu:
 
 
 class GPUConfig(StrictModel):
-    """A GPU. Write a preset name (``gpu: A100-80GB``) or every field."""
+    """A GPU. Write a preset name (``gpu: A100-80GB``), ``{preset: NAME, field: override...}`` or
+    every field; the scenario's ``gpu`` parsing records which preset in the ``preset`` field."""
 
     name: str
     memory_bytes: Bytes = Field(gt=0)
     hbm_bandwidth_bytes_per_s: ByteRate = Field(gt=0)
     bf16_flops_per_s: Number = Field(gt=0)
     source: str = ""
+    preset: str = Field("", description="the preset this GPU is or was derived from ('' = a GPU of your own): "
+                                        "which real GPU's measured data apply, whatever its name")
     interconnect: str = ""
     interconnect_bandwidth_bytes_per_s: ByteRate = Field(
         0.0, ge=0, description="GPU-GPU link, bytes/s per GPU in one direction (0: none; needed by parallel)")
@@ -143,6 +146,11 @@ class GPUConfig(StrictModel):
         if v and v not in link_presets():
             raise ValueError(f"unknown host link {v!r}; valid links: {', '.join(sorted(link_presets()))}")
         return v
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, v):
+        return preset_key("gpu", v, GPUS) if v else v  # unknown: a one-line ValueError naming the presets
 
     def spec(self) -> GPUSpec:
         return GPUSpec(**self.model_dump())

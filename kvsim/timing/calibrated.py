@@ -124,9 +124,11 @@ class CalibratedTiming:
                                    "set timing.allow_cpu_data: true to use it anyway (tests only)")
         check_model(data, ctx.model)
         gpu = meta.get("gpu_name")
-        if gpu in GPUS and gpu != ctx.gpu.name:
+        if gpu in GPUS and gpu != ctx.gpu.preset:  # the part measured against the scenario's preset, not its name
+            preset = ctx.gpu.preset
+            named = "" if preset == ctx.gpu.name else f" (preset {preset!r})" if preset else " (no preset)"
             raise CalibrationError(f"{data.meta_path}: field 'gpu_name' is {gpu!r} but the scenario's GPU is "
-                                   f"{ctx.gpu.name!r}")
+                                   f"{ctx.gpu.name!r}{named}")
         dt = ctx.kv_dtype
         if dt not in meta["kv_dtypes"]:
             raise CalibrationError(f"{data.meta_path}: field 'kv_dtypes' is {meta['kv_dtypes']}: KV dtype {dt!r} "

@@ -34,7 +34,8 @@ cannot fill the GPU).
 Profiles live in ``kvsim/timing/data/gemm/<gpu>.yaml`` (parameters + provenance). GPUs without
 Vidur data get the profile of the same silicon where one exists (A100-40GB -> a100, H200 -> h100;
 efficiencies are relative to each GPU's own peaks) and otherwise :data:`GENERIC`, the plain roofline
-with the analytical model's default efficiencies.
+with the analytical model's default efficiencies. A GPU is looked up by its preset (``GPUSpec.preset``),
+never its name: a renamed preset, or one with overridden fields, keeps its preset's profile.
 """
 
 from __future__ import annotations
@@ -125,9 +126,9 @@ def _shipped(name: str) -> GemmProfile:
 
 
 def profile_for(gpu: GPUSpec | str) -> GemmProfile:
-    """The fitted profile for a GPU preset name (or spec), else :data:`GENERIC`."""
-    name = gpu if isinstance(gpu, str) else gpu.name
-    key = PROFILE_FOR_GPU.get(name)
+    """The fitted profile for a GPU preset name, or for a spec's ``preset`` (the part it is, whatever
+    its name or overridden fields: the profile measured on that part), else :data:`GENERIC`."""
+    key = PROFILE_FOR_GPU.get(gpu if isinstance(gpu, str) else gpu.preset)
     return _shipped(key) if key is not None else GENERIC
 
 

@@ -37,7 +37,8 @@ def gpu_latencies() -> dict[str, float]:
     return out
 
 
-def dram_latency_s(gpu_name: str) -> float:
-    """The GPU's DRAM latency (s); a GPU without a row gets :data:`FALLBACK_GPU`'s."""
+def dram_latency_s(gpu_preset: str) -> float:
+    """The DRAM latency (s) of a GPU preset (``GPUSpec.preset``, not its display name); a preset
+    without a row, or a GPU of your own (""), gets :data:`FALLBACK_GPU`'s."""
     table = gpu_latencies()
-    return table.get(gpu_name, table[FALLBACK_GPU])
+    return table.get(gpu_preset, table[FALLBACK_GPU])

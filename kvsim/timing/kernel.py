@@ -223,8 +223,9 @@ class KernelModel:
 
     @classmethod
     def for_gpu(cls, profile: BackendProfile, layout: KVLayout, gpu) -> "KernelModel":
-        """The model on a GPU preset (a ``kvsim.hw.GPUSpec``): its peak bandwidth, SMs and DRAM latency."""
-        return cls(profile, layout, gpu.hbm_bandwidth_bytes_per_s, gpu.num_sms, dram_latency_s(gpu.name))
+        """The model on a GPU (a ``kvsim.hw.GPUSpec``): its peak bandwidth and SMs, and its preset's
+        DRAM latency (``gpu.preset``, whatever the GPU is called)."""
+        return cls(profile, layout, gpu.hbm_bandwidth_bytes_per_s, gpu.num_sms, dram_latency_s(gpu.preset))
 
     # -- the model ---------------------------------------------------------------------------------
     # ``time_s`` is called once per engine step (scalars) and once per decode window (arrays), so

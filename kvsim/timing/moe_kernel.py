@@ -52,7 +52,8 @@ DATA_DIR = Path(__file__).parent / "data" / "moe"
 FIT_FILE = DATA_DIR / "moe_kernel_fit.yaml"
 CORPUS_FILE = DATA_DIR / "moe_kernel.csv"
 # GPUs whose tensor cores run FP8 at twice the BF16 rate (NVIDIA H100 SXM/PCIe, H200 and L40S
-# datasheets: FP8 dense = 2 x BF16 dense); others (A100) run FP8 checkpoints as weight-only kernels.
+# datasheets: FP8 dense = 2 x BF16 dense), by preset (GPUSpec.preset); others (A100, a GPU of your own)
+# run FP8 checkpoints as weight-only kernels.
 FP8_TENSOR_GPUS = ("H100-SXM-80GB", "H100-PCIe-80GB", "H200-141GB", "L40S")
 PARAMS = ("fixed_s", "bandwidth_efficiency", "compute_efficiency", "overlap_q", "tile_m_tokens", "tile_n")
 _INT_PARAMS = ("tile_m_tokens", "tile_n")
@@ -85,7 +86,7 @@ class MoeShape:
 
 
 def peak_flops_s(gpu: GPUSpec, fp8_compute: bool) -> float:
-    return gpu.bf16_flops_per_s * (2.0 if fp8_compute and gpu.name in FP8_TENSOR_GPUS else 1.0)
+    return gpu.bf16_flops_per_s * (2.0 if fp8_compute and gpu.preset in FP8_TENSOR_GPUS else 1.0)
 
 
 def layer_time_s(num_tokens, shape: MoeShape, gpu: GPUSpec, prof: MoeKernelProfile):
@@ -141,7 +142,7 @@ def resolve_kernel(kind: str, weight_dtype: str, gpu: GPUSpec) -> str:
     step's roofline). A name: itself."""
     if kind != "auto":
         return kind
-    weight_only = weight_dtype in ("int4", "int8") or (weight_dtype == "fp8" and gpu.name not in FP8_TENSOR_GPUS)
+    weight_only = weight_dtype in ("int4", "int8") or (weight_dtype == "fp8" and gpu.preset not in FP8_TENSOR_GPUS)
     if weight_only:
         return "vllm-marlin-moe" if "vllm-marlin-moe" in load_profiles() else "none"
     return "vllm-fused-moe-triton"

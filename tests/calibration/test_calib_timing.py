@@ -166,6 +166,21 @@ def test_meta_for_another_gpu(example_copy):
     expect_error(r"field 'gpu_name' is 'A100-80GB'", example_copy)
 
 
+def test_meta_gpu_is_matched_by_preset_not_name(example_copy):
+    """A calibration of H200-141GB serves a renamed H200 (gpu.preset), not another part given its name."""
+    import dataclasses
+
+    from kvsim.hw import GPUS
+
+    edit_meta(example_copy, lambda m: m.update(gpu_name="H200-141GB"))
+    cfg = CalibratedTimingConfig(file=str(example_copy), allow_cpu_data=True)
+    ctx = timing_context(gpu="H200-141GB")
+    CalibratedTiming(cfg, dataclasses.replace(ctx, gpu=dataclasses.replace(ctx.gpu, name="rack2")))
+    lookalike = dataclasses.replace(ctx, gpu=dataclasses.replace(GPUS["A100-80GB"], name="H200-141GB"))
+    with pytest.raises(CalibrationError, match=r"GPU is 'H200-141GB' \(preset 'A100-80GB'\)"):
+        CalibratedTiming(cfg, lookalike)
+
+
 def test_csv_missing_columns(example_copy):
     df = pd.read_csv(example_copy / S.CSV_FILE).drop(columns=["median_s", "kv_bytes"])
     df.to_csv(example_copy / S.CSV_FILE, index=False)

@@ -12,6 +12,7 @@ import pytest
 
 from kvsim.config import Scenario, load_scenario
 from kvsim.config.profiles import DEFAULT_PROFILE, PROFILES, profile_fills
+from kvsim.hw import GPUS
 from kvsim.simulate import config_hash, resolved_dict
 
 BASE = {"trace": {"file": "x.csv"}, "model": "Llama-2-7B"}
@@ -153,10 +154,14 @@ def test_vllm_v1_batch_limits_follow_the_gpu_as_vllm_serve_picks_them():
         assert _sched(gpu)[1:] == (8192, 1024), gpu
     for gpu in ("A100-40GB", "A100-80GB", "L40S"):
         assert _sched(gpu)[1:] == (2048, 256), gpu
-    # >= 160 GiB (B200-class, no preset): 16384 / 1024; an 80 GiB GPU not named A100 takes the 70 GiB tier
+    # >= 160 GiB (B200-class, no preset): 16384 / 1024. The device name vLLM tests is the preset's: a
+    # renamed A100 is still an A100; a GPU of your own (no preset) is judged by its own name
     big = {"preset": "H200-141GB", "name": "B200-180GB", "memory_bytes": 180 * 2**30}
     assert _sched(big)[1:] == (16384, 1024)
-    assert _sched({"preset": "A100-80GB", "name": "A800-80GB"})[1:] == (8192, 1024)
+    assert _sched({"preset": "A100-80GB", "name": "A800-80GB"})[1:] == (2048, 256)
+    own = {k: v for k, v in GPUS["A100-80GB"].to_dict().items() if k != "preset"}
+    assert _sched({**own, "name": "A800-80GB"})[1:] == (8192, 1024)
+    assert _sched({**own, "name": "my-A100"})[1:] == (2048, 256)
     assert _sched({"preset": "H100-SXM-80GB", "name": "H100-64GB", "memory_bytes": 64 * 2**30})[1:] == (2048, 256)
     # vllm-0.32 inherits the rule, kvsim fills nothing, vllm-v0.6 does not look at the GPU
     assert _sched("H100-SXM-80GB", engine_profile="vllm-0.32")[1:] == (8192, 1024)
@@ -241,7 +246,6 @@ def _vllm_serve_defaults(monkeypatch, gpu, max_model_len, chunked, seqs, tokens)
 
 def test_vllm_v1_batch_limits_match_the_installed_vllm(monkeypatch):
     pytest.importorskip("vllm")
-    from kvsim.hw import GPUS
 
     gpus = [*GPUS.values(), dataclasses.replace(GPUS["H200-141GB"], name="B200-180GB", memory_bytes=180 * 2**30)]
     checked = 0

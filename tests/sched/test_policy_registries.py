@@ -28,7 +28,7 @@ def scn(**over):
 
 def test_each_family_lists_its_kinds():
     assert VICTIMS.kinds == ["fewest_tokens_left", "largest_kv", "latest_admitted", "lowest_priority"]
-    assert ROUTERS.kinds == ["least_loaded", "prefix_affinity", "round_robin"]
+    assert ROUTERS.kinds == ["cache_aware", "least_loaded", "prefix_affinity", "round_robin"]
     assert RESERVATIONS.kinds == ["max", "oracle", "pow2"]
 
 
@@ -61,7 +61,7 @@ def test_defaults_resolve_to_the_old_strings():
      "s.yaml: scheduler.victim: unknown victim kind 'largst_kv' (did you mean 'largest_kv'?); valid kinds: "
      "fewest_tokens_left, largest_kv, latest_admitted, lowest_priority"),
     ({"replicas": {"router": {"kind": "random"}}},
-     "s.yaml: replicas.router: unknown router kind 'random'; valid kinds: least_loaded, prefix_affinity, round_robin"),
+     "s.yaml: replicas.router: unknown router kind 'random'; valid kinds: cache_aware, least_loaded, prefix_affinity, round_robin"),
     ({"allocator": {"kind": "contiguous", "reservation": "pow3"}},
      "s.yaml: allocator.reservation: unknown reservation kind 'pow3' (did you mean 'pow2'?); valid kinds: "
      "max, oracle, pow2"),

@@ -2,11 +2,12 @@
 
 ``model: path/to/config.json`` in a scenario (relative to the scenario file) reads the shape of any
 decoder-only transformer: layers, hidden size, heads, KV heads, head dim, max length
-(``max_position_embeddings``), the attention kind (GQA/MHA/MQA, or MLA when ``kv_lora_rank`` is
-set: DeepSeek-V2/V3), sliding-window layers (Mistral, Gemma 2/3, ``layer_types``) and MoE expert
-counts. The parameter count (for weight bytes) is computed from the shapes: embeddings (+ LM head
-unless tied), attention projections, MLP/experts and routers per layer. Biases, norm weights and
-learned position embeddings are left out (< 0.1 % of any model here). See docs/models.md.
+(``max_position_embeddings``, scaled by ``rope_scaling`` as vLLM does), the attention kind
+(GQA/MHA/MQA, or MLA when ``kv_lora_rank`` is set: DeepSeek-V2/V3), sliding-window layers
+(Mistral, Gemma 2/3, ``layer_types``) and MoE expert counts. The parameter count (for weight
+bytes) is computed from the shapes: embeddings (+ LM head unless tied), attention projections,
+MLP/experts and routers per layer. Biases, norm weights and learned position embeddings are left
+out (< 0.1 % of any model here). See docs/models.md.
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ ALIASES = {
     "intermediate": ("intermediate_size", "ffn_dim", "n_inner"),
     "experts": ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts"),
 }
+# RoPE types whose ``factor`` vLLM does not apply to the config's max length (vLLM 0.32
+# vllm/config/model.py ``_get_and_verify_max_len``: YaRN's ``max_position_embeddings`` is already the
+# scaled length; ``su`` is longrope's old name, ``telechat3-yarn`` is loaded as ``yarn``)
+ROPE_UNSCALED = {"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling", "telechat3-yarn"}
 
 
 def is_config_path(name: str) -> bool:
@@ -105,6 +110,52 @@ def sliding_window_layers(cfg: dict, model_type: str, num_layers: int, file: str
     return window, n
 
 
+def _rope_parameters(cfg: dict, file: str) -> tuple[str, list[dict]]:
+    """(the key, its RoPE parameter mappings): ``rope_parameters`` (transformers 5) or ``rope_scaling``;
+    one mapping, or one per layer type when nested (``{"full_attention": {...}, ...}``)."""
+    key = "rope_parameters" if cfg.get("rope_parameters") is not None else "rope_scaling"
+    rp = cfg.get(key)
+    if rp is None:
+        return key, []
+    if not isinstance(rp, dict):
+        raise ConfigError(f"{file}: {key}: expected a mapping (got {rp!r})")
+    if rp and all(v is None or isinstance(v, dict) for v in rp.values()):
+        return key, [v for v in rp.values() if v]
+    return key, [rp] if rp else []
+
+
+def _rope_type(params: dict) -> str:
+    return str(params.get("rope_type") or params.get("type") or "default")
+
+
+def _rope_factor(params: dict, key: str, file: str, default: float) -> float:
+    f = params.get("factor", default)
+    if f is None:
+        return 1.0  # vLLM: a null factor falls back to 1.0
+    if isinstance(f, bool) or not isinstance(f, (int, float)) or not f > 0:
+        raise ConfigError(f"{file}: {key}.factor: expected a positive number (got {f!r})")
+    return float(f)
+
+
+def rope_max_len(cfg: dict, model_type: str, max_len: int, file: str) -> int:
+    """The max model length vLLM derives from ``max_len`` and the config's RoPE scaling (vLLM 0.32
+    ``_get_and_verify_max_len``): times ``factor`` for linear, dynamic and the other RoPE types
+    outside :data:`ROPE_UNSCALED`, except Gemma 3 (its length is already scaled); a longrope model
+    defaults to ``original_max_position_embeddings``. See docs/models.md."""
+    key, params = _rope_parameters(cfg, file)
+    longrope = [p for p in params if _rope_type(p) in ("longrope", "su")]
+    if longrope:
+        orig = "original_max_position_embeddings"
+        return _int(cfg, orig, file) or _int(longrope[0], orig, file) or max_len
+    if "gemma3" in model_type:
+        return max_len
+    factor = 1.0
+    for p in params:  # vLLM assumes every layer type scales alike: the last factor given wins
+        if _rope_type(p) not in ROPE_UNSCALED:
+            factor = _rope_factor(p, key, file, factor)
+    return int(max_len * factor)
+
+
 def _attention_params(cfg: dict, file: str, h: int, heads: int, kvh: int) -> tuple[str, int, int, int, int, int,
                                                                                  int, int]:
     """(attention kind, KV heads, head dim, kv_lora_rank, qk_rope_head_dim, attention parameters per
@@ -174,7 +225,7 @@ def model_fields(cfg: dict, file: str, name: str | None = None) -> dict:
     vocab = _int(cfg, "vocab_size", file)
     if vocab <= 0:
         raise ConfigError(f"{file}: vocab_size: required key is missing")
-    max_len = _get(cfg, "max_len", file)
+    max_len = rope_max_len(cfg, model_type, _get(cfg, "max_len", file), file)
     inter = _get(cfg, "intermediate", file, required=False, default=4 * h)
     gated = model_type not in UNGATED_MLP
     mats = 3 if gated else 2

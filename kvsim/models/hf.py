@@ -31,9 +31,13 @@ ALIASES = {
     "heads": ("num_attention_heads", "n_head"),
     "kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num"),
     "max_len": ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"),
-    "intermediate": ("intermediate_size", "ffn_dim", "n_inner"),
+    "intermediate": ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size"),
     "experts": ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts"),
 }
+# model_type whose MLP is 4 x hidden wide when the config gives no width (transformers: GPT2MLP,
+# GPT-J and GPTBigCode take ``n_inner`` None as 4 x hidden, BloomMLP is always 4 x hidden,
+# FalconConfig sets ``ffn_hidden_size`` None to 4 x hidden); any other config must give it
+MLP_4X_BY_DEFAULT = {"gpt2", "gptj", "gpt_bigcode", "bloom", "falcon"}
 # RoPE types whose ``factor`` vLLM does not apply to the config's max length (vLLM 0.32
 # vllm/config/model.py ``_get_and_verify_max_len``: YaRN's ``max_position_embeddings`` is already the
 # scaled length; ``su`` is longrope's old name, ``telechat3-yarn`` is loaded as ``yarn``)
@@ -55,6 +59,14 @@ def _get(cfg: dict, what: str, file: str, required: bool = True, default: Any = 
         raise ConfigError(f"{file}: {ALIASES[what][0]}: required key is missing (also accepted: "
                           f"{', '.join(ALIASES[what][1:])})")
     return default
+
+
+def _positive(cfg: dict, key: str, file: str) -> int | None:
+    """``cfg[key]`` as a positive integer, or None when the key is absent or null."""
+    v = cfg.get(key)
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+        raise ConfigError(f"{file}: {key}: expected a positive integer (got {v!r})")
+    return v
 
 
 def _int(cfg: dict, key: str, file: str, default: int = 0) -> int:
@@ -175,8 +187,9 @@ def _attention_params(cfg: dict, file: str, h: int, heads: int, kvh: int) -> tup
         attention, kvh = "mla", heads
     else:
         rope = q_lora = v_dim = 0
-        head_dim = _int(cfg, "head_dim", file) or h // heads
-        if head_dim * heads != h and not cfg.get("head_dim"):
+        given = _positive(cfg, "head_dim", file)
+        head_dim = given or h // heads
+        if given is None and head_dim * heads != h:
             raise ConfigError(f"{file}: hidden_size {h} is not a multiple of num_attention_heads {heads}; "
                               f"give head_dim")
         attn = 2 * h * heads * head_dim + 2 * h * kvh * head_dim
@@ -226,12 +239,12 @@ def model_fields(cfg: dict, file: str, name: str | None = None) -> dict:
     if vocab <= 0:
         raise ConfigError(f"{file}: vocab_size: required key is missing")
     max_len = rope_max_len(cfg, model_type, _get(cfg, "max_len", file), file)
-    inter = _get(cfg, "intermediate", file, required=False, default=4 * h)
     gated = model_type not in UNGATED_MLP
     mats = 3 if gated else 2
     tied = cfg.get("tie_word_embeddings", model_type in TIED_BY_DEFAULT)
 
     attention, kvh, head_dim, kv_lora, rope, attn, q_lora, v_dim = _attention_params(cfg, file, h, heads, kvh)
+    inter = _get(cfg, "intermediate", file, required=model_type not in MLP_4X_BY_DEFAULT, default=4 * h)
     experts, per_token, mlp_total, mlp_active = _mlp_params(cfg, file, L, h, inter, mats)
     embed = vocab * h * (1 if tied else 2)
     total = embed + L * attn + mlp_total

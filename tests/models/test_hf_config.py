@@ -53,3 +53,27 @@ def test_a_rope_factor_that_is_not_a_number_is_one_line():
     with pytest.raises(ConfigError) as e:
         model_fields({**LLAMA, "rope_scaling": {"type": "linear", "factor": "4"}}, "c.json")
     assert str(e.value) == "c.json: rope_scaling.factor: expected a positive number (got '4')"
+
+
+def test_missing_intermediate_size_is_refused_where_no_default_is_sourced():
+    cfg = {k: v for k, v in LLAMA.items() if k != "intermediate_size"}
+    with pytest.raises(ConfigError) as e:
+        model_fields(cfg, "c.json")
+    assert str(e.value).startswith("c.json: intermediate_size: required key is missing")
+    # GPT-2's MLP is 4 x hidden when n_inner is null (transformers GPT2MLP)
+    gpt2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 768, "n_head": 12, "n_inner": None,
+            "vocab_size": 50257, "n_positions": 1024}
+    assert model_fields(gpt2, "g.json")["intermediate_size"] == 3072
+    falcon = {**gpt2, "model_type": "falcon", "ffn_hidden_size": 2048}
+    assert model_fields(falcon, "f.json")["intermediate_size"] == 2048
+
+
+@pytest.mark.parametrize("value", [0, -128, "128", True])
+def test_head_dim_that_is_not_positive_is_refused(value):
+    with pytest.raises(ConfigError) as e:
+        model_fields({**LLAMA, "head_dim": value}, "c.json")
+    assert str(e.value) == f"c.json: head_dim: expected a positive integer (got {value!r})"
+
+
+def test_null_head_dim_is_hidden_over_heads():
+    assert model_fields({**LLAMA, "head_dim": None}, "c.json")["head_dim"] == 128

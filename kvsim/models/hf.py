@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.errors import ConfigError
-from kvsim.hw import mla_attention_gemms
+from kvsim.hw import MODELS, mla_attention_gemms
+from kvsim.models.names import lookup
 
 # model_type -> MLP without a gate (two matrices, not three)
 UNGATED_MLP = {"opt", "gpt2", "gpt_neox", "gptj", "bloom", "falcon", "gpt_bigcode", "phi", "starcoder2"}
@@ -44,8 +45,16 @@ MLP_4X_BY_DEFAULT = {"gpt2", "gptj", "gpt_bigcode", "bloom", "falcon"}
 ROPE_UNSCALED = {"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling", "telechat3-yarn"}
 
 
-def is_config_path(name: str) -> bool:
-    return name.lower().endswith(".json")
+def is_config_path(name: str, base_dir: Path | None = None) -> bool:
+    """Whether a model name means a config file rather than a preset: it ends in ``.json``, or it is
+    a path that exists (relative to ``base_dir``, else the current folder) and no preset's name, so
+    that a folder is refused as one (:func:`read_config`) instead of as an unknown preset."""
+    if name.lower().endswith(".json"):
+        return True
+    path = Path(name).expanduser()
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    return path.exists() and lookup(name, MODELS) is None
 
 
 def _get(cfg: dict, what: str, file: str, required: bool = True, default: Any = None) -> Any:
@@ -295,9 +304,9 @@ def expand_model_file(raw: dict, base_dir: Path | None) -> dict:
     fields read from the file (overrides kept), so that the mapping validates anywhere (sweep
     workers included) without knowing where the scenario file was. Returns a new mapping."""
     model = raw.get("model")
-    if isinstance(model, str) and is_config_path(model):
+    if isinstance(model, str) and is_config_path(model, base_dir):
         return {**raw, "model": load_model_file(model, base_dir)}
-    if isinstance(model, dict) and isinstance(model.get("preset"), str) and is_config_path(model["preset"]):
+    if isinstance(model, dict) and isinstance(model.get("preset"), str) and is_config_path(model["preset"], base_dir):
         over = {k: v for k, v in model.items() if k != "preset"}
         return {**raw, "model": {**load_model_file(model["preset"], base_dir), **over}}
     return raw

@@ -77,3 +77,16 @@ def test_head_dim_that_is_not_positive_is_refused(value):
 
 def test_null_head_dim_is_hidden_over_heads():
     assert model_fields({**LLAMA, "head_dim": None}, "c.json")["head_dim"] == 128
+
+
+def test_a_name_on_disk_is_a_config_path_unless_it_is_a_preset(tmp_path, monkeypatch):
+    from kvsim.models.hf import is_config_path
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "Llama-3-8B").mkdir()  # a downloaded model's folder named as the preset
+    (tmp_path / "cfg").write_text(json.dumps(LLAMA))
+    assert is_config_path("x.JSON") and is_config_path("mine", tmp_path) and is_config_path("cfg", tmp_path)
+    assert not is_config_path("Llama-3-8B", tmp_path) and not is_config_path("llama3-8b", tmp_path)
+    assert not is_config_path("absent", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert is_config_path("mine") and is_config_path(str(tmp_path / "mine"))

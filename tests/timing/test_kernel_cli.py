@@ -158,3 +158,13 @@ def test_a_bad_flag_is_one_line_for_every_command(capsys, argv, words):
     err = capsys.readouterr().err
     assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("kvsim: error: ")
     assert "usage:" not in err and all(w in err for w in words), err
+
+
+def test_a_model_folder_is_refused_as_models_config_refuses_it(capsys, tmp_path):
+    """--model DIR (a folder holding config.json) said "unknown model preset"; now what models --config says."""
+    (tmp_path / "config.json").write_text("{}")
+    assert main(["kernel", "--gpu", "H100-SXM-80GB", "--model", str(tmp_path), "--batch", "4", "--context", "100"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"kvsim: error: --model: {tmp_path}: is a directory, expected a Hugging Face config.json"
+    assert main(["models", "--config", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == f"kvsim: error: {tmp_path}: is a directory, expected a Hugging Face config.json"

@@ -160,7 +160,9 @@ PLUGIN_COMMANDS = [("kvsim.trace.cli", "register"), ("kvsim.sweep.cli", "registe
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvsim", description="Trace-driven simulator of KV-cache memory in LLM serving.")
+    from kvsim.cliargs import OneLineParser
+
+    p = OneLineParser(prog="kvsim", description="Trace-driven simulator of KV-cache memory in LLM serving.")
     p.add_argument("--version", action="version", version=f"kvsim {__version__}")
     p.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")

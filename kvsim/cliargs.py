@@ -1,8 +1,19 @@
-"""Argument types shared by the command-line tools (argparse ``type=`` callables)."""
+"""The command line's argument parser and the argument types its tools share (argparse ``type=``
+callables)."""
 
 from __future__ import annotations
 
 import argparse
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors (a bad flag value, an unknown flag, a missing argument)
+    are one line, ``kvsim: error: <what> (see <command> --help)``, exit 2, like every other kvsim
+    error. Its sub-command parsers are of this class too (argparse makes them of the parent's class),
+    so a command registered with ``add_parser`` needs nothing of its own."""
+
+    def error(self, message: str):
+        self.exit(2, f"kvsim: error: {message} (see `{self.prog} --help`)\n")
 
 
 def _at_least(text: str, low: int) -> int:
@@ -16,12 +27,12 @@ def _at_least(text: str, low: int) -> int:
 
 
 def positive_int(text: str) -> int:
-    """An integer >= 1; anything else is argparse's one-line usage error."""
+    """An integer >= 1; anything else is a one-line usage error (:class:`OneLineParser`)."""
     return _at_least(text, 1)
 
 
 def nonnegative_int(text: str) -> int:
-    """An integer >= 0 (a seed); anything else is argparse's one-line usage error."""
+    """An integer >= 0 (a seed); anything else is a one-line usage error (:class:`OneLineParser`)."""
     return _at_least(text, 0)
 
 

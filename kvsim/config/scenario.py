@@ -262,6 +262,33 @@ class Scenario(StrictModel):
                 f"kv_budget.allow_beyond_gpu: true for an unbounded-cache what-if")
         return self
 
+    def lower_tier_capacities(self) -> dict[str, int]:
+        """{key: capacity in bytes} of the KV tiers below GPU memory this scenario sets (offload and
+        the shared prefix store)."""
+        out = {}
+        off = self.allocator_offload()
+        if off is not None:
+            out["allocator.offload.cpu.capacity_bytes"] = off.cpu.capacity_bytes
+            if off.ssd is not None:
+                out["allocator.offload.ssd.capacity_bytes"] = off.ssd.capacity_bytes
+        if self.replicas.shared_prefix_store is not None:
+            out["replicas.shared_prefix_store.capacity_bytes"] = self.replicas.shared_prefix_store.capacity_bytes
+        return out
+
+    @model_validator(mode="after")
+    def _tiers_hold_a_block(self):
+        """A lower tier holds whole KV blocks: one smaller than a block would hold none."""
+        tiers, block = self.lower_tier_capacities(), self.allocator_block_size()
+        if not tiers or not block:
+            return self
+        bpt = self.kv_geometry().bytes_per_token
+        for key, capacity in tiers.items():
+            if capacity < block * bpt:
+                raise ValueError(f"{key}: {capacity:,} bytes is less than one KV block, so the tier would hold "
+                                 f"nothing: the minimum is {block * bpt:,} bytes (allocator.block_size {block} x "
+                                 f"{bpt:,} bytes per token of {self.model.name})")
+        return self
+
     # -- derived quantities ----------------------------------------------------------------------
     def gpu_spec(self) -> GPUSpec:
         """The GPU as this run sees it: the ``gpu`` section, whose interconnect becomes the

@@ -2,11 +2,12 @@
 
 ``model: path/to/config.json`` in a scenario (relative to the scenario file) reads the shape of any
 decoder-only transformer: layers, hidden size, heads, KV heads, head dim, max length
-(``max_position_embeddings``), the attention kind (GQA/MHA/MQA, or MLA when ``kv_lora_rank`` is
-set: DeepSeek-V2/V3), sliding-window layers (Mistral, Gemma 2/3, ``layer_types``) and MoE expert
-counts. The parameter count (for weight bytes) is computed from the shapes: embeddings (+ LM head
-unless tied), attention projections, MLP/experts and routers per layer. Biases, norm weights and
-learned position embeddings are left out (< 0.1 % of any model here). See docs/models.md.
+(``max_position_embeddings``, scaled by ``rope_scaling`` as vLLM does), the attention kind
+(GQA/MHA/MQA, or MLA when ``kv_lora_rank`` is set: DeepSeek-V2/V3), sliding-window layers
+(Mistral, Gemma 2/3, ``layer_types``) and MoE expert counts. The parameter count (for weight
+bytes) is computed from the shapes: embeddings (+ LM head unless tied), attention projections,
+MLP/experts and routers per layer. Biases, norm weights and learned position embeddings are left
+out (< 0.1 % of any model here). See docs/models.md.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.errors import ConfigError
-from kvsim.hw import mla_attention_gemms
+from kvsim.hw import MODELS, mla_attention_gemms
+from kvsim.models.names import lookup
 
 # model_type -> MLP without a gate (two matrices, not three)
 UNGATED_MLP = {"opt", "gpt2", "gpt_neox", "gptj", "bloom", "falcon", "gpt_bigcode", "phi", "starcoder2"}
@@ -30,13 +32,29 @@ ALIASES = {
     "heads": ("num_attention_heads", "n_head"),
     "kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num"),
     "max_len": ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"),
-    "intermediate": ("intermediate_size", "ffn_dim", "n_inner"),
+    "intermediate": ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size"),
     "experts": ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts"),
 }
+# model_type whose MLP is 4 x hidden wide when the config gives no width (transformers: GPT2MLP,
+# GPT-J and GPTBigCode take ``n_inner`` None as 4 x hidden, BloomMLP is always 4 x hidden,
+# FalconConfig sets ``ffn_hidden_size`` None to 4 x hidden); any other config must give it
+MLP_4X_BY_DEFAULT = {"gpt2", "gptj", "gpt_bigcode", "bloom", "falcon"}
+# RoPE types whose ``factor`` vLLM does not apply to the config's max length (vLLM 0.32
+# vllm/config/model.py ``_get_and_verify_max_len``: YaRN's ``max_position_embeddings`` is already the
+# scaled length; ``su`` is longrope's old name, ``telechat3-yarn`` is loaded as ``yarn``)
+ROPE_UNSCALED = {"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling", "telechat3-yarn"}
 
 
-def is_config_path(name: str) -> bool:
-    return name.lower().endswith(".json")
+def is_config_path(name: str, base_dir: Path | None = None) -> bool:
+    """Whether a model name means a config file rather than a preset: it ends in ``.json``, or it is
+    a path that exists (relative to ``base_dir``, else the current folder) and no preset's name, so
+    that a folder is refused as one (:func:`read_config`) instead of as an unknown preset."""
+    if name.lower().endswith(".json"):
+        return True
+    path = Path(name).expanduser()
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    return path.exists() and lookup(name, MODELS) is None
 
 
 def _get(cfg: dict, what: str, file: str, required: bool = True, default: Any = None) -> Any:
@@ -50,6 +68,14 @@ def _get(cfg: dict, what: str, file: str, required: bool = True, default: Any = 
         raise ConfigError(f"{file}: {ALIASES[what][0]}: required key is missing (also accepted: "
                           f"{', '.join(ALIASES[what][1:])})")
     return default
+
+
+def _positive(cfg: dict, key: str, file: str) -> int | None:
+    """``cfg[key]`` as a positive integer, or None when the key is absent or null."""
+    v = cfg.get(key)
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+        raise ConfigError(f"{file}: {key}: expected a positive integer (got {v!r})")
+    return v
 
 
 def _int(cfg: dict, key: str, file: str, default: int = 0) -> int:
@@ -105,6 +131,52 @@ def sliding_window_layers(cfg: dict, model_type: str, num_layers: int, file: str
     return window, n
 
 
+def _rope_parameters(cfg: dict, file: str) -> tuple[str, list[dict]]:
+    """(the key, its RoPE parameter mappings): ``rope_parameters`` (transformers 5) or ``rope_scaling``;
+    one mapping, or one per layer type when nested (``{"full_attention": {...}, ...}``)."""
+    key = "rope_parameters" if cfg.get("rope_parameters") is not None else "rope_scaling"
+    rp = cfg.get(key)
+    if rp is None:
+        return key, []
+    if not isinstance(rp, dict):
+        raise ConfigError(f"{file}: {key}: expected a mapping (got {rp!r})")
+    if rp and all(v is None or isinstance(v, dict) for v in rp.values()):
+        return key, [v for v in rp.values() if v]
+    return key, [rp] if rp else []
+
+
+def _rope_type(params: dict) -> str:
+    return str(params.get("rope_type") or params.get("type") or "default")
+
+
+def _rope_factor(params: dict, key: str, file: str, default: float) -> float:
+    f = params.get("factor", default)
+    if f is None:
+        return 1.0  # vLLM: a null factor falls back to 1.0
+    if isinstance(f, bool) or not isinstance(f, (int, float)) or not f > 0:
+        raise ConfigError(f"{file}: {key}.factor: expected a positive number (got {f!r})")
+    return float(f)
+
+
+def rope_max_len(cfg: dict, model_type: str, max_len: int, file: str) -> int:
+    """The max model length vLLM derives from ``max_len`` and the config's RoPE scaling (vLLM 0.32
+    ``_get_and_verify_max_len``): times ``factor`` for linear, dynamic and the other RoPE types
+    outside :data:`ROPE_UNSCALED`, except Gemma 3 (its length is already scaled); a longrope model
+    defaults to ``original_max_position_embeddings``. See docs/models.md."""
+    key, params = _rope_parameters(cfg, file)
+    longrope = [p for p in params if _rope_type(p) in ("longrope", "su")]
+    if longrope:
+        orig = "original_max_position_embeddings"
+        return _int(cfg, orig, file) or _int(longrope[0], orig, file) or max_len
+    if "gemma3" in model_type:
+        return max_len
+    factor = 1.0
+    for p in params:  # vLLM assumes every layer type scales alike: the last factor given wins
+        if _rope_type(p) not in ROPE_UNSCALED:
+            factor = _rope_factor(p, key, file, factor)
+    return int(max_len * factor)
+
+
 def _attention_params(cfg: dict, file: str, h: int, heads: int, kvh: int) -> tuple[str, int, int, int, int, int,
                                                                                  int, int]:
     """(attention kind, KV heads, head dim, kv_lora_rank, qk_rope_head_dim, attention parameters per
@@ -124,8 +196,9 @@ def _attention_params(cfg: dict, file: str, h: int, heads: int, kvh: int) -> tup
         attention, kvh = "mla", heads
     else:
         rope = q_lora = v_dim = 0
-        head_dim = _int(cfg, "head_dim", file) or h // heads
-        if head_dim * heads != h and not cfg.get("head_dim"):
+        given = _positive(cfg, "head_dim", file)
+        head_dim = given or h // heads
+        if given is None and head_dim * heads != h:
             raise ConfigError(f"{file}: hidden_size {h} is not a multiple of num_attention_heads {heads}; "
                               f"give head_dim")
         attn = 2 * h * heads * head_dim + 2 * h * kvh * head_dim
@@ -174,13 +247,13 @@ def model_fields(cfg: dict, file: str, name: str | None = None) -> dict:
     vocab = _int(cfg, "vocab_size", file)
     if vocab <= 0:
         raise ConfigError(f"{file}: vocab_size: required key is missing")
-    max_len = _get(cfg, "max_len", file)
-    inter = _get(cfg, "intermediate", file, required=False, default=4 * h)
+    max_len = rope_max_len(cfg, model_type, _get(cfg, "max_len", file), file)
     gated = model_type not in UNGATED_MLP
     mats = 3 if gated else 2
     tied = cfg.get("tie_word_embeddings", model_type in TIED_BY_DEFAULT)
 
     attention, kvh, head_dim, kv_lora, rope, attn, q_lora, v_dim = _attention_params(cfg, file, h, heads, kvh)
+    inter = _get(cfg, "intermediate", file, required=model_type not in MLP_4X_BY_DEFAULT, default=4 * h)
     experts, per_token, mlp_total, mlp_active = _mlp_params(cfg, file, L, h, inter, mats)
     embed = vocab * h * (1 if tied else 2)
     total = embed + L * attn + mlp_total
@@ -231,9 +304,9 @@ def expand_model_file(raw: dict, base_dir: Path | None) -> dict:
     fields read from the file (overrides kept), so that the mapping validates anywhere (sweep
     workers included) without knowing where the scenario file was. Returns a new mapping."""
     model = raw.get("model")
-    if isinstance(model, str) and is_config_path(model):
+    if isinstance(model, str) and is_config_path(model, base_dir):
         return {**raw, "model": load_model_file(model, base_dir)}
-    if isinstance(model, dict) and isinstance(model.get("preset"), str) and is_config_path(model["preset"]):
+    if isinstance(model, dict) and isinstance(model.get("preset"), str) and is_config_path(model["preset"], base_dir):
         over = {k: v for k, v in model.items() if k != "preset"}
         return {**raw, "model": {**load_model_file(model["preset"], base_dir), **over}}
     return raw

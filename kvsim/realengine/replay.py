@@ -211,7 +211,7 @@ def model_file_of(loaded, override: str | None) -> Path:
         return read_model_config(override)[0]
     raw = read_yaml_mapping(loaded.path).get("model")
     name = raw.get("preset") if isinstance(raw, dict) else raw
-    if not (isinstance(name, str) and is_config_path(name)):
+    if not (isinstance(name, str) and is_config_path(name, loaded.path.parent)):
         raise EngineError(f"{loaded.path}: model: {name!r} is a preset, not a config.json; the engine needs the "
                           "model's config file: give it as model: path/config.json or pass --model CONFIG.json")
     p = Path(name).expanduser()

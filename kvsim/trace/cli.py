@@ -13,7 +13,7 @@ import argparse
 import json
 
 from kvsim.errors import TraceError
-from kvsim.cliargs import nonnegative_int
+from kvsim.cliargs import OneLineParser, nonnegative_int
 import sys
 import warnings
 from pathlib import Path
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     from kvsim.errors import one_line_warnings
     from kvsim.trace.load import TraceWarning
 
-    parser = argparse.ArgumentParser(prog="kvsim")
+    parser = OneLineParser(prog="kvsim")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["trace", *(sys.argv[1:] if argv is None else argv)])
     with one_line_warnings():  # ``kvsim: warning: ...`` and ``kvsim: error: ...``, as ``kvsim trace`` prints them

@@ -182,3 +182,20 @@ def test_what_a_trace_needs_is_checked_by_validate_and_run_alike(tmp_path, extra
     for args in (["validate", str(scn)], ["run", str(scn), "--out", str(tmp_path / "o"), "-q", "--no-plots"]):
         out = kvsim(*args)
         assert out.returncode == 2 and needle in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+@pytest.mark.parametrize("expr, key", [
+    ("replicas.shared_prefix_store={capacity_bytes: 1KiB}", "replicas.shared_prefix_store.capacity_bytes"),
+    ("allocator.offload.cpu={capacity_bytes: 2097151}", "allocator.offload.cpu.capacity_bytes"),
+    ("allocator.offload.ssd={capacity_bytes: 1 MiB, bandwidth_bytes_per_s: 7 GB/s}",
+     "allocator.offload.ssd.capacity_bytes"),
+])
+def test_a_lower_tier_smaller_than_one_block_is_refused(scenario, expr, key):
+    """A tier below one KV block (Llama-3-8B: 16 tokens x 128 KiB = 2 MiB) held no block and validated ok."""
+    with pytest.raises(ConfigError) as e:
+        load_scenario(scenario, [expr])
+    msg = str(e.value)
+    assert msg.startswith(f"--set {expr} (applied to {scenario}): {key}: ") and "\n" not in msg
+    assert "less than one KV block" in msg and "the minimum is 2,097,152 bytes" in msg
+    ok = expr.replace("1KiB", "2 MiB").replace("2097151", "2097152").replace("1 MiB", "2 MiB")
+    assert load_scenario(scenario, [ok]).base is not None

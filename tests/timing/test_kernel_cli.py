@@ -138,3 +138,33 @@ def test_check_lists_the_rows_it_does_not_evaluate(capsys):
     for src in {p.source_id for p in left}:
         n = sum(p.source_id == src for p in left)
         assert f"    {src}: {n} row{'s' * (n != 1)} (" in out
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["kernel", "--tensor", "0"], ["argument --tensor: expected an integer >= 1, got 0", "kvsim kernel --help"]),
+    (["kernel", "--batch", "0"], ["argument --batch: expected an integer in 1..1,048,576"]),
+    (["kernel", "--context", "0"], ["argument --context: expected an integer in 1..16,777,216"]),
+    (["kernel", "--block-size", "513"], ["argument --block-size: expected an integer in 1..512"]),
+    (["kernel", "--kv-dtype", "fp4"], ["argument --kv-dtype: invalid choice: 'fp4'", "'fp8'"]),
+    (["sweep", "s.yaml", "--jobs", "0"], ["argument -j/--jobs: expected an integer >= 1", "kvsim sweep --help"]),
+    (["trace", "generate", "s.yaml", "t.csv", "--seed", "-1"], ["argument --seed", "kvsim trace generate --help"]),
+    (["run"], ["the following arguments are required: file", "kvsim run --help"]),
+    (["models", "--jsn"], ["unrecognized arguments: --jsn"]),
+])
+def test_a_bad_flag_is_one_line_for_every_command(capsys, argv, words):
+    """argparse's errors are one ``kvsim: error:`` line, exit 2, as README promises (they printed the usage block)."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("kvsim: error: ")
+    assert "usage:" not in err and all(w in err for w in words), err
+
+
+def test_a_model_folder_is_refused_as_models_config_refuses_it(capsys, tmp_path):
+    """--model DIR (a folder holding config.json) said "unknown model preset"; now what models --config says."""
+    (tmp_path / "config.json").write_text("{}")
+    assert main(["kernel", "--gpu", "H100-SXM-80GB", "--model", str(tmp_path), "--batch", "4", "--context", "100"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"kvsim: error: --model: {tmp_path}: is a directory, expected a Hugging Face config.json"
+    assert main(["models", "--config", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == f"kvsim: error: {tmp_path}: is a directory, expected a Hugging Face config.json"

@@ -12,7 +12,13 @@ from kvsim.units import SET_HELP_UNITS
 
 def _cmd_capacity(args) -> int:
     from kvsim.config import load_scenario
+    from kvsim.config.load import parse_set
+    from kvsim.errors import ConfigError
 
+    for expr in args.set or []:
+        if parse_set(expr)[0] == "trace.rate_scale":  # the search would replace it at every evaluation
+            raise ConfigError(f"--set {expr}: kvsim capacity searches trace.rate_scale itself (between --lo "
+                              f"and --hi); drop the --set, or give the range with --lo/--hi")
     loaded = load_scenario(args.file, args.set or [])
     slo = parse_slo(args.slo) if args.slo is not None else None
     log = None if args.quiet else (lambda m: print(m, file=sys.stderr))

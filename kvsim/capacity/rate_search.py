@@ -66,6 +66,8 @@ def parse_slo(text: str, where: str = "--slo") -> dict[str, float]:
         if pk is not None and not 0 < pk[0] < 100:
             raise ConfigError(f"{where}: {key}: percentile {pk[0]:g} must be between 0 and 100 (exclusive), "
                               f"e.g. p99_ttft_ms")
+        if pk is not None:  # one spelling per objective: p90.0_ttft_ms and p090_ttft_ms are p90_ttft_ms
+            key = f"p{pk[0]:g}_{pk[1]}"
         if key not in SLO_KEYS and pk is None:
             examples = [*SLO_KEYS, *(f"p99_{k}" for k in SLO_KEYS), *(f"p50_{k}" for k in SLO_KEYS)]
             raise ConfigError(f"{where}: unknown objective {key!r}{did_you_mean(key, examples)}; "

@@ -256,6 +256,11 @@ def load_sweep(source: str | Path | dict, *, base_dir: str | Path | None = None,
     name = spec.name or (path.stem if not isinstance(source, dict) else "sweep")
     anchor, base_raw, common, base = _sweep_base(spec, path, root, where, name, overrides)
 
+    for key in common:  # the grid sets it for every point: the set:/--set value would apply to none
+        if key in spec.grid:
+            src = "--set" if key in {parse_set(e)[0] for e in overrides} else "set:"
+            raise ConfigError(f"{where}: {src} {key!r} is also a grid key, which sets it at every point; "
+                              f"set it in one place")
     for i, p in enumerate(spec.points):
         both = [k for k in p if k in spec.grid]
         if both:

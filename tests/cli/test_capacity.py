@@ -111,6 +111,20 @@ def test_capacity_needs_an_slo(tmp_path, capsys):
     assert "--slo: ttft_ms is given twice (500 and 600 ms)" in capsys.readouterr().err
     assert main(["capacity", str(scn), "--slo", "ttft_ms=1", "--variant", "paged16"]) == 2
     assert "did you mean 'paged-16'" in capsys.readouterr().err
+    # one objective in two spellings (QA, twenty-ninth session: both were kept, as two columns)
+    assert main(["capacity", str(scn), "--slo", "p90_ttft_ms=500,p90.0_ttft_ms=400"]) == 2
+    assert "--slo: p90_ttft_ms is given twice (500 and 400 ms)" in capsys.readouterr().err
+    # the search sets the rate scale at every evaluation: a --set of it would be silently replaced
+    assert main(["capacity", str(scn), "--slo", "ttft_ms=500", "--set", "trace.rate_scale=3"]) == 2
+    err = capsys.readouterr().err
+    assert "--set trace.rate_scale=3: kvsim capacity searches trace.rate_scale" in err and err.count("\n") == 1
+
+
+def test_percentile_objectives_have_one_spelling():
+    from kvsim.capacity.rate_search import parse_slo
+
+    assert parse_slo("p090_ttft_ms=5,p99.0_tpot_ms=6,p99.9_e2e_ms=7,ttft_ms=8") == {
+        "p90_ttft_ms": 5.0, "p99_tpot_ms": 6.0, "p99.9_e2e_ms": 7.0, "ttft_ms": 8.0}
 
 
 def test_scenario_baseline_must_name_a_variant(tmp_path, capsys):

@@ -123,6 +123,9 @@ def test_in_memory_spec_resolves_against_base_dir(tmp_path):
     ({"base": BASE, "points": [{"name": ".hidden"}]}, ["'.hidden' must start with a letter or digit"]),
     ({"base": BASE, "points": [{"kv_dtype": "fp8"}], "grid": {"kv_dtype": ["fp16"]}}, ["also a grid key"]),
     ({"base": BASE, "points": [{"kv_dtype": "fp8"}, {"kv_dtype": "fp8"}]}, ["listed twice"]),
+    # set: of a grid key would apply to no point (QA, twenty-ninth session: silently overridden)
+    ({"base": BASE, "set": {"kv_dtype": "fp8"}, "grid": {"kv_dtype": ["fp16", "bf16"]}},
+     ["set: 'kv_dtype' is also a grid key"]),
 ])
 def test_sweep_file_errors_name_the_file_and_key(tmp_path, doc, pieces):
     p = write(tmp_path, doc)
@@ -225,3 +228,10 @@ def test_cli_invalid_sweep_exits_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("kvsim: error: ") and "allocator.block_size" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_set_override_of_a_grid_key_is_refused(tmp_path):
+    p = write(tmp_path, {"base": BASE, "grid": {"kv_dtype": ["fp16", "fp8"]}})
+    with pytest.raises(ConfigError, match="--set 'kv_dtype' is also a grid key"):
+        load_sweep(p, overrides=["kv_dtype=bf16"])
+    assert len(load_sweep(p, overrides=["allocator.block_size=32"]).points) == 2

@@ -4,7 +4,8 @@ notation. One rule for every YAML-facing field of each kind (docs/scenario.md, "
 * **Bytes** (``*_bytes``, ``kv_budget.bytes``): an integer, a whole number in scientific notation
   (``16e9``, ``1.0e12``), or a number with a unit: ``B``; decimal ``KB MB GB TB PB`` = 10^3 ... 10^15;
   binary ``KiB MiB GiB TiB PiB`` = 2^10 ... 2^50. Units are case-insensitive, a space before the unit
-  is allowed (``16 GiB``). The result must be a whole number of bytes (``1.5 GiB`` is fine,
+  is allowed (``16 GiB``), but a capital prefix with a lower-case ``b`` (``Gb``, ``Mib``) or ``bit``
+  is refused: that is how datasheets and NIC speeds write bits. The result must be a whole number of bytes (``1.5 GiB`` is fine,
   ``16.5 B`` is refused).
 * **Token counts** (``*_tokens``, ``block_size``, ``kv_budget.tokens``, generator token lengths): an
   integer, a whole number in scientific notation (``1.28e5``), or vLLM's ``--max-model-len`` rule
@@ -45,6 +46,8 @@ SET_HELP_UNITS = "sizes and counts take units: kv_budget.bytes=16GiB, model.max_
 
 _NUM = r"[+-]?(?:\d[\d_]*(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 _WITH_UNIT = re.compile(rf"\s*({_NUM})\s*([A-Za-z]*)\s*")
+# a capital prefix with a lower-case b (Kb, Mb, Gb, Tb, Pb, Gib, ...) or "bit": a bit, not a byte
+_BITS = re.compile(r"[KMGTP]i?b|[KkMmGgTtPp]?i?bits?")
 _WITH_RATE_UNIT = re.compile(rf"\s*({_NUM})\s*(?:([A-Za-z]+)\s*/\s*s(?:ec)?)?\s*")
 
 
@@ -86,6 +89,9 @@ def _byte_amount(value: Any, pattern: re.Pattern, what: str, forms: str) -> Deci
         return d
     m = pattern.fullmatch(value)
     unit = (m.group(2) or "").lower() if m else ""
+    if m and _BITS.fullmatch(m.group(2) or ""):  # Gb, Mbit, Gib: bits in datasheets and NIC speeds
+        raise ValueError(f"{value!r}: {m.group(2)!r} reads as bits (a NIC's 25 Gb/s is 3.125 GB/s); "
+                         f"write bytes: {forms}")
     if not m or (unit and unit not in BYTE_UNITS):
         why = f"unknown unit {m.group(2)!r}" if m else f"not {what}"
         raise ValueError(f"{value!r}: {why}; give {forms}")

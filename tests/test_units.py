@@ -70,3 +70,12 @@ def test_numbers():
         parse_number("12 flops")
     with pytest.raises(ValueError, match="finite"):
         parse_number(float("inf"))
+
+
+@pytest.mark.parametrize("bad", ["25 Gb/s", "25 Gbit/s", "100 Mbps/s", "16 Gb", "1 Mib", "3 kbit"])
+def test_bit_units_are_refused_not_read_as_bytes(bad):
+    """QA (twenty-ninth session): '25 Gb/s', a NIC's speed in bits, was read as 25 GB/s (8x too fast)."""
+    parse = parse_byte_rate if "/s" in bad else parse_bytes
+    with pytest.raises(ValueError, match="reads as bits|unknown unit"):
+        parse(bad)
+    assert parse_bytes("16 gb") == 16 * 10**9 and parse_bytes("8 b") == 8  # lower-case prefixes stay bytes

@@ -553,7 +553,8 @@ def check_out_file(path: str | Path, *, command: str, force: bool = False, flag:
         raise ConfigError(f"{flag} {path}: {_describe(writer)} wrote it (in the {_describe(marker.command)} output "
                           f"{owner}), not {_describe(command)}; choose another name, or pass --force to "
                           f"overwrite it")
-    raise ConfigError(f"{flag} {path}: file exists and kvsim did not write it; pass --force to overwrite it, "
+    raise ConfigError(f"{flag} {path}: file exists and no kvsim output folder records writing it (a file "
+                      f"outside one, even one kvsim wrote, carries no record); pass --force to overwrite it, "
                       f"or choose another name")
 
 

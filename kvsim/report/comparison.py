@@ -110,7 +110,8 @@ def _write_comparison(runs, meta, out: Path, say, *, metric_names: str, base_lab
         try:
             fn(out / name)
         except Exception as e:  # noqa: BLE001
-            say(f"compare: could not write {name}: {type(e).__name__}: {e}")
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""  # (Arrow prints whole schemas)
+            say(f"compare: could not write {name}: {type(e).__name__}: {first}")
             return
         written[name] = out / name
 

@@ -372,7 +372,7 @@ def test_report_never_replaces_a_file_another_command_wrote(tmp_path):
         one_line_error(kvsim("report", other, "--out", out / name), str(out / name), "`kvsim run` wrote it",
                        "not `kvsim report`")
     (out / "summary.json").write_text("{}")  # a summary of the user's beside the variants: never kvsim's
-    one_line_error(kvsim("report", other, "--out", out / "summary.json"), "kvsim did not write it")
+    one_line_error(kvsim("report", other, "--out", out / "summary.json"), "no kvsim output folder records writing it")
     (out / "summary.json").unlink()
     assert snapshot(out) == before
     assert kvsim("report", out).returncode == 0 and kvsim("compare", out, "-q").returncode == 0

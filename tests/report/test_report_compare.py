@@ -215,3 +215,17 @@ def test_step_time_shares_by_hand():
 ])
 def test_knee_rule(points, throughputs, expected):
     assert knee_of(points, throughputs=throughputs) == expected
+
+
+def test_a_plot_that_fails_is_one_warning_line(rate_sweep, tmp_path, capsys, monkeypatch):
+    """QA (twenty-ninth session): a damaged steps table made the warning print Arrow's whole schema."""
+    import kvsim.report.comparison as comparison
+
+    def broken(*a, **k):
+        raise ValueError("schema mismatch:\nstep: int64\nreplica: int64\n-- schema metadata --")
+
+    monkeypatch.setattr(comparison, "plot_fragmentation_bars", broken)
+    assert kvsim_main(["compare", str(rate_sweep), "--out", str(tmp_path / "cmp")]) == 0
+    got = capsys.readouterr()
+    lines = [ln for ln in (got.out + got.err).splitlines() if "could not write fragmentation_breakdown.png" in ln]
+    assert lines == ["compare: could not write fragmentation_breakdown.png: ValueError: schema mismatch:"]

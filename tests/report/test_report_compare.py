@@ -229,3 +229,4 @@ def test_a_plot_that_fails_is_one_warning_line(rate_sweep, tmp_path, capsys, mon
     got = capsys.readouterr()
     lines = [ln for ln in (got.out + got.err).splitlines() if "could not write fragmentation_breakdown.png" in ln]
     assert lines == ["compare: could not write fragmentation_breakdown.png: ValueError: schema mismatch:"]
+    assert "step: int64" not in got.out + got.err

@@ -140,13 +140,15 @@ def collect_runs(paths: list[str | Path]) -> tuple[list[Run], dict]:
     refuse_repeated_runs(runs, given)
     labels = [r.label for r in runs]
     if len(set(labels)) < len(labels):  # same variant names from several inputs: qualify them
-        for r in runs:
+        # by the input's directory: a variants directory holds the run, a single-run directory is it
+        homes = [r.path if r.path == Path(src) else r.path.parent for r, src in zip(runs, given)]
+        for r, home in zip(runs, homes):
             if labels.count(r.label) > 1:
-                r.label = f"{r.path.parent.name}/{r.label}" if r.point_id is None else (r.point_id or r.label)
+                r.label = f"{home.name}/{r.label}" if r.point_id is None else (r.point_id or r.label)
         twice = [r.label for r in runs]
-        for r in runs:  # inputs with the same directory name (a/study, b/study): one more level
+        for r, home in zip(runs, homes):  # inputs with the same directory name (a/study, b/study): one more level
             if twice.count(r.label) > 1 and r.point_id is None:
-                r.label = f"{r.path.parent.parent.name}/{r.label}"
+                r.label = f"{home.parent.name}/{r.label}"
     if not runs:
         raise KvsimError("nothing to compare: no complete runs in " + ", ".join(str(p) for p in paths))
     return runs, meta

@@ -230,3 +230,18 @@ def test_a_plot_that_fails_is_one_warning_line(rate_sweep, tmp_path, capsys, mon
     lines = [ln for ln in (got.out + got.err).splitlines() if "could not write fragmentation_breakdown.png" in ln]
     assert lines == ["compare: could not write fragmentation_breakdown.png: ValueError: schema mismatch:"]
     assert "step: int64" not in got.out + got.err
+
+
+def test_two_single_runs_of_one_scenario_keep_two_labels(tmp_path):
+    """QA (twenty-ninth session): `compare runs/a runs/b` of one scenario without variants labelled both
+    `runs/<name>`, so the headline showed one column (the second run's) as the first run."""
+    scn = tmp_path / "one.yaml"
+    scn.write_text(TINY_VARIANTS.split("variants:")[0] + "allocator: {kind: paged, block_size: 16}\n")
+    runs_dir = tmp_path / "runs"
+    assert kvsim_main(["run", str(scn), "--out", str(runs_dir / "a"), "--no-plots", "-q"]) == 0
+    assert kvsim_main(["run", str(scn), "--out", str(runs_dir / "b"), "--no-plots", "-q",
+                       "--set", "allocator.block_size=32"]) == 0
+    runs, _ = collect_runs([runs_dir / "a", runs_dir / "b"])
+    assert [r.label for r in runs] == ["a/tiny", "b/tiny"]
+    table = pd.read_csv(compare([runs_dir / "a", runs_dir / "b"], tmp_path / "cmp")["comparison.csv"])
+    assert list(table["label"]) == ["a/tiny", "b/tiny"]

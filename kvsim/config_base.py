@@ -11,9 +11,10 @@ and the key wherever the number is, including keys that models keep as free-form
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
 
 from kvsim.errors import ConfigError
 from kvsim.units import parse_byte_rate, parse_bytes, parse_number, parse_tokens
@@ -29,6 +30,32 @@ Number = Annotated[float, BeforeValidator(parse_number)]
 
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, data: Any) -> Any:
+        """``tensor: true`` is not 1: pydantic's lax mode reads a boolean as a number, YAML writes
+        ``yes``/``true`` for booleans, so a boolean in a number field is refused (as config.json's is)."""
+        if isinstance(data, dict):
+            for name in _numeric_fields(cls):
+                value = data.get(name)
+                if isinstance(value, bool):
+                    raise ValueError(f"{name}: expected a number, got the boolean {str(value).lower()}")
+        return data
+
+
+def _numeric_fields(cls: type[BaseModel]) -> frozenset[str]:
+    """Fields of ``cls`` that hold an int or a float (or None), never a boolean; computed once per class."""
+    cached = cls.__dict__.get("_kvsim_numeric_fields")
+    if cached is None:
+        def numeric(annotation: Any) -> bool:
+            args = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)
+            kinds = [a for a in args if a is not type(None)]
+            return bool(kinds) and all(a in (int, float) for a in kinds)
+
+        cached = frozenset(n for n, f in cls.model_fields.items() if numeric(f.annotation))
+        type.__setattr__(cls, "_kvsim_numeric_fields", cached)
+    return cached
 
 
 def find_non_finite(obj: Any, path: str = "") -> tuple[str, float] | None:

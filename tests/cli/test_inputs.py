@@ -199,3 +199,22 @@ def test_a_lower_tier_smaller_than_one_block_is_refused(scenario, expr, key):
     assert "less than one KV block" in msg and "the minimum is 2,097,152 bytes" in msg
     ok = expr.replace("1KiB", "2 MiB").replace("2097151", "2097152").replace("1 MiB", "2 MiB")
     assert load_scenario(scenario, [ok]).base is not None
+
+
+@pytest.mark.parametrize("raw, key", [({"parallel": {"tensor": True}}, "parallel: tensor"),
+                                      ({"replicas": {"count": True}}, "replicas: count"),
+                                      ({"scheduler": {"max_num_seqs": True}}, "scheduler: max_num_seqs"),
+                                      ({"seed": False}, "seed")])
+def test_a_boolean_is_not_a_number(raw, key):
+    """QA (twenty-ninth session): pydantic's lax mode read `tensor: true` (YAML `yes`) as 1; config.json's
+    loader already refused it. Boolean fields still take booleans."""
+    from kvsim.config import Scenario
+    from kvsim.config.messages import format_validation_error
+    from pydantic import ValidationError
+
+    base = {"model": "Llama-3-8B", "gpu": "H100-SXM-80GB", "trace": {"file": "t.csv"}}
+    with pytest.raises(ValidationError) as e:
+        Scenario.model_validate({**base, **raw})
+    assert f"{key}: expected a number, got the boolean" in format_validation_error(e.value, "s.yaml")
+    Scenario.model_validate({**base, "parallel": {"tensor": 1, "gpu_p2p": False},
+                             "allocator": {"kind": "paged", "prefix_caching": True}})

@@ -330,7 +330,7 @@ class Engine:
             prefill_tokens=shape.num_prefill_tokens, decode_tokens=shape.num_decode_tokens,
             running=sched.running_in_step(done), waiting=len(sched.waiting), admitted=len(plan.admitted),
             preempted=len(plan.preempted), memory=MemoryParts.of(usage), kv_bytes_read=timing.kv_bytes_read,
-            kv_pages_read=shape.kv_pages_read, breakdown=timing.breakdown_s, swap_in_bytes=shape.swap_in_bytes,
+            kv_pages_read=shape.kv_pages_read, breakdown=timing.breakdown_s, swap_in_bytes=plan.swapped_in_bytes,
             swap_out_bytes=shape.swap_out_bytes, step_durations_s=itl_d, step_decode_tokens=itl_n)
         if done and self.client is not None:  # sent now: seen by the next step's plan
             self._ended(len(done), rep.now_s)

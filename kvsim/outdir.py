@@ -617,3 +617,23 @@ def remove_output(out: str | Path) -> bool:
     with contextlib.suppress(OSError):
         out.rmdir()
     return True
+
+
+def withdraw_output(out: str | Path) -> bool:
+    """Delete what kvsim wrote in the output directory ``out`` (per its marker), as
+    :func:`remove_output` does, but where anything else is left keep the marker, now incomplete and
+    listing nothing: the directory stays its command's to write again (an output found out of date,
+    e.g. a sweep's ``compare/`` whose new version could not be written). Returns False if ``out`` has
+    no marker."""
+    out = Path(out)
+    marker = _is_ours(out) if out.is_dir() else None
+    if marker is None:
+        return False
+    _remove_written(out, marker.written)
+    if any(c.name != MARKER for c in out.iterdir()):
+        write_marker(out, _marker(marker.command, False, (), dict(marker.by)))
+    else:
+        (out / MARKER).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            out.rmdir()
+    return True

@@ -157,4 +157,7 @@ def _write_comparison(runs, meta, out: Path, say, *, metric_names: str, base_lab
     if meta.get("left_out"):
         say(f"compare: left out {len(meta['left_out'])} variant(s) without a summary.json: "
             f"{', '.join(meta['left_out'][:5])}")
+    if meta.get("ignored"):
+        say(f"kvsim: note: compare: ignored {len(meta['ignored'])} folder(s) that the run's scenario.resolved.yaml "
+            f"does not list as variants: {', '.join(meta['ignored'])}")
     return written

@@ -318,7 +318,7 @@ def _single_run_body(run_dir: Path, tmp: Path, shown_name: str | None = None) ->
 
 
 def _variants_body(run_dir: Path, tmp: Path, shown_name: str | None = None) -> tuple[str, list[str]]:
-    from kvsim.report.runs import variant_order, variants_without_summary
+    from kvsim.report.runs import unlisted_variants, variant_order, variants_without_summary
 
     subs = [run_dir / n for n in variant_order(run_dir)]  # scenario order, baseline first: everywhere
     summaries = {p.name: read_run_dir(p) for p in subs}
@@ -327,6 +327,9 @@ def _variants_body(run_dir: Path, tmp: Path, shown_name: str | None = None) -> t
     body = _header(title, run_dir, "variants", shown_name)
     if left_out := variants_without_summary(run_dir):
         body.append(_warn(f"Left out {len(left_out)} variant(s) without a summary.json: {', '.join(left_out)}."))
+    if ignored := unlisted_variants(run_dir):
+        body.append(_warn(f"Ignored {len(ignored)} folder(s) that scenario.resolved.yaml does not list as variants: "
+                          f"{', '.join(ignored)}."))
     _, baseline = _scenario_order(run_dir, list(summaries))
     body += _findings_section(summaries, baseline)
     body += _headline_section(summaries, baseline)

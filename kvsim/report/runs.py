@@ -129,9 +129,10 @@ def _load_run(path: Path, label: str, summary: dict | None = None, **kw) -> Run:
 
 def collect_runs(paths: list[str | Path]) -> tuple[list[Run], dict]:
     """Runs of every input, in order. ``meta``: ``sweep`` (bool), ``override_keys``, ``failed``,
-    ``left_out`` (variant directories without a summary.json). A run given twice is refused."""
+    ``left_out`` (variant directories without a summary.json), ``ignored`` (folders of a variants
+    directory that its scenario.resolved.yaml does not list). A run given twice is refused."""
     runs: list[Run] = []
-    meta: dict[str, Any] = {"sweep": False, "override_keys": [], "failed": [], "left_out": []}
+    meta: dict[str, Any] = {"sweep": False, "override_keys": [], "failed": [], "left_out": [], "ignored": []}
     given: list[str] = []  # the input each run came from
     for raw in paths:
         found = _runs_of(Path(raw), meta)
@@ -181,6 +182,7 @@ def _runs_of(p: Path, meta: dict[str, Any]) -> list[Run]:
         for name in variant_order(p):
             found.append(_load_run(p / name, name))
         meta["left_out"] += [str(p / name) for name in variants_without_summary(p)]
+        meta["ignored"] += [str(p / name) for name in unlisted_variants(p)]
     else:
         raise KvsimError(f"{p}: not a kvsim run, variants or sweep directory (no summary.json, no index.parquet)")
     return found
@@ -204,13 +206,14 @@ def py_value(v):
 
 def variant_order(run_dir: Path) -> list[str]:
     """The variant subdirectories of ``run_dir`` in the scenario's order (``scenario.resolved.yaml``
-    lists the runs as the scenario file does, baseline first when ``baseline:`` names one); any
-    other subdirectory with a ``summary.json`` after them, by name. One order for every table,
-    plot and report of a run."""
+    lists the runs as the scenario file does, baseline first when ``baseline:`` names one). Only the
+    runs it lists are the run's variants: another subdirectory with a ``summary.json`` (a copy a
+    user left there) is not one (:func:`unlisted_variants`); without the file, every subdirectory
+    with a ``summary.json``, by name. One order for every table, plot and report of a run."""
     run_dir = Path(run_dir)
     have = sorted(c.name for c in run_dir.iterdir() if (c / "summary.json").exists())
     runs = _scenario_runs(run_dir)
-    order = [str(n) for n in runs if str(n) in have] + [n for n in have if n not in runs]
+    order = [str(n) for n in runs if str(n) in have] if runs else have
     base = next((r.get("scenario", {}).get("baseline") for r in runs.values()
                  if isinstance(r, dict) and isinstance(r.get("scenario"), dict)), None)
     return baseline_first(order, base)
@@ -228,6 +231,16 @@ def variants_without_summary(run_dir: Path) -> list[str]:
     (deleted, or a folder copied without it): left out of compare and report, with a note."""
     run_dir = Path(run_dir)
     return [str(n) for n in _scenario_runs(run_dir) if not (run_dir / str(n) / "summary.json").exists()]
+
+
+def unlisted_variants(run_dir: Path) -> list[str]:
+    """Subdirectories of ``run_dir`` with a ``summary.json`` that its scenario.resolved.yaml does not
+    list as runs (e.g. ``recompute-backup``, a copy of a variant): not compared or reported, with a note."""
+    run_dir = Path(run_dir)
+    runs = _scenario_runs(run_dir)
+    if not runs:
+        return []
+    return sorted(c.name for c in run_dir.iterdir() if c.name not in runs and (c / "summary.json").exists())
 
 
 def _scenario_runs(run_dir: Path) -> dict:

@@ -12,7 +12,9 @@ class StepPlan:
     scheduling order; ``preempted``/``admitted`` list request ids changed by this schedule() call.
     ``group_decodes``: members of the scheduler's decode group that each decode one token in this
     step besides ``scheduled`` (they are not listed one by one). ``swapped_in``: requests this call
-    swapped back in (a step that does is never a decode window's step 0, whatever its bytes)."""
+    swapped back in (a step that does is never a decode window's step 0, whatever its bytes);
+    ``swapped_in_bytes``: the KV bytes they moved back, whether prefetch hid the copies or not (the
+    step row's ``swap_in_bytes``; ``shape.swap_in_bytes`` is only the part the step pays for)."""
 
     scheduled: tuple[tuple[int, int], ...]
     shape: BatchShape
@@ -20,6 +22,7 @@ class StepPlan:
     preempted: tuple[int, ...]
     group_decodes: int = 0
     swapped_in: int = 0
+    swapped_in_bytes: int = 0
 
     @property
     def is_empty(self) -> bool:

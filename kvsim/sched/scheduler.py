@@ -255,6 +255,7 @@ class Scheduler(Arrivals, WindowHooks, PrefillPhases, MultiStepRounds, AsyncSche
             preempted=tuple(step.preempted),
             group_decodes=group_decodes,
             swapped_in=step.swapped_in,
+            swapped_in_bytes=step.swapped_in_bytes,
         )
         if self._lookahead:
             self._open_round(step, now_s, plan.shape.num_prefill_tokens, plan.shape.num_decode_seqs)

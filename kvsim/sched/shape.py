@@ -22,9 +22,10 @@ class StepDraft:
     scheduled: dict[int, tuple[int, int]] = field(default_factory=dict)  # id -> (new positions, tokens)
     preempted: list[int] = field(default_factory=list)
     admitted: list[int] = field(default_factory=list)
-    swap_in_bytes: int = 0
+    swap_in_bytes: int = 0  # swap-in bytes this step pays (priced by the timing model): prefetch's part is off
     swap_out_bytes: int = 0
     swapped_in: int = 0  # requests swapped in (their bytes may be 0: all found in the prefix cache)
+    swapped_in_bytes: int = 0  # the bytes those swap-ins moved back, hidden by prefetch or not (the step row's)
     swap_in_copies: int = 0
     swap_out_copies: int = 0
     tier_load_s: float = 0.0  # unhidden tier loads, as kvsim.timing.transfer priced them

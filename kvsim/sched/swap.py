@@ -76,8 +76,8 @@ class HostSwap:
 
     def swap_in(self, req: Request, got: Allocation, step: StepDraft) -> int:
         """The queue's head ``req`` got its GPU blocks back (``got``): the tokens not found in the
-        prefix cache come back over the link. Returns its computed tokens now; the copies, less what
-        prefetch hid, go into ``step``."""
+        prefix cache come back over the link. Returns its computed tokens now; the bytes moved go into
+        ``step`` whole (``swapped_in_bytes``), the bytes and copies to pay less what prefetch hid."""
         if self.queue.pop(0) is not req:
             raise RuntimeError(f"request {req.request_id}: swapped in out of order")
         computed = max(req.num_computed_tokens, got.cached_tokens)
@@ -89,6 +89,7 @@ class HostSwap:
         req.swapped_tokens = 0
         nbytes = transfer * self.bytes_per_token
         self.swapped_in_bytes += nbytes
+        step.swapped_in_bytes += nbytes
         self._pay(req, self.transfers.swap_in_charge(nbytes, copies, got.load_s, self._prefetched(req)), step)
         return computed
 

@@ -9,9 +9,11 @@ Layout of ``SWEEP_DIR``::
     compare/                  comparison tables and plots (kvsim compare SWEEP_DIR)
     report.html               self-contained HTML report
 
-A point is *complete* when its run directory is complete (:func:`kvsim.results.is_complete_run_dir`)
-and was made from the same resolved scenario; complete points are skipped on a rerun, so an
-interrupted sweep resumes where it stopped. A point killed after its run directory was complete but
+A point is *complete* when its run directory is complete (:func:`kvsim.results.is_complete_run_dir`),
+its results can be read (:func:`kvsim.report.runs.read_run_dir`: summary.json, the tables' Parquet
+footers) and it was made from the same resolved scenario; complete points are skipped on a rerun, so an
+interrupted sweep resumes where it stopped. A *damaged* point (result files that cannot be read, e.g.
+truncated) is run again, as a stale one is. A point killed after its run directory was complete but
 before it was renamed into place (``points/.<id>.tmp-<pid>``) counts as complete: the resumed sweep
 puts it in place first (:func:`recover_killed_points`).
 """
@@ -25,7 +27,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from kvsim.errors import ConfigError, Interrupted
+from kvsim.errors import ConfigError, Interrupted, KvsimError
 from kvsim.outdir import clean_leftovers, finish_killed_commit, open_in_place, set_complete
 from kvsim.results import is_complete_run_dir, write_text_atomic, write_yaml
 from kvsim.sweep.executors import EXECUTORS, Outcome, execute
@@ -75,11 +77,26 @@ def recover_killed_points(out: Path, points, *, finish: bool = True) -> list[str
 
 
 def point_state(sweep: LoadedSweep, out: Path, point) -> str:
-    """``complete`` | ``stale`` (complete but from another scenario) | ``missing``."""
+    """``complete`` | ``stale`` (complete but from another scenario) | ``damaged`` (complete, but its
+    result files cannot be read: :func:`damage_of`) | ``missing``."""
     d = out / "points" / point.id
     if not is_complete_run_dir(d):
         return "missing"
-    return "complete" if _resolved_matches(d, point) else "stale"
+    if not _resolved_matches(d, point):
+        return "stale"
+    return "complete" if damage_of(d) is None else "damaged"
+
+
+def damage_of(run_dir: Path) -> str | None:
+    """Why the results of the complete run directory ``run_dir`` cannot be read by compare and the
+    report (one line naming the file), or None. Reads summary.json and the tables' footers only."""
+    from kvsim.report.runs import read_run_dir
+
+    try:
+        read_run_dir(run_dir)
+    except KvsimError as e:
+        return str(e)
+    return None
 
 
 def default_sweep_dir(sweep: LoadedSweep) -> Path:
@@ -122,12 +139,18 @@ def run_sweep(sweep_file_or_spec: str | Path | dict | LoadedSweep, out_dir: str 
         say(note)
 
     status: dict[str, tuple[str, str]] = {}
-    todo, stale = _points_to_run(sweep, out, force, status)
+    todo, states = _points_to_run(sweep, out, force, status)
     skipped = len(sweep.points) - len(todo)
     if jobs is None:
         jobs = os.cpu_count() or 1
+    for p in todo:
+        if states[p.id] == "damaged":
+            say(f"kvsim: note: point {p.id} is run again: {damage_of(out / 'points' / p.id)}")
+    why = [f"{n} {state}: {what}" for state, what in (("stale", "made from another scenario"),
+                                                      ("damaged", "result files that cannot be read"))
+           if (n := sum(states[p.id] == state for p in todo))]
     say(f"sweep {sweep.name}: {len(sweep.points)} points, {skipped} already complete (skipped), "
-        f"{len(todo)} to run" + (f" ({stale} stale: made from another scenario)" if stale else "")
+        f"{len(todo)} to run" + (f" ({'; '.join(why)})" if why else "")
         + (f" with {executor} executor, {jobs} jobs" if todo else ""))
 
     outcomes = _Outcomes(sweep, out, status, say, sys.stderr.isatty() if progress is None else progress, skipped)
@@ -153,16 +176,17 @@ def run_sweep(sweep_file_or_spec: str | Path | dict | LoadedSweep, out_dir: str 
     for note in recover_killed_points(out, sweep.points, finish=False):
         say(note)
 
+    reported = True
     if report:
         try:
-            _write_sweep_report(out, df, say)
+            reported = _write_sweep_report(out, df, say)
         except KeyboardInterrupt:
             ok = int((df["status"] == STATUS_OK).sum())
             raise Interrupted(f"interrupted while writing compare/ and report.html; {ok} of {len(sweep.points)} points "
                               f"are complete in {out / 'points'}; rerun the same command to write them (complete "
                               "points are skipped)") from None
     failed = outcomes.failed
-    set_complete(out, not failed and len(status) == len(sweep.points))
+    set_complete(out, not failed and len(status) == len(sweep.points) and reported)
     wall = time.perf_counter() - t_start
     df.attrs["sweep"] = {"points": len(sweep.points), "ran": len(todo), "skipped": skipped,
                          "failed": len(failed), "wall_s": wall, "sweep_dir": str(out)}
@@ -217,18 +241,17 @@ def _open_sweep_dir(sweep: LoadedSweep, out_dir: str | Path | None, force: bool)
     return out
 
 
-def _points_to_run(sweep: LoadedSweep, out: Path, force: bool, status: dict) -> tuple[list, int]:
-    """(points to run, how many of them are stale); complete points go into ``status`` as ok."""
+def _points_to_run(sweep: LoadedSweep, out: Path, force: bool, status: dict) -> tuple[list, dict[str, str]]:
+    """(points to run, every point's :func:`point_state`); complete points go into ``status`` as ok."""
     todo = []
-    stale = 0
+    states: dict[str, str] = {}
     for p in sweep.points:
-        state = "missing" if force else point_state(sweep, out, p)
+        state = states[p.id] = "missing" if force else point_state(sweep, out, p)
         if state == "complete":
             status[p.id] = (STATUS_OK, "")
         else:
-            stale += state == "stale"
             todo.append(p)
-    return todo, stale
+    return todo, states
 
 
 class _Outcomes:
@@ -279,8 +302,10 @@ class _Outcomes:
             self.bar = None
 
 
-def _write_sweep_report(out: Path, df: pd.DataFrame, say) -> None:
-    """``compare/`` and ``report.html``; a failure is a warning (the sweep's results stand)."""
+def _write_sweep_report(out: Path, df: pd.DataFrame, say) -> bool:
+    """``compare/`` and ``report.html``; a failure is a warning (the sweep's results stand), and the
+    report of an earlier sweep in ``out`` is removed then, so that no stale report looks current.
+    Returns whether the report was written."""
     try:
         from kvsim.report import compare, write_run_report
 
@@ -288,4 +313,24 @@ def _write_sweep_report(out: Path, df: pd.DataFrame, say) -> None:
             compare([out], out / "compare", log=say)  # replaces an earlier compare/ (kvsim.outdir)
         write_run_report(out)
     except Exception as e:  # noqa: BLE001 -- the sweep's results stand without the report
-        say(f"kvsim: warning: could not write the sweep report: {type(e).__name__}: {e}")
+        gone = _remove_report(out)
+        say(f"kvsim: warning: could not write the sweep report: {type(e).__name__}: {e}"
+            + (f" (removed the earlier {' and '.join(gone)}; rerun the same command to write them)" if gone else ""))
+        return False
+    return True
+
+
+def _remove_report(out: Path) -> list[str]:
+    """Delete the ``compare/`` and ``report.html`` an earlier sweep wrote in ``out`` (what kvsim wrote
+    only: kvsim.outdir's markers); returns the names removed."""
+    from kvsim.outdir import read_marker, withdraw_output, writer_of
+
+    gone = []
+    if withdraw_output(out / "compare"):
+        gone.append("compare/")
+    marker = read_marker(out)
+    report = out / "report.html"
+    if marker is not None and writer_of(marker, "report.html") is not None and report.is_file():
+        report.unlink()
+        gone.append("report.html")
+    return gone

@@ -30,7 +30,8 @@ class BatchShape:
     * ``kv_pages_read``: sum over the sequences counted in ``kv_tokens_read`` of the pages attention
       reads, ``ceil((c_i + n_i) / block_size)`` (1 per sequence when the allocator has no pages);
     * ``num_prefill_seqs`` / ``num_decode_seqs``: requests in each group;
-    * ``swap_in_bytes`` / ``swap_out_bytes``: KV moved between GPU and a host tier this step;
+    * ``swap_in_bytes`` / ``swap_out_bytes``: KV moved between GPU and a host tier that this step
+      pays for (a swap-in's part that prefetch hid is off: the step table counts it, the step time not);
       ``swap_in_copies`` / ``swap_out_copies``: the copies that takes (blocks or runs x layout
       copies, docs/transfer_model.md; 0 and unused on the legacy size-independent link);
     * ``tier_load_s``: time loading offloaded prefix blocks back, priced by the transfer model

@@ -107,3 +107,22 @@ def test_compare_names_a_variant_without_summary(run_copy, tmp_path, capsys):
     assert kvsim_main(["report", str(run_copy), "--out", str(tmp_path / "r.html")]) == 0
     assert "Left out 1 variant(s) without a summary.json: paged-16." in (tmp_path / "r.html").read_text()
 
+
+def test_a_folder_the_run_does_not_list_is_not_a_variant(run_copy, tmp_path, capsys):
+    """A copy of a variant left in the variants directory (not in scenario.resolved.yaml) is not
+    compared, reported or loaded as another variant; compare and report name it once."""
+    from kvsim.api import load_results
+
+    shutil.copytree(run_copy / "paged-16", run_copy / "paged-16-backup")
+    out = tmp_path / "cmp"
+    assert kvsim_main(["compare", str(run_copy), "--out", str(out)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    notes = [e for e in err if "backup" in e]
+    assert notes == [f"kvsim: note: compare: ignored 1 folder(s) that the run's scenario.resolved.yaml does not "
+                     f"list as variants: {run_copy / 'paged-16-backup'}"]
+    assert sorted(pd.read_csv(out / "comparison.csv")["label"]) == sorted(VARIANTS)
+    assert kvsim_main(["report", str(run_copy), "--out", str(tmp_path / "r.html")]) == 0
+    html = (tmp_path / "r.html").read_text()
+    assert "Ignored 1 folder(s) that scenario.resolved.yaml does not list as variants: paged-16-backup." in html
+    assert sorted(load_results(run_copy)) == sorted(VARIANTS)
+

@@ -113,6 +113,60 @@ def test_a_point_made_from_another_scenario_is_rerun(block_sweep_copy):
     assert [point_state(same, out, p) for p in same.points] == ["complete"] * 10
 
 
+def test_a_point_whose_results_cannot_be_read_is_rerun_and_the_report_rewritten(block_sweep_copy):
+    """A complete point with a truncated steps.parquet is not complete: the rerun runs it again
+    (saying which file), the report is written anew, and the index is as before."""
+    out, df = block_sweep_copy
+    from kvsim.sweep import load_sweep
+    from kvsim.sweep.runner import point_state
+
+    damaged = sorted((out / "points").iterdir())[3]
+    steps = damaged / "steps.parquet"
+    steps.write_bytes(steps.read_bytes()[:3000])
+    same = load_sweep(STUDY_SWEEP, overrides=["trace.end_s=60"])
+    assert sorted(point_state(same, out, p) for p in same.points) == ["complete"] * 9 + ["damaged"]
+    report_mtime = (out / "report.html").stat().st_mtime_ns
+    rc, log = run_cli(["sweep", str(STUDY_SWEEP), *SHORT, "--out", str(out), "--jobs", "1", "--no-plots"])
+    assert rc == 0, log
+    assert f"kvsim: note: point {damaged.name} is run again: {steps}: cannot read the parquet file" in log
+    assert "10 points, 9 already complete (skipped), 1 to run (1 damaged: result files that cannot be read)" in log
+    assert "warning" not in log
+    pd.read_parquet(steps)  # written again, whole
+    assert (out / "report.html").stat().st_mtime_ns != report_mtime
+    assert json.loads((out / ".kvsim-output.json").read_text())["complete"] is True
+    pd.testing.assert_frame_equal(metric_frame(pd.read_parquet(out / "index.parquet")), metric_frame(df))
+
+
+def test_a_report_that_cannot_be_written_leaves_no_stale_report(block_sweep_copy, monkeypatch):
+    """The sweep's report fails: the earlier compare/ and report.html go (they would look current),
+    the warning says so, and the sweep is not marked complete, so the same command writes them."""
+    import kvsim.report
+
+    out, _ = block_sweep_copy
+    (out / "compare" / "mine.txt").write_text("a user's file")  # not kvsim's: kept
+    assert (out / "report.html").is_file()
+
+    def broken(*a, **k):
+        raise RuntimeError("no report today")
+
+    monkeypatch.setattr(kvsim.report, "compare", broken)
+    rc, log = run_cli(["sweep", str(STUDY_SWEEP), *SHORT, "--out", str(out), "--jobs", "1", "--no-plots"])
+    assert rc == 0, log
+    assert ("kvsim: warning: could not write the sweep report: RuntimeError: no report today (removed the "
+            "earlier compare/ and report.html; rerun the same command to write them)") in log
+    assert not (out / "report.html").exists()
+    # compare/ keeps the user's file and its marker (incomplete, listing nothing): kvsim's to write again
+    assert sorted(p.name for p in (out / "compare").iterdir()) == [".kvsim-output.json", "mine.txt"]
+    assert json.loads((out / "compare" / ".kvsim-output.json").read_text())["written"] == []
+    assert json.loads((out / ".kvsim-output.json").read_text())["complete"] is False
+    monkeypatch.undo()
+    rc, log = run_cli(["sweep", str(STUDY_SWEEP), *SHORT, "--out", str(out), "--jobs", "1", "--no-plots"])
+    assert rc == 0 and "warning" not in log, log
+    assert (out / "report.html").is_file() and (out / "compare" / "comparison.csv").is_file()
+    assert (out / "compare" / "mine.txt").read_text() == "a user's file"
+    assert json.loads((out / ".kvsim-output.json").read_text())["complete"] is True
+
+
 def test_killed_sweep_resumes(tmp_path):
     """Kill a sweep (driver and workers) mid-way; the rerun runs only the points not complete."""
     out = tmp_path / "sweep"

@@ -94,6 +94,24 @@ def test_step_and_fast_engines_agree_with_link_priced_swaps(prefetch):
         assert out["step"].summary["transfer"]["hidden_by_prefetch_s"] > 0
 
 
+@pytest.mark.parametrize("link", ["pcie-gen4-x16", None])
+def test_swap_in_bytes_count_what_prefetch_hid(link):
+    """Swap-in bytes are the KV moved back, counted in the step that swaps the request in, whether
+    prefetch hid the copies or not (the hidden time is transfer.hidden_by_prefetch_s): with every
+    request finished and no prefix cache, all that went out came back; both engines agree."""
+    legacy = None if link else 64e9
+    out = {mode: run(swap_scenario(16, link, engine=mode, prefetch=True, legacy_bw=legacy), trace=make_trace(ROWS),
+                     check_invariants=True) for mode in ("step", "fast")}
+    for res in out.values():
+        s = res.summary
+        assert s["preemptions_by_mode"]["swap"] > 0 and s["transfer"]["hidden_by_prefetch_s"] > 0
+        assert res.requests["finish_s"].notna().all()
+        assert s["swapped_in_bytes"] == s["swapped_out_bytes"] == s["transfer"]["swap_in_bytes"] > 0
+        assert int(res.steps["swap_in_bytes"].sum()) == s["swapped_in_bytes"]
+    assert out["step"].summary["swapped_in_bytes"] == out["fast"].summary["swapped_in_bytes"]
+    pd.testing.assert_frame_equal(out["step"].requests, out["fast"].requests, check_exact=True)
+
+
 def test_contiguous_layout_takes_fewer_copies_so_swaps_cost_less():
     """Same link, 1-token blocks: one copy per block instead of 2 x 40 layers."""
     split = swap_s_per_byte(run(swap_scenario(1, "pcie-gen5-x16"), trace=make_trace(ROWS)))

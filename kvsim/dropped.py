@@ -1,7 +1,7 @@
 """What happened to the requests that did not finish: counts by reason, and how to avoid them.
 
 Used by ``kvsim run`` (console line and warning), ``kvsim validate`` (predicted from the trace
-without simulating: :func:`predict_rejections`) and the HTML report. Reasons are the scheduler's
+without simulating: :func:`predict_rejections`; ``kvsim replay``: :func:`reject_reasons`) and the HTML report. Reasons are the scheduler's
 ``reject_reason`` values (docs/metrics.md) plus the trace's length policy (``dropped``/``capped``).
 """
 
@@ -112,6 +112,14 @@ def warnings_for(runs: dict[str, Dropped]) -> list[str]:
 def predict_rejections(scn, trace, where: str = "scenario") -> dict[str, int]:
     """Rejections by reason the simulator will make for ``trace`` (after its length policy), found
     by the scheduler's own admission check on each request, without simulating."""
+    return dict(Counter(r for r in reject_reasons(scn, trace, where) if r))
+
+
+def reject_reasons(scn, trace, where: str = "scenario") -> list[str]:
+    """Per request of ``trace`` (after its length policy), the ``reject_reason`` the simulator's
+    scheduler gives it on arrival ("" for a request it queues): its own admission check
+    (:meth:`kvsim.sched.arrivals.Arrivals.reject_reason`), without simulating. ``kvsim replay`` records
+    these requests rejected and never sends them, as ``kvsim run`` does."""
     from kvsim.kv.base import KVRequest
     from kvsim.metrics.request_log import RequestLog
     from kvsim.simulate import build_allocator, build_scheduler
@@ -122,11 +130,9 @@ def predict_rejections(scn, trace, where: str = "scenario") -> dict[str, int]:
                             request_log=RequestLog())
     samples = trace.num_samples
     keys = trace.prefix_keys
-    counts: Counter[str] = Counter()
+    reasons: list[str] = []
     for i in range(len(trace)):
         kv = KVRequest(i, int(trace.prompt_tokens[i]), int(trace.output_tokens[i]), max_len,
                        block_keys=None if keys is None else keys[i], num_samples=1 if samples is None else int(samples[i]))
-        reason = sched.reject_reason(kv)  # the check an arrival gets, without queueing
-        if reason:
-            counts[reason] += 1
-    return dict(counts)
+        reasons.append(sched.reject_reason(kv))  # the check an arrival gets, without queueing
+    return reasons

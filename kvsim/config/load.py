@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +19,46 @@ from kvsim.yamlio import YAMLSyntaxError, load_yaml
 
 
 @dataclass(frozen=True)
+class ModelSource:
+    """A run's ``model:`` as written, before a config file was read into its fields: the config file it
+    names (None: a preset or fields), the value as written and the key that set it (``model``,
+    ``variants.NAME.model`` or ``--set model=...``), for tools that need the file itself (kvsim replay)."""
+
+    file: Path | None
+    value: Any
+    key: str
+
+
+def model_source(raw: dict, base_dir: Path | None, overrides: tuple[str, ...] = (), variant: str | None = None,
+                 override: dict | None = None) -> ModelSource:
+    """The :class:`ModelSource` of a scenario mapping whose ``model:`` is not expanded yet: ``overrides``
+    (the ``--set`` expressions applied to it) and ``variant``/``override`` (the variant's own keys) say
+    which key set it."""
+    value = raw.get("model")
+    name = value.get("preset") if isinstance(value, dict) else value
+    file = None
+    if isinstance(name, str) and hf.is_config_path(name, base_dir):
+        file = Path(name).expanduser()
+        if not file.is_absolute() and base_dir is not None:
+            file = base_dir / file
+    key = "model"
+    if variant is not None and isinstance(override, dict) and "model" in override:
+        key = f"variants.{variant}.model"
+    for expr in overrides:
+        k = expr.split("=", 1)[0].strip()
+        if k == "model" or k.startswith("model."):
+            key = f"--set {expr}"
+    return ModelSource(file=file, value=value, key=key)
+
+
+@dataclass(frozen=True)
 class LoadedScenario:
     path: Path
     name: str
     base: Scenario
     variants: dict[str, Scenario]  # empty when the file has no variants
+    # run name (as in runs) -> where its model: came from; empty for scenarios not loaded from a mapping
+    model_sources: dict[str, ModelSource] = field(default_factory=dict)
 
     @property
     def runs(self) -> dict[str, Scenario]:
@@ -198,6 +233,9 @@ def expand_scenario(raw: dict, path: Path, overrides: tuple[str, ...], base_dir:
     anchors relative model files."""
     base_dir = path.parent if base_dir is None else Path(base_dir)
     raw.setdefault("name", path.stem)
+    written_model = {"model": copy.deepcopy(raw.get("model"))}  # as written, --set applied, before expansion
+    base_source = model_source(raw, base_dir, overrides)
+    sources: dict[str, ModelSource] = {}
     raw = expand_model(raw, base_dir, str(path))
     sets = overrides
     base = validate_scenario(raw, str(path), sets=sets)
@@ -212,11 +250,18 @@ def expand_scenario(raw: dict, path: Path, overrides: tuple[str, ...], base_dir:
             raise ConfigError(f"{path}: variants.{vname}: expected a mapping of overrides")
         if "variants" in override:
             raise ConfigError(f"{path}: variants.{vname}: variants cannot nest")
-        merged = deep_merge(base_raw, _undot(override))
+        undotted = _undot(override)
+        merged = deep_merge(base_raw, undotted)
         # --set applies to every variant too: it is the user's last word.
         for expr in overrides:
             key, value = parse_set(expr)
             _set_dotted(merged, key, value, f"--set {expr}")
+        # its model as written (the base's is expanded in merged): the base's, the variant's, then --set's
+        own = deep_merge(written_model, {"model": undotted["model"]}) if "model" in undotted else written_model
+        own = apply_sets(copy.deepcopy(own), [e for e in overrides if parse_set(e)[0].split(".")[0] == "model"])
+        sources[vname] = model_source(own, base_dir, overrides, vname, undotted)
         merged = expand_model(merged, base_dir, str(path), prefix=f"variants.{vname}.")
         variants[vname] = validate_scenario(merged, str(path), prefix=f"variants.{vname}.", sets=sets)
-    return LoadedScenario(path=path, name=str(base.name), base=base, variants=variants)
+    if not variants:
+        sources = {str(base.name): base_source}
+    return LoadedScenario(path=path, name=str(base.name), base=base, variants=variants, model_sources=sources)

@@ -92,13 +92,31 @@ class EngineSettings:
     seed: int = 0
     dtype: str = "bfloat16"
     enforce_eager: bool = False
+    kv_cache_dtype: str = "auto"  # "auto": dtype; "fp8" (kv_dtype: fp8)
+    reserve_full_isl: bool = True  # scheduler_reserve_full_isl (scheduler.reserve_full_isl)
 
     def provenance(self) -> dict:
-        return {"block_size": self.block_size, "num_gpu_blocks_override": self.num_blocks,
+        return {"model_config": str(self.model_config), "block_size": self.block_size, "num_gpu_blocks_override": self.num_blocks,
                 "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
                 "max_model_len": self.max_model_len, "enable_chunked_prefill": self.chunked_prefill,
                 "enable_prefix_caching": self.prefix_caching, "device": self.device, "threads": self.threads,
-                "dtype": self.dtype, "enforce_eager": self.enforce_eager, "async_scheduling": False}
+                "dtype": self.dtype, "kv_cache_dtype": self.kv_cache_dtype,
+                "scheduler_reserve_full_isl": self.reserve_full_isl, "enforce_eager": self.enforce_eager,
+                "async_scheduling": False}
+
+
+def check_kv_cache_dtype(kv_cache_dtype: str, device: str, where: str = "kv_dtype") -> None:
+    """vLLM 0.32's CPU attention stores an fp8 KV cache only on x86 with AVX-512 or AMX
+    (vllm/v1/attention/backends/cpu_attn.py ``_get_attn_isa``): refused in one line before any engine
+    starts, not part-way through a replay. Needs torch (imported with vLLM)."""
+    if device != "cpu" or kv_cache_dtype == "auto":
+        return
+    import torch
+
+    if not (torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()):
+        raise EngineError(f"{where}: kv_dtype is 'fp8'; vLLM 0.32's CPU attention needs x86 with AVX-512 or AMX for "
+                          "an fp8 KV cache and this host has neither (vLLM would refuse the engine): choose kv_dtype "
+                          "equal to weight_dtype, or replay on such a host or --device cuda")
 
 
 def _set_threads(threads: int) -> None:
@@ -129,6 +147,7 @@ class Engine:
             max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
             max_num_batched_tokens=settings.max_num_batched_tokens,
             enable_chunked_prefill=settings.chunked_prefill, enable_prefix_caching=settings.prefix_caching,
+            kv_cache_dtype=settings.kv_cache_dtype, scheduler_reserve_full_isl=settings.reserve_full_isl,
             async_scheduling=False, seed=settings.seed, enforce_eager=settings.enforce_eager,
             gpu_memory_utilization=CPU_MEMORY_FRACTION if settings.device == "cpu" else 0.9,
             disable_log_stats=False,
@@ -141,7 +160,7 @@ class Engine:
         except Exception as e:  # vLLM refuses models/settings with many exception types
             shutil.rmtree(self._folder, ignore_errors=True)
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise EngineError(f"--model {settings.model_config}: vLLM refused the engine: {type(e).__name__}: "
+            raise EngineError(f"{settings.model_config}: vLLM refused the engine: {type(e).__name__}: "
                               f"{first[:300]}") from None
         self.scheduler = self.llm.engine_core.engine_core.scheduler
         self.probe = StepProbe(self.scheduler)
@@ -165,7 +184,13 @@ class Engine:
         from vllm.inputs import TokensPrompt
 
         params = self._sampling(max_tokens=output_tokens, min_tokens=output_tokens, ignore_eos=True, temperature=0.0)
-        self.llm.add_request(request_id, TokensPrompt(prompt_token_ids=token_ids), params, arrival_time=arrival_time)
+        try:
+            self.llm.add_request(request_id, TokensPrompt(prompt_token_ids=token_ids), params,
+                                 arrival_time=arrival_time)
+        except Exception as e:  # noqa: BLE001 -- vLLM's validation errors have many types: one line
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise EngineError(f"request {request_id} ({len(token_ids)} prompt tokens, {output_tokens} output): vLLM "
+                              f"refused it: {type(e).__name__}: {first[:300]}") from None
 
     def abort(self, request_ids: list[str]) -> None:
         self.llm.abort_request(request_ids)

@@ -177,6 +177,23 @@ def _fitted_here(path: Path) -> bool:
         return False
 
 
+def _check_out(outp: Path, force: bool) -> None:
+    """May the fit write its profile to ``outp``? One line (exit 2) when not: a directory, a file the fit did
+    not write (without ``--force``), or a path that cannot be created (a parent that is a file, /proc)."""
+    from kvsim.errors import ConfigError
+    from kvsim.outdir import check_creatable
+
+    if outp.is_dir():
+        raise CalibrationError(f"--out {outp}: is a directory; give the profile's file name (e.g. {outp / 'fitted.yaml'})")
+    if outp.exists() and not force and not _fitted_here(outp):
+        raise CalibrationError(f"--out {outp}: file exists and is not a profile `kvsim calibrate fit` wrote "
+                               f"(kvsim does not overwrite files it did not write; pass --force to replace it)")
+    try:
+        check_creatable(outp, "--out")  # probes where outp goes: a read-only or virtual folder (/proc) fails
+    except ConfigError as e:
+        raise CalibrationError(str(e)) from None
+
+
 def run_fit(dir_: str, out: str, *, template: str = "vllm-paged-v1", gpu: str | None = None,
             kv_dtype: str | None = None, impl: str | None = None, name: str | None = None,
             force: bool = False) -> dict:
@@ -187,6 +204,8 @@ def run_fit(dir_: str, out: str, *, template: str = "vllm-paged-v1", gpu: str | 
     from kvsim.hw import GPUS
     from kvsim.timing.kernel import load_backend
 
+    outp = Path(out)
+    _check_out(outp, force)  # before any work: one line, exit 2
     data = load_calibration_dir(dir_)
     meta = data.meta
     gpu_name = gpu or meta.get("gpu_name")
@@ -204,12 +223,7 @@ def run_fit(dir_: str, out: str, *, template: str = "vllm-paged-v1", gpu: str | 
     rows = decode_rows(data.df, kv_dtype, impl)
     if rows.empty:
         raise CalibrationError(f"{data.csv_path}: no decode_paged/decode_contiguous rows with dtype={kv_dtype!r}")
-    outp = Path(out)
-    if outp.is_dir():
-        raise CalibrationError(f"--out {out}: is a directory; give the profile's file name (e.g. {outp / 'fitted.yaml'})")
-    if outp.exists() and not force and not _fitted_here(outp):
-        raise CalibrationError(f"--out {out}: file exists and is not a profile `kvsim calibrate fit` wrote "
-                               f"(kvsim does not overwrite files it did not write; pass --force to replace it)")
+    _check_out(outp, force)  # again: it may have changed while loading
     prof, stats = fit_rows(rows, meta["model"], kv_dtype, tmpl, spec.hbm_bandwidth_bytes_per_s, spec.num_sms,
                            name or f"fitted-{gpu_name}", gpu_name)
     header = (f"{FIT_HEADER}{dir_}` (device {meta['device']}, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from dataclasses import replace
 
 import pandas as pd
@@ -96,3 +97,21 @@ def test_fit_refuses_an_implementation_that_was_not_measured(tmp_path, capsys):
     assert len(err) == 1 and "--impl 'nope': no paged decode rows" in err[0] and "measured: triton" in err[0]
     assert not out.exists()
     assert main(["calibrate", "fit", str(d), "--impl", "triton", "--out", str(out)]) == 0
+
+
+def test_fit_refuses_an_out_that_cannot_be_created_before_fitting(tmp_path, capsys, monkeypatch):
+    """--out under a regular file, or on /proc, was an internal error (FileExistsError, FileNotFoundError)
+    after the fit's work: now one line naming --out, exit 2, before any fitting."""
+    import kvsim.calibration.fit as fit
+
+    d = _calibration_dir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setattr(fit, "fit_rows", lambda *a, **k: pytest.fail("fitted before checking --out"))
+    outs = [tmp_path / "afile" / "x.yaml", tmp_path / "afile" / "sub" / "x.yaml"]
+    if Path("/proc/self").is_dir():
+        outs.append(Path("/proc/x.yaml"))
+    for out in outs:
+        assert main(["calibrate", "fit", str(d), "--gpu", "A100-80GB", "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"kvsim: error: --out {out}: "), err
+        assert "internal error" not in err[0]

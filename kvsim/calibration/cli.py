@@ -28,6 +28,9 @@ from kvsim.cliargs import positive_int
 from kvsim.errors import CalibrationError, KvsimError
 
 
+PEER_CHECK = "calibrate peer-check"  # the writer of its --csv file in an output folder's record (kvsim.outdir)
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "calibrate", help="measure attention/GEMM kernels on this device into a calibration directory",
@@ -86,10 +89,14 @@ def register(subparsers) -> None:
     r = sub.add_parser("report", help="leave-one-out interpolation error and bandwidth utilisation of DIR")
     r.add_argument("dir", metavar="DIR")
     r.add_argument("--no-plots", action="store_true")
+    r.add_argument("--force", dest="report_force", action="store_true",
+                   help="overwrite report files in DIR that kvsim did not write (without it they are refused)")
     pc = sub.add_parser("peer-check", help="compare the analytical roofline, the fitted GEMM model (and a calibrated model) with Vidur's GPU profiles")
     pc.add_argument("--vidur-dir", default=None, help="Vidur's repository or data folder (holding data/profiling/compute; default: $KVSIM_VIDUR_DIR)")
     pc.add_argument("--calibration", metavar="DIR", help="also compare this calibration directory (its model only)")
-    pc.add_argument("--csv", metavar="FILE", help="write the MAPE table as CSV")
+    pc.add_argument("--csv", metavar="FILE", help="write the MAPE table as CSV (an existing file only if an earlier "
+                                                  "peer-check wrote it, per its kvsim output folder; docs/outputs.md)")
+    pc.add_argument("--force", dest="peer_force", action="store_true", help="overwrite an existing --csv file")
     sc = sub.add_parser("selfcheck", help="check the Triton kernel and torch paths against fp32 references")
     sc.add_argument("--device", dest="selfcheck_device", choices=["auto", "cuda", "cpu"], default="auto")
     ft = sub.add_parser("fit", help="fit the decode-attention kernel model to DIR's decode rows -> backend profile",
@@ -123,14 +130,20 @@ def handle(args: argparse.Namespace) -> int:
     if cmd == "report":
         from kvsim.calibration.report import run_report
 
-        run_report(args.dir, plots=not args.no_plots)
+        run_report(args.dir, plots=not args.no_plots, force=args.report_force)
         return 0
     if cmd == "peer-check":
         from kvsim.calibration.peer import run_peer_check
 
+        from kvsim.outdir import check_creatable, check_out_file, write_file_atomic
+
+        if args.csv:  # checked before the comparison's work (~40 s)
+            check_out_file(args.csv, command=PEER_CHECK, force=args.peer_force, flag="--csv")
+            check_creatable(args.csv, "--csv")
         table = run_peer_check(args.vidur_dir, args.calibration)
         if args.csv:
-            table.to_csv(args.csv, index=False)
+            write_file_atomic(args.csv, lambda tmp: table.to_csv(tmp, index=False), command=PEER_CHECK,
+                              force=args.peer_force, flag="--csv")
         return 0
     if cmd == "selfcheck":
         return _selfcheck(args.selfcheck_device)
@@ -212,7 +225,7 @@ def _measure(args: argparse.Namespace) -> int:
         raise CalibrationError(f"--mem-fraction must be in (0, 0.9], got {args.mem_fraction}")
     out = run_calibration(args.out, device=args.device, model=args.model, gpu_name=args.gpu_name, grid=grid,
                           time_budget_s=args.time_budget_s, decode_impl=args.decode_impl,
-                          mem_fraction=args.mem_fraction, seed=args.seed, force=args.force)
+                          mem_fraction=args.mem_fraction, seed=args.seed, force=args.force, report=args.report)
     print(out)
     if args.report:
         from kvsim.calibration.report import run_report

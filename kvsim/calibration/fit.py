@@ -98,8 +98,9 @@ def _nnls_rel(A: np.ndarray, y: np.ndarray, fixed_zero: list[int]) -> tuple[np.n
 
 
 def fit_rows(rows: pd.DataFrame, geom: dict, kv_dtype: str, template, peak_bw: float, num_sms: int | None,
-             name: str, reference_gpu: str):
-    """A fitted :class:`~kvsim.timing.kernel.BackendProfile` and fit statistics."""
+             name: str, reference_gpu: str, where: str = "the decode rows"):
+    """A fitted :class:`~kvsim.timing.kernel.BackendProfile` and fit statistics. ``where`` names the rows'
+    source (the calibration directory) in errors."""
     if len(rows) < 4:
         raise CalibrationError(f"only {len(rows)} usable decode rows: the kernel fit needs at least 4")
     has_pages = bool((~rows["contiguous"]).any())
@@ -135,6 +136,11 @@ def fit_rows(rows: pd.DataFrame, geom: dict, kv_dtype: str, template, peak_bw: f
         if errs[k] < min(fa, fb):
             best_u = float(grid[k])
     x, err = solve(best_u)
+    if not x[3] > 0:  # degenerate rows (flat times): no bandwidth term, 1 / x[3] would be inf
+        ops = "/".join(sorted(set(np.where(rows["contiguous"], S.DECODE_CONTIGUOUS, S.DECODE_PAGED))))
+        raise CalibrationError(f"{where}: the {ops} rows' times do not grow with the KV bytes read, so no "
+                               f"bandwidth term fits (max_bandwidth_utilisation would be infinite); calibrate fit "
+                               f"needs kernel timings from `kvsim calibrate --device ...`")
     umax = 1.0 / x[3]
     if umax > 1.0:
         raise CalibrationError(f"fitted max_bandwidth_utilisation {umax:.3f} exceeds 1 (faster than peak HBM "
@@ -208,6 +214,10 @@ def run_fit(dir_: str, out: str, *, template: str = "vllm-paged-v1", gpu: str | 
     _check_out(outp, force)  # before any work: one line, exit 2
     data = load_calibration_dir(dir_)
     meta = data.meta
+    if meta.get("source") == "engine":
+        raise CalibrationError(f"{data.meta_path}: field 'source' is 'engine': an engine calibration (`kvsim calibrate "
+                               f"--engine ...`) whose decode rows are whole engine steps, not kernel timings; "
+                               f"calibrate fit needs a kernel calibration from `kvsim calibrate --device ...`")
     gpu_name = gpu or meta.get("gpu_name")
     if gpu_name not in GPUS:
         raise CalibrationError(f"{data.meta_path}: field 'gpu_name' is {gpu_name!r}, not a GPU preset; give --gpu "
@@ -225,7 +235,7 @@ def run_fit(dir_: str, out: str, *, template: str = "vllm-paged-v1", gpu: str | 
         raise CalibrationError(f"{data.csv_path}: no decode_paged/decode_contiguous rows with dtype={kv_dtype!r}")
     _check_out(outp, force)  # again: it may have changed while loading
     prof, stats = fit_rows(rows, meta["model"], kv_dtype, tmpl, spec.hbm_bandwidth_bytes_per_s, spec.num_sms,
-                           name or f"fitted-{gpu_name}", gpu_name)
+                           name or f"fitted-{gpu_name}", gpu_name, where=str(data.csv_path))
     header = (f"{FIT_HEADER}{dir_}` (device {meta['device']}, "
               f"GPU {gpu_name}, KV dtype {kv_dtype}).\n# {stats['rows']} rows; MAPE {stats['mape']:.4f}; "
               f"RMS relative error {stats['rms_rel_error']:.4f}. Use it as timing.attention_backend: {outp.name}\n")

@@ -115,3 +115,30 @@ def test_fit_refuses_an_out_that_cannot_be_created_before_fitting(tmp_path, caps
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"kvsim: error: --out {out}: "), err
         assert "internal error" not in err[0]
+
+
+def test_fit_refuses_an_engine_calibration_directory(tmp_path, capsys):
+    """`calibrate --engine vllm` rows are whole engine steps: the fit gave a divide-by-zero warning and
+    'max_bandwidth_utilisation inf ... wrong GPU or L2 cache'. Now one line saying what fit needs."""
+    d = _calibration_dir(tmp_path)
+    meta = json.loads((d / S.META_FILE).read_text())
+    (d / S.META_FILE).write_text(json.dumps({**meta, "source": "engine"}))
+    assert main(["calibrate", "fit", str(d), "--out", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "field 'source' is 'engine'" in err[0] and "kvsim calibrate --device" in err[0]
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_fit_on_flat_rows_is_one_line_naming_the_directory_and_op(tmp_path, capsys):
+    import warnings
+
+    d = _calibration_dir(tmp_path)
+    df = pd.read_csv(d / S.CSV_FILE)
+    df["median_s"] = 1e-7  # times that do not grow with the bytes read: no bandwidth term
+    df[df["op"] == S.DECODE_PAGED].to_csv(d / S.CSV_FILE, index=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # was: RuntimeWarning divide by zero, then 'inf exceeds 1'
+        assert main(["calibrate", "fit", str(d), "--out", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"kvsim: error: {d / S.CSV_FILE}: the decode_paged rows' times")
+    assert "inf" not in err[0].replace("infinite", "")

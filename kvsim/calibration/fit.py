@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.calibration_data import schema as S
-from kvsim.errors import CalibrationError
+from kvsim.errors import CalibrationError, did_you_mean
 
 
 def _layout(geom: dict, kv_dtype: str, block_size: int | None):
@@ -219,6 +219,9 @@ def run_fit(dir_: str, out: str, *, template: str = "vllm-paged-v1", gpu: str | 
                                f"--engine ...`) whose decode rows are whole engine steps, not kernel timings; "
                                f"calibrate fit needs a kernel calibration from `kvsim calibrate --device ...`")
     gpu_name = gpu or meta.get("gpu_name")
+    if gpu is not None and gpu not in GPUS:
+        raise CalibrationError(f"--gpu {gpu!r}: not a GPU preset; choose one of {', '.join(sorted(GPUS))} "
+                               f"(for its peak bandwidth and SM count){did_you_mean(gpu, GPUS)}")
     if gpu_name not in GPUS:
         raise CalibrationError(f"{data.meta_path}: field 'gpu_name' is {gpu_name!r}, not a GPU preset; give --gpu "
                                f"(one of {', '.join(sorted(GPUS))}) for its peak bandwidth and SM count")

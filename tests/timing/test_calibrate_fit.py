@@ -142,3 +142,22 @@ def test_fit_on_flat_rows_is_one_line_naming_the_directory_and_op(tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"kvsim: error: {d / S.CSV_FILE}: the decode_paged rows' times")
     assert "inf" not in err[0].replace("infinite", "")
+
+
+def test_fit_blames_the_gpu_flag_not_meta_json(tmp_path, capsys):
+    """--gpu B999 said "meta.json: field 'gpu_name' is 'B999'" though the value came from the flag."""
+    d = _calibration_dir(tmp_path)
+    assert main(["calibrate", "fit", str(d), "--gpu", "a100-80gb", "--out", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("kvsim: error: --gpu 'a100-80gb': not a GPU preset; choose one of ")
+    assert "meta.json" not in err[0] and "did you mean 'A100-80GB'" in err[0]
+
+
+def test_a_corrupt_measurements_csv_is_one_line(tmp_path, capsys):
+    """pandas' tokenizer error ends with a newline: the message's closing ')' was on a second line."""
+    d = _calibration_dir(tmp_path)
+    with (d / S.CSV_FILE).open("a") as f:
+        f.write(",".join("x" * 40) + "\n")
+    assert main(["calibrate", "fit", str(d), "--out", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot parse CSV (Error tokenizing data" in err and err.endswith(")\n")

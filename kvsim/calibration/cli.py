@@ -24,7 +24,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvsim.cliargs import positive_int
+from kvsim.cliargs import nonnegative_int, positive_float, positive_int
 from kvsim.errors import CalibrationError, KvsimError
 
 
@@ -47,7 +47,7 @@ def register(subparsers) -> None:
                                                           "with --engine vllm: the model's config.json (or its folder)")
     p.add_argument("--gpu-name", help="label for meta.json and the default path (default: preset name of the "
                                       "CUDA device where known, else its name; 'cpu' on CPU)")
-    p.add_argument("--time-budget-s", type=float, help="stop measuring after about this many seconds "
+    p.add_argument("--time-budget-s", type=positive_float, help="stop measuring after about this many seconds "
                                                         "(phases get shares; skipped points are listed in meta.json)")
     p.add_argument("--decode-impl", choices=["auto", "triton", "torch"], default="auto",
                    help="auto: Triton kernel on CUDA, torch reference on CPU; triton on CPU needs TRITON_INTERPRET=1")
@@ -55,9 +55,9 @@ def register(subparsers) -> None:
     p.add_argument("--block-sizes", nargs="+", type=positive_int, help="restrict the block sizes (1..512)")
     p.add_argument("--repeats", type=positive_int, help="timed calls per point (--engine vllm: steps kept per point "
                                                          "per round, default 3)")
-    p.add_argument("--warmup", type=int, help="untimed calls per point")
+    p.add_argument("--warmup", type=nonnegative_int, help="untimed calls per point")
     p.add_argument("--mem-fraction", type=float, default=0.4, help="fraction of free device memory for buffers")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=nonnegative_int, default=0)
     p.add_argument("--report", action="store_true", help="run `calibrate report` on the result")
     eg = p.add_argument_group(
         "running engine (--engine vllm)",
@@ -71,7 +71,7 @@ def register(subparsers) -> None:
     eg.add_argument("--batches", nargs="+", type=positive_int, help="decode batch sizes (must include 1)")
     eg.add_argument("--contexts", nargs="+", type=positive_int, help="decode context lengths (at least 2)")
     eg.add_argument("--chunks", nargs="+", type=positive_int, help="prefill chunk lengths (at least 3)")
-    eg.add_argument("--cached", nargs="+", type=int, help="cached tokens before a prefill chunk (must include 0)")
+    eg.add_argument("--cached", nargs="+", type=nonnegative_int, help="cached tokens before a prefill chunk (must include 0)")
     eg.add_argument("--mixed-batches", nargs="+", type=positive_int, help="decode batch of the mixed steps")
     eg.add_argument("--mixed-chunks", nargs="+", type=positive_int, help="prefill chunk of the mixed steps")
     eg.add_argument("--rounds", type=positive_int,
@@ -236,7 +236,9 @@ def _measure(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m kvsim.calibration ARGS`` == ``kvsim calibrate ARGS``, without the rest of the CLI."""
-    parser = argparse.ArgumentParser(prog="python -m kvsim.calibration")
+    from kvsim.cliargs import OneLineParser
+
+    parser = OneLineParser(prog="python -m kvsim.calibration")
     sub = parser.add_subparsers(dest="command")
     register(sub)
     argv = sys.argv[1:] if argv is None else argv

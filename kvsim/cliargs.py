@@ -36,6 +36,19 @@ def nonnegative_int(text: str) -> int:
     return _at_least(text, 0)
 
 
+def positive_float(text: str) -> float:
+    """A finite number > 0 (seconds, a budget); anything else is a one-line usage error (:class:`OneLineParser`)."""
+    import math
+
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not (v > 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+    return v
+
+
 def int_in(low: int, high: int, why: str = ""):
     """An argparse ``type=``: an integer in ``low..high`` (``why``: what the upper bound is, shown with it)."""
     def parse(text: str) -> int:

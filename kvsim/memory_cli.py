@@ -28,6 +28,8 @@ def run(args) -> int:
     from kvsim.models import memory_corpus
 
     path = args.corpus or memory_corpus.CORPUS
+    if path.is_dir():
+        raise ConfigError(f"--corpus: {path}: is a directory; give the corpus CSV file")
     if not path.is_file():
         raise ConfigError(f"--corpus: {path}: no such file")
     rows = memory_corpus.load(path)

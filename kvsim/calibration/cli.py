@@ -24,8 +24,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvsim.cliargs import positive_int
+from kvsim.cliargs import nonnegative_int, positive_float, positive_int
 from kvsim.errors import CalibrationError, KvsimError
+
+
+PEER_CHECK = "calibrate peer-check"  # the writer of its --csv file in an output folder's record (kvsim.outdir)
 
 
 def register(subparsers) -> None:
@@ -44,7 +47,7 @@ def register(subparsers) -> None:
                                                           "with --engine vllm: the model's config.json (or its folder)")
     p.add_argument("--gpu-name", help="label for meta.json and the default path (default: preset name of the "
                                       "CUDA device where known, else its name; 'cpu' on CPU)")
-    p.add_argument("--time-budget-s", type=float, help="stop measuring after about this many seconds "
+    p.add_argument("--time-budget-s", type=positive_float, help="stop measuring after about this many seconds "
                                                         "(phases get shares; skipped points are listed in meta.json)")
     p.add_argument("--decode-impl", choices=["auto", "triton", "torch"], default="auto",
                    help="auto: Triton kernel on CUDA, torch reference on CPU; triton on CPU needs TRITON_INTERPRET=1")
@@ -52,9 +55,9 @@ def register(subparsers) -> None:
     p.add_argument("--block-sizes", nargs="+", type=positive_int, help="restrict the block sizes (1..512)")
     p.add_argument("--repeats", type=positive_int, help="timed calls per point (--engine vllm: steps kept per point "
                                                          "per round, default 3)")
-    p.add_argument("--warmup", type=int, help="untimed calls per point")
+    p.add_argument("--warmup", type=nonnegative_int, help="untimed calls per point")
     p.add_argument("--mem-fraction", type=float, default=0.4, help="fraction of free device memory for buffers")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=nonnegative_int, default=0)
     p.add_argument("--report", action="store_true", help="run `calibrate report` on the result")
     eg = p.add_argument_group(
         "running engine (--engine vllm)",
@@ -68,7 +71,7 @@ def register(subparsers) -> None:
     eg.add_argument("--batches", nargs="+", type=positive_int, help="decode batch sizes (must include 1)")
     eg.add_argument("--contexts", nargs="+", type=positive_int, help="decode context lengths (at least 2)")
     eg.add_argument("--chunks", nargs="+", type=positive_int, help="prefill chunk lengths (at least 3)")
-    eg.add_argument("--cached", nargs="+", type=int, help="cached tokens before a prefill chunk (must include 0)")
+    eg.add_argument("--cached", nargs="+", type=nonnegative_int, help="cached tokens before a prefill chunk (must include 0)")
     eg.add_argument("--mixed-batches", nargs="+", type=positive_int, help="decode batch of the mixed steps")
     eg.add_argument("--mixed-chunks", nargs="+", type=positive_int, help="prefill chunk of the mixed steps")
     eg.add_argument("--rounds", type=positive_int,
@@ -86,10 +89,14 @@ def register(subparsers) -> None:
     r = sub.add_parser("report", help="leave-one-out interpolation error and bandwidth utilisation of DIR")
     r.add_argument("dir", metavar="DIR")
     r.add_argument("--no-plots", action="store_true")
+    r.add_argument("--force", dest="report_force", action="store_true",
+                   help="overwrite report files in DIR that kvsim did not write (without it they are refused)")
     pc = sub.add_parser("peer-check", help="compare the analytical roofline, the fitted GEMM model (and a calibrated model) with Vidur's GPU profiles")
     pc.add_argument("--vidur-dir", default=None, help="Vidur's repository or data folder (holding data/profiling/compute; default: $KVSIM_VIDUR_DIR)")
     pc.add_argument("--calibration", metavar="DIR", help="also compare this calibration directory (its model only)")
-    pc.add_argument("--csv", metavar="FILE", help="write the MAPE table as CSV")
+    pc.add_argument("--csv", metavar="FILE", help="write the MAPE table as CSV (an existing file only if an earlier "
+                                                  "peer-check wrote it, per its kvsim output folder; docs/outputs.md)")
+    pc.add_argument("--force", dest="peer_force", action="store_true", help="overwrite an existing --csv file")
     sc = sub.add_parser("selfcheck", help="check the Triton kernel and torch paths against fp32 references")
     sc.add_argument("--device", dest="selfcheck_device", choices=["auto", "cuda", "cpu"], default="auto")
     ft = sub.add_parser("fit", help="fit the decode-attention kernel model to DIR's decode rows -> backend profile",
@@ -123,14 +130,20 @@ def handle(args: argparse.Namespace) -> int:
     if cmd == "report":
         from kvsim.calibration.report import run_report
 
-        run_report(args.dir, plots=not args.no_plots)
+        run_report(args.dir, plots=not args.no_plots, force=args.report_force)
         return 0
     if cmd == "peer-check":
         from kvsim.calibration.peer import run_peer_check
 
+        from kvsim.outdir import check_creatable, check_out_file, write_file_atomic
+
+        if args.csv:  # checked before the comparison's work (~40 s)
+            check_out_file(args.csv, command=PEER_CHECK, force=args.peer_force, flag="--csv")
+            check_creatable(args.csv, "--csv")
         table = run_peer_check(args.vidur_dir, args.calibration)
         if args.csv:
-            table.to_csv(args.csv, index=False)
+            write_file_atomic(args.csv, lambda tmp: table.to_csv(tmp, index=False), command=PEER_CHECK,
+                              force=args.peer_force, flag="--csv")
         return 0
     if cmd == "selfcheck":
         return _selfcheck(args.selfcheck_device)
@@ -212,7 +225,7 @@ def _measure(args: argparse.Namespace) -> int:
         raise CalibrationError(f"--mem-fraction must be in (0, 0.9], got {args.mem_fraction}")
     out = run_calibration(args.out, device=args.device, model=args.model, gpu_name=args.gpu_name, grid=grid,
                           time_budget_s=args.time_budget_s, decode_impl=args.decode_impl,
-                          mem_fraction=args.mem_fraction, seed=args.seed, force=args.force)
+                          mem_fraction=args.mem_fraction, seed=args.seed, force=args.force, report=args.report)
     print(out)
     if args.report:
         from kvsim.calibration.report import run_report
@@ -223,7 +236,9 @@ def _measure(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m kvsim.calibration ARGS`` == ``kvsim calibrate ARGS``, without the rest of the CLI."""
-    parser = argparse.ArgumentParser(prog="python -m kvsim.calibration")
+    from kvsim.cliargs import OneLineParser
+
+    parser = OneLineParser(prog="python -m kvsim.calibration")
     sub = parser.add_subparsers(dest="command")
     register(sub)
     argv = sys.argv[1:] if argv is None else argv

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.calibration_data import schema as S
-from kvsim.errors import CalibrationError
+from kvsim.errors import CalibrationError, did_you_mean
 
 
 def _layout(geom: dict, kv_dtype: str, block_size: int | None):
@@ -98,8 +98,9 @@ def _nnls_rel(A: np.ndarray, y: np.ndarray, fixed_zero: list[int]) -> tuple[np.n
 
 
 def fit_rows(rows: pd.DataFrame, geom: dict, kv_dtype: str, template, peak_bw: float, num_sms: int | None,
-             name: str, reference_gpu: str):
-    """A fitted :class:`~kvsim.timing.kernel.BackendProfile` and fit statistics."""
+             name: str, reference_gpu: str, where: str = "the decode rows"):
+    """A fitted :class:`~kvsim.timing.kernel.BackendProfile` and fit statistics. ``where`` names the rows'
+    source (the calibration directory) in errors."""
     if len(rows) < 4:
         raise CalibrationError(f"only {len(rows)} usable decode rows: the kernel fit needs at least 4")
     has_pages = bool((~rows["contiguous"]).any())
@@ -135,6 +136,11 @@ def fit_rows(rows: pd.DataFrame, geom: dict, kv_dtype: str, template, peak_bw: f
         if errs[k] < min(fa, fb):
             best_u = float(grid[k])
     x, err = solve(best_u)
+    if not x[3] > 0:  # degenerate rows (flat times): no bandwidth term, 1 / x[3] would be inf
+        ops = "/".join(sorted(set(np.where(rows["contiguous"], S.DECODE_CONTIGUOUS, S.DECODE_PAGED))))
+        raise CalibrationError(f"{where}: the {ops} rows' times do not grow with the KV bytes read, so no "
+                               f"bandwidth term fits (max_bandwidth_utilisation would be infinite); calibrate fit "
+                               f"needs kernel timings from `kvsim calibrate --device ...`")
     umax = 1.0 / x[3]
     if umax > 1.0:
         raise CalibrationError(f"fitted max_bandwidth_utilisation {umax:.3f} exceeds 1 (faster than peak HBM "
@@ -177,6 +183,23 @@ def _fitted_here(path: Path) -> bool:
         return False
 
 
+def _check_out(outp: Path, force: bool) -> None:
+    """May the fit write its profile to ``outp``? One line (exit 2) when not: a directory, a file the fit did
+    not write (without ``--force``), or a path that cannot be created (a parent that is a file, /proc)."""
+    from kvsim.errors import ConfigError
+    from kvsim.outdir import check_creatable
+
+    if outp.is_dir():
+        raise CalibrationError(f"--out {outp}: is a directory; give the profile's file name (e.g. {outp / 'fitted.yaml'})")
+    if outp.exists() and not force and not _fitted_here(outp):
+        raise CalibrationError(f"--out {outp}: file exists and is not a profile `kvsim calibrate fit` wrote "
+                               f"(kvsim does not overwrite files it did not write; pass --force to replace it)")
+    try:
+        check_creatable(outp, "--out")  # probes where outp goes: a read-only or virtual folder (/proc) fails
+    except ConfigError as e:
+        raise CalibrationError(str(e)) from None
+
+
 def run_fit(dir_: str, out: str, *, template: str = "vllm-paged-v1", gpu: str | None = None,
             kv_dtype: str | None = None, impl: str | None = None, name: str | None = None,
             force: bool = False) -> dict:
@@ -187,9 +210,18 @@ def run_fit(dir_: str, out: str, *, template: str = "vllm-paged-v1", gpu: str | 
     from kvsim.hw import GPUS
     from kvsim.timing.kernel import load_backend
 
+    outp = Path(out)
+    _check_out(outp, force)  # before any work: one line, exit 2
     data = load_calibration_dir(dir_)
     meta = data.meta
+    if meta.get("source") == "engine":
+        raise CalibrationError(f"{data.meta_path}: field 'source' is 'engine': an engine calibration (`kvsim calibrate "
+                               f"--engine ...`) whose decode rows are whole engine steps, not kernel timings; "
+                               f"calibrate fit needs a kernel calibration from `kvsim calibrate --device ...`")
     gpu_name = gpu or meta.get("gpu_name")
+    if gpu is not None and gpu not in GPUS:
+        raise CalibrationError(f"--gpu {gpu!r}: not a GPU preset; choose one of {', '.join(sorted(GPUS))} "
+                               f"(for its peak bandwidth and SM count){did_you_mean(gpu, GPUS)}")
     if gpu_name not in GPUS:
         raise CalibrationError(f"{data.meta_path}: field 'gpu_name' is {gpu_name!r}, not a GPU preset; give --gpu "
                                f"(one of {', '.join(sorted(GPUS))}) for its peak bandwidth and SM count")
@@ -204,14 +236,9 @@ def run_fit(dir_: str, out: str, *, template: str = "vllm-paged-v1", gpu: str | 
     rows = decode_rows(data.df, kv_dtype, impl)
     if rows.empty:
         raise CalibrationError(f"{data.csv_path}: no decode_paged/decode_contiguous rows with dtype={kv_dtype!r}")
-    outp = Path(out)
-    if outp.is_dir():
-        raise CalibrationError(f"--out {out}: is a directory; give the profile's file name (e.g. {outp / 'fitted.yaml'})")
-    if outp.exists() and not force and not _fitted_here(outp):
-        raise CalibrationError(f"--out {out}: file exists and is not a profile `kvsim calibrate fit` wrote "
-                               f"(kvsim does not overwrite files it did not write; pass --force to replace it)")
+    _check_out(outp, force)  # again: it may have changed while loading
     prof, stats = fit_rows(rows, meta["model"], kv_dtype, tmpl, spec.hbm_bandwidth_bytes_per_s, spec.num_sms,
-                           name or f"fitted-{gpu_name}", gpu_name)
+                           name or f"fitted-{gpu_name}", gpu_name, where=str(data.csv_path))
     header = (f"{FIT_HEADER}{dir_}` (device {meta['device']}, "
               f"GPU {gpu_name}, KV dtype {kv_dtype}).\n# {stats['rows']} rows; MAPE {stats['mape']:.4f}; "
               f"RMS relative error {stats['rms_rel_error']:.4f}. Use it as timing.attention_backend: {outp.name}\n")

@@ -67,6 +67,8 @@ def load_corpus(path: Path = CORPUS_FILE) -> pd.DataFrame:
     for key in FIELDS:
         if key not in df.columns:
             raise ConfigError(f"{path}: column {key!r} is missing (columns: {', '.join(FIELDS)})")
+    if df.empty:
+        raise ConfigError(f"{path}: no rows (only the header); the corpus needs at least one row")
     choices = {"gpu": tuple(GPUS), "implementation": tuple(PROFILE_OF), "config": CONFIGS,
                "weight_dtype": tuple(DTYPES), "split": SPLITS}
     for i, row in df.iterrows():
@@ -80,13 +82,23 @@ def load_corpus(path: Path = CORPUS_FILE) -> pd.DataFrame:
         if (row["split"] == "check") != (row["method"] not in GRAPH_METHODS):
             raise ConfigError(f"{path}: line {line}: split {row['split']!r} with method {row['method']!r}: rows "
                               f"timed by {' or '.join(GRAPH_METHODS)} are fit or holdout, others check")
-    num = ["num_experts", "top_k", "hidden_size", "shard_intermediate_size", "tp", "num_tokens", "latency_us"]
-    for key in num:
-        bad = pd.to_numeric(df[key], errors="coerce")
-        if bad.isna().any() or (bad <= 0).any():
-            line = int(np.flatnonzero(bad.isna() | (bad <= 0))[0]) + 2
-            raise ConfigError(f"{path}: line {line}: field {key!r} must be a positive number")
-        df[key] = bad
+    counts = ["num_experts", "top_k", "hidden_size", "shard_intermediate_size", "tp", "num_tokens"]
+    for key in [*counts, "latency_us"]:
+        v = pd.to_numeric(df[key], errors="coerce")
+        bad = v.isna() | ~(v > 0) | ~np.isfinite(v)
+        what = "a positive number"
+        if key in counts:
+            bad |= v != np.floor(v)
+            what = "a positive integer"
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ConfigError(f"{path}: line {i + 2}: field {key!r} must be {what}, got {df[key].iloc[i]!r}")
+        df[key] = v  # floats, as before (integral ones for the counts)
+    over = df["top_k"] > df["num_experts"]
+    if over.any():
+        i = int(np.flatnonzero(over)[0])
+        raise ConfigError(f"{path}: line {i + 2}: field 'top_k' is {df['top_k'].iloc[i]}, more than num_experts "
+                          f"{df['num_experts'].iloc[i]} (each token picks top_k of the experts)")
     df["t_s"] = df["latency_us"] * 1e-6
     df["profile"] = df["implementation"].map(PROFILE_OF)
     return df

@@ -15,8 +15,8 @@ Predictions, all per layer:
   GEMM bytes = weights + input + output activations (2 bytes each); attention bytes = the KV read,
   flops = 4 * heads * head_dim * (query, key) pairs. ``layer_gemms`` (the four GEMMs summed) is
   also priced by :class:`~kvsim.timing.analytical.AnalyticalTiming` itself for a pure-prefill step of
-  that many tokens divided by the layer count (``analytical_step`` column): what the simulator
-  charges, including its weight-read floor over all parameters.
+  that many tokens, less its fixed step overhead, divided by the layer count (``analytical_step``
+  column): what the simulator charges (its default ``gemm_model: fitted``, docs/gemm_model.md).
 * ``gemm`` -- :mod:`kvsim.timing.gemm` with the GPU's fitted profile (token-count-dependent
   efficiency fitted to these same files, see docs/gemm_model.md) for the GEMMs, their per-layer sum
   and prefill attention; a per-GPU summary gives its MAPE next to the roofline's and the held-out

@@ -322,8 +322,12 @@ def run_calibration(
     seed: int = 0,
     log: Callable[[str], None] = print,
     force: bool = False,
+    report: bool = False,
 ) -> Path:
     """Measure and write a calibration directory; returns its path.
+
+    ``report``: ``calibrate report`` will run on the result: a report file at ``out`` that kvsim did not write
+    is refused before measuring (the replacement keeps it, the report would overwrite it).
 
     ``device``: ``auto`` (CUDA if available, else CPU), ``cuda`` or ``cpu``. ``decode_impl``:
     ``auto`` (Triton on CUDA, torch reference on CPU), ``triton`` (on CPU: the interpreter, which
@@ -342,6 +346,10 @@ def run_calibration(
     device_name, cache_bytes, total_bytes, mem_budget = _device_memory(torch, device, dev, mem_fraction)
     label = gpu_name or (preset_gpu_name(device_name) if device == "cuda" else "cpu")
     out_path = Path(out) if out is not None else default_out_dir(label, spec.name)
+    if report:
+        from kvsim.calibration.report import check_report_files
+
+        check_report_files(out_path, hint="or leave out --report")
     tmp = _prepare_out(out_path, force)
     budget = time_budget_s if time_budget_s and time_budget_s > 0 else None
     clock = _PhaseClock(budget, t_start)

@@ -87,7 +87,8 @@ def load_calibration_dir(path: str | Path) -> CalibrationData:
     try:
         df = pd.read_csv(csv_path)
     except (OSError, ValueError, pd.errors.ParserError) as e:
-        raise CalibrationError(f"{csv_path}: cannot parse CSV ({e})") from None
+        why = " ".join(str(e).split())  # pandas' tokenizer errors end with a newline: one line
+        raise CalibrationError(f"{csv_path}: cannot parse CSV ({why})") from None
     missing = [c for c in S.REQUIRED_COLUMNS if c not in df.columns]
     if missing:
         raise CalibrationError(f"{csv_path}: missing column(s) {', '.join(missing)}")

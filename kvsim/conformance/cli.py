@@ -7,12 +7,26 @@ import sys
 from kvsim.errors import KvsimError
 
 
+def parse_cases(text: str | None) -> list[str] | None:
+    """The case names of ``--cases A,B`` (spaces around a name stripped, empty items dropped); None when the
+    flag is not given (all cases). ValueError when it names none (``''``, ``,``)."""
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        from kvsim.conformance.cases import builtin_cases
+
+        raise ValueError(f"{text!r} names no case; give comma-separated names (choose from "
+                         f"{', '.join(c.name for c in builtin_cases())}), or leave --cases out to run them all")
+    return names
+
+
 def _cmd_vllm(args) -> int:
     from kvsim.conformance.runner import run_case, select, table
     from kvsim.conformance.vllm_side import vllm_version
 
     try:
-        cases = select([n for n in (args.cases or "").split(",") if n])
+        cases = select(parse_cases(args.cases))
     except ValueError as e:
         raise KvsimError(f"--cases: {e}") from None
     if args.list:

@@ -104,6 +104,8 @@ def load(path: Path = CORPUS) -> list[MemoryRow]:
         why = check_split(rows[-1].spec, rows[-1].tensor, rows[-1].pipeline)
         if why:
             raise ConfigError(f"{path}: line {i}: {why.removeprefix('parallel.')}")  # the corpus' own column
+    if not rows:
+        raise ConfigError(f"{path}: no rows (only the header); the corpus needs at least one row")
     return rows
 
 

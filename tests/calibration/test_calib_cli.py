@@ -160,3 +160,22 @@ def test_peer_check_with_calibration_compares_its_model(cpu_run):
     assert any("NOT GPU" in line for line in lines)
     # the analytical roofline is in the right ballpark for large GEMMs (sanity, not a target)
     assert table[table["op"] == "layer_gemms"]["analytical_mape_pct"].max() < 60
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--engine", "vllm", "--model", "config.json", "--warmup", "-1"], "--warmup"),
+    (["--device", "cpu", "--warmup", "-1"], "--warmup"),
+    (["--device", "cpu", "--time-budget-s", "-1"], "--time-budget-s"),
+    (["--device", "cpu", "--time-budget-s", "nan"], "--time-budget-s"),
+    (["--device", "cpu", "--seed", "-1"], "--seed"),
+    (["--engine", "vllm", "--model", "config.json", "--cached", "-1", "0"], "--cached"),
+])
+def test_negative_counts_and_budgets_are_refused_in_one_line(args, flag, capsys, tmp_path):
+    """--warmup -1, --time-budget-s -1 and --seed -1 were accepted."""
+    from kvsim.cli import main
+
+    with pytest.raises(SystemExit) as e:  # (--out: were it accepted, nothing lands in the checkout)
+        main(["calibrate", *args, "--out", str(tmp_path / "out")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"kvsim: error: argument {flag}: expected "), err

@@ -106,6 +106,22 @@ def test_cli_bad_case_is_one_line_exit_2():
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "choose from basic" in r.stderr
 
 
+def test_cases_flag_strips_names_and_refuses_an_empty_list():
+    """--cases '' or ',' ran all 47 cases (exit 0); ' basic' was an unknown case."""
+    from kvsim.conformance.cli import parse_cases
+
+    assert parse_cases(None) is None
+    assert parse_cases(" basic , priority,") == ["basic", "priority"]
+    for text in ("", ",", " , "):
+        with pytest.raises(ValueError, match="names no case.*choose from basic.*leave --cases out"):
+            parse_cases(text)
+    for text in ("", ","):
+        r = _kvsim("--list", "--cases", text)  # --list needs no vLLM: the refusal comes first
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--cases: " in r.stderr and r.stdout == ""
+    r = _kvsim("--list", "--cases", " basic, priority")
+    assert r.returncode == 0 and [ln.split(":")[0] for ln in r.stdout.splitlines()] == ["basic", "priority"]
+
+
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here")
 def test_cli_without_vllm_is_one_line_exit_2():
     r = _kvsim("--cases", "basic")

@@ -177,3 +177,18 @@ def test_bad_corpus_row_is_one_line(tmp_path, edit, expect):
         memory_corpus.load(f)
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(f"{f}: line ") and expect in msg
+
+
+def test_a_header_only_corpus_or_a_directory_is_refused(tmp_path, capsys):
+    """A header-only corpus printed 'Empty DataFrame', exit 0; --corpus DIR said 'no such file'."""
+    from kvsim.cli import main
+
+    lines = memory_corpus.CORPUS.read_text().splitlines()
+    header = next(i for i, ln in enumerate(lines) if not ln.startswith("#"))
+    f = tmp_path / "c.csv"
+    f.write_text("\n".join(lines[:header + 1]) + "\n")
+    with pytest.raises(ConfigError, match=rf"^{f}: no rows \(only the header\)"):
+        memory_corpus.load(f)
+    assert main(["memory", "--check", "--corpus", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"kvsim: error: --corpus: {tmp_path}: is a directory; give the corpus CSV file"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from dataclasses import replace
 
 import pandas as pd
@@ -96,3 +97,67 @@ def test_fit_refuses_an_implementation_that_was_not_measured(tmp_path, capsys):
     assert len(err) == 1 and "--impl 'nope': no paged decode rows" in err[0] and "measured: triton" in err[0]
     assert not out.exists()
     assert main(["calibrate", "fit", str(d), "--impl", "triton", "--out", str(out)]) == 0
+
+
+def test_fit_refuses_an_out_that_cannot_be_created_before_fitting(tmp_path, capsys, monkeypatch):
+    """--out under a regular file, or on /proc, was an internal error (FileExistsError, FileNotFoundError)
+    after the fit's work: now one line naming --out, exit 2, before any fitting."""
+    import kvsim.calibration.fit as fit
+
+    d = _calibration_dir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setattr(fit, "fit_rows", lambda *a, **k: pytest.fail("fitted before checking --out"))
+    outs = [tmp_path / "afile" / "x.yaml", tmp_path / "afile" / "sub" / "x.yaml"]
+    if Path("/proc/self").is_dir():
+        outs.append(Path("/proc/x.yaml"))
+    for out in outs:
+        assert main(["calibrate", "fit", str(d), "--gpu", "A100-80GB", "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"kvsim: error: --out {out}: "), err
+        assert "internal error" not in err[0]
+
+
+def test_fit_refuses_an_engine_calibration_directory(tmp_path, capsys):
+    """`calibrate --engine vllm` rows are whole engine steps: the fit gave a divide-by-zero warning and
+    'max_bandwidth_utilisation inf ... wrong GPU or L2 cache'. Now one line saying what fit needs."""
+    d = _calibration_dir(tmp_path)
+    meta = json.loads((d / S.META_FILE).read_text())
+    (d / S.META_FILE).write_text(json.dumps({**meta, "source": "engine"}))
+    assert main(["calibrate", "fit", str(d), "--out", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "field 'source' is 'engine'" in err[0] and "kvsim calibrate --device" in err[0]
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_fit_on_flat_rows_is_one_line_naming_the_directory_and_op(tmp_path, capsys):
+    import warnings
+
+    d = _calibration_dir(tmp_path)
+    df = pd.read_csv(d / S.CSV_FILE)
+    df["median_s"] = 1e-7  # times that do not grow with the bytes read: no bandwidth term
+    df[df["op"] == S.DECODE_PAGED].to_csv(d / S.CSV_FILE, index=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # was: RuntimeWarning divide by zero, then 'inf exceeds 1'
+        assert main(["calibrate", "fit", str(d), "--out", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"kvsim: error: {d / S.CSV_FILE}: the decode_paged rows' times")
+    assert "inf" not in err[0].replace("infinite", "")
+
+
+def test_fit_blames_the_gpu_flag_not_meta_json(tmp_path, capsys):
+    """--gpu B999 said "meta.json: field 'gpu_name' is 'B999'" though the value came from the flag."""
+    d = _calibration_dir(tmp_path)
+    assert main(["calibrate", "fit", str(d), "--gpu", "a100-80gb", "--out", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("kvsim: error: --gpu 'a100-80gb': not a GPU preset; choose one of ")
+    assert "meta.json" not in err[0] and "did you mean 'A100-80GB'" in err[0]
+
+
+def test_a_corrupt_measurements_csv_is_one_line(tmp_path, capsys):
+    """pandas' tokenizer error ends with a newline: the message's closing ')' was on a second line."""
+    d = _calibration_dir(tmp_path)
+    with (d / S.CSV_FILE).open("a") as f:
+        f.write(",".join("x" * 40) + "\n")
+    assert main(["calibrate", "fit", str(d), "--out", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot parse CSV (Error tokenizing data" in err and err.endswith(")\n")

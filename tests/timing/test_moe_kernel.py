@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -160,3 +161,20 @@ def test_calibrate_moe_check_prints_the_shipped_error(tmp_path, capsys):
         assert main(["calibrate", "moe-check", "--corpus", str(bad)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"kvsim: error: {bad}: ") and why in err[0]
+
+
+def test_corpus_counts_are_integers_top_k_at_most_num_experts_and_rows_present(tmp_path):
+    """moe-check accepted top_k > num_experts, num_tokens 1.5, and a header-only corpus ('Empty DataFrame')."""
+    import pandas as pd
+
+    df = pd.read_csv(moe_kernel.CORPUS_FILE, dtype=str, keep_default_na=False)
+    f = tmp_path / "c.csv"
+    for edit, expect in (({"num_tokens": "1.5"}, "field 'num_tokens' must be a positive integer, got '1.5'"),
+                         ({"top_k": "999"}, "field 'top_k' is 999, more than num_experts"),
+                         ({"latency_us": "inf"}, "field 'latency_us' must be a positive number, got 'inf'")):
+        df.iloc[:3].assign(**{k: [df.iloc[0][k], df.iloc[1][k], v] for k, v in edit.items()}).to_csv(f, index=False)
+        with pytest.raises(ConfigError, match=rf"^{f}: line 4: {re.escape(expect)}"):
+            moe_fit.load_corpus(f)
+    df.iloc[:0].to_csv(f, index=False)
+    with pytest.raises(ConfigError, match=rf"^{f}: no rows \(only the header\)"):
+        moe_fit.load_corpus(f)

@@ -24,7 +24,7 @@ import pandas as pd
 from kvsim.calibration_data import interp
 from kvsim.calibration_data import schema as S
 from kvsim.calibration_data.loader import load_calibration_dir
-from kvsim.errors import CalibrationError, KvsimError
+from kvsim.errors import CalibrationError
 
 
 def mape_table(loo: pd.DataFrame) -> pd.DataFrame:
@@ -117,43 +117,12 @@ def _plot_bandwidth(df: pd.DataFrame, copy_bw: float, path: Path, title: str) ->
     plt.close(fig)
 
 
-REPORT_FILES = ("report_loo.csv", "report_bandwidth.csv")
-REPORT_PLOTS = ("report_loo.png", "report_bandwidth.png")
-
-
-def check_report_files(d: str | Path, *, plots: bool = True, force: bool = False,
-                       hint: str = "or pass --force to overwrite it") -> None:
-    """Refuse (one line) to overwrite a report file in the calibration directory ``d`` that kvsim did not write:
-    its marker (kvsim.outdir; an older calibration directory without one: :func:`_legacy_marker`) must record
-    ``calibrate`` writing it. ``force`` skips the check."""
-    from kvsim.calibration.runner import _legacy_marker
-    from kvsim.outdir import read_marker, writer_of
-
-    d = Path(d)
-    names = REPORT_FILES + (REPORT_PLOTS if plots else ())
-    present = [n for n in names if (d / n).exists() or (d / n).is_symlink()]
-    if force or not present or not d.is_dir():
-        return
-    try:
-        marker = read_marker(d)
-    except KvsimError as e:
-        raise CalibrationError(str(e)) from None
-    if marker is None:
-        marker = _legacy_marker(d)
-    for n in present:
-        p = d / n
-        if p.is_dir() and not p.is_symlink():
-            raise CalibrationError(f"{p}: is a folder where the report writes its file {n}; move it away")
-        if marker is None or writer_of(marker, n) != "calibrate":
-            raise CalibrationError(f"{p}: file exists and kvsim did not write it (the calibration directory's "
-                                   f"output record does not list it); the report would overwrite it: move it "
-                                   f"away, {hint}")
-
-
 def run_report(path: str | Path, *, log: Callable[[str], None] = print, plots: bool = True,
                force: bool = False) -> dict:
     """Compute, print and write the report; returns ``{"mape": DataFrame, "bandwidth": DataFrame, ...}``.
     A report file kvsim did not write is never overwritten without ``force`` (:func:`check_report_files`)."""
+    from kvsim.calibration.runner import check_report_files
+
     data = load_calibration_dir(path)
     check_report_files(path, plots=plots, force=force)
     meta, df = data.meta, data.df

@@ -32,7 +32,7 @@ from pathlib import Path
 from kvsim.calibration_data import schema as S
 from kvsim.calibration._deps import interpreter_requested, package_version, require_torch
 from kvsim.calibration.grid import CPU_GRID, GPU_GRID, Grid, decode_points, prefill_points
-from kvsim.errors import CalibrationError
+from kvsim.errors import CalibrationError, KvsimError
 from kvsim.hw import GPUS, MODELS, ModelSpec
 
 # Share of the time budget per phase (cumulative deadlines).
@@ -102,6 +102,38 @@ def _legacy_marker(d: Path):
     if S.META_FILE in names and names <= CALIBRATION_FILES:
         return Marker("calibrate", True, tuple(sorted(names)))
     return None
+
+
+REPORT_FILES = ("report_loo.csv", "report_bandwidth.csv")
+REPORT_PLOTS = ("report_loo.png", "report_bandwidth.png")
+
+
+def check_report_files(d: str | Path, *, plots: bool = True, force: bool = False,
+                       hint: str = "or pass --force to overwrite it") -> None:
+    """Refuse (one line) to overwrite a report file in the calibration directory ``d`` that kvsim did not write:
+    its marker (kvsim.outdir; an older calibration directory without one: :func:`_legacy_marker`) must record
+    ``calibrate`` writing it. ``force`` skips the check."""
+    from kvsim.outdir import read_marker, writer_of
+
+    d = Path(d)
+    names = REPORT_FILES + (REPORT_PLOTS if plots else ())
+    present = [n for n in names if (d / n).exists() or (d / n).is_symlink()]
+    if force or not present or not d.is_dir():
+        return
+    try:
+        marker = read_marker(d)
+    except KvsimError as e:
+        raise CalibrationError(str(e)) from None
+    if marker is None:
+        marker = _legacy_marker(d)
+    for n in present:
+        p = d / n
+        if p.is_dir() and not p.is_symlink():
+            raise CalibrationError(f"{p}: is a folder where the report writes its file {n}; move it away")
+        if marker is None or writer_of(marker, n) != "calibrate":
+            raise CalibrationError(f"{p}: file exists and kvsim did not write it (the calibration directory's "
+                                   f"output record does not list it); the report would overwrite it: move it "
+                                   f"away, {hint}")
 
 
 def _prepare_out(out: Path, force: bool = False) -> Path:
@@ -347,8 +379,6 @@ def run_calibration(
     label = gpu_name or (preset_gpu_name(device_name) if device == "cuda" else "cpu")
     out_path = Path(out) if out is not None else default_out_dir(label, spec.name)
     if report:
-        from kvsim.calibration.report import check_report_files
-
         check_report_files(out_path, hint="or leave out --report")
     tmp = _prepare_out(out_path, force)
     budget = time_budget_s if time_budget_s and time_budget_s > 0 else None

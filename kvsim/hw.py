@@ -166,6 +166,12 @@ class GPUSpec:
     interconnect_bandwidth_bytes_per_s: float = 0.0
     allreduce_efficiency: float = 1.0  # measured all-reduce bus bandwidth / peak (1.0: no public number)
     allreduce_latency_s: float = 0.0  # fixed cost of one all-reduce call
+    # NCCL's ring latency per ring step, added 2 (T-1) times to allreduce_latency_s (a PCIe preset:
+    # NCCL's tuning model, NCCL_PCI_RING; 0 where allreduce_latency_s is a measured all-reduce time)
+    allreduce_latency_per_step_s: float = 0.0
+    # small all-reduces may take NCCL's LL protocol (NCCL_LL) beside the ring (a PCIe preset: its tuning
+    # model picks it; over NVLink the measured times include it)
+    allreduce_ll: bool = False
     num_sms: int | None = None  # streaming multiprocessors (kernel parallelism); None = unknown
     # the GPU<->host link preset (kvsim/timing/data/links/<name>.yaml) swaps and tier loads use when a
     # scenario has no host_link: (docs/transfer_model.md, "Host link per GPU"); "" = none known
@@ -180,7 +186,8 @@ class GPUSpec:
         rate, ``efficiency`` of it and ``latency_s`` per all-reduce with NCCL's ring (Simple) protocol
         (:data:`HOST_PATH_ALLREDUCE`; small all-reduces may take the LL protocol, :data:`NCCL_LL`)."""
         return replace(self, interconnect=HOST_PATH, interconnect_bandwidth_bytes_per_s=copy_rate_bytes_per_s,
-                       allreduce_efficiency=efficiency, allreduce_latency_s=latency_s)
+                       allreduce_efficiency=efficiency, allreduce_latency_s=latency_s,
+                       allreduce_latency_per_step_s=0.0, allreduce_ll=False)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -312,6 +319,12 @@ _NVLINK4 = dict(interconnect="NVLink 4", interconnect_bandwidth_bytes_per_s=450e
 # all-reduce of NCCL's Simple (ring) protocol have no public figure for this path: fitted by
 # bench/validate_serving.py --fit on the fit cases of a deployment whose server log says it has no
 # P2P (docs/validation.md, "The fit").
+# PCIe presets with peer access (P2P over PCIe, no NVLink): no public measured all-reduce time; NCCL's
+# own tuning model prices its ring (Simple) protocol at baseLat 8.4 us + hwLat PCI 5.7 us per ring step,
+# 2 (T-1) steps (NVIDIA/nccl src/graph/tuning.cc, the same table as NCCL_LL's constants), and lets a
+# small all-reduce take the LL protocol (NCCL_LL) instead. Bus bandwidth: the link's, efficiency 1.0
+# (no public number). docs/models.md, "Interconnect numbers".
+NCCL_PCI_RING = dict(allreduce_latency_s=8.4e-6, allreduce_latency_per_step_s=5.7e-6, allreduce_ll=True)
 HOST_PATH = "host memory (no P2P)"
 HOST_PATH_ALLREDUCE = dict(efficiency=0.3, latency_s=120e-6)
 # NCCL's LL protocol for a ring all-reduce within one node over PCI, from NCCL's own tuning model
@@ -335,20 +348,22 @@ GPUS: dict[str, GPUSpec] = {
                 "1,935 GB/s HBM2e, BF16 312 TFLOPS dense, PCIe Gen4 64 GB/s (both directions); FlashInfer's launch "
                 "post prints the same 1,935 GB/s; 108 SMs: NVIDIA A100 Tensor Core GPU Architecture whitepaper",
                 num_sms=108, interconnect="PCIe Gen4 x16", interconnect_bandwidth_bytes_per_s=32e9,
-                host_link="pcie-gen4-x16", compute_capability=8.0),
+                host_link="pcie-gen4-x16", compute_capability=8.0, **NCCL_PCI_RING),
         GPUSpec("H100-SXM-80GB", 80 * GiB, 3.35e12, 989e12, source="NVIDIA H100 datasheet (SXM5); 132 SMs: "
                 "NVIDIA H100 Tensor Core GPU Architecture whitepaper", num_sms=132, host_link="pcie-gen5-x16",
                 compute_capability=9.0, **_NVLINK4),
         GPUSpec("H100-PCIe-80GB", 80 * GiB, 2.0e12, 756e12, source="NVIDIA H100 PCIe product brief (PB-11133-001) "
                 "and H100 datasheet table: 2,000 GB/s HBM2e, BF16 1,513 TFLOPS with sparsity (dense: half), 114 SMs, "
                 "PCIe Gen5 128 GB/s (both directions)", num_sms=114, interconnect="PCIe Gen5 x16",
-                interconnect_bandwidth_bytes_per_s=64e9, host_link="pcie-gen5-x16", compute_capability=9.0),
+                interconnect_bandwidth_bytes_per_s=64e9, host_link="pcie-gen5-x16", compute_capability=9.0,
+                **NCCL_PCI_RING),
         GPUSpec("H200-141GB", 141 * GiB, 4.8e12, 989e12, source="NVIDIA H200 datasheet (SXM); 132 SMs: same "
                 "GH100 configuration as H100 SXM5", num_sms=132, host_link="pcie-gen5-x16",
                 compute_capability=9.0, **_NVLINK4),
         GPUSpec("L40S", 48 * GiB, 0.864e12, 362.05e12, source="NVIDIA L40S datasheet; 142 SMs (18,176 CUDA "
                 "cores / 128 per Ada SM)", num_sms=142, interconnect="PCIe Gen4 x16",
-                interconnect_bandwidth_bytes_per_s=32e9, host_link="pcie-gen4-x16", compute_capability=8.9),
+                interconnect_bandwidth_bytes_per_s=32e9, host_link="pcie-gen4-x16", compute_capability=8.9,
+                **NCCL_PCI_RING),
     ]
 }
 

@@ -131,6 +131,9 @@ class GPUConfig(StrictModel):
         0.0, ge=0, description="GPU-GPU link, bytes/s per GPU in one direction (0: none; needed by parallel)")
     allreduce_efficiency: float = Field(1.0, gt=0, le=1, description="achieved all-reduce bus bandwidth / peak")
     allreduce_latency_s: float = Field(0.0, ge=0, description="fixed cost of one all-reduce")
+    allreduce_latency_per_step_s: float = Field(
+        0.0, ge=0, description="NCCL ring latency per ring step, added 2 (T-1) times (PCIe presets: NCCL's model)")
+    allreduce_ll: bool = Field(False, description="small all-reduces may take NCCL's LL protocol (PCIe presets)")
     num_sms: int | None = Field(None, gt=0, description="streaming multiprocessors (attention-kernel parallelism); "
                                                           "unknown: the kernel model assumes enough parallelism")
     host_link: str = Field("", description="GPU<->host link preset used without host_link: ('' = none known)")

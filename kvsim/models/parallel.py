@@ -103,14 +103,18 @@ def plan(model: ModelSpec, gpu: GPUSpec, kv_dtype: str, weight_dtype: str, tenso
         allreduces = 2 * model.num_layers if tensor > 1 else 0
         ring = 2 * (tensor - 1) / tensor
         comm_token = (allreduces * ring + (pipeline - 1)) * act / bw
-        comm_step = (allreduces + (pipeline - 1)) * gpu.allreduce_latency_s
+        # one all-reduce: the GPU's latency, plus NCCL's per-ring-step latency over 2 (T-1) steps where the
+        # preset prices it by NCCL's model (PCIe); a pipeline send is one hop: the base latency
+        ar_latency = gpu.allreduce_latency_s + 2 * (tensor - 1) * gpu.allreduce_latency_per_step_s
+        comm_step = allreduces * ar_latency + (pipeline - 1) * gpu.allreduce_latency_s
         ar_token = allreduces * ring * act / bw
-        ar_step = allreduces * gpu.allreduce_latency_s
+        ar_step = allreduces * ar_latency
     return ParallelPlan(
         tensor=tensor, pipeline=pipeline, kv=kv,
         weight_bytes_per_gpu=int(weights / (tensor * pipeline)),
         weight_bytes_per_rank=int(weights / tensor),
         comm_s_per_step=comm_step, comm_s_per_token=comm_token,
         allreduces_per_step=allreduces, allreduce_bytes_per_token=act if allreduces else 0,
-        allreduce_s_per_step=ar_step, allreduce_s_per_token=ar_token, nccl_ll=nccl_ll and allreduces > 0,
+        allreduce_s_per_step=ar_step, allreduce_s_per_token=ar_token,
+        nccl_ll=(nccl_ll or gpu.allreduce_ll) and allreduces > 0,
     )

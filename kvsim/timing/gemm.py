@@ -59,6 +59,7 @@ PROFILE_FOR_GPU = {
     "A100-40GB": "a100",  # same GA100 die and tensor cores; its own (lower) HBM bandwidth
     "A100-PCIe-80GB": "a100",  # the same, as a PCIe card (its own 1,935 GB/s)
     "H100-SXM-80GB": "h100",
+    "H100-PCIe-80GB": "h100",  # GH100 as a PCIe card: its own 2.0 TB/s and 756 TFLOP/s (114 SMs)
     "H200-141GB": "h100",  # same GH100 die, same 989 TFLOP/s; its own 4.8 TB/s HBM3e
     "A40": "a40",
 }

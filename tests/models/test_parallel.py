@@ -202,3 +202,34 @@ def test_attention_time_of_the_same_schedule_falls_about_as_one_over_t(backend):
     slack = 1.6 if backend == "vllm-2023-paged" else 1.4
     for t in (2, 4, 8):
         assert 1 / t < att[t] / att[1] < slack / t, (t, att[t] / att[1])
+
+
+def test_pcie_presets_price_all_reduces_with_nccls_pci_model():
+    """QA (twenty-ninth session): the PCIe presets had 0 latency per all-reduce, so tensor parallelism over
+    PCIe cost 14 us a step at TP 8 and an H100 PCIe beat an H100 SXM. Now NCCL's tuning model: ring
+    latency 8.4 + 2 (T-1) x 5.7 us, and the LL protocol beside it (kvsim.hw.NCCL_PCI_RING, NCCL_LL)."""
+    m = MODELS["Llama-3-8B"]
+    for gpu in ("A100-PCIe-80GB", "H100-PCIe-80GB", "L40S"):
+        for t in (2, 4, 8):
+            p = plan(m, GPUS[gpu], "fp16", "fp16", tensor=t)
+            assert p.allreduce_s_per_step == pytest.approx(2 * m.num_layers * (8.4e-6 + 2 * (t - 1) * 5.7e-6))
+            assert p.nccl_ll
+    sxm = plan(m, GPUS["H100-SXM-80GB"], "fp16", "fp16", tensor=8)  # NVLink: the measured time, no LL beside it
+    assert sxm.allreduce_s_per_step == pytest.approx(2 * m.num_layers * 35.5e-6) and not sxm.nccl_ll
+
+
+def test_tensor_parallel_over_pcie_is_not_faster_than_over_nvlink_under_the_default_profile():
+    from kvsim.simulate import run
+    from kvsim.timing.gemm import profile_for
+
+    assert profile_for(GPUS["H100-PCIe-80GB"]).name == profile_for(GPUS["H100-SXM-80GB"]).name  # not generic
+    tpot = {}
+    for gpu in ("H100-SXM-80GB", "H100-PCIe-80GB"):
+        scn = Scenario.model_validate({
+            "model": "Llama-3-8B", "gpu": gpu, "parallel": {"tensor": 8},
+            "trace": {"synthetic": {"num_requests": 1, "seed": 1, "preset": "sharegpt",
+                                    "arrival": {"process": "poisson", "rate_per_s": 1},
+                                    "prompt_tokens": {"kind": "fixed", "value": 1000},
+                                    "output_tokens": {"kind": "fixed", "value": 30}}}})
+        tpot[gpu] = run(scn).summary["tpot_s"]["mean"]
+    assert tpot["H100-PCIe-80GB"] > tpot["H100-SXM-80GB"]

@@ -128,9 +128,10 @@ _PROFILES: tuple[EngineProfile, ...] = (
         "allocator[paged].prefix_caching": Fill(False, "vLLM 0.6 EngineArgs.enable_prefix_caching = False"),
         "allocator[radix].watermark": Fill(0.01, _V0),
         "timing[analytical].attention_backend": Fill(
-            "flashattention-paged", "vLLM 0.4-0.6 vllm/attention/selector.py: FLASH_ATTN by default on compute "
-                                    "capability >= 8 with fp16/bf16 (XFORMERS, i.e. PagedAttention v1/v2 "
-                                    "decode, for fp8 KV, Volta/Turing or sliding windows)"),
+            "auto-vllm-v0", "vLLM 0.4-0.6 vllm/attention/selector.py: FLASH_ATTN by default on compute "
+                            "capability >= 8 with fp16/bf16 (kvsim: flashattention-paged); XFORMERS, i.e. "
+                            "PagedAttention v1/v2 decode (kvsim: vllm-paged-v2, fp8 read in the kernel since "
+                            "vllm-project/vllm#2279), for fp8 KV and Volta/Turing; sliding windows: not modelled"),
         "timing[analytical].step_overhead_s": Fill(
             0.011313, "no public per-step constant (the v0.6.0 blog post, 2024-09-05, gives shares of wall time "
                     f"only: API server 33 %, scheduling 29 % under v0.5.3): {_FIT}, 3 vLLM V0 cases (two of them "

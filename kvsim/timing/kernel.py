@@ -101,7 +101,13 @@ FA_BACKEND = "flashattention-paged"
 # takes the next backend of _get_backend_priorities that reads it, FLASHINFER (docs/kernel_model.md)
 FA3_FP8_BACKEND = "flashattention3-paged"
 FP8_FALLBACK_BACKEND = "flashinfer-paged"
-AUTO_NAMES = (AUTO, AUTO_2023, AUTO_FA)
+# ``attention_backend: auto-vllm-v0``: vLLM 0.4-0.6's selector (vllm/attention/selector.py, what the vllm-v0.6
+# engine profile fills): FLASH_ATTN on compute capability >= 8 with 16-bit KV, XFORMERS -- whose decode is
+# the PagedAttention v1/v2 kernels with vLLM's dispatch, reading fp8 KV in the kernel since vLLM 0.3
+# (vllm-project/vllm#2279) -- for fp8 KV or a GPU below 8.0
+AUTO_V0 = "auto-vllm-v0"
+V0_PAGED_BACKEND = "vllm-paged-v2"
+AUTO_NAMES = (AUTO, AUTO_2023, AUTO_FA, AUTO_V0)
 
 # The static geometry one launch reads is the run's KV geometry (one GPU's heads and layers).
 KVLayout = KVGeometry
@@ -115,7 +121,8 @@ def resolve_backend(name: str, block_size: int | None, attention: str = "gqa", k
     (:data:`AUTO_MLA_BACKEND` for MLA); ``auto-2023`` -> the 2023 paged kernel for paged layouts and
     ``contiguous`` for contiguous ones; ``auto-flashattention`` -> ``flashattention-paged`` for every
     layout (MLA: as ``auto``) but with fp8 KV on a known 8.x or 9.x GPU, where vLLM runs
-    :data:`FP8_FALLBACK_BACKEND` (8.x) or FlashAttention-3 (9.x, :data:`FA3_FP8_BACKEND`); an old name
+    :data:`FP8_FALLBACK_BACKEND` (8.x) or FlashAttention-3 (9.x, :data:`FA3_FP8_BACKEND`); ``auto-vllm-v0``
+    -> ``flashattention-paged``, but ``vllm-paged-v2`` for fp8 KV or a GPU below 8.0 (vLLM 0.4-0.6); an old name
     -> its backend's name (``vllm-2023-paged`` -> ``vllm-paged-v1``); else ``name``."""
     if name == AUTO:
         return AUTO_MLA_BACKEND if attention == "mla" else AUTO_BACKEND
@@ -129,6 +136,11 @@ def resolve_backend(name: str, block_size: int | None, attention: str = "gqa", k
             if major == 8:
                 return FP8_FALLBACK_BACKEND
         return FA_BACKEND
+    if name == AUTO_V0:
+        if attention == "mla":
+            return AUTO_MLA_BACKEND
+        old_gpu = compute_capability is not None and compute_capability < 8.0
+        return V0_PAGED_BACKEND if kv_dtype == "fp8" or old_gpu else FA_BACKEND
     if name == AUTO_2023:
         return PAGED_2023_BACKEND if block_size else CONTIGUOUS_BACKEND
     return BACKEND_ALIASES.get(name, name)

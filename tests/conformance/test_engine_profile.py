@@ -82,7 +82,7 @@ def test_profiles_inherit_and_override():
     v06 = Scenario.model_validate({**BASE, "engine_profile": "vllm-v0.6"})
     assert (old.allocator.watermark, old.allocator.prefix_caching, old.scheduler.prompt_blocks) == \
         (v06.allocator.watermark, v06.allocator.prefix_caching, v06.scheduler.prompt_blocks) == (0.01, False, "at_admission")
-    assert (old.timing.attention_backend, v06.timing.attention_backend) == ("auto-2023", "flashattention-paged")
+    assert (old.timing.attention_backend, v06.timing.attention_backend) == ("auto-2023", "auto-vllm-v0")
     # vLLM v0 runs prompt-only steps; v1 (the default) and kvsim's own defaults mix prompts into decodes
     assert old.scheduler.prefill_only_steps and v06.scheduler.prefill_only_steps
     assert not Scenario.model_validate(BASE).scheduler.prefill_only_steps

@@ -188,7 +188,8 @@ class Scheduler(Arrivals, WindowHooks, PrefillPhases, MultiStepRounds, AsyncSche
         if host.swap_out(victim, out_copies, step):
             self.preemptions_by_mode["swap"] += 1
             return
-        victim.recomputed_tokens += victim.num_computed_tokens
+        # discarded work in tokens, as a step counts it: positions past the prompt once per sample
+        victim.recomputed_tokens += victim.batch_tokens(victim.num_computed_tokens, computed=0)
         victim.num_computed_tokens = 0
         victim.status = RequestStatus.WAITING
         self.waiting.appendleft(victim)

@@ -66,7 +66,7 @@ class BenchResult:
 
 def _documents(path: Path) -> list[dict]:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # (a BOM is no JSON error)
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: cannot read: {e}") from None
     docs = []
@@ -143,6 +143,10 @@ def _lengths(doc: dict, where: str) -> tuple[list[int], list[int], bool]:
         if len(inp) != len(out) or not inp:
             raise ConfigError(f"{where}: input_lens / output_lens: expected two lists of one length >= 1, "
                               f"got {len(inp)} and {len(out)}")
+        n = _count(doc, "num_prompts", where)
+        if n is not None and n != len(inp):  # vLLM's client writes one entry per prompt it sent
+            raise ConfigError(f"{where}: num_prompts is {n} but input_lens / output_lens hold {len(inp)} "
+                              f"requests; the file is not one benchmark's result")
         return inp, out, True
     # no per-request lengths (vLLM 0.32 without --save-detailed): the printed totals' means
     done = _count(doc, "completed", where, required=True)

@@ -257,6 +257,9 @@ def test_appended_results_need_an_index(tmp_path):
      ["mean_ttft_ms", "finite", "'inf'"]),
     ('{"request_rate": "inf", "median_latency_ms": Infinity, "input_lens": [5], "output_lens": [1]}',
      ["median_latency_ms", "finite"]),
+    # one entry per prompt sent (QA, twenty-ninth session: a mismatch ran silently)
+    ('{"request_rate": "inf", "request_throughput": 1, "num_prompts": 50, "input_lens": [5, 5], "output_lens": [1, 1]}',
+     ["num_prompts is 50", "hold 2 requests"]),
 ])
 def test_bad_result_is_one_line_exit_2(tmp_path, content, words):
     p = tmp_path / "bad.json"
@@ -438,3 +441,13 @@ def test_a_trace_error_names_the_result_not_kvsims_hidden_trace(tmp_path):
     one_line_exit_2(kvsim("servebench", str(tmp_path / "all.json"), "--model", "Llama-3-8B", "--gpu", "A100-80GB",
                           "--no-test-prompt", "--set", "trace.length_policy=drop", "--out", str(tmp_path / "o")),
                     f"{tmp_path / 'all.json'}: its requests as a kvsim trace: no requests left", "length_policy=drop")
+
+
+def test_a_result_file_with_a_bom_is_read(tmp_path):
+    """QA (twenty-ninth session): a UTF-8 BOM was reported as 'line 1: not JSON'."""
+    p = tmp_path / "bom.json"
+    p.write_text('{"request_rate": "inf", "request_throughput": 1, "input_lens": [5, 5], "output_lens": [3, 3]}',
+                 encoding="utf-8-sig")
+    r = kvsim("servebench", str(p), "--model", "Llama-3-8B", "--gpu", "A100-80GB", "--no-test-prompt",
+              "--out", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr

@@ -221,3 +221,21 @@ def test_samples_beyond_max_num_seqs_have_their_own_reject_reason(tmp_path, caps
     assert main(["run", str(f), "-q", "--no-plots", "--out", str(tmp_path / "o")]) == 0
     got = pd.read_parquet(tmp_path / "o" / "requests.parquet")
     assert got.set_index("request_id")["reject_reason"].to_dict() == {0: "", 1: "exceeds_max_num_seqs"}
+
+
+@pytest.mark.parametrize("mode", ["fast", "step"])
+def test_recomputed_tokens_count_every_sample(tmp_path, mode):
+    """QA (twenty-ninth session): a 4-sample request preempted after 184 generated tokens read
+    recomputed_tokens 1,184 (positions) where its recompute prefilled 1,000 + 4 x 185 tokens."""
+    (tmp_path / "rc.csv").write_text("arrival_s,prompt_tokens,output_tokens,num_samples\n0,1000,400,1\n"
+                                     "0.01,1000,400,4\n")
+    scn = Scenario.model_validate({
+        "model": "Llama-3.1-8B", "gpu": "H100-SXM-80GB", "trace": {"file": str(tmp_path / "rc.csv")},
+        "kv_budget": {"tokens": 3000}, "engine": {"mode": mode}, "timing": {"kind": "analytical"},
+        "allocator": {"kind": "paged", "block_size": 16, "prefix_caching": False}})
+    res = run(scn, check_invariants=(mode == "step"))
+    req, steps = res.requests, res.steps
+    assert (req["status"] == "finished").all() and req["recomputed_tokens"].sum() > 0
+    work = int(steps["prefill_tokens"].sum() + steps["decode_tokens"].sum())
+    assert work == int((req["prompt_tokens"] + req["num_samples"] * (req["output_tokens"] - 1)
+                        + req["recomputed_tokens"]).sum())

@@ -62,6 +62,15 @@ def arrivals(result: BenchResult, seed: int) -> tuple[np.ndarray, str]:
                f"(kvsim's draw, seed {seed}; the last at num_prompts / rate, as vLLM 0.32 scales them)")
 
 
+def benchmark_start_s(result: BenchResult, test_prompt: bool = True) -> float | None:
+    """Where the benchmark's clock starts in the trace when kvsim draws the arrivals: vLLM 0.32's client
+    (``get_request``) waits the first gap after its start before it sends request 0, and its duration
+    counts that wait. None where request 0 is sent at the start (replayed send times, rate inf)."""
+    if (result.max_concurrency is None and result.start_times is not None) or math.isinf(result.request_rate):
+        return None
+    return TEST_PROMPT_GAP_S if test_prompt else 0.0
+
+
 def trace_text(result: BenchResult, seed: int, test_prompt: bool = True) -> str:
     """The trace. ``test_prompt``: first the client's test request (request 0's prompt and output,
     at 0: ``vllm bench serve`` sends one before the benchmark, SGLang's ``bench_serving.py`` a warm-up

@@ -206,7 +206,8 @@ def _run_one(tmp: Path, res, raw: dict, scn, where: str, test_prompt: bool) -> l
     # with the TTFT of a request that streamed no text at 0, as the client counted it; the ITL
     # distribution over decode steps is the run's (a request table has no step times; the test
     # prompt's few steps are in it), its mean over every gap the benchmark requests' own
-    serving = table_metrics(reqs, frozenset(i + shift for i in res.zero_ttft), scn.scheduler.num_scheduler_steps)
+    serving = table_metrics(reqs, frozenset(i + shift for i in res.zero_ttft), scn.scheduler.num_scheduler_steps,
+                            build.benchmark_start_s(res, test_prompt))
     serving["itl_ms"] = {**ran.summary["serving"]["itl_ms"],
                          "mean_with_stalls": serving["itl_ms"]["mean_with_stalls"]}
     rows = comparison_rows(res.published, {k: predicted(serving, k) for k in res.published})

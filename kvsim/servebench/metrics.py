@@ -22,13 +22,17 @@ TARGETS = {"request_throughput": 0.20, "output_throughput": 0.20, "tpot_ms": 0.2
 PERCENTILES = (50.0, 90.0, 99.0)
 
 
-def table_metrics(requests, zero_ttft: frozenset[int] = frozenset(), chunk_tokens: int = 1) -> dict:
+def table_metrics(requests, zero_ttft: frozenset[int] = frozenset(), chunk_tokens: int = 1,
+                  start_s: float | None = None) -> dict:
     """The ``serving`` section of a request table, or of part of one: its duration runs from the
-    first send to the last finish, as the benchmark's does. ``zero_ttft``: request ids whose TTFT
-    the benchmark's client recorded as 0 (no text streamed; vLLM 0.5's client). ``chunk_tokens``:
-    the run's ``scheduler.num_scheduler_steps`` (a multi-step round streams its tokens as one chunk)."""
+    benchmark's start (``start_s``, kvsim.servebench.build.benchmark_start_s; None: the first send) to
+    the last finish, as the benchmark's does. ``zero_ttft``: request ids whose TTFT the benchmark's
+    client recorded as 0 (no text streamed; vLLM 0.5's client). ``chunk_tokens``: the run's
+    ``scheduler.num_scheduler_steps`` (a multi-step round streams its tokens as one chunk)."""
     done = requests["finish_s"].notna()
-    duration = float(requests.loc[done, "finish_s"].max() - requests["arrival_s"].min()) if done.any() else 0.0
+    first = float(requests["arrival_s"].min())
+    start = first if start_s is None else min(start_s, first)
+    duration = float(requests.loc[done, "finish_s"].max() - start) if done.any() else 0.0
     if zero_ttft:
         requests = requests.copy()
         hit = requests["request_id"].isin(list(zero_ttft)).to_numpy()

@@ -21,8 +21,9 @@ sharegpt`` rows are runs whose result file prints every request's prompt length 
 row per request, into ``lengths.csv`` and the scenario replays them as a trace file
 (``traces/<case_id>.csv``, generated), so kvsim sees the run's own length distribution, not a model
 of ShareGPT. A request the file shows with 0 generated tokens (the stream carried no text) still
-costs its prefill: kvsim runs it with one output token, and its TTFT counts as 0, as the benchmark
-client of that version recorded it (its ``ttft`` stays 0 when no text chunk arrives).
+costs its prefill: kvsim runs it with one output token, its TTFT counts as 0 and that token is left
+out of the output totals, as the benchmark client of that version recorded them (its ``ttft`` stays 0
+when no text chunk arrives, and it counts 0 output tokens).
 
 Engine settings. ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``, ``chunked_prefill``
 and ``gpu_memory_utilization`` carry the run's server flags or the defaults of its engine version when
@@ -235,8 +236,9 @@ def measure(requests, which: str, zero_ttft: frozenset[int] = frozenset(), chunk
     """vLLM's benchmark metrics of one run's request table (times in ms, throughput in req/s), timed
     from each request's send, with the statistic ``which`` the source printed (mean or median): the
     run's ``serving`` summary section over these rows (kvsim.servebench.metrics.table_metrics).
-    ``zero_ttft``: request ids whose TTFT the source's client recorded as 0 (no text streamed)."""
-    m = table_metrics(requests, zero_ttft, chunk_tokens)
+    ``zero_ttft``: request ids whose TTFT the source's client recorded as 0 (no text streamed); the
+    same requests' one generated token is left out of the output totals, as the client counted 0."""
+    m = table_metrics(requests, zero_ttft, chunk_tokens, zero_output=zero_ttft)
     return {"request_throughput": m["request_throughput"], "output_throughput": m["output_throughput"],
             **{name: predicted(m, f"{which}_{name}") for name in LATENCIES}}
 

@@ -267,15 +267,17 @@ def _itl_ms(itl: ITLAccumulator | None, percentiles: tuple[float, ...],
 
 
 def serving_metrics(requests: pd.DataFrame, duration_s: float, itl: ITLAccumulator | None,
-                    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES, chunk_tokens: int = 1) -> dict:
+                    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES, chunk_tokens: int = 1,
+                    uncounted_output_tokens: int = 0) -> dict:
     """Totals, throughputs and TTFT / TPOT / ITL / E2EL distributions in ms over finished requests
     (vLLM's "successful requests"); ITL pools the gaps of every decode token (with multi-step
-    rounds, ``chunk_tokens`` > 1, of every streamed chunk)."""
+    rounds, ``chunk_tokens`` > 1, of every streamed chunk). ``uncounted_output_tokens``: tokens of
+    the finished requests that a benchmark's client did not count (kvsim.servebench.metrics)."""
     percentiles = tuple(float(q) for q in percentiles)
     fin = requests["status"] == "finished"
     prompt = requests.loc[fin, "prompt_tokens"].to_numpy()
     output = requests.loc[fin, "output_tokens"].to_numpy()
-    total_in, total_out = int(prompt.sum()), int(output.sum())
+    total_in, total_out = int(prompt.sum()), int(output.sum()) - uncounted_output_tokens
     rate = (lambda x: x / duration_s) if duration_s > 0 else (lambda x: 0.0)
     return {
         "completed": int(fin.sum()),

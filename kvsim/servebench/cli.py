@@ -203,11 +203,13 @@ def _run_one(tmp: Path, res, raw: dict, scn, where: str, test_prompt: bool) -> l
         _check_test_prompt(res, reqs[reqs["request_id"] == 0], scn)
         reqs, shift = reqs[reqs["request_id"] >= 1], 1
     # the serving section (kvsim.metrics.summarize.serving_metrics) of the benchmark's own requests,
-    # with the TTFT of a request that streamed no text at 0, as the client counted it; the ITL
+    # with the TTFT of a request that streamed no text at 0 and its output tokens (kvsim generates
+    # one for a 0-token output) left out of the totals, as the client counted them; the ITL
     # distribution over decode steps is the run's (a request table has no step times; the test
     # prompt's few steps are in it), its mean over every gap the benchmark requests' own
     serving = table_metrics(reqs, frozenset(i + shift for i in res.zero_ttft), scn.scheduler.num_scheduler_steps,
-                            build.benchmark_start_s(res, test_prompt))
+                            build.benchmark_start_s(res, test_prompt),
+                            frozenset(i + shift for i, o in enumerate(res.output_lens) if o == 0))
     serving["itl_ms"] = {**ran.summary["serving"]["itl_ms"],
                          "mean_with_stalls": serving["itl_ms"]["mean_with_stalls"]}
     rows = comparison_rows(res.published, {k: predicted(serving, k) for k in res.published})

@@ -23,13 +23,19 @@ PERCENTILES = (50.0, 90.0, 99.0)
 
 
 def table_metrics(requests, zero_ttft: frozenset[int] = frozenset(), chunk_tokens: int = 1,
-                  start_s: float | None = None) -> dict:
+                  start_s: float | None = None, zero_output: frozenset[int] = frozenset()) -> dict:
     """The ``serving`` section of a request table, or of part of one: its duration runs from the
     benchmark's start (``start_s``, kvsim.servebench.build.benchmark_start_s; None: the first send) to
     the last finish, as the benchmark's does. ``zero_ttft``: request ids whose TTFT the benchmark's
     client recorded as 0 (no text streamed; vLLM 0.5's client). ``chunk_tokens``: the run's
-    ``scheduler.num_scheduler_steps`` (a multi-step round streams its tokens as one chunk)."""
+    ``scheduler.num_scheduler_steps`` (a multi-step round streams its tokens as one chunk).
+    ``zero_output``: request ids the benchmark counted with 0 output tokens (``output_lens`` 0); kvsim
+    generates one token for each (a request's prefill makes one), which the totals leave out."""
     done = requests["finish_s"].notna()
+    uncounted = 0
+    if zero_output:
+        fin = (requests["status"] == "finished").to_numpy()
+        uncounted = int((fin & requests["request_id"].isin(list(zero_output)).to_numpy()).sum())
     first = float(requests["arrival_s"].min())
     start = first if start_s is None else min(start_s, first)
     duration = float(requests.loc[done, "finish_s"].max() - start) if done.any() else 0.0
@@ -37,7 +43,7 @@ def table_metrics(requests, zero_ttft: frozenset[int] = frozenset(), chunk_token
         requests = requests.copy()
         hit = requests["request_id"].isin(list(zero_ttft)).to_numpy()
         requests.loc[hit, "ttft_s"] = 0.0
-    return serving_metrics(requests, duration, None, PERCENTILES, chunk_tokens)
+    return serving_metrics(requests, duration, None, PERCENTILES, chunk_tokens, uncounted)
 
 
 def predicted(serving: dict, key: str) -> float:

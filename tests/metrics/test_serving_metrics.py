@@ -201,3 +201,21 @@ def test_kv_bytes_read_total_counts_recompute_reads():
     assert res.summary["kv_bytes_read_total"] == tokens * scn.kv_geometry().step_bytes_per_token
     fast = run(make_scenario(kv_budget={"tokens": 600}, timing=TIMING), trace=make_trace(rows))
     assert fast.summary["kv_bytes_read_total"] == res.summary["kv_bytes_read_total"]
+
+
+def test_servebench_totals_leave_out_the_token_of_a_zero_token_output():
+    """A result file's ``output_lens`` 0: kvsim generates one token for the request (its prefill makes
+    one) and the benchmark's client counts none, so servebench's totals leave that token out; an
+    unfinished request in the set is not subtracted (it is not in the totals)."""
+    from kvsim.servebench.metrics import table_metrics
+
+    req = _requests(ttft=[0.1, 0.2, 0.4, math.nan], tpot=[0.01, 0.02, math.nan, math.nan],
+                    e2e=[1.0, 2.0, 0.4, math.nan], out=[91, 91, 1, 1],
+                    status=["finished"] * 3 + ["rejected"])
+    req["request_id"], req["arrival_s"] = [0, 1, 2, 3], 0.0
+    plain = table_metrics(req)
+    zero = table_metrics(req, zero_ttft=frozenset({2, 3}), zero_output=frozenset({2, 3}))
+    assert plain["total_output_tokens"] == 183 and zero["total_output_tokens"] == 182
+    assert zero["output_throughput"] == pytest.approx(plain["output_throughput"] * 182 / 183)
+    assert zero["total_token_throughput"] == pytest.approx((30 + 182) / 30 * plain["input_throughput"])
+    assert zero["request_throughput"] == plain["request_throughput"] and zero["ttft_ms"]["mean"] == pytest.approx(100)

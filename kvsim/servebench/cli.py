@@ -27,7 +27,8 @@ arrivals or rate, --max-concurrency) on the deployment you name, and print the b
 summary beside the printed ones, with the relative error and issue 23's targets (throughput and TPOT
 means / medians within 20 %, TTFT within 35 %). The deployment is --scenario (a kvsim scenario:
 model, GPU, parallelism, engine profile and settings; its trace and client are replaced) or --model and
---gpu; --tensor, --engine-profile and --set override either."""
+--gpu; --tensor, --engine-profile and --set override either (of the trace and client, --set may change
+only trace.length_policy)."""
 
 
 def register(subparsers) -> None:
@@ -51,10 +52,30 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+# what --set may change of the trace servebench writes (the result file's requests and arrivals)
+TRACE_SETTABLE = ("trace.length_policy",)
+
+
+def _check_sets(sets: list[str]) -> None:
+    """Refuse a ``--set`` of the trace or client that servebench writes from the result file: a cut,
+    sliced, rescaled or replaced trace (or another concurrency bound) is not the benchmark's run."""
+    from kvsim.config.load import parse_set
+    from kvsim.errors import ConfigError
+
+    for expr in sets:
+        key = parse_set(expr)[0]
+        head = key.split(".")[0]
+        if head in ("trace", "client") and key not in TRACE_SETTABLE:
+            raise ConfigError(f"--set {expr}: servebench writes the {head} from the result file (its requests, "
+                              "arrivals and --max-concurrency), so the run would not be the benchmark's; valid "
+                              f"choices under trace/client: {', '.join(TRACE_SETTABLE)}")
+
+
 def _base(args) -> tuple[dict, Path]:
     from kvsim.config.load import read_yaml_mapping
     from kvsim.errors import ConfigError
 
+    _check_sets(args.set)
     if args.scenario is not None:
         if not args.scenario.is_file():
             raise ConfigError(f"--scenario: {args.scenario}: no such file")

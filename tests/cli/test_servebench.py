@@ -343,6 +343,11 @@ def test_bad_invocations_are_one_line_exit_2(tmp_path):
     one_line_exit_2(kvsim("servebench", str(tmp_path / "c.json"), "--model", "Llama-3-8B"), "--gpu")
     one_line_exit_2(kvsim("servebench", str(tmp_path / "c.json"), "--model", "Llama-3-8B", "--gpu", "A100-80GB",
                           "--engine-profile", "vllm-v9", "--out", str(tmp_path / "o")), "engine_profile")
+    for expr in ("trace.max_requests=5", "trace.rate_scale=2", "trace={file: x.csv}", "client.max_concurrency=2"):
+        # servebench writes the trace and client from the result: a cut or rescaled trace is not its run
+        one_line_exit_2(kvsim("servebench", str(tmp_path / "c.json"), "--model", "Llama-3-8B", "--gpu", "A100-80GB",
+                              "--set", expr, "--out", str(tmp_path / "o")), "trace.length_policy")
+        assert not (tmp_path / "o").exists()
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep")

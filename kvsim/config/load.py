@@ -131,7 +131,8 @@ def _kind_of(section: str, value: Any) -> Any:
 
 def deep_merge(base: dict, override: dict, depth: int = 0) -> dict:
     """Override wins. A plugin section or policy whose ``kind`` changes is replaced, not merged,
-    because the old kind's keys would be invalid for the new kind."""
+    because the old kind's keys would be invalid for the new kind; so is a ``model``, ``gpu`` or
+    ``host_link`` whose ``preset`` changes (the old preset's fields and overrides are not the new one's)."""
     out = copy.deepcopy(base)
     for k, v in override.items():
         old = out.get(k)
@@ -142,6 +143,9 @@ def deep_merge(base: dict, override: dict, depth: int = 0) -> dict:
             out[k] = deep_merge({"kind": old}, v, depth + 1)
         elif depth == 0 and k in ("model", "gpu", "host_link") and isinstance(v, dict) and isinstance(old, str):
             out[k] = deep_merge({"preset": old}, v, depth + 1)
+        elif depth == 0 and k in ("model", "gpu", "host_link") and isinstance(v, dict) and "preset" in v \
+                and isinstance(old, dict) and old.get("preset") != v["preset"]:
+            out[k] = copy.deepcopy(v)  # another preset (or file): the old one's fields are not its own
         elif isinstance(v, dict) and isinstance(old, dict):
             out[k] = deep_merge(old, v, depth + 1)
         else:
@@ -259,6 +263,8 @@ def expand_scenario(raw: dict, path: Path, overrides: tuple[str, ...], base_dir:
         # its model as written (the base's is expanded in merged): the base's, the variant's, then --set's
         own = deep_merge(written_model, {"model": undotted["model"]}) if "model" in undotted else written_model
         own = apply_sets(copy.deepcopy(own), [e for e in overrides if parse_set(e)[0].split(".")[0] == "model"])
+        if "model" in undotted:  # merged onto the base's model as written, not onto its expanded file
+            merged["model"] = copy.deepcopy(own["model"])
         sources[vname] = model_source(own, base_dir, overrides, vname, undotted)
         merged = expand_model(merged, base_dir, str(path), prefix=f"variants.{vname}.")
         variants[vname] = validate_scenario(merged, str(path), prefix=f"variants.{vname}.", sets=sets)

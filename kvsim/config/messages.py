@@ -16,8 +16,25 @@ from kvsim.registry import plugin_registry
 
 def _model_fields_at(loc: tuple) -> list[str] | None:
     """Valid keys of the model that ``loc`` (minus its last element) points into."""
+    cls = _class_at(loc[:-1])
+    if isinstance(cls, type) and issubclass(cls, BaseModel):
+        return list(cls.model_fields)
+    return None
+
+
+def _kinds_at(loc: tuple) -> list[str]:
+    """The ``kind`` tags of the tagged union at ``loc`` (a section outside the plugin registries, such
+    as a synthetic trace's length distributions); [] when ``loc`` is not one."""
+    cls = _class_at(loc)
+    if not isinstance(cls, tuple):
+        return []
+    return [str(c.model_fields["kind"].default) for c in cls if "kind" in c.model_fields]
+
+
+def _class_at(loc: tuple) -> Any:
+    """The model class (or tuple of a union's member classes) that ``loc`` points to; None if unknown."""
     cls: Any = Scenario
-    for part in loc[:-1]:
+    for part in loc:
         if isinstance(part, int):
             continue
         if cls is None:
@@ -31,23 +48,25 @@ def _model_fields_at(loc: tuple) -> list[str] | None:
             cls = next((c for c in cls if c.model_fields["kind"].default == part), None)
         else:
             return None
-    if isinstance(cls, type) and issubclass(cls, BaseModel):
-        return list(cls.model_fields)
-    return None
+    return cls
 
 
 def _model_from_annotation(ann: Any) -> Any:
     origin = get_origin(ann)
     if origin is Annotated:
         return _model_from_annotation(get_args(ann)[0])
-    if origin is Union or origin is types.UnionType:
-        members = [a for a in get_args(ann) if isinstance(a, type) and issubclass(a, BaseModel)]
+    if origin is Union or origin is types.UnionType:  # Optional[Annotated[Union[...]]] included
+        members = [m for a in get_args(ann) for m in _members(_model_from_annotation(a))]
         if len(members) == 1:
             return members[0]
         return tuple(members) or None
     if isinstance(ann, type) and issubclass(ann, BaseModel):
         return ann
     return None
+
+
+def _members(cls: Any) -> tuple:
+    return cls if isinstance(cls, tuple) else (cls,) if cls is not None else ()
 
 
 def _loc_str(loc: tuple) -> str:
@@ -79,7 +98,7 @@ def _one_error(e: dict, prefix: str) -> str:
     if t in ("union_tag_invalid", "union_tag_not_found"):
         ctx = e.get("ctx", {})
         registry = _KIND_REGISTRIES.get(section)
-        valid = registry.kinds if registry else []
+        valid = registry.kinds if registry else _kinds_at(loc)
         if t == "union_tag_not_found":
             return f"{path}: missing 'kind'; valid kinds: {format_choices(valid)}"
         tag = str(ctx.get("tag", ""))

@@ -98,6 +98,20 @@ def test_a_bad_set_value_names_the_set_argument(scenario, expr, key, hint):
     assert hint in msg and "\n" not in msg
 
 
+@pytest.mark.parametrize("dist, why", [("{kind: constant, value: 3}", "unknown prompt_tokens kind 'constant'"),
+                                       ("{value: 3}", "missing 'kind'")])
+def test_a_synthetic_length_distribution_lists_its_kinds(scenario, dist, why):
+    """A length distribution is a tagged union outside the plugin registries: its valid kinds are
+    still listed (they were printed empty)."""
+    spec = ("trace={synthetic: {num_requests: 5, arrival: {process: poisson, rate_per_s: 1}, "
+            f"prompt_tokens: {dist}, output_tokens: {{kind: fixed, value: 4}}}}}}")
+    with pytest.raises(ConfigError) as e:
+        load_scenario(scenario, [spec])
+    msg = str(e.value)
+    assert f"trace.synthetic.prompt_tokens: {why}" in msg and "\n" not in msg
+    assert msg.endswith("valid kinds: empirical, fixed, lognormal, uniform, zipf"), msg
+
+
 def test_a_bad_file_value_still_names_the_file(scenario):
     scenario.write_text(scenario.read_text().replace("bytes: 16 GiB", "bytes: 16.5 B"))
     with pytest.raises(ConfigError, match=rf"^{scenario}: kv_budget.bytes: '16.5 B' is not a whole number of bytes"):

@@ -113,6 +113,26 @@ def test_model_config_json_relative_to_the_scenario_file(tmp_path, monkeypatch):
     assert "models/config.json" in ds.model.source
 
 
+def test_a_variant_or_point_naming_another_preset_replaces_the_base_model(tmp_path):
+    """``model: {preset: other}`` (a preset or a config.json) in a variant is that model, not the base's
+    fields on top of it (the base's expanded config.json used to win: Qwen3-14B stayed Qwen3-14B); a
+    variant of the same preset keeps the base's overrides."""
+    shutil.copy(HF / "qwen3-14b.json", tmp_path / "q.json")
+    shutil.copy(HF / "mixtral-8x7b-v0.1.json", tmp_path / "mx.json")
+    f = write(tmp_path, base(model={"preset": "q.json", "max_model_len_tokens": 4096},
+                             gpu={"preset": "A100-80GB", "memory_bytes": 40 * 2**30},
+                             variants={"mx": {"model": {"preset": "mx.json"}}, "llama": {"model": {"preset": "Llama-2-7B"}},
+                                       "same": {"model": {"preset": "q.json", "num_layers": 20}},
+                                       "h100": {"gpu": {"preset": "H100-SXM-80GB"}}}))
+    v = load_scenario(f).variants
+    assert (v["mx"].model.num_experts, v["mx"].model.hidden_size, v["mx"].model.max_model_len_tokens) == (8, 4096, 32768)
+    assert (v["llama"].model.name, v["llama"].model.num_kv_heads, v["llama"].model.max_model_len_tokens) == \
+        ("Llama-2-7B", 32, 4096)
+    assert (v["same"].model.hidden_size, v["same"].model.num_layers, v["same"].model.max_model_len_tokens) == \
+        (5120, 20, 4096)
+    assert v["h100"].gpu.memory_bytes == GPUS["H100-SXM-80GB"].memory_bytes != 40 * 2**30
+
+
 def test_missing_or_broken_config_json_is_one_line(tmp_path):
     msg = error(write(tmp_path, base(model="nope/config.json")))
     assert "model:" in msg and "not found" in msg

@@ -167,6 +167,22 @@ def test_a_report_that_cannot_be_written_leaves_no_stale_report(block_sweep_copy
     assert json.loads((out / ".kvsim-output.json").read_text())["complete"] is True
 
 
+def test_a_no_report_rerun_that_runs_points_withdraws_the_earlier_report(block_sweep_copy):
+    """--no-report on a rerun that runs points: the earlier compare/ and report.html no longer show
+    them, so kvsim removes what it wrote there (a user's file stays) and says so."""
+    out, _ = block_sweep_copy
+    (out / "compare" / "mine.txt").write_text("a user's file")
+    rc, log = run_cli(["sweep", str(STUDY_SWEEP), *SHORT, "--out", str(out), "--jobs", "1", "--no-plots",
+                       "--no-report"])  # every point complete: nothing ran, the report still shows them
+    assert rc == 0 and "removed" not in log and (out / "report.html").is_file(), log
+    rc, log = run_cli(["sweep", str(STUDY_SWEEP), *SHORT, "--out", str(out), "--jobs", "1", "--no-plots",
+                       "--no-report", "--force"])
+    assert rc == 0, log
+    assert "kvsim: note: removed the earlier sweep's compare/ and report.html" in log
+    assert not (out / "report.html").exists() and not (out / "compare" / "comparison.csv").exists()
+    assert (out / "compare" / "mine.txt").read_text() == "a user's file"
+
+
 def test_killed_sweep_resumes(tmp_path):
     """Kill a sweep (driver and workers) mid-way; the rerun runs only the points not complete."""
     out = tmp_path / "sweep"

@@ -35,3 +35,26 @@ def test_ctrl_c_says_how_many_points_are_complete_and_rerun_resumes(tmp_path):
     assert rerun.returncode == 0, rerun.stderr
     assert "4 points, 2 already complete (skipped), 2 to run" in rerun.stderr
     assert pd.read_csv(out / "index.csv")["status"].tolist() == ["ok"] * 4
+
+
+def test_a_point_finished_when_ctrl_c_came_is_ok_in_the_index(tmp_path, monkeypatch):
+    """Ctrl-C after a point's worker finished it on disk but before its outcome reached the runner (a
+    worker process's result in flight): the index lists it ``ok``, as the rerun will skip it."""
+    import kvsim.sweep.runner as runner
+    from kvsim.errors import Interrupted
+    from kvsim.sweep.executors import run_point
+
+    def interrupted_after_one(tasks, on_outcome, **kw):
+        run_point(tasks[0])  # written and complete on disk; its outcome never delivered
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "execute", interrupted_after_one)
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(yaml.safe_dump(SWEEP, sort_keys=False))
+    try:
+        runner.run_sweep(sweep, tmp_path / "sw", executor="inline", plots=False, report=False)
+    except Interrupted as e:
+        assert "1 of 4 points are complete" in str(e)
+    else:
+        raise AssertionError("not interrupted")
+    assert pd.read_csv(tmp_path / "sw" / "index.csv")["status"].tolist() == ["ok", "pending", "pending", "pending"]

@@ -90,6 +90,9 @@ def settings_for(scn, model_file: Path, threads: int, device: str, eager: bool,
     if s.async_scheduling:
         raise EngineError(f"{where}: scheduler.async_scheduling is true; the vLLM replay steps its engine one "
                           "step at a time, without async scheduling: set it to false")
+    if scn.frontend is not None:
+        raise EngineError(f"{where}: frontend is set; the vLLM replay drives the engine in this process, without "
+                          "an API server to measure: remove it")
     _refuse_unreplayable(scn, where)
     dtype = ENGINE_DTYPES[scn.weight_dtype]
     kv_dtype = ENGINE_KV_DTYPES.get(scn.kv_dtype, "auto")
@@ -349,14 +352,16 @@ def replay_to_dir(loaded, out: Path | None, *, model: str | None = None, threads
                           + (" or cpu" if device == "cpu" else " (the CPU clock does not time GPU work)"))
     settings = engine_settings(loaded, model, threads, device, eager)
     model_files = {name: st.model_config for name, st in settings.items()}
+    base_dir = loaded.path.parent
+    built = {name: build_trace(scn, base_dir) for name, scn in loaded.runs.items()}
+    for name, (trace, _) in built.items():
+        refuse_samples(trace, str(loaded.path) + (f": variants.{name}" if loaded.variants else ""))
     vllm = require_vllm()
     for st in settings.values():
         check_kv_cache_dtype(st.kv_cache_dtype, device, str(loaded.path))
     out = Path(out) if out is not None else Path("results") / f"{loaded.name}-replay-vllm"
     check_out_dir(out, "replay", force=force, protect=[loaded.path])
-    base_dir = loaded.path.parent
     with atomic_out_dir(out, "replay", force=force, protect=[loaded.path], log=log) as tmp:
-        built = {name: build_trace(scn, base_dir) for name, scn in loaded.runs.items()}
         write_yaml(tmp / "scenario.resolved.yaml", {
             "kvsim_version": __version__, "scenario_file": str(loaded.path), "name": loaded.name,
             "replay": {"engine": "vllm", "version": str(vllm.__version__),
@@ -392,6 +397,15 @@ def replay_to_dir(loaded, out: Path | None, *, model: str | None = None, threads
 
             write_run_report(tmp, shown_name=out.name)
     return out
+
+
+def refuse_samples(trace, where: str) -> None:
+    """One line for a trace whose requests ask for several samples (parallel sampling or beams): the
+    replay sends one sample per request, so vLLM would not run what kvsim predicts."""
+    if trace.num_samples is not None and (many := trace.num_samples > 1).any():
+        raise EngineError(f"{where}: its trace has {int(many.sum())} request(s) with num_samples > 1 (parallel "
+                          "sampling or beams); the vLLM replay sends one sample per request: use a trace without "
+                          "them (no num_samples column, trace.synthetic.sampling unset)")
 
 
 def _replay_one(scn, settings: EngineSettings, trace, vocab: int, d: Path, version: str, log, clock: str,

@@ -104,6 +104,22 @@ def test_replay_of_a_preset_set_on_the_command_line_is_one_line(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_a_frontend_or_a_trace_with_samples_is_refused_before_vllm(tmp_path):
+    """The replay has no API server to measure and sends one sample per request: a scenario with
+    ``frontend:`` or a trace with num_samples > 1 is one line, exit 2, before vLLM is needed."""
+    f = _scenario(tmp_path)
+    with pytest.raises(EngineError, match=r"frontend is set; .*without an API server"):
+        engine_settings(load_scenario(f, ["frontend={servers: 2, per_request_s: 0.001}"]))
+    (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens,num_samples\n0,10,5,1\n0.5,10,5,3\n")
+    r = subprocess.run([sys.executable, "-m", "kvsim", "replay", "--engine", "vllm", str(f), "--set",
+                        f"trace={{file: {tmp_path / 't.csv'}}}", "--out", str(tmp_path / "o")], capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("kvsim")]
+    assert len(lines) == 1 and "1 request(s) with num_samples > 1" in lines[0] and str(f) in lines[0], r.stderr
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("sets,words", [
     (["kv_dtype=int8"], ["kv_dtype is 'int8'", "bf16", "fp8"]),
     (["weight_dtype=fp16"], ["kv_dtype is 'bf16'", "fp16"]),

@@ -122,7 +122,7 @@ class Scenario(StrictModel):
                             max_model_len=self.model.max_model_len_tokens, chunked_prefill=s.chunked_prefill,
                             max_num_seqs=s.max_num_seqs if "max_num_seqs" in given else None,
                             max_num_batched_tokens=s.max_num_batched_tokens if "max_num_batched_tokens" in given
-                            else None, gpu_preset=self.gpu.preset)
+                            else None, gpu_preset=self.gpu.preset, max_prefill_tokens=s.max_prefill_tokens)
 
     @field_validator("model", mode="before")
     @classmethod

@@ -261,3 +261,19 @@ def test_vllm_v1_batch_limits_match_the_installed_vllm(monkeypatch):
                     assert (s.scheduler.token_budget(mml), s.scheduler.max_num_seqs) == want, (gpu.name, sched, mml)
                     checked += 1
     assert checked == len(gpus) * 24
+
+
+@pytest.mark.parametrize("gpu", ["A100-40GB", "H100-SXM-80GB"])
+def test_sglang_without_chunked_prefill_fills_no_chunk_budget(gpu):
+    """QA (thirtieth session): sglang with chunked_prefill: false filled the GPU's chunk size (4096 on
+    an A100-40GB) and refused an 8192-token model. SGLang with --chunked-prefill-size -1 takes a
+    batch's first prompt whole and bounds the rest by max_prefill_tokens (16384)."""
+    base = {**BASE, "engine_profile": "sglang", "gpu": gpu, "model": "Llama-3-8B"}
+    s = Scenario.model_validate({**base, "scheduler": {"chunked_prefill": False}})
+    assert s.scheduler.max_num_batched_tokens == 16384
+    assert s.profile_filled()["filled"]["scheduler.max_num_batched_tokens"] == 16384
+    long = Scenario.model_validate({**base, "model": {"preset": "Llama-3-8B", "max_model_len_tokens": 32768},
+                                    "scheduler": {"chunked_prefill": False, "max_prefill_tokens": 1000}})
+    assert long.scheduler.max_num_batched_tokens == 32768
+    chunked = Scenario.model_validate(base)
+    assert chunked.scheduler.max_num_batched_tokens == (4096 if gpu == "A100-40GB" else 8192)

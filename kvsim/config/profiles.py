@@ -178,6 +178,11 @@ _PROFILES: tuple[EngineProfile, ...] = (
                    "stops adding a request whose input is at least what is left of it to a non-empty prefill batch"),
         "allocator[radix].watermark": Fill(0.0, "SGLang admits against free + evictable tokens, no watermark "
                                                 "(its new-token ratio reservation is not modelled)"),
+        "allocator[paged].watermark": Fill(0.0, "SGLang with page_size > 1 (kvsim: allocator kind paged) admits "
+                                                "against free + evictable tokens as with 1-token pages: no watermark"),
+        "allocator[paged].prefix_caching": Fill(
+            True, "SGLang's radix cache stays on with page_size > 1 (PagedTokenToKVPoolAllocator under the "
+                  "RadixCache, matched a page at a time); only --disable-radix-cache turns it off"),
         "timing[analytical].attention_backend": Fill(
             "flashinfer-paged", "SGLang's default attention backend on NVIDIA GPUs before 0.4.6 (FlashInfer; "
                                 "docs.sglang.io attention_backend; FA3 became the Hopper default later)"),

@@ -277,3 +277,15 @@ def test_sglang_without_chunked_prefill_fills_no_chunk_budget(gpu):
     assert long.scheduler.max_num_batched_tokens == 32768
     chunked = Scenario.model_validate(base)
     assert chunked.scheduler.max_num_batched_tokens == (4096 if gpu == "A100-40GB" else 8192)
+
+
+def test_sglang_with_paged_allocator_keeps_its_prefix_cache_and_no_watermark():
+    """QA (thirtieth session): allocator kind paged under sglang fell back to kvsim's prefix_caching
+    false and watermark 0.01; SGLang with page_size > 1 keeps its radix cache and no watermark."""
+    s = Scenario.model_validate({**BASE, "engine_profile": "sglang", "allocator": {"kind": "paged"}})
+    assert (s.allocator.prefix_caching, s.allocator.watermark) == (True, 0.0)
+    filled = s.profile_filled()["filled"]
+    assert filled["allocator.prefix_caching"] is True and filled["allocator.watermark"] == 0.0
+    own = Scenario.model_validate({**BASE, "engine_profile": "sglang",
+                                   "allocator": {"kind": "paged", "prefix_caching": False, "watermark": 0.02}})
+    assert (own.allocator.prefix_caching, own.allocator.watermark) == (False, 0.02)

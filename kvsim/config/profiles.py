@@ -117,7 +117,8 @@ _PROFILES: tuple[EngineProfile, ...] = (
     EngineProfile("vllm-v0.6", "vLLM 0.6 (v0 engine): no chunked prefill or prefix caching by default, prompt "
                   "blocks at admission, watermark 0.01, FlashAttention paged decode", {
         "scheduler.chunked_prefill": Fill(False, "vLLM 0.6 EngineArgs.enable_chunked_prefill = None: off unless "
-                                                 "max_model_len > 32K (that case is not modelled)"),
+                                                 "max_model_len > 32K (create_engine_config; kept off here, "
+                                                 "Scenario.notes says so)"),
         "scheduler.prompt_blocks": Fill("at_admission", "vLLM v0 Scheduler._schedule_prefills allocates the whole "
                                                         "prompt's blocks when it admits a request"),
         "scheduler.prefill_only_steps": Fill(

@@ -289,3 +289,14 @@ def test_sglang_with_paged_allocator_keeps_its_prefix_cache_and_no_watermark():
     own = Scenario.model_validate({**BASE, "engine_profile": "sglang",
                                    "allocator": {"kind": "paged", "prefix_caching": False, "watermark": 0.02}})
     assert (own.allocator.prefix_caching, own.allocator.watermark) == (False, 0.02)
+
+
+def test_vllm_v06_notes_its_long_context_chunked_prefill_default():
+    """QA (thirtieth session): vLLM 0.5-0.6 turns chunked prefill on for max_model_len > 32K; the
+    profile keeps it off and says so in one note (not when the scenario sets the key)."""
+    long = {**BASE, "engine_profile": "vllm-v0.6", "model": {"preset": "Llama-3-8B", "max_model_len_tokens": 65536}}
+    notes = Scenario.model_validate(long).notes()
+    assert len(notes) == 1 and "max_model_len > 32K" in notes[0] and "chunked_prefill: true" in notes[0]
+    assert Scenario.model_validate({**long, "scheduler": {"chunked_prefill": False}}).notes() == []
+    assert Scenario.model_validate({**BASE, "engine_profile": "vllm-v0.6", "model": "Llama-3-8B"}).notes() == []
+    assert Scenario.model_validate({**long, "engine_profile": "vllm-v1"}).notes() == []

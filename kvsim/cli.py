@@ -86,13 +86,15 @@ def _cmd_validate(args) -> int:
     from kvsim.api import TraceCache
     from kvsim.config import load_scenario
     from kvsim.dropped import Dropped, predict_rejections, warnings_for
-    from kvsim.simulate import build_allocator, build_timing, check_trace_supported, host_transfers
+    from kvsim.simulate import (build_allocator, build_timing, check_token_budget, check_trace_supported,
+                                 host_transfers)
 
     check_command_fits_file("validate", args.file)
     loaded = load_scenario(args.file, args.set or [])
     traces = TraceCache(loaded.path.parent, str(loaded.path))
     dropped = {}
     for name, scn in loaded.runs.items():
+        check_token_budget(scn, str(loaded.path))
         alloc, budget = build_allocator(scn, str(loaded.path))
         # the timing model as a run builds it: a calibration directory or a backend profile file is read
         build_timing(scn, alloc.block_size, loaded.path.parent, host_transfers(scn, str(loaded.path)),

@@ -20,7 +20,8 @@ FIXES = {
                            "fp8)",
     "exceeds_max_num_seqs": "raise scheduler.max_num_seqs to at least the requests' num_samples (their samples "
                             "are scheduled together), or lower num_samples",
-    "exceeds_batch_token_budget": "raise scheduler.max_num_batched_tokens or set scheduler.chunked_prefill: true",
+    "exceeds_batch_token_budget": "raise scheduler.max_num_batched_tokens (to at least every request's num_samples) "
+                                  "or, without chunked prefill, set scheduler.chunked_prefill: true",
     "dropped_by_length_policy": "trace.length_policy: drop removed them; use cap to keep them truncated, or a "
                                 "longer max length (model: {preset: NAME, max_model_len_tokens: N})",
 }

@@ -276,11 +276,14 @@ def check_trace_supported(scn: Scenario, trace: Trace, where: str) -> None:
                           f"has {int(trace.num_samples[i])} parallel samples or beams; use allocator kind paged")
 
 
-def _check_token_budget(scn: Scenario, sched: Scheduler, where: str) -> None:
+def check_token_budget(scn: Scenario, where: str) -> None:
+    """The scheduler's token budget must hold the longest prompt when prompts are not chunked: one
+    ConfigError line otherwise (``kvsim run`` and ``kvsim validate`` alike)."""
     max_len = scn.model.max_model_len_tokens
-    if not scn.scheduler.chunked_prefill and sched.token_budget < max_len:
+    budget = scn.scheduler.token_budget(max_len)  # the Scheduler's own token_budget
+    if not scn.scheduler.chunked_prefill and budget < max_len:
         raise ConfigError(
-            f"{where}: scheduler.max_num_batched_tokens ({sched.token_budget}) is smaller than the model's "
+            f"{where}: scheduler.max_num_batched_tokens ({budget}) is smaller than the model's "
             f"max length ({max_len}); without chunked_prefill a long prompt could never be scheduled: raise it "
             f"or set scheduler.chunked_prefill: true"
         )
@@ -341,7 +344,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     replicas, budgets = [r for r, _, _ in built], [b for _, b, _ in built]
     geometry = built[0][2]  # the run's one KV geometry: the plan's, with the allocator's page size
     del built
-    _check_token_budget(scn, replicas[0].scheduler, where)
+    check_token_budget(scn, where)
     check_trace_supported(scn, engine_trace, where)
     recorder = _step_recorder(geometry, steps_path)
     engine = Engine(engine_trace, recorder=recorder, max_model_len_tokens=scn.model.max_model_len_tokens,

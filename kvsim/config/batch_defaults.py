@@ -36,6 +36,7 @@ class BatchContext:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     gpu_preset: str = ""  # the preset the GPU is or derives from ("" = a GPU of your own: its name)
+    max_prefill_tokens: int | None = None  # scheduler.max_prefill_tokens (SGLang's), as given or filled
 
     @property
     def device_name(self) -> str:
@@ -101,10 +102,20 @@ def vllm_v0_batch(ctx: BatchContext) -> tuple[dict[str, int], str]:
 def sglang_server_batch(ctx: BatchContext) -> tuple[dict[str, int], str]:
     """SGLang v0.5.7's prompt budget per step (its ``chunked_prefill_size``) by the GPU's memory:
     2,048 under 35 GiB, 4,096 under 60 GiB (A100-40GB, L40S), 8,192 under 160 GiB (A100-80GB, H100,
-    H200), 16,384 above (B200, MI300X). ``max_num_seqs`` (SGLang's ``max_running_requests``, which
-    follows the KV pool's size) is not filled: kvsim's 256."""
+    H200), 16,384 above (B200, MI300X). Without chunked prefill (``--chunked-prefill-size -1``) there
+    is no chunk budget: ``PrefillAdder`` takes a batch's first request whole and bounds the rest by
+    ``max_prefill_tokens`` (``scheduler.max_prefill_tokens``, 16,384 by default), so the budget is
+    max(max_model_len, max_prefill_tokens), which that limit never lets a prefill batch exceed.
+    ``max_num_seqs`` (SGLang's ``max_running_requests``, which follows the KV pool's size) is not
+    filled: kvsim's 256."""
     if ctx.max_num_batched_tokens is not None:
         return {}, ""
+    if not ctx.chunked_prefill:
+        tokens = max(ctx.max_model_len, ctx.max_prefill_tokens or 0)
+        return {"max_num_batched_tokens": tokens}, (
+            f"SGLang v0.5.7 with chunked prefill off (--chunked-prefill-size -1): no chunk budget; "
+            f"managers/schedule_policy.py PrefillAdder takes a batch's first request whole and stops adding at "
+            f"max_prefill_tokens ({ctx.max_prefill_tokens}): max(max_model_len, max_prefill_tokens) = {tokens}")
     gib = ctx.gpu_memory_bytes / GiB
     tokens = 2048 if gib < 35 else 4096 if gib < 60 else 8192 if gib < 160 else 16384
     return {"max_num_batched_tokens": tokens}, (

@@ -117,7 +117,8 @@ _PROFILES: tuple[EngineProfile, ...] = (
     EngineProfile("vllm-v0.6", "vLLM 0.6 (v0 engine): no chunked prefill or prefix caching by default, prompt "
                   "blocks at admission, watermark 0.01, FlashAttention paged decode", {
         "scheduler.chunked_prefill": Fill(False, "vLLM 0.6 EngineArgs.enable_chunked_prefill = None: off unless "
-                                                 "max_model_len > 32K (that case is not modelled)"),
+                                                 "max_model_len > 32K (create_engine_config; kept off here, "
+                                                 "Scenario.notes says so)"),
         "scheduler.prompt_blocks": Fill("at_admission", "vLLM v0 Scheduler._schedule_prefills allocates the whole "
                                                         "prompt's blocks when it admits a request"),
         "scheduler.prefill_only_steps": Fill(
@@ -178,6 +179,11 @@ _PROFILES: tuple[EngineProfile, ...] = (
                    "stops adding a request whose input is at least what is left of it to a non-empty prefill batch"),
         "allocator[radix].watermark": Fill(0.0, "SGLang admits against free + evictable tokens, no watermark "
                                                 "(its new-token ratio reservation is not modelled)"),
+        "allocator[paged].watermark": Fill(0.0, "SGLang with page_size > 1 (kvsim: allocator kind paged) admits "
+                                                "against free + evictable tokens as with 1-token pages: no watermark"),
+        "allocator[paged].prefix_caching": Fill(
+            True, "SGLang's radix cache stays on with page_size > 1 (PagedTokenToKVPoolAllocator under the "
+                  "RadixCache, matched a page at a time); only --disable-radix-cache turns it off"),
         "timing[analytical].attention_backend": Fill(
             "flashinfer-paged", "SGLang's default attention backend on NVIDIA GPUs before 0.4.6 (FlashInfer; "
                                 "docs.sglang.io attention_backend; FA3 became the Hopper default later)"),

@@ -122,7 +122,7 @@ class Scenario(StrictModel):
                             max_model_len=self.model.max_model_len_tokens, chunked_prefill=s.chunked_prefill,
                             max_num_seqs=s.max_num_seqs if "max_num_seqs" in given else None,
                             max_num_batched_tokens=s.max_num_batched_tokens if "max_num_batched_tokens" in given
-                            else None, gpu_preset=self.gpu.preset)
+                            else None, gpu_preset=self.gpu.preset, max_prefill_tokens=s.max_prefill_tokens)
 
     @field_validator("model", mode="before")
     @classmethod
@@ -312,6 +312,12 @@ class Scenario(StrictModel):
         if m.sliding_window_layers:
             out.append(f"note: {m.sliding_window_layers} of {m.num_layers} layers use a {m.sliding_window_tokens}-token "
                        f"sliding window; KV is charged for every token (an upper bound past the window, docs/models.md)")
+        if (self.engine_profile == "vllm-v0.6" and self._profile_filled.get("scheduler.chunked_prefill") is False
+                and m.max_model_len_tokens > 32768 and not m.sliding_window_layers):
+            out.append(f"note: vLLM 0.5-0.6 turns chunked prefill on by default when max_model_len > 32K "
+                       f"({m.max_model_len_tokens} here; vllm/engine/arg_utils.py create_engine_config, with no "
+                       f"sliding window, LoRA or speculative decoding); vllm-v0.6 keeps it off: set "
+                       f"scheduler.chunked_prefill: true to follow that rule (docs/conformance.md)")
         caches = self.allocator_prefix_caching() or self.allocator.kind == "radix"
         if self.replicas.count > 1 and self.replicas.router.kind == "prefix_affinity" and not caches:
             out.append(f"note: replicas.router: prefix_affinity reads each replica's prefix cache, and allocator "

@@ -66,6 +66,8 @@ class Arrivals:
             return REJECT_KV
         if kv.num_samples > self.max_num_seqs:  # its samples run as one group, never all in one batch
             return REJECT_SEQS
+        if kv.num_samples > self.token_budget:  # a decode step of the group costs one token per sample
+            return REJECT_BUDGET
         if not self.chunked_prefill:
             # A recompute after preemption re-prefills prompt + generated tokens (each generated
             # position once per sample) in one step: Request.batch_tokens of them from 0 computed.

@@ -131,3 +131,16 @@ def test_set_override_changes_the_run(tmp_path):
                 "--set", "variants.paged-16.allocator.block_size=32", "-q", "--no-plots")
     assert res.returncode == 0, res.stderr
     assert json.loads((out / "paged-16" / "summary.json").read_text())["kv"]["block_size"] == 32
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_a_token_budget_below_the_max_length_is_refused_by_validate_as_by_run(tmp_path, command):
+    """QA (thirtieth session): validate said ok where run refused the unchunked budget."""
+    (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n")
+    f = tmp_path / "s.yaml"
+    f.write_text("engine_profile: kvsim\nmodel: Llama-3-8B\ngpu: A100-40GB\ntrace: {file: t.csv}\n"
+                 "scheduler: {max_num_batched_tokens: 100}\n")
+    out = kvsim(command, str(f), *(["--out", str(tmp_path / "o"), "-q", "--no-plots"] if command == "run" else []))
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.stderr
+    assert str(f) in lines[0] and "max_num_batched_tokens (100)" in lines[0] and "(8192)" in lines[0]

@@ -261,3 +261,42 @@ def test_vllm_v1_batch_limits_match_the_installed_vllm(monkeypatch):
                     assert (s.scheduler.token_budget(mml), s.scheduler.max_num_seqs) == want, (gpu.name, sched, mml)
                     checked += 1
     assert checked == len(gpus) * 24
+
+
+@pytest.mark.parametrize("gpu", ["A100-40GB", "H100-SXM-80GB"])
+def test_sglang_without_chunked_prefill_fills_no_chunk_budget(gpu):
+    """QA (thirtieth session): sglang with chunked_prefill: false filled the GPU's chunk size (4096 on
+    an A100-40GB) and refused an 8192-token model. SGLang with --chunked-prefill-size -1 takes a
+    batch's first prompt whole and bounds the rest by max_prefill_tokens (16384)."""
+    base = {**BASE, "engine_profile": "sglang", "gpu": gpu, "model": "Llama-3-8B"}
+    s = Scenario.model_validate({**base, "scheduler": {"chunked_prefill": False}})
+    assert s.scheduler.max_num_batched_tokens == 16384
+    assert s.profile_filled()["filled"]["scheduler.max_num_batched_tokens"] == 16384
+    long = Scenario.model_validate({**base, "model": {"preset": "Llama-3-8B", "max_model_len_tokens": 32768},
+                                    "scheduler": {"chunked_prefill": False, "max_prefill_tokens": 1000}})
+    assert long.scheduler.max_num_batched_tokens == 32768
+    chunked = Scenario.model_validate(base)
+    assert chunked.scheduler.max_num_batched_tokens == (4096 if gpu == "A100-40GB" else 8192)
+
+
+def test_sglang_with_paged_allocator_keeps_its_prefix_cache_and_no_watermark():
+    """QA (thirtieth session): allocator kind paged under sglang fell back to kvsim's prefix_caching
+    false and watermark 0.01; SGLang with page_size > 1 keeps its radix cache and no watermark."""
+    s = Scenario.model_validate({**BASE, "engine_profile": "sglang", "allocator": {"kind": "paged"}})
+    assert (s.allocator.prefix_caching, s.allocator.watermark) == (True, 0.0)
+    filled = s.profile_filled()["filled"]
+    assert filled["allocator.prefix_caching"] is True and filled["allocator.watermark"] == 0.0
+    own = Scenario.model_validate({**BASE, "engine_profile": "sglang",
+                                   "allocator": {"kind": "paged", "prefix_caching": False, "watermark": 0.02}})
+    assert (own.allocator.prefix_caching, own.allocator.watermark) == (False, 0.02)
+
+
+def test_vllm_v06_notes_its_long_context_chunked_prefill_default():
+    """QA (thirtieth session): vLLM 0.5-0.6 turns chunked prefill on for max_model_len > 32K; the
+    profile keeps it off and says so in one note (not when the scenario sets the key)."""
+    long = {**BASE, "engine_profile": "vllm-v0.6", "model": {"preset": "Llama-3-8B", "max_model_len_tokens": 65536}}
+    notes = Scenario.model_validate(long).notes()
+    assert len(notes) == 1 and "max_model_len > 32K" in notes[0] and "chunked_prefill: true" in notes[0]
+    assert Scenario.model_validate({**long, "scheduler": {"chunked_prefill": False}}).notes() == []
+    assert Scenario.model_validate({**BASE, "engine_profile": "vllm-v0.6", "model": "Llama-3-8B"}).notes() == []
+    assert Scenario.model_validate({**long, "engine_profile": "vllm-v1"}).notes() == []

@@ -239,3 +239,23 @@ def test_recomputed_tokens_count_every_sample(tmp_path, mode):
     work = int(steps["prefill_tokens"].sum() + steps["decode_tokens"].sum())
     assert work == int((req["prompt_tokens"] + req["num_samples"] * (req["output_tokens"] - 1)
                         + req["recomputed_tokens"]).sum())
+
+
+@pytest.mark.parametrize("mode", ["step", "fast"])
+def test_samples_beyond_the_token_budget_are_rejected_on_arrival(tmp_path, capsys, mode):
+    """QA (thirtieth session): a 3-sample request under max_num_batched_tokens 2 (chunked prefill
+    on) crashed the run with "nothing schedulable (scheduler bug)": each decode step of its group
+    costs 3 tokens. It is rejected on arrival as exceeds_batch_token_budget, and validate says so."""
+    from kvsim.cli import main
+
+    (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens,num_samples\n0,10,5,1\n0.1,10,5,3\n")
+    f = tmp_path / "s.yaml"
+    f.write_text("model: llama-3-8b\ngpu: H100-SXM-80GB\ntrace: {file: t.csv}\n"
+                 f"engine: {{mode: {mode}}}\nscheduler: {{max_num_batched_tokens: 2, max_num_seqs: 4}}\n")
+    assert main(["validate", str(f)]) == 0
+    out = capsys.readouterr()
+    assert "1/2 requests admissible" in out.out and "exceeds_batch_token_budget 1" in out.out
+    assert main(["run", str(f), "-q", "--no-plots", "--out", str(tmp_path / "o")]) == 0
+    got = pd.read_parquet(tmp_path / "o" / "requests.parquet").set_index("request_id")
+    assert got["reject_reason"].to_dict() == {0: "", 1: "exceeds_batch_token_budget"}
+    assert got.loc[0, "status"] == "finished"

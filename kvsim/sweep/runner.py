@@ -162,7 +162,10 @@ def run_sweep(sweep_file_or_spec: str | Path | dict | LoadedSweep, out_dir: str 
                 on_retry=outcomes.on_retry)
     except KeyboardInterrupt:
         restore = _hold_interrupts()  # a terminal's Ctrl-C reaches the workers too; the index is written first
-        ok = sum(point_state(sweep, out, p) == "complete" for p in sweep.points)  # on disk: what a rerun skips
+        done = [p for p in sweep.points if point_state(sweep, out, p) == "complete"]  # on disk: what a rerun skips
+        for p in done:  # finished, its outcome not yet received: the index lists it as ok, not pending
+            status.setdefault(p.id, (STATUS_OK, ""))
+        ok = len(done)
         raise Interrupted(f"interrupted; {ok} of {len(sweep.points)} points are complete in {out / 'points'} "
                           f"(index.csv lists the rest as pending); rerun the same command to resume: complete "
                           "points are skipped") from None
@@ -177,6 +180,9 @@ def run_sweep(sweep_file_or_spec: str | Path | dict | LoadedSweep, out_dir: str 
         say(note)
 
     reported = True
+    if not report and todo and (gone := _remove_report(out)):  # an earlier report no longer shows these points
+        say(f"kvsim: note: removed the earlier sweep's {' and '.join(gone)} from {out} (--no-report: it did not "
+            "show the points run now); rerun without --no-report to write them")
     if report:
         try:
             reported = _write_sweep_report(out, df, say)

@@ -115,6 +115,20 @@ class ModelSpec:
     q_lora_rank: int = 0  # MLA: the compressed query's width (0: no query compression)
     v_head_dim: int = 0  # MLA: the value head's width (0: head_dim - qk_rope_head_dim)
 
+    def attention_pair_flops(self, decode: bool) -> int:
+        """FLOPs of one (query, key) pair in one layer, all query heads: QK dot product plus the
+        weighted V sum, ``2 H (d_qk + d_v)``. Dense attention: ``d_qk = d_v = head_dim``. MLA as vLLM
+        runs it (``MLACommonImpl``, vllm/v1/attention/backends/mla/common.py; FlashMLA): decode in the
+        absorbed form, an MQA over the latent, ``d_qk = kv_lora_rank + qk_rope_head_dim`` (576) and
+        ``d_v = kv_lora_rank`` (512); prefill in the MHA form, ``d_qk = head_dim`` (qk_nope +
+        qk_rope, 192) and ``d_v = v_head_dim`` (128) -- DeepSeek-V2 paper, section 2.1.2-2.1.3."""
+        if self.attention != "mla":
+            return 2 * self.num_attention_heads * 2 * self.head_dim
+        if decode:
+            return 2 * self.num_attention_heads * (2 * self.kv_lora_rank + self.qk_rope_head_dim)
+        v = self.v_head_dim or self.head_dim - self.qk_rope_head_dim
+        return 2 * self.num_attention_heads * (self.head_dim + v)
+
     @property
     def kv_vector_elements(self) -> int:
         """Elements of one stored vector (one kv head's K or V; MLA: the latent + rope key)."""

@@ -141,8 +141,11 @@ def _cmd_models(args) -> int:
         window = f"{m['sliding_window_tokens']}x{m['sliding_window_layers']}" if m["sliding_window_layers"] else "-"
         print(f"{name:<16}{m['attention']:>5}{m['num_layers']:>7}{m['num_attention_heads']:>6}{m['num_kv_heads']:>4}"
               f"{m['head_dim']:>5}{m['num_params'] / 1e9:>8.2f}B{m['max_model_len_tokens']:>9}{window:>8}  {'':14}"
-              + " ".join(f"{m['kv_bytes_per_token'][d]:>8}" for d in dtypes))
+              + " ".join(f"{'n/a' if m['kv_bytes_per_token'][d] is None else m['kv_bytes_per_token'][d]:>8}"
+                         for d in dtypes))
     print("(window: tokens x layers with a sliding window; MoE params are the total, see --json for active)")
+    if any(v is None for m in table["models"].values() for v in m["kv_bytes_per_token"].values()):
+        print("(n/a: the KV dtype cannot store the model's head_dim in whole bytes, e.g. int4 with an odd head_dim)")
     print()
     print(f"{'gpu':<16}{'memory GiB':>11}{'HBM TB/s':>10}{'bf16 TFLOP/s':>14}  {'host link':<16}"
           f"{'GPU-GPU link (GB/s one way)'}")

@@ -36,12 +36,26 @@ class KVDType:
     scale_bytes_per_group: int  # bytes of scale/zero metadata stored per group
     group_elements: int  # elements per scale group; 0 = per-tensor (no per-token overhead)
 
+    def fits(self, head_dim: int) -> bool:
+        """Whether a vector of ``head_dim`` elements is a whole number of bytes in this dtype."""
+        return head_dim * self.bits % 8 == 0
+
     def head_bytes(self, head_dim: int) -> int:
         data_bits = head_dim * self.bits
         if data_bits % 8:
-            raise ValueError(f"head_dim {head_dim} x {self.bits} bits is not a whole number of bytes")
+            valid = ", ".join(n for n, d in KV_DTYPES.items() if d.fits(head_dim))
+            raise ValueError(f"kv_dtype: {self.name} stores a vector of {head_dim} elements in {self.bits}-bit "
+                             f"values, not a whole number of bytes; valid for it: {valid}")
         scale = 0 if self.group_elements == 0 else math.ceil(head_dim / self.group_elements) * self.scale_bytes_per_group
         return data_bits // 8 + scale
+
+
+def experts_problem(num_experts: int, experts_per_token: int) -> str | None:
+    """Why a router's top-k cannot pick ``experts_per_token`` of ``num_experts`` (None: it can). The one
+    check for a scenario's model section and a config.json (kvsim/models/hf.py)."""
+    if experts_per_token > num_experts:
+        return f"{experts_per_token} experts per token is more than the {num_experts} experts"
+    return None
 
 
 KV_DTYPES: dict[str, KVDType] = {
@@ -101,12 +115,41 @@ class ModelSpec:
     q_lora_rank: int = 0  # MLA: the compressed query's width (0: no query compression)
     v_head_dim: int = 0  # MLA: the value head's width (0: head_dim - qk_rope_head_dim)
 
+    def attention_pair_flops(self, decode: bool) -> int:
+        """FLOPs of one (query, key) pair in one layer, all query heads: QK dot product plus the
+        weighted V sum, ``2 H (d_qk + d_v)``. Dense attention: ``d_qk = d_v = head_dim``. MLA as vLLM
+        runs it (``MLACommonImpl``, vllm/v1/attention/backends/mla/common.py; FlashMLA): decode in the
+        absorbed form, an MQA over the latent, ``d_qk = kv_lora_rank + qk_rope_head_dim`` (576) and
+        ``d_v = kv_lora_rank`` (512); prefill in the MHA form, ``d_qk = head_dim`` (qk_nope +
+        qk_rope, 192) and ``d_v = v_head_dim`` (128) -- DeepSeek-V2 paper, section 2.1.2-2.1.3."""
+        if self.attention != "mla":
+            return 2 * self.num_attention_heads * 2 * self.head_dim
+        if decode:
+            return 2 * self.num_attention_heads * (2 * self.kv_lora_rank + self.qk_rope_head_dim)
+        v = self.v_head_dim or self.head_dim - self.qk_rope_head_dim
+        return 2 * self.num_attention_heads * (self.head_dim + v)
+
+    @property
+    def kv_vector_elements(self) -> int:
+        """Elements of one stored vector (one kv head's K or V; MLA: the latent + rope key)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim if self.attention == "mla" else self.head_dim
+
+    def kv_dtype_problem(self, kv_dtype: str) -> str | None:
+        """Why ``kv_dtype`` cannot store this model's KV vectors (a sub-byte dtype and an odd vector
+        width), naming the field and the valid choices; None when it can."""
+        if KV_DTYPES[kv_dtype].fits(self.kv_vector_elements):
+            return None
+        valid = ", ".join(n for n, d in KV_DTYPES.items() if d.fits(self.kv_vector_elements))
+        what = "latent + rope key" if self.attention == "mla" else "head_dim"
+        return (f"kv_dtype: {kv_dtype} ({KV_DTYPES[kv_dtype].bits} bits) cannot store {self.name}'s {what} of "
+                f"{self.kv_vector_elements} elements in whole bytes; valid for this model: {valid}")
+
     def kv_vector_bytes(self, kv_dtype: str) -> int:
         """Bytes of one stored vector (one kv head's K or V; MLA: the latent + rope key)."""
-        dt = KV_DTYPES[kv_dtype]
-        if self.attention == "mla":
-            return dt.head_bytes(self.kv_lora_rank + self.qk_rope_head_dim)
-        return dt.head_bytes(self.head_dim)
+        why = self.kv_dtype_problem(kv_dtype)
+        if why:
+            raise ValueError(why)
+        return KV_DTYPES[kv_dtype].head_bytes(self.kv_vector_elements)
 
     def kv_bytes_per_token_layer(self, kv_dtype: str, kv_heads: int | None = None) -> int:
         """KV bytes one token adds to one layer (``kv_heads``: per GPU under tensor parallelism)."""
@@ -374,7 +417,8 @@ def presets_table(models: dict[str, ModelSpec] | None = None) -> dict:
     return {
         "kv_dtypes": {k: asdict(v) for k, v in KV_DTYPES.items()},
         "models": {
-            name: {**m.to_dict(), "kv_bytes_per_token": {dt: m.kv_bytes_per_token(dt) for dt in KV_DTYPES},
+            name: {**m.to_dict(), "kv_bytes_per_token": {dt: None if m.kv_dtype_problem(dt) else m.kv_bytes_per_token(dt)
+                                                 for dt in KV_DTYPES},  # None: the dtype cannot store it
                    "params_per_token": m.params_per_token}
             for name, m in (MODELS if models is None else models).items()
         },

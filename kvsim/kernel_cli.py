@@ -130,6 +130,9 @@ def predict(gpu: str, model: str, batch: int, context: int, block_size: int | No
     why = check_split(m, tensor, 1)
     if why:
         raise ConfigError(f"--tensor: {why.removeprefix('parallel.tensor: ')}")
+    why = m.kv_dtype_problem(kv_dtype)
+    if why:
+        raise ConfigError(f"--kv-dtype: {why.removeprefix('kv_dtype: ')}")
     names = [*AUTO_NAMES, *backend_choices()]
     if backend not in names and not backend.endswith((".yaml", ".yml")):
         raise ConfigError(f"--backend: {unknown_backend(backend, names)}")

@@ -214,6 +214,13 @@ class Scenario(StrictModel):
         return legacy_link(self.legacy_host_link_bandwidth())
 
     @model_validator(mode="after")
+    def _kv_dtype_fits_model(self):
+        why = self.model.spec().kv_dtype_problem(self.kv_dtype)
+        if why:
+            raise ValueError(why)
+        return self
+
+    @model_validator(mode="after")
     def _backend_reads_model(self):
         """A built-in attention backend must read the model's attention kind (a profile file named by path
         is checked when the run loads it)."""

@@ -11,7 +11,7 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 from kvsim.config_base import Bytes, ByteRate, Number, StrictModel, Tokens
 from kvsim.units import parse_bytes
 from kvsim.errors import ConfigError, format_choices
-from kvsim.hw import GPUS, KV_DTYPES, NOT_PRESETS, WEIGHT_DTYPE_BYTES, GPUSpec, ModelSpec
+from kvsim.hw import GPUS, KV_DTYPES, NOT_PRESETS, WEIGHT_DTYPE_BYTES, GPUSpec, ModelSpec, experts_problem
 from kvsim.kv.beam import DEFAULT_FORK_PROB
 from kvsim.metrics.summarize import DEFAULT_PERCENTILES
 from kvsim.models import hf
@@ -101,9 +101,9 @@ class ModelConfig(StrictModel):
                              f"({self.num_layers})")
         if self.sliding_window_layers and not self.sliding_window_tokens:
             raise ValueError("sliding_window_layers needs sliding_window_tokens")
-        if self.experts_per_token > self.num_experts:
-            raise ValueError(f"experts_per_token ({self.experts_per_token}) is more than num_experts "
-                             f"({self.num_experts})")
+        why = experts_problem(self.num_experts, self.experts_per_token)
+        if why:
+            raise ValueError(f"experts_per_token: {why} (num_experts)")
         if self.active_params > self.num_params:
             raise ValueError(f"active_params ({self.active_params:g}) is more than num_params ({self.num_params:g})")
         return self

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.errors import ConfigError
-from kvsim.hw import MODELS, mla_attention_gemms
+from kvsim.hw import MODELS, experts_problem, mla_attention_gemms
 from kvsim.models.names import lookup
 
 # model_type -> MLP without a gate (two matrices, not three)
@@ -227,6 +227,9 @@ def _mlp_params(cfg: dict, file: str, L: int, h: int, inter: int, mats: int) -> 
         moe_layers = sum(1 for i in range(first_dense, L) if i % freq == 0)
         if not per_token:
             raise ConfigError(f"{file}: num_experts_per_tok: required for an MoE config ({experts} experts)")
+        why = experts_problem(experts, per_token)
+        if why:
+            raise ConfigError(f"{file}: num_experts_per_tok: {why} in the config")
         mlp_total = (L - moe_layers) * mlp_dense + moe_layers * (experts * expert + shared + h * experts)
         mlp_active = (L - moe_layers) * mlp_dense + moe_layers * (per_token * expert + shared + h * experts)
     else:

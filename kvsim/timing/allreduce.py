@@ -10,14 +10,22 @@ prices the tensor all-reduces; each is a measured latency curve over the message
 (``data/allreduce/custom_allreduce.csv``, one row per published reading, with its source)::
 
     comm_s(n) = stage_s(n) + A * ar_s(n * b)
-    ar_s(m)   = curve(m)                            if the curve covers this GPU's interconnect, this
-                                                    tensor degree and m <= its largest message
-              = (allreduce_s_per_step + allreduce_s_per_token * n) / A   otherwise (NCCL's ring model)
+    ar_s(m)   = curve(m)                            if m <= M, the curve's largest message
+              = curve(M) + (m - M) * w              above it: NCCL's bandwidth term from the last reading
+              = (allreduce_s_per_step + allreduce_s_per_token * n) / A   where no curve covers this
+                                                    GPU's interconnect and tensor degree (NCCL's ring)
 
-with ``A`` all-reduces per step (2 per layer), ``b`` bytes per token of each (``hidden x 2``), and
-``stage_s`` the pipeline stage sends (what is left of comm_s without the all-reduces). ``curve`` is
-linear in the message size between the printed sizes and flat below the smallest. ``nccl`` (the
-field's default, and ``engine_profile: kvsim``) is the linear form above, bit for bit.
+with ``A`` all-reduces per step (2 per layer), ``b`` bytes per token of each (``hidden x 2``), ``w``
+NCCL's seconds per byte (``allreduce_s_per_token / (A b)``: ``2 (T-1)/T`` of the message over the
+link) and ``stage_s`` the pipeline stage sends (what is left of comm_s without the all-reduces).
+``curve`` is the lower non-decreasing envelope of the readings (a message never costs more than a
+larger one's reading), linear in the message size between the printed sizes and flat below the
+smallest. Above ``M`` the price is continuous and grows at NCCL's link rate: vLLM's kernel runs up to
+its ``max_size`` (8 MiB) as a two-stage reduce-scatter + all-gather, moving the ring's bytes, and
+NCCL takes over beyond; keeping the anchored line past 8 MiB keeps it continuous (it differs from
+NCCL's own model by the constant ``curve(M) - ring(M)``). Sources: docs/engine_overhead.md,
+"All-reduce". ``nccl`` (the field's default, and ``engine_profile: kvsim``) is the linear form
+above, bit for bit.
 
 Where NCCL's low-latency protocol is priced beside its ring one (``TimingContext.nccl_ll_protocol``:
 the host-memory path of ``parallel.gpu_p2p: false``, unless ``parallel.host_allreduce_ll: false``),
@@ -92,7 +100,10 @@ def load_curves(path: Path = CURVES_FILE) -> dict[tuple[str, str, int], AllReduc
         sizes = tuple(p[0] for p in pts)
         if len(set(sizes)) != len(sizes):
             raise ConfigError(f"{path}: {key[0]} on {key[1]} at tensor_parallel {key[2]}: a message size twice")
-        curves[key] = AllReduceCurve(sizes, tuple(p[1] for p in pts), pts[0][2])
+        # the lower non-decreasing envelope: a smaller message is never priced above a larger one's
+        # reading (the 512 B readings of sglang#2904 exceed the 4 KiB ones by up to 0.7 us: noise)
+        envelope = np.minimum.accumulate(np.array([p[1] for p in pts])[::-1])[::-1]
+        curves[key] = AllReduceCurve(sizes, tuple(float(x) for x in envelope), pts[0][2])
     return curves
 
 
@@ -142,8 +153,11 @@ class StepComm:
         if self.curve is None:
             return stage + nccl
         nbytes = n * c.allreduce_bytes_per_token
-        custom = A * self.curve.time_s(nbytes)
-        return stage + np.where(nbytes <= self.curve.max_bytes, custom, nccl)
+        top = self.curve.max_bytes
+        # above the largest reading: NCCL's bandwidth term (seconds per byte of all A all-reduces)
+        # from the curve's last value, so the price is continuous and never falls (module docstring)
+        above = c.allreduce_s_per_token / c.allreduce_bytes_per_token * np.maximum(nbytes - top, 0)
+        return stage + (A * self.curve.time_s(np.minimum(nbytes, top)) + above)
 
     def _grow(self, n: int) -> None:
         size = max(n + 1, 2 * len(self._table), 1024)

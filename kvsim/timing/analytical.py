@@ -16,8 +16,11 @@
                  routing, kvsim.timing.moe, docs/models.md "MoE weight reads")
     attention_s = kernel.time_s(num_seqs, kv_tokens_read, kv_pages_read)     (kvsim.timing.kernel)
     kv_read_s  = attention_s + num_tokens * kv_bytes_per_token / (hbm_bandwidth * bandwidth_efficiency)
-    compute_s  = (2 * params_per_token * num_tokens + 4 * layers * heads * head_dim * attention_pairs)
+    compute_s  = (2 * params_per_token * num_tokens + layers * pair_flops * attention_pairs)
                  / (peak_flops * compute_efficiency)
+                 (pair_flops = 4 * heads * head_dim; MLA: 2 * heads * (2 * kv_lora_rank + rope) for
+                 decode queries, 2 * heads * (head_dim + v_head_dim) for prefill chunks:
+                 kvsim.hw.ModelSpec.attention_pair_flops)
     duration   = max(weights_s + kv_read_s, compute_s) + overhead_s + swap_s + parallel_comm_s
 
 with, in both, the engine's CPU time ``overhead_s = step_overhead_s + overhead.per_seq_s * num_seqs
@@ -174,7 +177,10 @@ class AnalyticalTiming:
             rows["overhead_s"] = self._overhead_row
         self._fitted_rows = rows
         self.transfers = step_transfers(ctx.host_transfers, cfg.host_link_bandwidth_bytes_per_s)
-        self.attention_flops_per_pair = 4.0 * m.num_layers * m.num_attention_heads * m.head_dim
+        # FLOPs per (query, key) pair over all layers: decode queries and prefill chunks (they differ
+        # for MLA, absorbed vs MHA form; kvsim.hw.ModelSpec.attention_pair_flops)
+        self.attention_flops_per_pair = float(m.num_layers * m.attention_pair_flops(decode=True))
+        self.prefill_attention_flops_per_pair = float(m.num_layers * m.attention_pair_flops(decode=False))
         self.block_size = ctx.block_size
         self.peak_hbm_bandwidth_bytes_per_s = ctx.gpu.hbm_bandwidth_bytes_per_s
         name = resolve_backend(cfg.attention_backend, ctx.block_size, m.attention, ctx.kv.kv_dtype,
@@ -307,7 +313,12 @@ class AnalyticalTiming:
         weights_s = self.weights.scalar_s(num_tokens)
         kv_s = attn_kv_s + kv_write / self.bandwidth_bytes_per_s
         linear_s = self.linear_flops_per_token * num_tokens / self.flops_per_s
-        attn_s = self.attention_flops_per_pair * shape.attention_pairs / self.flops_per_s
+        if pre_kv and self.prefill_attention_flops_per_pair != self.attention_flops_per_pair:
+            dec_pairs = T - pre_kv  # MLA: the decode queries' pairs and the prefill chunks' priced apart
+            attn_s = (self.attention_flops_per_pair * dec_pairs + self.prefill_attention_flops_per_pair
+                      * (shape.attention_pairs - dec_pairs)) / self.flops_per_s
+        else:
+            attn_s = self.attention_flops_per_pair * shape.attention_pairs / self.flops_per_s
         duration = max(weights_s + kv_s, linear_s + attn_s)
         if self.experts is not None:
             experts_s = self.experts.scalar_s(num_tokens)

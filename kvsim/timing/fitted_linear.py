@@ -49,7 +49,7 @@ class FittedLinear:
         per_param = ctx.weight_bytes * t / max(ctx.model.num_params, 1.0)
         self.element_bytes = max(1, int(round(per_param)))
         self._gemm = gemm
-        self._attn_flops_per_pair = 4.0 * m.num_attention_heads * m.head_dim
+        self._attn_flops_per_pair = float(m.attention_pair_flops(decode=False))  # prefill chunks: MHA form
         self._attn_flops_per_s = ctx.gpu.bf16_flops_per_s * prof.attn_compute_efficiency
         self._num_layers = m.num_layers
         self._layers = np.zeros(0)

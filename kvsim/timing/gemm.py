@@ -248,7 +248,7 @@ def prefill_attention_time_s(chunk_tokens, context_tokens, model: ModelSpec, gpu
     p = np.asarray(context_tokens, dtype=float)
     pairs = c * p + prof.attn_causal_factor * c * c / 2.0
     safe_c = np.where(c > 0, c, 1.0)
-    flops = 4.0 * model.num_attention_heads * model.head_dim * pairs * (1.0 + prof.attn_half_tokens / safe_c)
+    flops = float(model.attention_pair_flops(decode=False)) * pairs * (1.0 + prof.attn_half_tokens / safe_c)
     t = np.where(c > 0, prof.attn_launch_s + flops / (gpu.bf16_flops_per_s * prof.attn_compute_efficiency), 0.0)
     return float(t) if t.ndim == 0 else t
 

@@ -90,3 +90,48 @@ def test_a_name_on_disk_is_a_config_path_unless_it_is_a_preset(tmp_path, monkeyp
     assert not is_config_path("absent", tmp_path)
     monkeypatch.chdir(tmp_path)
     assert is_config_path("mine") and is_config_path(str(tmp_path / "mine"))
+
+
+def _write(tmp_path, cfg, name="hdodd.json"):
+    f = tmp_path / name
+    f.write_text(json.dumps({**cfg, "architectures": ["LlamaForCausalLM"]}))
+    return f
+
+
+@pytest.mark.parametrize("extra", [{"head_dim": 127}, {"hidden_size": 4000}])  # 4000 / 32 heads = 125
+def test_an_odd_head_dim_with_int4_kv_is_one_line_naming_kv_dtype_and_the_valid_choices(tmp_path, capsys, extra):
+    # QA: `kvsim models --config` and `kvsim kernel --kv-dtype int4` were "internal error: ValueError: head_dim
+    # 127 x 4 bits is not a whole number of bytes" (exit 1); `kvsim validate` named neither field nor choices
+    from kvsim.cli import main
+
+    f = _write(tmp_path, {**LLAMA, **extra, "num_key_value_heads": 8})
+    assert main(["models", "--config", str(f)]) == 0
+    row = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("hdodd")][0]
+    assert row.split()[-1] == "n/a" and row.split()[-2].isdigit()  # int4 n/a, int8 priced
+    assert main(["kernel", "--gpu", "H100-SXM-80GB", "--model", str(f), "--batch", "4", "--context", "100",
+                 "--kv-dtype", "int4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--kv-dtype: int4" in err and "valid for this model: fp16, bf16, fp8, int8" in err
+    scn = tmp_path / "s.yaml"
+    scn.write_text(f"model: {f.name}\ngpu: H100-SXM-80GB\nkv_dtype: int4\ntrace: {{synthetic: {{preset: sharegpt, "
+                   "num_requests: 2, arrival: {process: poisson, rate_per_s: 1}}}\n")
+    assert main(["validate", str(scn)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "s.yaml" in err and "kv_dtype: int4" in err and "valid for this model" in err
+    assert "Traceback" not in err
+
+
+def test_more_experts_per_token_than_experts_is_refused_in_a_config_json_as_in_a_scenario(tmp_path):
+    # QA: `kvsim models --config` printed 46.8B active of 30.5B total; one check (kvsim.hw.experts_problem)
+    from kvsim.config import load_mapping
+    from kvsim.hw import experts_problem
+
+    moe = {**LLAMA, "num_experts": 8, "num_experts_per_tok": 9, "moe_intermediate_size": 1024}
+    with pytest.raises(ConfigError, match=r"x\.json: num_experts_per_tok: 9 experts per token is more than the 8"):
+        model_fields(moe, "x.json")
+    assert model_fields({**moe, "num_experts_per_tok": 8}, "x.json")["num_experts"] == 8
+    with pytest.raises(ConfigError, match="experts_per_token: 9 experts per token is more than the 8 experts"):
+        load_mapping({"model": {"preset": "Llama-2-7B", "num_experts": 8, "experts_per_token": 9},
+                      "gpu": "H100-SXM-80GB", "trace": {"synthetic": {"preset": "sharegpt", "num_requests": 1}}},
+                     Path("."))
+    assert experts_problem(8, 8) is None

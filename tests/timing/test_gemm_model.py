@@ -169,3 +169,48 @@ def test_peer_check_reports_the_fitted_model_per_gpu_below_the_roofline():
     assert (per_gpu.loc[["a100", "h100"], "gemm_model_mape_pct"] <= 8.0).all()
     summary = [ln for ln in lines if "gemm model" in ln and "held-out" in ln]
     assert {ln.split()[0] for ln in summary} >= {"a100", "h100"}
+
+
+def test_mla_attention_flops_follow_vllms_absorbed_decode_and_mha_prefill():
+    # vLLM MLACommonImpl: decode is an MQA over the latent (QK 512 + 64, V 512), prefill an MHA
+    # (QK 128 + 64, V 128); before, both were priced 4 H head_dim = 2 H (192 + 192)
+    from kvsim.hw import MODELS
+    from kvsim.timing.gemm import prefill_attention_time_s
+
+    ds, llama = MODELS["DeepSeek-V3"], MODELS["Llama-3-70B"]
+    assert ds.attention_pair_flops(decode=True) == 2 * 128 * (576 + 512)
+    assert ds.attention_pair_flops(decode=False) == 2 * 128 * (192 + 128)
+    assert llama.attention_pair_flops(True) == llama.attention_pair_flops(False) == 4 * 64 * 128
+    gpu = GPUS["H100-SXM-80GB"]
+    a, b = prefill_attention_time_s(4096, 8192, ds, gpu), prefill_attention_time_s(4096, 8192, llama, gpu)
+    assert a > 0 and b > 0  # priced (the MHA form's 320 per head against Llama's 256)
+
+
+@pytest.mark.parametrize("gemm_model", ["roofline", "fitted"])
+def test_mla_steps_price_decode_and_prefill_pairs_with_their_own_flops(gemm_model):
+    from kvsim.config import load_mapping
+    from kvsim.simulate import build_timing, host_transfers
+    from kvsim.timing.base import BatchShape, decode_shape
+
+    scn = load_mapping({"model": "DeepSeek-V3", "gpu": "H200-141GB", "parallel": {"tensor": 8},
+                        "timing": {"gemm_model": gemm_model},
+                        "trace": {"synthetic": {"preset": "sharegpt", "num_requests": 1,
+                                                "arrival": {"process": "poisson", "rate_per_s": 1}}}}, Path(".")).base
+    t = build_timing(scn, 16, Path("."), host_transfers(scn), "x")[0]
+    n = np.array([1, 64, 256], np.int64)
+    durations, _, _ = t.decode_durations(n, n * 8192, n * 512)
+    for j, k in enumerate(n):
+        st = t.step_time(decode_shape(int(k), int(k) * 8192, int(k) * 512))
+        assert st.duration_s.hex() == durations[j].hex()
+        assert st.breakdown_s["attention_compute_s"] == pytest.approx(
+            61 * 2 * 128 * (576 + 512) * int(k) * 8192 / t.flops_per_s, rel=1e-12)
+    c = 2048
+    st_shape = BatchShape(num_seqs=1, num_prefill_seqs=1, num_prefill_tokens=c, num_decode_seqs=0,
+                          num_decode_tokens=0, kv_tokens_read=c, attention_pairs=c * (c + 1) // 2)
+    st = t.step_time(st_shape)
+    if gemm_model == "roofline":
+        assert st.breakdown_s["attention_compute_s"] == pytest.approx(
+            61 * 2 * 128 * (192 + 128) * c * (c + 1) // 2 / t.flops_per_s, rel=1e-12)
+    else:
+        assert t.gemm._attn_flops_per_pair == 2 * (128 // 8) * (192 + 128)  # the heads of one GPU
+        assert st.breakdown_s["attention_compute_s"] == t.gemm.prefill_attention_s(st_shape, 0.0)

@@ -195,7 +195,9 @@ def test_what_a_trace_needs_is_checked_by_validate_and_run_alike(tmp_path, extra
                    f"arrival: {{process: poisson, rate_per_s: 5}}, sampling: {sampling}}}}}\n" + extra)
     for args in (["validate", str(scn)], ["run", str(scn), "--out", str(tmp_path / "o"), "-q", "--no-plots"]):
         out = kvsim(*args)
-        assert out.returncode == 2 and needle in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        # (a 131,072-token model under vllm-v0.6 also gets the profile's chunked-prefill note first)
+        errors = [ln for ln in out.stderr.strip().splitlines() if not ln.startswith("kvsim: note:")]
+        assert out.returncode == 2 and needle in out.stderr and len(errors) == 1, out.stderr
 
 
 @pytest.mark.parametrize("expr, key", [

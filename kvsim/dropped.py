@@ -18,6 +18,8 @@ FIXES = {
                              "or a longer max length (model: {preset: NAME, max_model_len_tokens: N})",
     "exceeds_kv_capacity": "give the KV cache more room (a larger GPU or kv_budget, a smaller model or kv_dtype: "
                            "fp8)",
+    "exceeds_kv_capacity_with_watermark": "lower allocator.watermark (the fraction of blocks kept free at "
+                                          "admission; they would fit without it), or give the KV cache more room",
     "exceeds_max_num_seqs": "raise scheduler.max_num_seqs to at least the requests' num_samples (their samples "
                             "are scheduled together), or lower num_samples",
     "exceeds_batch_token_budget": "raise scheduler.max_num_batched_tokens (to at least every request's num_samples) "

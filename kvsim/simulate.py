@@ -196,7 +196,7 @@ def build_allocator(scn: Scenario, where: str = "scenario"):
             f"{where}: kv_budget: {budget} bytes hold {capacity_tokens} tokens of {bpt} bytes, "
             f"less than one {unit}-token block of allocator '{scn.allocator.kind}'"
         )
-    return ALLOCATORS.build(scn.allocator, capacity_tokens, bytes_per_token=bpt), budget
+    return ALLOCATORS.build(scn.allocator_to_build(), capacity_tokens, bytes_per_token=bpt), budget
 
 
 def _shared_store(scn: Scenario):

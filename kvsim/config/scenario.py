@@ -20,6 +20,7 @@ from kvsim.config_base import StrictModel
 from kvsim.errors import did_you_mean, format_choices
 from kvsim.hw import GPUS, MODELS, GPUSpec
 from kvsim.kv.eviction import EVICTION_POLICIES
+from kvsim.kv.paged import PagedAllocatorConfig
 from kvsim.models.geometry import KVGeometry
 from kvsim.models.memory import Reserve, cuda_total_bytes, vllm_reserve
 from kvsim.models.parallel import ParallelPlan, layers_per_stage, plan
@@ -189,6 +190,22 @@ class Scenario(StrictModel):
     def allocator_prefix_caching(self) -> bool:
         """Whether the allocator caches prefixes (False for a kind without the option)."""
         return bool(getattr(self.allocator, "prefix_caching", False))
+
+    def block_ids_read(self) -> bool:
+        """Does the run read *which* blocks a request holds, not only how many? Swap copies coalesced
+        into runs of consecutive block ids do (``scheduler.preemption_mode: swap`` with
+        ``host_link.granularity: run``, read through the allocator's BlockRuns capability)."""
+        return (self.scheduler.preemption_mode == "swap" and self.host_link is not None
+                and self.host_link.granularity == "run")
+
+    def allocator_to_build(self):
+        """The allocator config a run builds: ``allocator``, with a paged allocator's
+        ``track_block_ids: auto`` resolved to ``always`` when the run reads block ids
+        (:meth:`block_ids_read`), so ``auto`` and ``always`` give the same results."""
+        cfg = self.allocator
+        if isinstance(cfg, PagedAllocatorConfig) and cfg.track_block_ids == "auto" and self.block_ids_read():
+            return cfg.model_copy(update={"track_block_ids": "always"})
+        return cfg
 
     def allocator_offload(self):
         """The allocator's ``offload`` (lower KV tiers) section, or None."""

@@ -72,8 +72,9 @@ class PagedAllocatorConfig(StrictModel):
     watermark: float = Field(0.01, ge=0, lt=1, description="fraction of blocks kept free at admission")
     prefix_caching: bool = Field(False, description="reuse full blocks across requests (vLLM v1 semantics)")
     track_block_ids: Literal["auto", "always"] = Field(
-        "auto", description="auto: count blocks without naming them unless prefix caching needs ids "
-                            "(results are identical; ids only matter for which cached block is reused)")
+        "auto", description="auto: count blocks without naming them unless something reads ids -- prefix "
+                            "caching, or swap copies per run of consecutive ids (host_link.granularity: "
+                            "run) -- so results are identical to always")
     eviction: EvictionConfig = Field(  # type: ignore[valid-type]
         default_factory=LRUEvictionConfig,
         description="which cached free block is reused first: lru | fifo | lfu | lru-k | priority, or any "

@@ -136,6 +136,9 @@ class PagedCore:
     def max_footprint_fits(self, req: KVRequest) -> bool:
         return self._final_blocks(req) <= self.num_blocks - self.watermark_blocks
 
+    def max_footprint_fits_without_watermark(self, req: KVRequest) -> bool:
+        return self._final_blocks(req) <= self.num_blocks
+
     def held_tokens(self, request_id: int) -> int:
         return self.ledger.held[request_id]
 

@@ -136,6 +136,15 @@ class BlockRuns(Protocol):
 
 
 @runtime_checkable
+class AdmissionWatermark(Protocol):
+    """``max_footprint_fits_without_watermark(req)``: ``max_footprint_fits`` if the allocator kept no
+    admission watermark (``allocator.watermark``), so a request the watermark alone keeps out is
+    rejected as ``exceeds_kv_capacity_with_watermark`` (docs/metrics.md), not ``exceeds_kv_capacity``."""
+
+    def max_footprint_fits_without_watermark(self, req: KVRequest) -> bool: ...
+
+
+@runtime_checkable
 class HostLinkTiers(Protocol):
     """``use_host_link(transfers)``: price loads from a CPU tier with the scenario's host link
     (kvsim.timing.transfer.HostTransfers); called once at build time when ``host_link:`` is given."""
@@ -222,11 +231,13 @@ class AllocatorCapabilities:
     beam_counters: bool = False  # BeamCounters
     known_token_caching: bool = False  # KnownTokenCaching
     known_bulk_growth: bool = False  # KnownTokenBulkGrowth (with decode_group)
+    admission_watermark: bool = False  # AdmissionWatermark
 
     def describe(self) -> str:
         on = [name for name in ("windows", "decode_group", "bulk_slots", "prefix_peek", "eviction_counter",
                                 "block_runs", "decode_steps", "prefix_caching", "offload_counter", "shared_store",
-                                "host_link_tiers", "beam_counters", "known_token_caching", "known_bulk_growth")
+                                "host_link_tiers", "beam_counters", "known_token_caching", "known_bulk_growth",
+                                "admission_watermark")
               if getattr(self, name)]
         return ", ".join(on) or "none"
 
@@ -258,6 +269,7 @@ def allocator_capabilities(alloc: object) -> AllocatorCapabilities:
         host_link_tiers=isinstance(alloc, HostLinkTiers),
         beam_counters=isinstance(alloc, BeamCounters),
         known_token_caching=isinstance(alloc, KnownTokenCaching),
+        admission_watermark=isinstance(alloc, AdmissionWatermark),
         known_bulk_growth=decode_group and isinstance(alloc, KnownTokenBulkGrowth),
     )
     log.debug("allocator %s capabilities: %s", type(alloc).__name__, caps.describe())

@@ -136,6 +136,10 @@ class RadixAllocator:
         self._one_sequence(req)
         return cdiv(req.final_kv_tokens, self.block_size) <= self.num_pages - self.watermark_pages
 
+    def max_footprint_fits_without_watermark(self, req: KVRequest) -> bool:
+        self._one_sequence(req)
+        return cdiv(req.final_kv_tokens, self.block_size) <= self.num_pages
+
     def held_tokens(self, request_id: int) -> int:
         return self.ledger.held[request_id]
 

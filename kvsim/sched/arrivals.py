@@ -8,6 +8,7 @@ from kvsim.sched.request import Request, RequestStatus, batch_tokens
 
 REJECT_TOO_LONG = "exceeds_max_model_len"
 REJECT_KV = "exceeds_kv_capacity"
+REJECT_KV_WATERMARK = "exceeds_kv_capacity_with_watermark"  # fits the cache, not the cache less the watermark
 REJECT_BUDGET = "exceeds_batch_token_budget"
 REJECT_SEQS = "exceeds_max_num_seqs"
 
@@ -63,6 +64,8 @@ class Arrivals:
         if prompt + output > self.max_model_len_tokens:
             return REJECT_TOO_LONG
         if not self.allocator.max_footprint_fits(kv):
+            if self.caps.admission_watermark and self.allocator.max_footprint_fits_without_watermark(kv):
+                return REJECT_KV_WATERMARK
             return REJECT_KV
         if kv.num_samples > self.max_num_seqs:  # its samples run as one group, never all in one batch
             return REJECT_SEQS

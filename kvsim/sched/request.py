@@ -57,7 +57,7 @@ class Request:
         self.priority = priority
         self.cached_tokens = -1  # prefix-cache hit at first admission (-1: never admitted)
         self.num_swaps = 0
-        self.swapped_tokens = 0  # tokens held in the host tier while swapped out
+        self.swapped_tokens = 0  # token slots (whole blocks) held in the host tier while swapped out
         self.cpu_hit_tokens = 0  # prefix tokens loaded back from lower tiers at first admission
         self.ssd_hit_tokens = 0
         self.remote_hit_tokens = 0

@@ -1,7 +1,11 @@
 """The host tier of swap preemption and prefetch, as the scheduler sees it: bytes and copies.
 
 :class:`HostSwap` owns the swap space (``scheduler.swap_space_bytes``), the queue of swapped-out
-requests and what moved through it. It counts the bytes and the copies a swap takes -- blocks, or
+requests and what moved through it. A swap moves and holds whole blocks, as vLLM V0 does (its CPU
+block allocator hands out ``swap_space_bytes // block_bytes`` blocks, and ``swap_blocks`` copies
+each block whole, a partial last block included): the swap space holds whole blocks, and a swap's
+bytes are its blocks x block bytes (allocators without blocks: tokens x bytes per token). It
+counts the bytes and the copies a swap takes -- blocks, or
 runs of consecutive blocks from the allocator's BlockRuns capability, times the layout's copies per
 block; one run per sequence extent on allocators without blocks -- and never prices them itself:
 :class:`~kvsim.timing.transfer.HostTransfers` (the transfer model, docs/transfer_model.md) turns
@@ -12,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 
-from kvsim.kv.base import Allocation
+from kvsim.kv.base import Allocation, cdiv
 from kvsim.kv.protocol import AllocatorCapabilities, KVAllocator
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.request import Request, RequestStatus
@@ -27,7 +31,11 @@ class HostSwap:
                  bytes_per_token: int, transfers: HostTransfers):
         self.enabled = cfg.preemption_mode == "swap"
         self.bytes_per_token = bytes_per_token  # this GPU's share (the run's KV geometry); 0: no bytes
-        self.capacity_tokens = cfg.swap_space_bytes // bytes_per_token if bytes_per_token else 0
+        # the unit a swap moves and holds: a block (tokens), or a token on allocators without blocks
+        self.unit_tokens = allocator.block_size or 1
+        unit_bytes = bytes_per_token * self.unit_tokens
+        # swap space and its use in token slots of whole units (whole blocks)
+        self.capacity_tokens = (cfg.swap_space_bytes // unit_bytes) * self.unit_tokens if unit_bytes else 0
         self.used_tokens = 0
         self.queue: list[Request] = []
         self.swapped_out_bytes = 0
@@ -37,6 +45,13 @@ class HostSwap:
         self.hidden_by_prefetch_s = 0.0
         self._allocator = allocator
         self._block_runs = caps.block_runs
+
+    def _slots(self, first_token: int, end_token: int) -> int:
+        """Token slots of the whole units (blocks) covering tokens ``[first_token, end_token)``."""
+        if end_token <= first_token:
+            return 0
+        u = self.unit_tokens
+        return (cdiv(end_token, u) - first_token // u) * u
 
     def copies(self, request_id: int, first_token: int, end_token: int) -> int:
         """Copies moving the request's KV of tokens ``[first_token, end_token)`` over the host link
@@ -57,18 +72,19 @@ class HostSwap:
 
     def swap_out(self, victim: Request, out_copies: int, step: StepDraft) -> bool:
         """Park the preempted ``victim`` (its KV already freed on the GPU) in the host tier if swap
-        preemption is on and the swap space holds its computed tokens; its bytes and ``out_copies``
-        copies go into ``step``. False: it must be recomputed."""
+        preemption is on and the swap space holds the blocks of its computed tokens; its bytes (whole
+        blocks) and ``out_copies`` copies go into ``step``. False: it must be recomputed."""
         computed = victim.num_computed_tokens
-        if not (self.enabled and computed and self.used_tokens + computed <= self.capacity_tokens):
+        slots = self._slots(0, computed)
+        if not (self.enabled and computed and self.used_tokens + slots <= self.capacity_tokens):
             return False
         victim.status = RequestStatus.SWAPPED
         victim.num_swaps += 1
-        victim.swapped_tokens = computed
-        self.used_tokens += computed
+        victim.swapped_tokens = slots
+        self.used_tokens += slots
         keys = [r.admit_seq for r in self.queue]
         self.queue.insert(bisect.bisect(keys, victim.admit_seq), victim)
-        nbytes = computed * self.bytes_per_token
+        nbytes = slots * self.bytes_per_token
         self.swapped_out_bytes += nbytes
         step.swap_out_bytes += nbytes
         step.swap_out_copies += out_copies
@@ -76,13 +92,13 @@ class HostSwap:
 
     def swap_in(self, req: Request, got: Allocation, step: StepDraft) -> int:
         """The queue's head ``req`` got its GPU blocks back (``got``): the tokens not found in the
-        prefix cache come back over the link. Returns its computed tokens now; the bytes moved go into
-        ``step`` whole (``swapped_in_bytes``), the bytes and copies to pay less what prefetch hid."""
+        prefix cache come back over the link, in whole blocks. Returns its computed tokens now; the
+        bytes moved go into ``step`` whole (``swapped_in_bytes``), the bytes and copies to pay less what prefetch hid."""
         if self.queue.pop(0) is not req:
             raise RuntimeError(f"request {req.request_id}: swapped in out of order")
         computed = max(req.num_computed_tokens, got.cached_tokens)
         first = min(got.cached_tokens, req.num_computed_tokens)
-        transfer = req.num_computed_tokens - first
+        transfer = self._slots(first, req.num_computed_tokens)
         copies = self.copies(req.request_id, first, req.num_computed_tokens)
         req.num_computed_tokens = computed
         self.used_tokens -= req.swapped_tokens

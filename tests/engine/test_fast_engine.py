@@ -129,6 +129,26 @@ def test_counting_paged_allocator_matches_the_block_id_allocator():
     assert res["auto"].summary["preemptions"] > 0
 
 
+def test_track_block_ids_auto_names_blocks_when_swap_copies_are_coalesced_per_run():
+    # host_link.granularity: run reads block ids (runs of consecutive ids per swap copy): auto must
+    # then build the block-id allocator, not the counting one (which would count per block).
+    import pandas as pd
+
+    rows = random_rows(200, seed=8, output=(20, 200))
+    res = {}
+    for label, track, gran in (("auto", "auto", "run"), ("always", "always", "run"), ("block", "auto", "block")):
+        scn = make_scenario(kv_budget={"tokens": 3000}, timing=TIMING, scheduler={"preemption_mode": "swap"},
+                            host_link={"preset": "pcie-gen4-x16", "granularity": gran},
+                            allocator={"kind": "paged", "block_size": 16, "watermark": 0.01, "track_block_ids": track})
+        assert scn.block_ids_read() == (gran == "run")
+        res[label] = run(scn, trace=make_trace(rows), check_invariants=True)
+    pd.testing.assert_frame_equal(res["auto"].requests, res["always"].requests, check_exact=True)
+    assert res["auto"].summary["transfer"] == res["always"].summary["transfer"]
+    assert res["auto"].summary["preemptions_by_mode"]["swap"] > 0
+    # and coalescing shows: per-block copies cost more link time than per-run ones
+    assert res["block"].summary["transfer"]["needed_s"] > res["auto"].summary["transfer"]["needed_s"]
+
+
 def test_fast_windows_that_start_with_admissions_equal_step():
     # A busy engine with a queue: admission steps open windows (the admitted requests decode with
     # the others from the window's second step on).

@@ -223,6 +223,28 @@ def test_samples_beyond_max_num_seqs_have_their_own_reject_reason(tmp_path, caps
     assert got.set_index("request_id")["reject_reason"].to_dict() == {0: "", 1: "exceeds_max_num_seqs"}
 
 
+@pytest.mark.parametrize("kind", ["paged", "radix"])
+def test_requests_only_the_watermark_keeps_out_name_the_watermark(tmp_path, capsys, kind):
+    """QA (thirtieth session): 1,500 + 400 tokens on 2,048 with watermark 0.2 read exceeds_kv_capacity,
+    "give the KV cache more room", though they fit with watermark 0."""
+    from kvsim.cli import main
+
+    (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,1500,400\n1,1500,700\n2,1000,100\n")
+    f = tmp_path / "s.yaml"
+    f.write_text("model: Llama-3-8B\ngpu: A100-40GB\ntrace: {file: t.csv}\nkv_budget: {tokens: 2048}\n"
+                 f"allocator: {{kind: {kind}, block_size: 16, watermark: 0.2}}\n")
+    assert main(["run", str(f), "-q", "--no-plots", "--out", str(tmp_path / "o")]) == 0
+    err = capsys.readouterr().err
+    got = pd.read_parquet(tmp_path / "o" / "requests.parquet").set_index("request_id")["reject_reason"].to_dict()
+    # 1,899 tokens fit 2,048 but not 2,048 less 20 %; 2,199 fit neither; 1,099 fit both
+    assert got == {0: "exceeds_kv_capacity_with_watermark", 1: "exceeds_kv_capacity", 2: ""}
+    assert "exceeds_kv_capacity_with_watermark: lower allocator.watermark" in err
+    assert main(["run", str(f), "-q", "--no-plots", "--set", "allocator.watermark=0",
+                 "--out", str(tmp_path / "o0")]) == 0
+    got = pd.read_parquet(tmp_path / "o0" / "requests.parquet").set_index("request_id")["reject_reason"].to_dict()
+    assert got == {0: "", 1: "exceeds_kv_capacity", 2: ""}
+
+
 @pytest.mark.parametrize("mode", ["fast", "step"])
 def test_recomputed_tokens_count_every_sample(tmp_path, mode):
     """QA (twenty-ninth session): a 4-sample request preempted after 184 generated tokens read

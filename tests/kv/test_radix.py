@@ -497,3 +497,72 @@ def test_fast_engine_equals_step_engine_under_memory_pressure(page, with_keys):
         assert step.summary["prefix_cache"]["hit_ratio_tokens"] > 0.1
     else:  # without prefix keys nothing is shared: only readmissions hit their own pages
         assert step.summary["prefix_cache"]["hit_ratio_tokens"] == 0
+
+
+def _repeats(alloc, prompt, eviction="lru"):
+    """Twelve requests with the very same ``prompt``-token prompt, 50 ms apart, 200 output tokens
+    each, on a KV cache that cannot hold them all (docs/radix.md, "Paged vs radix")."""
+    from helpers import make_scenario, make_trace
+    from kvsim.simulate import run
+
+    rows = [(0.05 * i, prompt, 200) for i in range(12)]
+    keys = [np.arange(1, prompt // 16 + 1, dtype=np.int64) for _ in rows]  # every full prompt block shared
+    trace = make_trace(rows)
+    object.__setattr__(trace, "prefix_keys", keys)
+    object.__setattr__(trace, "prefix_block_tokens", 16)
+    scn = make_scenario(kv_budget={"tokens": 1600}, timing={"kind": "analytical", "step_overhead_s": 0.001},
+                        allocator={**alloc, "block_size": 16, "watermark": 0.0, "eviction": eviction})
+    return run(scn, trace=trace, check_invariants=True)
+
+
+@pytest.mark.parametrize("prompt,same", [(255, True), (256, False)])
+def test_paged_and_radix_lru_differ_under_pressure_only_by_the_recomputed_duplicate_block(prompt, same):
+    # An exact repeat of a 256-token prompt cannot hit its last block (the last token is always
+    # computed), so it computes block 15 again: the paged allocator keeps that duplicate until the
+    # request ends (vLLM), the radix cache frees it at once (SGLang): one block less per repeat,
+    # fewer preemptions. At 255 tokens the last block is partial, nothing is duplicated, and the two
+    # LRU orders (free queue vs leaves) evict the same content: the same table bit for bit.
+    paged = _repeats({"kind": "paged", "prefix_caching": True}, prompt)
+    radix = _repeats({"kind": "radix"}, prompt)
+    assert paged.summary["prefix_cache"]["evictions"] > 0 and paged.summary["preemptions"] > 0
+    assert paged.summary["prefix_cache"]["hit_tokens"] == radix.summary["prefix_cache"]["hit_tokens"]
+    if same:
+        pd.testing.assert_frame_equal(paged.requests, radix.requests, check_exact=True)
+    else:
+        assert radix.summary["preemptions"] < paged.summary["preemptions"]
+
+
+
+def _families(alloc, eviction):
+    """150 requests of six prompt families (odd lengths: no full last block, so nothing is
+    recomputed as a duplicate), at 20/s, on a 3,000-token cache."""
+    from helpers import make_scenario, make_trace
+    from kvsim.simulate import run
+
+    rng = np.random.default_rng(1)
+    n = 150
+    rows = [(a, int(p) | 1, 60) for a, p in zip(np.cumsum(rng.exponential(1 / 20, n)), rng.integers(64, 600, n))]
+    fam = rng.integers(0, 6, n)
+    keys = [np.array([1000 * f + k if k < (p // 16) * 3 // 4 else 10**6 * (i + 1) + k for k in range(p // 16)],
+                     dtype=np.int64) for i, ((_, p, _), f) in enumerate(zip(rows, fam))]
+    trace = make_trace(rows)
+    object.__setattr__(trace, "prefix_keys", keys)
+    object.__setattr__(trace, "prefix_block_tokens", 16)
+    scn = make_scenario(kv_budget={"tokens": 3000}, timing={"kind": "analytical", "step_overhead_s": 0.001},
+                        allocator={**alloc, "block_size": 16, "watermark": 0.0, "eviction": eviction})
+    return run(scn, trace=trace, check_invariants=True)
+
+
+@pytest.mark.parametrize("eviction,same", [("lru", True), ("fifo", False)])
+def test_paged_and_radix_other_eviction_kinds_differ_without_duplicates(eviction, same):
+    # LRU: the free queue's order (last release, tail of a chain first) is the radix cache's leaf
+    # order, so without duplicates the tables agree. Other kinds score every cached free block on the
+    # paged side: FIFO evicts a chain's head (cached first) and orphans its tail; the radix cache
+    # evicts leaves only, keeps the head and hits more.
+    paged = _families({"kind": "paged", "prefix_caching": True}, eviction)
+    radix = _families({"kind": "radix"}, eviction)
+    assert paged.summary["prefix_cache"]["evictions"] > 0
+    if same:
+        pd.testing.assert_frame_equal(paged.requests, radix.requests, check_exact=True)
+    else:
+        assert paged.summary["prefix_cache"]["hit_tokens"] < radix.summary["prefix_cache"]["hit_tokens"]

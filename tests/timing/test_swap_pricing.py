@@ -213,3 +213,52 @@ def test_host_link_and_a_cpu_tier_bandwidth_together_are_refused():
         "offload": {"cpu": {"capacity_bytes": 10**9, "bandwidth_bytes_per_s": 2e10}}})
     with pytest.raises(ConfigError, match="offload.cpu.bandwidth_bytes_per_s"):
         host_transfers(scn)
+
+
+def test_swaps_move_and_hold_whole_blocks():
+    """QA (thirtieth session): swapped_out_bytes / block bytes read 3547.5 and a 64 MiB swap space held
+    63.75 MiB. vLLM V0 swaps whole blocks (swap space = swap_space_bytes // block bytes CPU blocks;
+    swap_blocks copies each block whole), so kvsim's swap space and swap bytes are whole blocks too."""
+    from kvsim.kv.base import Allocation
+    from kvsim.sched.config import SchedulerConfig
+    from kvsim.sched.request import Request
+    from kvsim.sched.shape import StepDraft
+    from kvsim.sched.swap import HostSwap
+
+    bpt, block = 1000, 16
+    alloc = PagedAllocator(100, block)
+    cfg = SchedulerConfig(preemption_mode="swap", swap_space_bytes=int(2.5 * block * bpt))  # 2 whole blocks
+    host = HostSwap(cfg, alloc, allocator_capabilities(alloc), bpt, T.HostTransfers(T.legacy_link(64e9)))
+    assert host.capacity_tokens == 2 * block
+
+    def victim(rid, computed):
+        r = Request(rid, 0.0, computed, 10, 4096)
+        r.num_computed_tokens, r.admit_seq = computed, rid
+        return r
+
+    step = StepDraft(budget=0)
+    a = victim(0, 17)  # 17 tokens: 2 blocks
+    assert host.swap_out(a, 0, step)
+    assert step.swap_out_bytes == host.swapped_out_bytes == 2 * block * bpt and host.used_tokens == 2 * block
+    assert not host.swap_out(victim(1, 1), 0, step)  # per token, 17 + 1 <= 40 fitted; no block is left
+    host.check()
+    back = StepDraft(budget=0)
+    assert host.swap_in(a, Allocation(0), back) == 17
+    assert back.swapped_in_bytes == host.swapped_in_bytes == 2 * block * bpt and host.used_tokens == 0
+    # a prefix-cache hit (whole blocks) leaves the blocks after it to move
+    b = victim(2, 40)
+    assert host.swap_out(b, 0, step) is False  # 3 blocks > 2
+    host.capacity_tokens = 3 * block
+    assert host.swap_out(b, 0, step)
+    back = StepDraft(budget=0)
+    assert host.swap_in(b, Allocation(block), back) == 40
+    assert back.swapped_in_bytes == 2 * block * bpt
+
+
+def test_swap_bytes_of_a_run_are_whole_blocks():
+    res = run(swap_scenario(16, "pcie-gen5-x16"), trace=make_trace(ROWS), check_invariants=True)
+    s = res.summary
+    block_bytes = 16 * res.summary["kv"]["geometry"]["bytes_per_token"]
+    assert s["preemptions_by_mode"]["swap"] > 0
+    assert s["swapped_out_bytes"] % block_bytes == 0 and s["swapped_in_bytes"] % block_bytes == 0
+    assert (res.steps["swap_out_bytes"] % block_bytes == 0).all()

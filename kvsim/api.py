@@ -387,16 +387,16 @@ class LoadedRun:
 
 def load_results(path: str | Path) -> LoadedRun | dict[str, LoadedRun]:
     """Read a run directory (or a variants directory: returns {variant: LoadedRun} in the display
-    order: the scenario's order from ``scenario.resolved.yaml``, the ``baseline:`` variant first)."""
-    import pandas as pd
-
+    order: the scenario's order from ``scenario.resolved.yaml``, the ``baseline:`` variant first).
+    A damaged directory (a summary.json that is not a kvsim run summary, a table missing or not
+    Parquet) is one :class:`~kvsim.errors.KvsimError` line naming the file, as ``kvsim compare`` gives."""
     from kvsim.errors import KvsimError
-    from kvsim.report.runs import variant_order
+    from kvsim.report.runs import read_run_dir, read_table, variant_order
 
     path = Path(path)
     if (path / "summary.json").exists():
-        return LoadedRun(path, json.loads((path / "summary.json").read_text()),
-                         pd.read_parquet(path / "requests.parquet"), pd.read_parquet(path / "steps.parquet"))
+        summary = read_run_dir(path)  # the one reader of run directories (compare, report)
+        return LoadedRun(path, summary, read_table(path / "requests.parquet"), read_table(path / "steps.parquet"))
     subs = variant_order(path) if path.is_dir() else []
     if not subs:
         raise KvsimError(f"{path}: not a kvsim result directory (no summary.json)")

@@ -85,6 +85,10 @@ def read_table(path: Path, columns: list[str] | None = None) -> pd.DataFrame:
     """A run's Parquet table; a file that is not one (truncated, corrupt) is one ConfigError line."""
     import pyarrow as pa
 
+    if not Path(path).is_file():
+        hint = f" (a kvsim run directory has summary.json, {' and '.join(RUN_TABLES)})" \
+            if Path(path).name in RUN_TABLES else ""
+        raise ConfigError(f"{path}: missing{hint}")
     try:
         return pd.read_parquet(path, columns=columns)
     except (pa.ArrowException, OSError) as e:

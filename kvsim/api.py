@@ -31,7 +31,8 @@ if TYPE_CHECKING:  # pandas is imported where used (import cost: tests/test_impo
 
 def run(scenario: Scenario | LoadedScenario | str | Path | dict, *, base_dir: Path | str | None = None,
         check_invariants: bool = False) -> RunResult | dict[str, RunResult]:
-    """Simulate in memory. A scenario with variants returns {variant: RunResult}, else one RunResult
+    """Simulate in memory. A scenario with variants returns {variant: RunResult} in the display order
+    (the scenario's, its ``baseline:`` variant first), else one RunResult
     (``name``: the variant's, or the scenario's). A dict is a scenario's mapping, validated and
     expanded as a file's would be (bad input: a ConfigError line); relative paths in a dict or
     Scenario are read against ``base_dir`` (default: the current directory), in a file's against
@@ -59,9 +60,14 @@ def as_loaded(scenario, caller: str, base_dir: Path | str | None = None) -> Load
 
 
 def _run_all(loaded: LoadedScenario, base_dir: Path, check_invariants: bool) -> dict[str, RunResult]:
+    """Every run of ``loaded``, in the one display order (the scenario's, its ``baseline:`` first), as
+    load_results, comparison_table and comparison.csv list them."""
+    from kvsim.report.runs import baseline_first
+
     traces = TraceCache(base_dir, str(loaded.path))
-    return {name: simulate_variant(loaded, name, scn, base_dir, traces.get(scn), check_invariants=check_invariants)
-            for name, scn in loaded.runs.items()}
+    results = {name: simulate_variant(loaded, name, scn, base_dir, traces.get(scn), check_invariants=check_invariants)
+               for name, scn in loaded.runs.items()}
+    return {name: results[name] for name in baseline_first(list(results), loaded.base.baseline)}
 
 
 def simulate_variant(loaded: LoadedScenario, name: str, scn: Scenario, base_dir: Path, built: tuple,
@@ -368,7 +374,9 @@ def comparison_table(results: dict) -> pd.DataFrame:
     kvsim.report.comparison_table.comparison_frame) of in-memory results: ``{name: RunResult}`` as
     ``kvsim.run`` returns them (parameter columns and offered rate included), ``{name: LoadedRun}`` as
     ``kvsim.load_results`` returns them, or ``{name: summary}``; rows in the display order (the
-    scenario's ``baseline:`` first). Anything else is a one-line TypeError."""
+    scenario's ``baseline:`` first; summaries, which do not name the baseline, in the order given,
+    which is that order when they come from kvsim.run's or load_results's mapping). Anything else
+    is a one-line TypeError."""
     from kvsim.report.comparison_table import comparison_frame
     from kvsim.report.runs import in_memory_runs
 

@@ -66,10 +66,17 @@ def test_comparison_table_refuses_other_input_in_one_line(bad, what):
     assert what in str(e.value) and "\n" not in str(e.value)
 
 
+def test_run_returns_variants_in_display_order_baseline_first(done):
+    results = done[1]
+    assert list(results) == ORDER
+    summaries = kvsim.comparison_table({k: v.summary for k, v in results.items()})
+    assert list(summaries["label"]) == ORDER
+
+
 def test_run_of_a_mapping_expands_variants_and_checks_baseline_as_a_file(done):
     path, results, _ = done
     from_dict = kvsim.run(SCENARIO, base_dir=path.parent)
-    assert list(from_dict) == list(results)
+    assert list(from_dict) == list(results) == ORDER
     assert all(from_dict[n].summary == results[n].summary for n in results)
     with pytest.raises(kvsim.errors.ConfigError, match="^scenario: baseline: 'nope' is not a variant"):
         kvsim.run(dict(SCENARIO, baseline="nope"))

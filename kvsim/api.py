@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from kvsim.version import __version__
 from kvsim.config import LoadedScenario, Scenario, load_mapping, load_scenario
 from kvsim.config.load import MAPPING_PATH
-from kvsim.errors import Interrupted, SimulationLimitError, TraceError
+from kvsim.errors import Interrupted, KvsimError, SimulationLimitError, TraceError
 from kvsim.dropped import Dropped, warnings_for
 from kvsim.outdir import MARKER, RESUME_FILE, atomic_out_dir, check_out_dir
 from kvsim.results import write_json, write_parquet, write_text_atomic, write_yaml
@@ -73,12 +73,15 @@ def _run_all(loaded: LoadedScenario, base_dir: Path, check_invariants: bool) -> 
 def simulate_variant(loaded: LoadedScenario, name: str, scn: Scenario, base_dir: Path, built: tuple,
                      **kw) -> RunResult:
     """One run of ``loaded`` (its trace ``built``: (trace, report)), named ``name``; a simulation
-    limit it passes is one line naming the scenario and the run (``FILE: NAME: ...``)."""
+    limit it passes is one line naming the scenario and the run (``FILE: NAME: ...``), a setting it
+    refuses one line naming the variant and the ``--set`` argument (LoadedScenario.run_error)."""
     trace, report = built
     try:
         res = run_scenario(scn, base_dir, trace=trace, trace_report=report, where=str(loaded.path), **kw)
     except SimulationLimitError as e:
         raise SimulationLimitError(f"{loaded.path}: {name}: {e}") from None
+    except KvsimError as e:
+        raise loaded.run_error(name, e) from None
     return dataclasses.replace(res, name=name)
 
 

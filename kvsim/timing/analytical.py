@@ -57,7 +57,7 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from kvsim.config_base import ByteRate, StrictModel
 from kvsim.registry import TIMING_MODELS
@@ -102,7 +102,8 @@ class AnalyticalTimingConfig(StrictModel):
                                                 "profile name; none: their weight bytes inside the step's "
                                                 "roofline), docs/engine_overhead.md 'MoE layers'")
     host_link_bandwidth_bytes_per_s: ByteRate = Field(
-        DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, gt=0, description="GPU<->host link for swaps (PCIe Gen5 x16 ~ 64 GB/s)"
+        DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, gt=0, description="given: the legacy size-independent GPU<->host "
+        "rate for swaps instead of the GPU's link (default 64 GB/s, PCIe Gen5 x16); null: not given"
     )
     attention_backend: str = Field(
         "auto", description="decode-attention kernel profile: auto (flashinfer-paged for every layout: one "
@@ -116,6 +117,16 @@ class AnalyticalTimingConfig(StrictModel):
         "fitted", description="linear layers and prefill attention: fitted (per-GPU GEMM model fitted to "
                               "Vidur's profiles, docs/gemm_model.md; kernels in sequence) or roofline "
                               "(max(weights + KV bytes at bandwidth_efficiency, FLOPs at compute_efficiency))")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_link_is_unset(cls, data):
+        """``host_link_bandwidth_bytes_per_s: null`` (``--set timing.host_link_bandwidth_bytes_per_s=null``)
+        unsets the key: the default rate, not given, so swaps use the GPU's link (Scenario.default_link_name)."""
+        if isinstance(data, dict) and "host_link_bandwidth_bytes_per_s" in data \
+                and data["host_link_bandwidth_bytes_per_s"] is None:
+            data = {k: v for k, v in data.items() if k != "host_link_bandwidth_bytes_per_s"}
+        return data
 
     @field_validator("moe_kernel")
     @classmethod

@@ -69,7 +69,7 @@ from kvsim.timing.context import TimingContext
 from kvsim.timing.moe import MOE_ALIGN_KINDS, WeightReads, moe_fixed_s, routed_expert_params
 from kvsim.timing import moe_kernel
 from kvsim.timing.overhead import EngineOverheadConfig, StepOverhead, async_overlap_field
-from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, step_transfers
+from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, null_link_rate_is_unset, step_transfers
 from kvsim.errors import did_you_mean, format_choices
 from kvsim.timing.kernel import (AUTO_NAMES, KernelModel, backend_choices, load_backend, pages_or_estimate,
                                  resolve_backend, unknown_backend)
@@ -118,15 +118,7 @@ class AnalyticalTimingConfig(StrictModel):
                               "Vidur's profiles, docs/gemm_model.md; kernels in sequence) or roofline "
                               "(max(weights + KV bytes at bandwidth_efficiency, FLOPs at compute_efficiency))")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _null_link_is_unset(cls, data):
-        """``host_link_bandwidth_bytes_per_s: null`` (``--set timing.host_link_bandwidth_bytes_per_s=null``)
-        unsets the key: the default rate, not given, so swaps use the GPU's link (Scenario.default_link_name)."""
-        if isinstance(data, dict) and "host_link_bandwidth_bytes_per_s" in data \
-                and data["host_link_bandwidth_bytes_per_s"] is None:
-            data = {k: v for k, v in data.items() if k != "host_link_bandwidth_bytes_per_s"}
-        return data
+    _null_link_is_unset = model_validator(mode="before")(null_link_rate_is_unset)  # null: the key unset
 
     @field_validator("moe_kernel")
     @classmethod

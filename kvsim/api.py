@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from kvsim.version import __version__
 from kvsim.config import LoadedScenario, Scenario, load_mapping, load_scenario
 from kvsim.config.load import MAPPING_PATH
-from kvsim.errors import Interrupted, SimulationLimitError, TraceError
+from kvsim.errors import Interrupted, KvsimError, SimulationLimitError, TraceError
 from kvsim.dropped import Dropped, warnings_for
 from kvsim.outdir import MARKER, RESUME_FILE, atomic_out_dir, check_out_dir
 from kvsim.results import write_json, write_parquet, write_text_atomic, write_yaml
@@ -31,7 +31,8 @@ if TYPE_CHECKING:  # pandas is imported where used (import cost: tests/test_impo
 
 def run(scenario: Scenario | LoadedScenario | str | Path | dict, *, base_dir: Path | str | None = None,
         check_invariants: bool = False) -> RunResult | dict[str, RunResult]:
-    """Simulate in memory. A scenario with variants returns {variant: RunResult}, else one RunResult
+    """Simulate in memory. A scenario with variants returns {variant: RunResult} in the display order
+    (the scenario's, its ``baseline:`` variant first), else one RunResult
     (``name``: the variant's, or the scenario's). A dict is a scenario's mapping, validated and
     expanded as a file's would be (bad input: a ConfigError line); relative paths in a dict or
     Scenario are read against ``base_dir`` (default: the current directory), in a file's against
@@ -59,20 +60,28 @@ def as_loaded(scenario, caller: str, base_dir: Path | str | None = None) -> Load
 
 
 def _run_all(loaded: LoadedScenario, base_dir: Path, check_invariants: bool) -> dict[str, RunResult]:
+    """Every run of ``loaded``, in the one display order (the scenario's, its ``baseline:`` first), as
+    load_results, comparison_table and comparison.csv list them."""
+    from kvsim.report.runs import baseline_first
+
     traces = TraceCache(base_dir, str(loaded.path))
-    return {name: simulate_variant(loaded, name, scn, base_dir, traces.get(scn), check_invariants=check_invariants)
-            for name, scn in loaded.runs.items()}
+    results = {name: simulate_variant(loaded, name, scn, base_dir, traces.get(scn), check_invariants=check_invariants)
+               for name, scn in loaded.runs.items()}
+    return {name: results[name] for name in baseline_first(list(results), loaded.base.baseline)}
 
 
 def simulate_variant(loaded: LoadedScenario, name: str, scn: Scenario, base_dir: Path, built: tuple,
                      **kw) -> RunResult:
     """One run of ``loaded`` (its trace ``built``: (trace, report)), named ``name``; a simulation
-    limit it passes is one line naming the scenario and the run (``FILE: NAME: ...``)."""
+    limit it passes is one line naming the scenario and the run (``FILE: NAME: ...``), a setting it
+    refuses one line naming the variant and the ``--set`` argument (LoadedScenario.run_error)."""
     trace, report = built
     try:
         res = run_scenario(scn, base_dir, trace=trace, trace_report=report, where=str(loaded.path), **kw)
     except SimulationLimitError as e:
         raise SimulationLimitError(f"{loaded.path}: {name}: {e}") from None
+    except KvsimError as e:
+        raise loaded.run_error(name, e) from None
     return dataclasses.replace(res, name=name)
 
 
@@ -368,7 +377,9 @@ def comparison_table(results: dict) -> pd.DataFrame:
     kvsim.report.comparison_table.comparison_frame) of in-memory results: ``{name: RunResult}`` as
     ``kvsim.run`` returns them (parameter columns and offered rate included), ``{name: LoadedRun}`` as
     ``kvsim.load_results`` returns them, or ``{name: summary}``; rows in the display order (the
-    scenario's ``baseline:`` first). Anything else is a one-line TypeError."""
+    scenario's ``baseline:`` first; summaries, which do not name the baseline, in the order given,
+    which is that order when they come from kvsim.run's or load_results's mapping). Anything else
+    is a one-line TypeError."""
     from kvsim.report.comparison_table import comparison_frame
     from kvsim.report.runs import in_memory_runs
 
@@ -387,16 +398,16 @@ class LoadedRun:
 
 def load_results(path: str | Path) -> LoadedRun | dict[str, LoadedRun]:
     """Read a run directory (or a variants directory: returns {variant: LoadedRun} in the display
-    order: the scenario's order from ``scenario.resolved.yaml``, the ``baseline:`` variant first)."""
-    import pandas as pd
-
+    order: the scenario's order from ``scenario.resolved.yaml``, the ``baseline:`` variant first).
+    A damaged directory (a summary.json that is not a kvsim run summary, a table missing or not
+    Parquet) is one :class:`~kvsim.errors.KvsimError` line naming the file, as ``kvsim compare`` gives."""
     from kvsim.errors import KvsimError
-    from kvsim.report.runs import variant_order
+    from kvsim.report.runs import read_run_dir, read_table, variant_order
 
     path = Path(path)
     if (path / "summary.json").exists():
-        return LoadedRun(path, json.loads((path / "summary.json").read_text()),
-                         pd.read_parquet(path / "requests.parquet"), pd.read_parquet(path / "steps.parquet"))
+        summary = read_run_dir(path)  # the one reader of run directories (compare, report)
+        return LoadedRun(path, summary, read_table(path / "requests.parquet"), read_table(path / "steps.parquet"))
     subs = variant_order(path) if path.is_dir() else []
     if not subs:
         raise KvsimError(f"{path}: not a kvsim result directory (no summary.json)")

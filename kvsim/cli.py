@@ -94,14 +94,17 @@ def _cmd_validate(args) -> int:
     traces = TraceCache(loaded.path.parent, str(loaded.path))
     dropped = {}
     for name, scn in loaded.runs.items():
-        check_token_budget(scn, str(loaded.path))
-        alloc, budget = build_allocator(scn, str(loaded.path))
-        # the timing model as a run builds it: a calibration directory or a backend profile file is read
-        build_timing(scn, alloc.block_size, loaded.path.parent, host_transfers(scn, str(loaded.path)),
-                     str(loaded.path))
-        trace, report = traces.get(scn)
-        check_trace_supported(scn, trace, str(loaded.path))
-        rejected = predict_rejections(scn, trace, str(loaded.path))
+        try:  # a refused setting names the variant and the --set argument (LoadedScenario.run_error)
+            check_token_budget(scn, str(loaded.path))
+            alloc, budget = build_allocator(scn, str(loaded.path))
+            # the timing model as a run builds it: a calibration directory or a backend profile file is read
+            build_timing(scn, alloc.block_size, loaded.path.parent, host_transfers(scn, str(loaded.path)),
+                         str(loaded.path))
+            trace, report = traces.get(scn)
+            check_trace_supported(scn, trace, str(loaded.path))
+            rejected = predict_rejections(scn, trace, str(loaded.path))
+        except KvsimError as e:
+            raise loaded.run_error(name, e) from None
         d = Dropped(trace_requests=len(trace) + int(report.get("dropped", 0) or 0), simulated=len(trace),
                     finished=len(trace) - sum(rejected.values()), rejected_by_reason=rejected,
                     dropped_by_length_policy=int(report.get("dropped", 0) or 0),

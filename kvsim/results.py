@@ -5,7 +5,9 @@ Layout of ``OUT`` (one scenario without variants)::
     OUT/scenario.resolved.yaml  requests.parquet  steps.parquet  summary.json  *.png
 
 With variants, each variant gets ``OUT/<variant>/`` with the files above, and ``OUT`` holds
-``scenario.resolved.yaml``, ``comparison.csv`` and the cross-variant plots. A directory at ``OUT``
+``scenario.resolved.yaml``, ``comparison.csv`` and ``comparison.parquet`` (one table, one row per
+variant, baseline first: kvsim.report.comparison_table.comparison_frame; docs/outputs.md) and the
+cross-variant plots. A directory at ``OUT``
 is complete by construction: a killed run leaves only ``.OUT.tmp-<pid>`` (hidden), and an
 interrupted one also writes ``INCOMPLETE`` into it. Which directories kvsim may write or replace,
 and the marker file ``.kvsim-output.json`` that records what it wrote: :mod:`kvsim.outdir`.

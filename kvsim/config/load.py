@@ -10,10 +10,10 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from kvsim.config.messages import format_validation_error
+from kvsim.config.messages import format_validation_error, format_variant_errors, run_error_line
 from kvsim.config.scenario import _SHORTHAND_KEYS, PLUGIN_SECTIONS, POLICY_KEYS, Scenario
 from kvsim.config_base import reject_non_finite
-from kvsim.errors import ConfigError, did_you_mean, format_choices
+from kvsim.errors import ConfigError, KvsimError, did_you_mean, format_choices
 from kvsim.models import hf
 from kvsim.yamlio import YAMLSyntaxError, load_yaml
 
@@ -59,11 +59,22 @@ class LoadedScenario:
     variants: dict[str, Scenario]  # empty when the file has no variants
     # run name (as in runs) -> where its model: came from; empty for scenarios not loaded from a mapping
     model_sources: dict[str, ModelSource] = field(default_factory=dict)
+    overrides: tuple[str, ...] = ()  # the --set expressions applied to the base and every variant
 
     @property
     def runs(self) -> dict[str, Scenario]:
         """Name -> scenario for every run this file asks for (the base alone without variants)."""
         return self.variants or {self.name: self.base}
+
+    def run_error(self, name: str, err: KvsimError) -> KvsimError:
+        """``err``, raised while building the run ``name`` with ``where`` = this file's path (``FILE:
+        key: why``), naming the ``--set`` argument that gave the key and the variant
+        (:func:`~kvsim.config.messages.run_error_line`); another message is returned as it is."""
+        head = f"{self.path}: "
+        if not str(err).startswith(head):
+            return err
+        variant = name if name in self.variants else None
+        return type(err)(run_error_line(str(err)[len(head):], str(self.path), variant, self.overrides))
 
 
 def _kind_default(key: str) -> str | None:
@@ -249,25 +260,43 @@ def expand_scenario(raw: dict, path: Path, overrides: tuple[str, ...], base_dir:
                           f"{format_choices(list(base.variants)) if base.variants else '(the file has no variants)'}")
     variants: dict[str, Scenario] = {}
     base_raw = {k: v for k, v in raw.items() if k != "variants"}
+    failures: list[tuple[str, ValidationError]] = []  # variants that do not validate: one line, all named
     for vname, override in base.variants.items():
-        if not isinstance(override, dict):
-            raise ConfigError(f"{path}: variants.{vname}: expected a mapping of overrides")
-        if "variants" in override:
-            raise ConfigError(f"{path}: variants.{vname}: variants cannot nest")
-        undotted = _undot(override)
-        merged = deep_merge(base_raw, undotted)
-        # --set applies to every variant too: it is the user's last word.
-        for expr in overrides:
-            key, value = parse_set(expr)
-            _set_dotted(merged, key, value, f"--set {expr}")
-        # its model as written (the base's is expanded in merged): the base's, the variant's, then --set's
-        own = deep_merge(written_model, {"model": undotted["model"]}) if "model" in undotted else written_model
-        own = apply_sets(copy.deepcopy(own), [e for e in overrides if parse_set(e)[0].split(".")[0] == "model"])
-        if "model" in undotted:  # merged onto the base's model as written, not onto its expanded file
-            merged["model"] = copy.deepcopy(own["model"])
-        sources[vname] = model_source(own, base_dir, overrides, vname, undotted)
-        merged = expand_model(merged, base_dir, str(path), prefix=f"variants.{vname}.")
-        variants[vname] = validate_scenario(merged, str(path), prefix=f"variants.{vname}.", sets=sets)
+        try:
+            variants[vname], sources[vname] = _expand_variant(vname, override, base_raw, written_model, path,
+                                                              base_dir, overrides)
+        except ValidationError as e:
+            failures.append((vname, e))
+        except ConfigError:
+            if not failures:  # else the first failure is the one reported
+                raise
+    if failures:
+        raise ConfigError(format_variant_errors(failures, str(path), sets))
     if not variants:
         sources = {str(base.name): base_source}
-    return LoadedScenario(path=path, name=str(base.name), base=base, variants=variants, model_sources=sources)
+    return LoadedScenario(path=path, name=str(base.name), base=base, variants=variants, model_sources=sources,
+                          overrides=overrides)
+
+
+def _expand_variant(vname: str, override: Any, base_raw: dict, written_model: dict, path: Path, base_dir: Path,
+                    overrides: tuple[str, ...]) -> tuple[Scenario, ModelSource]:
+    """The variant ``vname`` (its ``override`` merged onto the base, ``overrides`` applied) and where its
+    model came from; a ValidationError when it does not validate (the caller words it)."""
+    if not isinstance(override, dict):
+        raise ConfigError(f"{path}: variants.{vname}: expected a mapping of overrides")
+    if "variants" in override:
+        raise ConfigError(f"{path}: variants.{vname}: variants cannot nest")
+    undotted = _undot(override)
+    merged = deep_merge(base_raw, undotted)
+    # --set applies to every variant too: it is the user's last word.
+    for expr in overrides:
+        key, value = parse_set(expr)
+        _set_dotted(merged, key, value, f"--set {expr}")
+    # its model as written (the base's is expanded in merged): the base's, the variant's, then --set's
+    own = deep_merge(written_model, {"model": undotted["model"]}) if "model" in undotted else written_model
+    own = apply_sets(copy.deepcopy(own), [e for e in overrides if parse_set(e)[0].split(".")[0] == "model"])
+    if "model" in undotted:  # merged onto the base's model as written, not onto its expanded file
+        merged["model"] = copy.deepcopy(own["model"])
+    source = model_source(own, base_dir, overrides, vname, undotted)
+    merged = expand_model(merged, base_dir, str(path), prefix=f"variants.{vname}.")
+    return Scenario.model_validate(merged), source

@@ -136,6 +136,12 @@ def _set_blamed(e: dict, sets: tuple[str, ...]) -> str | None:
         if not m:
             return None
         loc = m.group(1)
+    return set_for_key(loc, sets)
+
+
+def set_for_key(loc: str, sets: tuple[str, ...]) -> str | None:
+    """The last ``--set`` argument of ``sets`` whose key is ``loc`` (a dotted key path), lies inside
+    it or contains it; None if none does."""
     for expr in reversed(sets):
         key = expr.split("=", 1)[0].strip()
         if key == loc or loc.startswith(key + ".") or loc.startswith(key + "[") or key.startswith(loc + "."):
@@ -143,15 +149,52 @@ def _set_blamed(e: dict, sets: tuple[str, ...]) -> str | None:
     return None
 
 
-def format_validation_error(err: ValidationError, file: str, prefix: str = "", sets: tuple[str, ...] = ()) -> str:
+def _applied_to(expr: str, file: str, variant: str | None) -> str:
+    """Where a ``--set`` argument's error is: ``--set EXPR (applied to FILE[, variant NAME])``."""
+    return f"--set {expr} (applied to {file}{f', variant {variant}' if variant else ''})"
+
+
+def format_validation_error(err: ValidationError, file: str, prefix: str = "", sets: tuple[str, ...] = (),
+                            variant: str | None = None) -> str:
     """One line for every problem: ``FILE: key: why`` (``--set KEY=VALUE (applied to FILE): key: why``
-    where a ``--set`` argument gave the value)."""
+    where a ``--set`` argument gave the value; ``(applied to FILE, variant NAME)`` when ``variant``,
+    whose keys ``prefix`` -- ``variants.NAME.`` -- names in the file)."""
     msgs: list[tuple[str, str]] = []
     for e in err.errors():
         expr = _set_blamed(e, sets)
-        m = (f"--set {expr} (applied to {file})", _one_error(e, "")) if expr else (file, _one_error(e, prefix))
+        m = (_applied_to(expr, file, variant), _one_error(e, "")) if expr else (file, _one_error(e, prefix))
         if m not in msgs:
             msgs.append(m)
     msgs.sort(key=lambda m: m[0] == file)  # what --set gave first: the user's last word
     return "; ".join(f"{where}: {m}" if i == 0 or msgs[i - 1][0] != where else m
                      for i, (where, m) in enumerate(msgs))
+
+
+_MARK = "\x00"  # a variant name no scenario has: where the names go in a message shared by several
+
+
+def format_variant_errors(failures: list[tuple[str, ValidationError]], file: str, sets: tuple[str, ...]) -> str:
+    """The first failing variant's one line (:func:`format_validation_error`); the other variants
+    that fail with the same ``--set`` message are named beside it (``variants a, b``)."""
+    def text(name: str, e: ValidationError) -> str:
+        return format_validation_error(e, file, f"variants.{name}.", sets, variant=name)
+
+    name, first = failures[0]
+    template = text(_MARK, first)
+    same = [n for n, e in failures if text(_MARK, e) == template]
+    if len(same) > 1 and f"variants.{_MARK}." not in template:
+        return template.replace(f"variant {_MARK}", f"variants {', '.join(same)}")
+    return text(name, first)
+
+
+def run_error_line(rest: str, file: str, variant: str | None, sets: tuple[str, ...]) -> str:
+    """A problem found while building a run (``rest``: ``key: why`` or a sentence) as one line naming
+    the ``--set`` argument that gave ``key`` (``--set EXPR (applied to FILE[, variant NAME]): ...``),
+    else the file and the variant's key path (``FILE: variants.NAME.key: why``)."""
+    m = re.match(r"([a-z_][a-z0-9_.]*): ", rest)
+    expr = set_for_key(m.group(1), sets) if m else None
+    if expr:
+        return f"{_applied_to(expr, file, variant)}: {rest}"
+    if variant is None:
+        return f"{file}: {rest}"
+    return f"{file}: variants.{variant}.{rest}" if m else f"{file}: variants.{variant}: {rest}"

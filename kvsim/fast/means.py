@@ -4,7 +4,7 @@ and :func:`window_means` over its steps (memory parts in tokens, batch size)."""
 from __future__ import annotations
 
 from itertools import chain
-from operator import mul
+from operator import mul, sub
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -60,10 +60,17 @@ def window_means(win: DecodeWindow, k: int, durations: np.ndarray, segments, cap
     seg_time = np.add.reduceat(d, segments.starts)  # time spent in each segment
     held, useful, shared, cached_free, external = (seg_time @ vals / total).tolist()
     written = float(np.dot(win.written[:k], d)) / total
+    # reservation (useful - written) and internal fragmentation (held - useful): means of each
+    # step's difference of integer token counts, so a part that is 0 in every step is exactly 0
+    steps_in = np.diff(segments.starts + [k])
+    useful_steps = np.repeat(vals[:, 1], steps_in)
+    reservation = float(np.dot(useful_steps - win.written[:k], d)) / total
+    internal = float(seg_time @ (vals[:, 0] - vals[:, 1])) / total
     batch = float(np.dot(win.num_requests[:k], d)) / total
     lengths = win.kv_tokens_read if win.unshared is None else win.unshared
     unshared = written if lengths is win.written else float(np.dot(lengths[:k], d)) / total
-    return _means(held, useful, shared, cached_free, external, written, unshared, parts, capacity_tokens), batch
+    return _means(held, shared, cached_free, external, written, unshared, reservation, internal, parts,
+                  capacity_tokens), batch
 
 
 def _window_means_small(win: DecodeWindow, k: int, durations: np.ndarray, segments: Segments, capacity_tokens: int):
@@ -73,40 +80,48 @@ def _window_means_small(win: DecodeWindow, k: int, durations: np.ndarray, segmen
     d = durations[:k].tolist()
     total = sum(d)
     starts, parts = segments.starts, segments.parts
-    held = useful = shared = cached_free = external = 0.0
+    held = shared = cached_free = external = internal = 0.0
+    written_steps = win.written[:k].tolist()
     if len(starts) == k:  # a segment per step (the usual case): each one's time is its step's duration
         seg_times = d
+        useful_steps = [p[1] for p in parts]
     else:
         ends = starts[1:]
         ends.append(k)
         seg_times = [sum(d[s:e]) for s, e in zip(starts, ends)]
+        useful_steps = [p[1] for p, s, e in zip(parts, starts, ends) for _ in range(e - s)]
     for t, (h, u, sh, cf, ex) in zip(seg_times, parts):
         held += t * h
-        useful += t * u
         shared += t * sh
         cached_free += t * cf
         external += t * ex
+        internal += t * (h - u)  # integer differences: a part 0 in every step is exactly 0
     held /= total
-    useful /= total
     shared /= total
     cached_free /= total
     external /= total
-    written = sum(map(mul, win.written[:k].tolist(), d)) / total
+    internal /= total
+    reservation = sum(map(mul, map(sub, useful_steps, written_steps), d)) / total
+    written = sum(map(mul, written_steps, d)) / total
     batch = sum(map(mul, win.num_requests[:k].tolist(), d)) / total
     lengths = win.kv_tokens_read if win.unshared is None else win.unshared
     unshared = written if lengths is win.written else sum(map(mul, lengths[:k].tolist(), d)) / total
-    return _means(held, useful, shared, cached_free, external, written, unshared, parts, capacity_tokens), batch
+    return _means(held, shared, cached_free, external, written, unshared, reservation, internal, parts,
+                  capacity_tokens), batch
 
 
-def _means(held: float, useful: float, shared: float, cached_free: float, external: float, written: float,
-           unshared: float, parts: list, capacity_tokens: int) -> MemoryParts:
-    """A window's MemoryParts from its time-weighted allocator sums and written slots (tokens). Each
-    part is a mean of quantities >= 0; a difference of two means can round a hair below 0 (seen:
-    -4.8e-7 tokens where step mode writes 0), which is taken as 0 (:func:`_nonneg`)."""
+def _means(held: float, shared: float, cached_free: float, external: float, written: float, unshared: float,
+           reservation: float, internal: float, parts: list, capacity_tokens: int) -> MemoryParts:
+    """A window's MemoryParts from its time-weighted allocator sums, written slots, reservation
+    (useful - written) and internal fragmentation (held - useful), in tokens. ``reservation`` and
+    ``internal`` are means of each step's integer difference (exactly 0 when 0 in every step: a
+    difference of two means was 1e-17 of the cache there). Each part is a mean of quantities
+    >= 0; a difference of two means can round a hair below 0 (seen: -4.8e-7 tokens where step mode
+    writes 0), which is taken as 0 (:func:`_nonneg`)."""
     return MemoryParts(
         _nonneg(written - shared, capacity_tokens),  # token_states
-        _nonneg(useful - written, capacity_tokens),  # reservation
-        _nonneg(held - useful, capacity_tokens),  # internal_frag
+        _nonneg(reservation, capacity_tokens),  # reservation
+        _nonneg(internal, capacity_tokens),  # internal_frag
         external,  # external_frag
         _nonneg(capacity_tokens - (held - shared) - external, capacity_tokens),  # free
         cached_free,

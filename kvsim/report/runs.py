@@ -85,6 +85,10 @@ def read_table(path: Path, columns: list[str] | None = None) -> pd.DataFrame:
     """A run's Parquet table; a file that is not one (truncated, corrupt) is one ConfigError line."""
     import pyarrow as pa
 
+    if not Path(path).is_file():
+        hint = f" (a kvsim run directory has summary.json, {' and '.join(RUN_TABLES)})" \
+            if Path(path).name in RUN_TABLES else ""
+        raise ConfigError(f"{path}: missing{hint}")
     try:
         return pd.read_parquet(path, columns=columns)
     except (pa.ArrowException, OSError) as e:
@@ -287,7 +291,9 @@ def in_memory_runs(results) -> list[Run]:
     """Runs for :func:`comparison_frame` from ``{name: RunResult}`` (``kvsim.run``),
     ``{name: run directory Path}`` (a ``kvsim.load_results`` LoadedRun's) or ``{name: summary dict}``: parameters from each
     result's scenario, offered rate from its requests; in the one display order (the given order,
-    the ``baseline:`` run moved first, as :func:`variant_order`). Anything else is a TypeError line."""
+    the ``baseline:`` run moved first, as :func:`variant_order`; summary dicts, which do not name the
+    baseline, in the given order: kvsim.run and load_results give theirs baseline first). Anything
+    else is a TypeError line."""
     if not isinstance(results, dict):
         raise TypeError(f"comparison_table(): expected a mapping {{name: RunResult, LoadedRun or summary dict}} "
                         f"(as kvsim.run or kvsim.load_results return), got {type(results).__name__}")

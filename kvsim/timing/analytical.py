@@ -60,7 +60,7 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from kvsim.config_base import ByteRate, StrictModel
 from kvsim.registry import TIMING_MODELS
@@ -72,7 +72,7 @@ from kvsim.timing.context import TimingContext
 from kvsim.timing.moe import MOE_ALIGN_KINDS, WeightReads, moe_fixed_s, routed_expert_params
 from kvsim.timing import moe_kernel
 from kvsim.timing.overhead import EngineOverheadConfig, StepOverhead, async_overlap_field
-from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, step_transfers
+from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, null_link_rate_is_unset, step_transfers
 from kvsim.errors import did_you_mean, format_choices
 from kvsim.timing.kernel import (AUTO_NAMES, KernelModel, backend_choices, load_backend, pages_or_estimate,
                                  resolve_backend, unknown_backend)
@@ -105,7 +105,8 @@ class AnalyticalTimingConfig(StrictModel):
                                                 "profile name; none: their weight bytes inside the step's "
                                                 "roofline), docs/engine_overhead.md 'MoE layers'")
     host_link_bandwidth_bytes_per_s: ByteRate = Field(
-        DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, gt=0, description="GPU<->host link for swaps (PCIe Gen5 x16 ~ 64 GB/s)"
+        DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, gt=0, description="given: the legacy size-independent GPU<->host "
+        "rate for swaps instead of the GPU's link (default 64 GB/s, PCIe Gen5 x16); null: not given"
     )
     attention_backend: str = Field(
         "auto", description="decode-attention kernel profile: auto (flashinfer-paged for every layout: one "
@@ -119,6 +120,8 @@ class AnalyticalTimingConfig(StrictModel):
         "fitted", description="linear layers and prefill attention: fitted (per-GPU GEMM model fitted to "
                               "Vidur's profiles, docs/gemm_model.md; kernels in sequence) or roofline "
                               "(max(weights + KV bytes at bandwidth_efficiency, FLOPs at compute_efficiency))")
+
+    _null_link_is_unset = model_validator(mode="before")(null_link_rate_is_unset)  # null: the key unset
 
     @field_validator("moe_kernel")
     @classmethod

@@ -40,7 +40,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from kvsim.calibration_data import interp
 from kvsim.calibration_data import schema as S
@@ -52,7 +52,7 @@ from kvsim.registry import TIMING_MODELS
 from kvsim.timing.base import BatchShape, StepTiming, split_kv_tokens  # noqa: F401  (re-exported)
 from kvsim.timing.context import TimingContext
 from kvsim.timing.overhead import EngineOverheadConfig, StepOverhead, async_overlap_field
-from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, step_transfers
+from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, null_link_rate_is_unset, step_transfers
 
 if TYPE_CHECKING:  # pandas is imported where used (import cost: tests/test_import_cost.py)
     import pandas as pd
@@ -74,6 +74,8 @@ class CalibratedTimingConfig(StrictModel):
     include_lm_head: bool = True
     include_elementwise: bool = True
     allow_cpu_data: bool = Field(False, description="accept a CPU plumbing calibration (tests only)")
+
+    _null_link_is_unset = model_validator(mode="before")(null_link_rate_is_unset)  # null: the key unset
 
 
 def resolve_calibration_path(file: str, base_dir: Path | None) -> Path:

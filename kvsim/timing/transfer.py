@@ -55,6 +55,16 @@ LAYOUTS = ("per_layer_kv", "per_layer", "contiguous")
 DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S = 64e9
 
 
+def null_link_rate_is_unset(data):
+    """A timing config's raw mapping with ``host_link_bandwidth_bytes_per_s: null`` (``--set
+    timing.host_link_bandwidth_bytes_per_s=null``) left out: the key unset, so swaps use the GPU's
+    link (Scenario.default_link_name), not the legacy rate. Other input as given."""
+    if isinstance(data, dict) and "host_link_bandwidth_bytes_per_s" in data \
+            and data["host_link_bandwidth_bytes_per_s"] is None:
+        return {k: v for k, v in data.items() if k != "host_link_bandwidth_bytes_per_s"}
+    return data
+
+
 @dataclass(frozen=True)
 class LinkProfile:
     """A GPU<->host link as the copies over it see it."""

@@ -66,10 +66,17 @@ def test_comparison_table_refuses_other_input_in_one_line(bad, what):
     assert what in str(e.value) and "\n" not in str(e.value)
 
 
+def test_run_returns_variants_in_display_order_baseline_first(done):
+    results = done[1]
+    assert list(results) == ORDER
+    summaries = kvsim.comparison_table({k: v.summary for k, v in results.items()})
+    assert list(summaries["label"]) == ORDER
+
+
 def test_run_of_a_mapping_expands_variants_and_checks_baseline_as_a_file(done):
     path, results, _ = done
     from_dict = kvsim.run(SCENARIO, base_dir=path.parent)
-    assert list(from_dict) == list(results)
+    assert list(from_dict) == list(results) == ORDER
     assert all(from_dict[n].summary == results[n].summary for n in results)
     with pytest.raises(kvsim.errors.ConfigError, match="^scenario: baseline: 'nope' is not a variant"):
         kvsim.run(dict(SCENARIO, baseline="nope"))
@@ -106,3 +113,25 @@ def test_run_names_file_and_variant_when_a_limit_stops_it(done):
 
 def test_dir_lists_the_lazy_public_api():
     assert set(kvsim.__all__) <= set(dir(kvsim))
+
+
+@pytest.mark.parametrize("damage, expected", [
+    ("steps", "steps.parquet: missing (a kvsim run directory has summary.json"),
+    ("requests", "requests.parquet: cannot read the parquet file"),
+    ("garbage{", "summary.json: not valid JSON (line 1 col 1"),
+    ("{}", "not a kvsim run directory (its summary.json has no name, kv, concurrency keys)"),
+])
+def test_load_results_of_a_damaged_directory_is_one_error_line(done, tmp_path, damage, expected):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(done[2] / "paged-16", run)
+    if damage == "steps":
+        (run / "steps.parquet").unlink()
+    elif damage == "requests":
+        (run / "requests.parquet").write_bytes(b"not parquet")
+    else:
+        (run / "summary.json").write_text(damage)
+    with pytest.raises(kvsim.errors.KvsimError) as e:
+        kvsim.load_results(run)
+    assert expected in str(e.value) and "\n" not in str(e.value)

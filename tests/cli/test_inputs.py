@@ -77,6 +77,18 @@ def test_docs_reference_scenario_validates(tmp_path):
     loaded = load_scenario(f)
     s = loaded.base
     assert s.trace.start_s is None and s.allocator.offload is not None and len(loaded.runs) >= 2
+    # the block is the defaults: swaps go over the GPU's link, not the legacy size-independent rate
+    assert "host_link_bandwidth_bytes_per_s" not in s.timing.model_fields_set
+    assert s.default_link_name() == s.gpu.host_link != ""
+
+
+def test_null_unsets_the_legacy_link_rate(scenario):
+    """``--set timing.host_link_bandwidth_bytes_per_s=null`` unsets the key the file gives (it was
+    "Input should be a valid number"): the GPU's link prices swaps again."""
+    s = load_scenario(scenario, ["timing.host_link_bandwidth_bytes_per_s=null"]).base
+    assert "host_link_bandwidth_bytes_per_s" not in s.timing.model_fields_set
+    assert s.default_link_name() == s.gpu.host_link != ""
+    assert load_scenario(scenario).base.default_link_name() == ""  # the file's 64.0e9: the legacy rate
 
 
 @pytest.mark.parametrize("expr, key, hint", [

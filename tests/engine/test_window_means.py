@@ -64,9 +64,30 @@ def test_a_difference_of_means_rounded_below_zero_is_zero():
     in every step, their time-weighted means apart in the last bit). Larger negatives stay visible."""
     from kvsim.fast.means import _means
 
-    held = useful = 1000.0 + 1e-13  # the same exact sums, rounded apart
     written = 1000.0 + 2e-13
     parts = [(1000, 1000, 0, 0, 0)]
-    m = _means(held, useful, 0.0, 0.0, 0.0, written, written, parts, 5000)
+    m = _means(1000.0, 0.0, 0.0, 0.0, written, written, -1e-13, -1e-13, parts, 5000)
     assert m.reservation == 0.0 and m.internal_frag == 0.0 and m.token_states > 0
-    assert _means(held, useful, 0.0, 0.0, 0.0, useful + 50.0, written, parts, 5000).reservation < -49
+    assert _means(1000.0, 0.0, 0.0, 0.0, written, written, -50.0, 0.0, parts, 5000).reservation < -49
+
+
+@pytest.mark.parametrize("small", [0, 1 << 30])
+@pytest.mark.parametrize("k", [3, 40])
+def test_parts_zero_in_every_step_are_exactly_zero(k, small, monkeypatch):
+    """useful == written == held in every step (paged, block size 1, no reservation): reservation and
+    internal fragmentation are 0.0, not a difference of two means (was 1.86e-7 bytes per row, and
+    kv.reservation_frac 7e-18 in the summary)."""
+    monkeypatch.setattr(means, "SMALL_WINDOW_STEPS", small)
+    rng = np.random.default_rng(7)
+    d = rng.random(k) * 0.0137
+    written = np.arange(100_003, 100_003 + k)
+    win = DecodeWindow(None, None, None, written * 0 + 8, written, k, None, written, written * 0 + 8,
+                       written * 0 + 8)
+    starts = list(range(0, k, 2)) if k > 3 else list(range(k))
+    seg = Segments(UsageSums(int(written[0]), int(written[0]), 0, 0, 0))
+    for s in starts[1:]:
+        seg.add(s, UsageSums(int(written[s]), int(written[s]), 0, 0, 0))
+    # a segment spanning two steps holds its first step's count: written must match it step by step
+    win.written[:] = [written[max(s for s in starts if s <= i)] for i in range(k)]
+    memory, _ = window_means(win, k, d, seg, 10**6)
+    assert memory.reservation == 0.0 and memory.internal_frag == 0.0 and memory.token_states > 0

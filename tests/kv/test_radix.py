@@ -502,15 +502,20 @@ def test_fast_engine_equals_step_engine_under_memory_pressure(page, with_keys):
 def _repeats(alloc, prompt, eviction="lru"):
     """Twelve requests with the very same ``prompt``-token prompt, 50 ms apart, 200 output tokens
     each, on a KV cache that cannot hold them all (docs/radix.md, "Paged vs radix")."""
+    rows = [(0.05 * i, prompt, 200) for i in range(12)]
+    keys = [np.arange(1, prompt // 16 + 1, dtype=np.int64) for _ in rows]  # every full prompt block shared
+    return _keyed_run(rows, keys, 1600, alloc, eviction)
+
+
+def _keyed_run(rows, keys, tokens: int, alloc: dict, eviction: str):
+    """``rows`` (arrival, prompt, output) with 16-token prefix ``keys``, on a ``tokens``-token cache."""
     from helpers import make_scenario, make_trace
     from kvsim.simulate import run
 
-    rows = [(0.05 * i, prompt, 200) for i in range(12)]
-    keys = [np.arange(1, prompt // 16 + 1, dtype=np.int64) for _ in rows]  # every full prompt block shared
     trace = make_trace(rows)
     object.__setattr__(trace, "prefix_keys", keys)
     object.__setattr__(trace, "prefix_block_tokens", 16)
-    scn = make_scenario(kv_budget={"tokens": 1600}, timing={"kind": "analytical", "step_overhead_s": 0.001},
+    scn = make_scenario(kv_budget={"tokens": tokens}, timing={"kind": "analytical", "step_overhead_s": 0.001},
                         allocator={**alloc, "block_size": 16, "watermark": 0.0, "eviction": eviction})
     return run(scn, trace=trace, check_invariants=True)
 
@@ -532,25 +537,16 @@ def test_paged_and_radix_lru_differ_under_pressure_only_by_the_recomputed_duplic
         assert radix.summary["preemptions"] < paged.summary["preemptions"]
 
 
-
 def _families(alloc, eviction):
     """150 requests of six prompt families (odd lengths: no full last block, so nothing is
     recomputed as a duplicate), at 20/s, on a 3,000-token cache."""
-    from helpers import make_scenario, make_trace
-    from kvsim.simulate import run
-
     rng = np.random.default_rng(1)
     n = 150
     rows = [(a, int(p) | 1, 60) for a, p in zip(np.cumsum(rng.exponential(1 / 20, n)), rng.integers(64, 600, n))]
     fam = rng.integers(0, 6, n)
     keys = [np.array([1000 * f + k if k < (p // 16) * 3 // 4 else 10**6 * (i + 1) + k for k in range(p // 16)],
                      dtype=np.int64) for i, ((_, p, _), f) in enumerate(zip(rows, fam))]
-    trace = make_trace(rows)
-    object.__setattr__(trace, "prefix_keys", keys)
-    object.__setattr__(trace, "prefix_block_tokens", 16)
-    scn = make_scenario(kv_budget={"tokens": 3000}, timing={"kind": "analytical", "step_overhead_s": 0.001},
-                        allocator={**alloc, "block_size": 16, "watermark": 0.0, "eviction": eviction})
-    return run(scn, trace=trace, check_invariants=True)
+    return _keyed_run(rows, keys, 3000, alloc, eviction)
 
 
 @pytest.mark.parametrize("eviction,same", [("lru", True), ("fifo", False)])

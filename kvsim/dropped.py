@@ -24,6 +24,8 @@ FIXES = {
                             "are scheduled together), or lower num_samples",
     "exceeds_batch_token_budget": "raise scheduler.max_num_batched_tokens (to at least every request's num_samples) "
                                   "or, without chunked prefill, set scheduler.chunked_prefill: true",
+    "swap_space_full": "raise scheduler.swap_space_bytes (a swapped group found it full, and its recompute exceeds the "
+                       "token budget), or set scheduler.chunked_prefill: true",
     "dropped_by_length_policy": "trace.length_policy: drop removed them; use cap to keep them truncated, or a "
                                 "longer max length (model: {preset: NAME, max_model_len_tokens: N})",
 }

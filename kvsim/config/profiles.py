@@ -125,6 +125,11 @@ _PROFILES: tuple[EngineProfile, ...] = (
             True, "vLLM v0 Scheduler._schedule_default (vllm/core/scheduler.py, vllm-project/vllm commit 0054e1fa): "
                   "\"Don't schedule decodes if prefills are scheduled\"; the 0.2-era _schedule (as kept in forks) "
                   "returned a prompt_run=True output as soon as it admitted a prompt"),
+        "scheduler.preemption_mode": Fill(
+            "auto-vllm-v0", "vLLM V0 Scheduler._preempt (vllm/core/scheduler.py; 0.1-0.6, read at vllm-project/vllm "
+                            "commit 0054e1fa): with no user preemption mode a group with get_max_num_running_seqs() "
+                            "== 1 is recomputed, a parallel-sampling or beam group swapped (docs/conformance.md "
+                            "'vllm-v0.6')"),
         "allocator[paged].watermark": Fill(0.01, _V0),
         "allocator[paged].prefix_caching": Fill(False, "vLLM 0.6 EngineArgs.enable_prefix_caching = False"),
         "allocator[radix].watermark": Fill(0.01, _V0),

@@ -193,9 +193,9 @@ class Scenario(StrictModel):
 
     def block_ids_read(self) -> bool:
         """Does the run read *which* blocks a request holds, not only how many? Swap copies coalesced
-        into runs of consecutive block ids do (``scheduler.preemption_mode: swap`` with
-        ``host_link.granularity: run``, read through the allocator's BlockRuns capability)."""
-        return (self.scheduler.preemption_mode == "swap" and self.host_link is not None
+        into runs of consecutive block ids do (``scheduler.preemption_mode: swap`` or ``auto-vllm-v0``
+        with ``host_link.granularity: run``, read through the allocator's BlockRuns capability)."""
+        return (self.scheduler.may_swap and self.host_link is not None
                 and self.host_link.granularity == "run")
 
     def allocator_to_build(self):

@@ -11,6 +11,8 @@ REJECT_KV = "exceeds_kv_capacity"
 REJECT_KV_WATERMARK = "exceeds_kv_capacity_with_watermark"  # fits the cache, not the cache less the watermark
 REJECT_BUDGET = "exceeds_batch_token_budget"
 REJECT_SEQS = "exceeds_max_num_seqs"
+# a group the preemption rule swaps found the swap space full, and its recompute exceeds the budget
+REJECT_SWAP_FULL = "swap_space_full"
 
 
 class Arrivals:
@@ -71,11 +73,30 @@ class Arrivals:
             return REJECT_SEQS
         if kv.num_samples > self.token_budget:  # a decode step of the group costs one token per sample
             return REJECT_BUDGET
-        if not self.chunked_prefill:
+        if not self.chunked_prefill and not (kv.num_samples > 1 and self.host.swaps(kv.num_samples)):
             # A recompute after preemption re-prefills prompt + generated tokens (each generated
             # position once per sample) in one step: Request.batch_tokens of them from 0 computed.
+            # (A group the preemption rule swaps is not recomputed unless the swap space is full:
+            # then _abort_unrecomputable ends it.)
             positions = output - 1 + prompt
             cost = positions if kv.num_samples == 1 else batch_tokens(prompt, kv.num_samples, positions, 0)
             if cost > self.token_budget:
                 return REJECT_BUDGET
         return ""
+
+    def _abort_unrecomputable(self, req: Request) -> bool:
+        """A preempted ``req`` (its KV freed) that was not swapped: if its recompute (prompt +
+        generated positions, each generated one per sample, in one step without chunked prefill)
+        exceeds the token budget it could never run again, so it ends here, rejected as
+        ``swap_space_full`` (True). Only a group the preemption rule swaps gets here, when the
+        swap space is full (vLLM V0 stops the engine: "Aborted due to the lack of CPU swap
+        space"); every other request's recompute was checked at arrival (reject_reason)."""
+        if self.chunked_prefill or req.batch_tokens(req.num_tokens, computed=0) <= self.token_budget:
+            return False
+        req.status = RequestStatus.REJECTED
+        req.reject_reason = REJECT_SWAP_FULL
+        req.num_computed_tokens = 0
+        self.log.append(req)
+        del self.requests[req.request_id]
+        self.num_rejected += 1
+        return True

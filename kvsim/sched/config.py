@@ -13,6 +13,10 @@ from kvsim.sched.victim import DEFAULT_VICTIM
 
 VictimConfig = policy_field(VICTIMS, DEFAULT_VICTIM)
 
+# vLLM V0's rule when the user names no preemption mode (Scheduler._preempt, vllm/core/scheduler.py):
+# a group with one running sequence is recomputed, a parallel-sampling or beam group is swapped
+AUTO_VLLM_V0 = "auto-vllm-v0"
+
 
 class SchedulerConfig(StrictModel):
     max_num_seqs: int = Field(256, ge=1, description="most requests running in one step (the vllm-v1 engine "
@@ -63,9 +67,13 @@ class SchedulerConfig(StrictModel):
                     "the arrivals up to step k's start only, and a request that finishes in step k keeps its KV "
                     "and its max_num_seqs place, unscheduled, until step k+1 ends (docs/scenario.md, "
                     "docs/conformance.md 'Async scheduling'). Token times do not move. Not with "
-                    "num_scheduler_steps > 1, prompt-only steps (prefill_only_steps, mixed_chunk: false) or swap")
-    preemption_mode: Literal["recompute", "swap"] = Field(
-        "recompute", description="recompute: drop the victim's KV; swap: move it to the host tier")
+                    "num_scheduler_steps > 1, prompt-only steps (prefill_only_steps, mixed_chunk: false) or swap "
+                    "(preemption_mode: swap or auto-vllm-v0)")
+    preemption_mode: Literal["recompute", "swap", "auto-vllm-v0"] = Field(
+        "recompute", description="recompute: drop the victim's KV; swap: move it to the host tier; auto-vllm-v0 "
+                                 "(vllm-v0.6 and vllm-2023 fill it): vLLM V0's rule, recompute a request with one "
+                                 "sequence and swap one with num_samples > 1 (parallel samples, beams); with "
+                                 "num_scheduler_steps > 1 it recomputes every request (docs/scenario.md)")
     swap_space_bytes: Bytes = Field(4 << 30, ge=0, description="host (CPU DRAM) capacity for swapped KV")
     victim: VictimConfig = Field(  # type: ignore[valid-type]
         default_factory=lambda: VICTIMS.default_config(DEFAULT_VICTIM),
@@ -88,11 +96,26 @@ class SchedulerConfig(StrictModel):
             prompt_only = not self.mixed_chunk if self.chunked_prefill else self.prefill_only_steps
             why = ("num_scheduler_steps > 1" if self.num_scheduler_steps > 1 else
                    "prompt-only steps (prefill_only_steps / mixed_chunk: false)" if prompt_only else
-                   "preemption_mode: swap" if self.preemption_mode == "swap" else "")
+                   f"preemption_mode: {self.preemption_mode}" if self.preemption_mode != "recompute" else "")
             if why:
                 raise ValueError(f"async_scheduling: true is vLLM V1's async scheduling, modelled with neither V0's "
                                  f"nor SGLang's step rules: not with {why}; set async_scheduling: false")
         return self
+
+    def swaps(self, num_samples: int) -> bool:
+        """THE preemption rule: does a preempted request with ``num_samples`` sequences go to the host
+        tier (False: it is recomputed)? ``auto-vllm-v0`` swaps groups only, and none under multi-step
+        scheduling: kvsim's rounds cannot swap, and vLLM 0.6's multi-step runs only one-sequence groups
+        (vllm/engine/output_processor/multi_step.py: "Beam search not supported in multi-step
+        decoding"), which its rule recomputes."""
+        if self.preemption_mode == "swap":
+            return True
+        return self.preemption_mode == AUTO_VLLM_V0 and num_samples > 1 and self.num_scheduler_steps == 1
+
+    @property
+    def may_swap(self) -> bool:
+        """Can any request be swapped (its rule swaps some group or every request)?"""
+        return self.swaps(2)
 
     def token_budget(self, max_model_len_tokens: int) -> int:
         if self.max_num_batched_tokens is not None:

@@ -148,10 +148,11 @@ class Scheduler(Arrivals, WindowHooks, PrefillPhases, MultiStepRounds, AsyncSche
             return False
         if self._known_caching and not self.caps.known_bulk_growth:
             return False  # async scheduling with prefix caching: blocks cached once their tokens are known
-        if self.host.enabled and self.caps.block_runs:
+        if self.host.swaps_singles and self.caps.block_runs:
             # An allocator that names its blocks takes a bulk decode step's blocks in allocation
             # order; a swapped-in request is allocated anew but returns to its admission place in
-            # the running list, so that order would differ from a one-by-one step's.
+            # the running list, so that order would differ from a one-by-one step's. (A rule that
+            # swaps only groups needs nothing: a group's arrival ends lazy steps for good.)
             return False
         if self._known_caching:
             path.use_known_growth()
@@ -177,16 +178,19 @@ class Scheduler(Arrivals, WindowHooks, PrefillPhases, MultiStepRounds, AsyncSche
         return self._victim_policy.pick(self.running, self.allocator)
 
     def _preempt(self, victim: Request, step: StepDraft) -> None:
-        """Preempt ``victim``: to the host tier (a swap adds its bytes and copies to ``step``), else
-        back to the front of the waiting queue, to be recomputed."""
-        host = self.host
-        out_copies = host.copies(victim.request_id, 0, victim.num_computed_tokens) if host.enabled else 0
+        """Preempt ``victim``: to the host tier if the preemption rule swaps it and there is room (a
+        swap adds its bytes and copies to ``step``), else back to the front of the waiting queue, to
+        be recomputed -- or, if its recompute could never run, ended (kvsim.sched.arrivals)."""
+        held = self.host.held(victim)  # (read before its KV is freed)
         self.allocator.free(victim.request_id)
         self.running.remove(victim)
         victim.num_preemptions += 1
         self.num_preemptions += 1
-        if host.swap_out(victim, out_copies, step):
+        if held is not None and self.host.swap_out(victim, held, step):
             self.preemptions_by_mode["swap"] += 1
+            return
+        if self._abort_unrecomputable(victim):
+            self.preemptions_by_mode["recompute"] += 1
             return
         # discarded work in tokens, as a step counts it: positions past the prompt once per sample
         victim.recomputed_tokens += victim.batch_tokens(victim.num_computed_tokens, computed=0)

@@ -4,8 +4,12 @@
 requests and what moved through it. A swap moves and holds whole blocks, as vLLM V0 does (its CPU
 block allocator hands out ``swap_space_bytes // block_bytes`` blocks, and ``swap_blocks`` copies
 each block whole, a partial last block included): the swap space holds whole blocks, and a swap's
-bytes are its blocks x block bytes (allocators without blocks: tokens x bytes per token). It
-counts the bytes and the copies a swap takes -- blocks, or
+bytes are its blocks x block bytes (allocators without blocks: tokens x bytes per token). A request
+with several sequences (parallel samples, beams) moves the blocks the allocator holds for it -- the
+prompt's shared blocks once and each sequence's own blocks (``held_tokens``, whole blocks on a paged
+allocator) -- as vLLM V0's ``swap_out`` maps every block of the group's running sequences; without
+blocks, one extent per sample. Whether a victim is swapped is ``scheduler.preemption_mode``'s rule
+(:meth:`~kvsim.sched.config.SchedulerConfig.swaps`). It counts the bytes and the copies a swap takes -- blocks, or
 runs of consecutive blocks from the allocator's BlockRuns capability, times the layout's copies per
 block; one run per sequence extent on allocators without blocks -- and never prices them itself:
 :class:`~kvsim.timing.transfer.HostTransfers` (the transfer model, docs/transfer_model.md) turns
@@ -29,7 +33,9 @@ class HostSwap:
 
     def __init__(self, cfg: SchedulerConfig, allocator: KVAllocator, caps: AllocatorCapabilities,
                  bytes_per_token: int, transfers: HostTransfers):
-        self.enabled = cfg.preemption_mode == "swap"
+        self.swaps = cfg.swaps  # the rule: does a preempted request with n sequences come here?
+        self.enabled = cfg.may_swap  # some request may be swapped
+        self.swaps_singles = cfg.swaps(1)  # ... one with one sequence too
         self.bytes_per_token = bytes_per_token  # this GPU's share (the run's KV geometry); 0: no bytes
         # the unit a swap moves and holds: a block (tokens), or a token on allocators without blocks
         self.unit_tokens = allocator.block_size or 1
@@ -46,37 +52,46 @@ class HostSwap:
         self._allocator = allocator
         self._block_runs = caps.block_runs
 
-    def _slots(self, first_token: int, end_token: int) -> int:
-        """Token slots of the whole units (blocks) covering tokens ``[first_token, end_token)``."""
-        if end_token <= first_token:
-            return 0
-        u = self.unit_tokens
-        return (cdiv(end_token, u) - first_token // u) * u
-
-    def copies(self, request_id: int, first_token: int, end_token: int) -> int:
-        """Copies moving the request's KV of tokens ``[first_token, end_token)`` over the host link
-        (0 on the legacy link, whose price has no per-copy cost)."""
+    def _copies(self, request_id: int, first_unit: int, end_unit: int, extents: int) -> int:
+        """Copies moving units (blocks; tokens without blocks) ``[first_unit, end_unit)`` of the
+        request's KV over the host link (0 on the legacy link, whose price has no per-copy cost);
+        ``extents``: its sequences' extents on an allocator without blocks."""
         tr = self.transfers
-        if tr.legacy or end_token <= first_token:
+        if tr.legacy or end_unit <= first_unit:
             return 0
-        bs = self._allocator.block_size
-        if bs is None:
-            units = 1  # one contiguous extent per sequence
+        if self._allocator.block_size is None:
+            units = extents  # one contiguous extent per sequence
+        elif tr.granularity == "run" and self._block_runs:
+            units = self._allocator.block_runs(request_id, first_unit, end_unit)
         else:
-            first, end = first_token // bs, -(-end_token // bs)
-            if tr.granularity == "run" and self._block_runs:
-                units = self._allocator.block_runs(request_id, first, end)
-            else:
-                units = end - first  # per block (or blocks not named: no coalescing can be seen)
+            units = end_unit - first_unit  # per block (or blocks not named: no coalescing can be seen)
         return units * tr.copies_per_unit
 
-    def swap_out(self, victim: Request, out_copies: int, step: StepDraft) -> bool:
-        """Park the preempted ``victim`` (its KV already freed on the GPU) in the host tier if swap
-        preemption is on and the swap space holds the blocks of its computed tokens; its bytes (whole
-        blocks) and ``out_copies`` copies go into ``step``. False: it must be recomputed."""
-        computed = victim.num_computed_tokens
-        slots = self._slots(0, computed)
-        if not (self.enabled and computed and self.used_tokens + slots <= self.capacity_tokens):
+    def held(self, victim: Request) -> tuple[int, int] | None:
+        """Called before the preempted ``victim``'s KV is freed: the token slots (whole units) and
+        the copies a swap of it moves, or None when the preemption rule recomputes it. One sequence:
+        the units covering its computed tokens. Several (parallel samples, beams): what the allocator
+        holds for it (shared prompt blocks once, each sequence's own blocks), or one extent of its
+        computed tokens per sample on an allocator without blocks."""
+        n = victim.num_samples
+        if not self.swaps(n):
+            return None
+        rid, computed, u = victim.request_id, victim.num_computed_tokens, self.unit_tokens
+        if n == 1:
+            slots = cdiv(computed, u) * u
+        elif self._allocator.block_size is None:
+            slots = computed * n
+        else:
+            slots = self._allocator.held_tokens(rid)
+        return slots, self._copies(rid, 0, slots // u if n > 1 else cdiv(computed, u), n)
+
+    def swap_out(self, victim: Request, held: tuple[int, int], step: StepDraft) -> bool:
+        """Park the preempted ``victim`` (its KV already freed on the GPU; ``held``: its slots and
+        copies from :meth:`held`) in the host tier if it has computed tokens and the swap space
+        holds them; its bytes (whole blocks) and copies go into ``step``. False: it must be
+        recomputed (kvsim's fallback when the swap space is full; vLLM V0 stops there)."""
+        slots, out_copies = held
+        if not (victim.num_computed_tokens and self.used_tokens + slots <= self.capacity_tokens):
             return False
         victim.status = RequestStatus.SWAPPED
         victim.num_swaps += 1
@@ -98,8 +113,10 @@ class HostSwap:
             raise RuntimeError(f"request {req.request_id}: swapped in out of order")
         computed = max(req.num_computed_tokens, got.cached_tokens)
         first = min(got.cached_tokens, req.num_computed_tokens)
-        transfer = self._slots(first, req.num_computed_tokens)
-        copies = self.copies(req.request_id, first, req.num_computed_tokens)
+        # what it holds in the host tier less the whole units found in the prefix cache
+        u = self.unit_tokens
+        transfer = req.swapped_tokens - first // u * u if first < req.num_computed_tokens else 0
+        copies = self._copies(req.request_id, first // u, first // u + transfer // u, req.num_samples)
         req.num_computed_tokens = computed
         self.used_tokens -= req.swapped_tokens
         req.swapped_tokens = 0

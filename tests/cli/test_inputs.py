@@ -94,7 +94,7 @@ def test_null_unsets_the_legacy_link_rate(scenario):
 @pytest.mark.parametrize("expr, key, hint", [
     ("kv_budget.bytes=16.5 B", "kv_budget.bytes", "16 GiB"),
     ("allocator.block_size=1.5", "allocator.block_size", "128k"),
-    ("scheduler.preemption_mode=swp", "scheduler.preemption_mode", "'recompute' or 'swap'"),
+    ("scheduler.preemption_mode=swp", "scheduler.preemption_mode", "'recompute', 'swap' or 'auto-vllm-v0'"),
     ("allocator.kind=pagd", "allocator", "valid kinds: buddy, contiguous, paged, radix"),
     ("allocator.block_sise=4", "allocator.block_sise", "valid keys:"),
     ("kv_budget.tokens=10M", "kv_budget.tokens", "at most"),

@@ -236,20 +236,23 @@ def test_swaps_move_and_hold_whole_blocks():
         r.num_computed_tokens, r.admit_seq = computed, rid
         return r
 
+    def out(r):  # a swap of r's blocks (the slots and copies HostSwap.held counts before its KV is freed)
+        return host.swap_out(r, host.held(r), step)
+
     step = StepDraft(budget=0)
     a = victim(0, 17)  # 17 tokens: 2 blocks
-    assert host.swap_out(a, 0, step)
+    assert out(a)
     assert step.swap_out_bytes == host.swapped_out_bytes == 2 * block * bpt and host.used_tokens == 2 * block
-    assert not host.swap_out(victim(1, 1), 0, step)  # per token, 17 + 1 <= 40 fitted; no block is left
+    assert not out(victim(1, 1))  # per token, 17 + 1 <= 40 fitted; no block is left
     host.check()
     back = StepDraft(budget=0)
     assert host.swap_in(a, Allocation(0), back) == 17
     assert back.swapped_in_bytes == host.swapped_in_bytes == 2 * block * bpt and host.used_tokens == 0
     # a prefix-cache hit (whole blocks) leaves the blocks after it to move
     b = victim(2, 40)
-    assert host.swap_out(b, 0, step) is False  # 3 blocks > 2
+    assert out(b) is False  # 3 blocks > 2
     host.capacity_tokens = 3 * block
-    assert host.swap_out(b, 0, step)
+    assert out(b)
     back = StepDraft(budget=0)
     assert host.swap_in(b, Allocation(block), back) == 40
     assert back.swapped_in_bytes == 2 * block * bpt

@@ -149,9 +149,9 @@ class Engine:
     def num_windows(self) -> int:
         return sum(r.num_windows for r in self.replicas)
 
-    def _log(self, rid: int, event: str, t: float) -> None:
+    def _log(self, event: str, t: float, *rids: int) -> None:
         if self.event_log is not None:
-            self.event_log.append((rid, event, t))
+            self.event_log.extend((rid, event, t) for rid in rids)
 
     def _arrive(self, i: int):
         """Route trace request ``i`` and queue it (or reject it). Returns (replica, accepted). With
@@ -173,7 +173,7 @@ class Engine:
                           num_samples=kv.num_samples, kv=kv)
             rep = self.replicas[self.router.route(req)]
             accepted = rep.scheduler.add_request(req)
-        self._log(i, "arrive" if accepted else "reject", t)
+        self._log("arrive" if accepted else "reject", t, i)
         if not accepted and self.client is not None:
             self._ended(1, t)
         return rep, accepted
@@ -262,16 +262,19 @@ class Engine:
                 continue
             start = rep.now_s
             plan = sched.schedule(start)
+            if ended := sched.take_ended_in_plan():  # rejected while planning (swap_space_full)
+                self._log("reject", start, *ended)
+                if self.client is not None:  # their slots free now
+                    self._ended(len(ended), start)
+                if plan.is_empty:
+                    continue  # the plan only ended requests: plan again, or wait
             if plan.is_empty:
                 raise RuntimeError(
                     f"t={start}: nothing schedulable with {len(sched.waiting)} waiting and "
                     f"{len(sched.running)} running requests (scheduler bug)"
                 )
-            if self.event_log is not None:
-                for rid in plan.preempted:
-                    self._log(rid, "preempt", start)
-                for rid in plan.admitted:
-                    self._log(rid, "admit", start)
+            self._log("preempt", start, *plan.preempted)
+            self._log("admit", start, *plan.admitted)
             # A beam request's forks and prunes happen at positions a window cannot plan: steps
             # with one running go one by one (an admission ends any window, so none enters one).
             # A client with requests left sends at each finish, which no window plans: one by one; so does
@@ -319,10 +322,8 @@ class Engine:
         yield from self._advance(rep, start + timing.duration_s)
         first, done = sched.on_step_done(rep.now_s)
         itl_d, itl_n = sched.streamed_itl(rep.now_s, timing.duration_s)  # (None, None) but in multi-step rounds
-        for r in first:
-            self._log(r.request_id, "first_token", rep.now_s)
-        for r in done:
-            self._log(r.request_id, "finish", rep.now_s)
+        self._log("first_token", rep.now_s, *(r.request_id for r in first))
+        self._log("finish", rep.now_s, *(r.request_id for r in done))
         shape = plan.shape
         self.recorder.row(
             replica=rep.index, idle=False, num_steps=1, finished=len(done), evictions=rep.new_evictions(),
@@ -420,11 +421,11 @@ class Engine:
         done = []
 
         def on_first(r, t):
-            self._log(r.request_id, "first_token", t)
+            self._log("first_token", t, r.request_id)
 
         def on_finish(r, t):
             done.append(r)
-            self._log(r.request_id, "finish", t)
+            self._log("finish", t, r.request_id)
 
         # The replay needs nothing from SimPy (arrivals only join a blocked queue's tail meanwhile),
         # so it runs first and may end the window early; then the clock jumps to the window's end.

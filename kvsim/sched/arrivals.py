@@ -99,4 +99,11 @@ class Arrivals:
         self.log.append(req)
         del self.requests[req.request_id]
         self.num_rejected += 1
+        self._ended_in_plan.append(req.request_id)
         return True
+
+    def take_ended_in_plan(self) -> list[int]:
+        """Request ids the last plan ended (rejected mid-run as ``swap_space_full``), once: an engine
+        frees their client slots and logs them."""
+        ended, self._ended_in_plan = self._ended_in_plan, []
+        return ended

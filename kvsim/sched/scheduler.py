@@ -118,6 +118,7 @@ class Scheduler(Arrivals, WindowHooks, PrefillPhases, MultiStepRounds, AsyncSche
         self.log = request_log
         self.num_finished = 0
         self.num_rejected = 0
+        self._ended_in_plan: list[int] = []  # ended while planning (swap_space_full): take_ended_in_plan
         self._admit_counter = 0
         self._arrivals = 0  # requests accepted since the last plan (BatchShape.num_arrivals)
         self._plan: StepPlan | None = None

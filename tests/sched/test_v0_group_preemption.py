@@ -111,3 +111,19 @@ def test_a_groups_swap_moves_its_prompt_blocks_once_and_each_samples_own(tmp_pat
     sched.check_invariants()
     sched.schedule(t)  # it comes back: the same blocks over the link
     assert sched.host.swapped_in_bytes == blocks * 16 * bpt and sched.host.used_tokens == 0
+
+
+@pytest.mark.parametrize("mode", ["step", "fast"])
+def test_a_group_ended_as_swap_space_full_frees_its_client_slot(tmp_path, mode):
+    """A closed-loop client of 3: the group (request 2) ends mid-run as swap_space_full; its slot
+    frees then, so request 3 is sent at once, not when requests 0 and 1 finish (the slot was lost)."""
+    (tmp_path / "t.csv").write_text(TRACE.rstrip("\n") + "\n0.03,300,100,1\n0.04,300,100,1\n")
+    scn = Scenario.model_validate({
+        "engine_profile": "vllm-v0.6", "model": {"preset": "Llama-3.1-8B", "max_model_len_tokens": 2048},
+        "gpu": "H100-SXM-80GB", "trace": {"file": str(tmp_path / "t.csv")}, "kv_budget": {"tokens": 4000},
+        "allocator": {"kind": "paged", "block_size": 16}, "engine": {"mode": mode},
+        "scheduler": {"swap_space_bytes": 0}, "client": {"max_concurrency": 3}})
+    r = _rows(run(scn, check_invariants=(mode == "step")))
+    assert r.loc[2, "reject_reason"] == "swap_space_full" and (r.drop(index=2)["status"] == "finished").all()
+    sent_3 = r.loc[3, "arrival_s"]  # the send (client_queue_s before it)
+    assert r.loc[3, "client_queue_s"] > 0 and sent_3 < r.loc[0, "finish_s"] and sent_3 < r.loc[1, "finish_s"]

@@ -369,7 +369,7 @@ _NVLINK4 = dict(interconnect="NVLink 4", interconnect_bandwidth_bytes_per_s=450e
 # (no public number). docs/models.md, "Interconnect numbers".
 NCCL_PCI_RING = dict(allreduce_latency_s=8.4e-6, allreduce_latency_per_step_s=5.7e-6, allreduce_ll=True)
 HOST_PATH = "host memory (no P2P)"
-HOST_PATH_ALLREDUCE = dict(efficiency=0.3, latency_s=120e-6)
+HOST_PATH_ALLREDUCE = dict(efficiency=0.3, latency_s=80e-6)
 # NCCL's LL protocol for a ring all-reduce within one node over PCI, from NCCL's own tuning model
 # (NVIDIA/nccl src/graph/tuning.cc at commit b6475625: baseLat Ring/LL 6.6 us, hwLat PCI Ring/LL 1.0 us per
 # ring step, 2 (T-1) steps; LL's bus bandwidth a quarter of the ring's for an all-reduce), which

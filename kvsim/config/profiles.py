@@ -95,14 +95,14 @@ _PROFILES: tuple[EngineProfile, ...] = (
                                    "backend for MLA models (kvsim: flashmla); fp8 KV: FLASH_ATTN only with "
                                    "FlashAttention-3 (9.x), else FLASHINFER (FlashAttentionBackend."
                                    "supports_kv_cache_dtype); Blackwell (10.x) prefers FLASHINFER, not modelled"),
-        "timing[analytical].step_overhead_s": Fill(0.002023, f"no public per-step constant: {_FIT}, 6 vLLM v1 cases"),
+        "timing[analytical].step_overhead_s": Fill(0.002032, f"no public per-step constant: {_FIT}, 6 vLLM v1 cases"),
         "timing[analytical].allreduce": Fill("vllm-custom", _VLLM_AR),
         "timing[analytical].moe_align_kernel": Fill("vllm", _VLLM_ALIGN),
-        "timing[analytical].moe_layer_s": Fill(1.65e-05, f"{_FIT}, 6 vLLM v1 cases (MoE layers without a kernel "
+        "timing[analytical].moe_layer_s": Fill(1.6e-05, f"{_FIT}, 6 vLLM v1 cases (MoE layers without a kernel "
                                                           "profile: int4/int8 weights)"),
         "timing[analytical].moe_kernel": Fill("auto", _MOE_KERNEL),
         "timing[analytical].overhead": Fill(
-            {"per_seq_s": 3.286e-05, "per_prefill_seq_s": 0.0042083},
+            {"per_seq_s": 3.267e-05, "per_prefill_seq_s": 0.0058479},
             "per_seq_s: fitted on 4 steady decode windows of vLLM 0.10.1 engine logs (one A100; "
             "bench/engine_windows.py, scenarios/validation/engine_log_lines.csv; docs/engine_overhead.md); "
             f"per_prefill_seq_s: {_FIT}, 6 vLLM v1 cases"),

@@ -63,7 +63,9 @@ def test_replayed_history_reproduces_the_printed_hit_rate():
     assert pred["history_runs"] == 3 and pred["hit_rate_printed"] == 40.6
     assert abs(pred["hit_rate_kvsim"] - 40.6) < 0.5
     cold = vs.run_case({**row, "_history": row["_history"][-1:]}, [])  # the same run on a fresh server
-    assert cold["ttft_ms"] > 1.5 * pred["ttft_ms"]  # half its prompts were cached by the 10-prompt run
+    # half its prompts were cached by the 10-prompt run (the per-request prefill cost, 5.85 ms since the
+    # thirtieth session's refit, is paid cached or not: 1.45x here, 1.5x+ before)
+    assert cold["ttft_ms"] > 1.3 * pred["ttft_ms"]
 
 
 def test_phases_that_overlap_are_refused():

@@ -80,7 +80,9 @@ def settings_for(scn, model_file: Path, threads: int, device: str, eager: bool,
     a, s = scn.allocator, scn.scheduler
     if a.kind != "paged":
         raise EngineError(f"{where}: allocator.kind is {a.kind!r}; the vLLM engine replays only 'paged'")
-    if s.preemption_mode != "recompute":
+    # (auto-vllm-v0 recomputes one-sequence requests, and a trace with num_samples > 1 is refused:
+    # refuse_samples)
+    if s.preemption_mode == "swap":
         raise EngineError(f"{where}: scheduler.preemption_mode is {s.preemption_mode!r}; vLLM v1 preempts by "
                           "recompute only: set it to 'recompute'")
     if scn.replicas.count != 1:

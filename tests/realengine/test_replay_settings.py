@@ -110,6 +110,10 @@ def test_a_frontend_or_a_trace_with_samples_is_refused_before_vllm(tmp_path):
     f = _scenario(tmp_path)
     with pytest.raises(EngineError, match=r"frontend is set; .*without an API server"):
         engine_settings(load_scenario(f, ["frontend={servers: 2, per_request_s: 0.001}"]))
+    with pytest.raises(EngineError, match="preemption_mode is 'swap'; vLLM v1 preempts by recompute only"):
+        engine_settings(load_scenario(f, ["scheduler.preemption_mode=swap"]))
+    # vLLM V0's rule recomputes one-sequence requests (a trace with samples is refused below): not the refusal
+    assert engine_settings(load_scenario(f, ["scheduler.preemption_mode=auto-vllm-v0"]))["s"].max_num_seqs == 8
     (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens,num_samples\n0,10,5,1\n0.5,10,5,3\n")
     r = subprocess.run([sys.executable, "-m", "kvsim", "replay", "--engine", "vllm", str(f), "--set",
                         f"trace={{file: {tmp_path / 't.csv'}}}", "--out", str(tmp_path / "o")], capture_output=True,

@@ -32,7 +32,9 @@ without ``host_link:``, and with it ``transfer_time_s(in bytes, in copies, h2d) 
 transfer_time_s(out bytes, out copies, d2h) + tier_load_s`` (docs/transfer_model.md).
 An MoE model's dense GEMMs (attention, router, shared experts) are fitted too, and its routed
 experts, ``moe_experts_s``, are added to ``linear_s`` (the fused MoE kernel, or without one the
-larger of the touched experts' weight reads and their FLOPs, plus the MoE layers' fixed time); an
+larger of the touched experts' weight reads and their FLOPs, plus the MoE layers' fixed time; the
+breakdown's ``linear_compute_s`` is the dense GEMMs and LM head, ``moe_experts_s`` beside it, so the
+exclusive parts add up to the duration: docs/metrics.md "The step-time identity"); an
 MLA model's attention GEMMs are its own shapes (``gemm.attention_shapes``). GPUs without a fitted
 profile use the generic one at this config's ``compute_efficiency`` / ``bandwidth_efficiency``
 (docs/gemm_model.md).

@@ -141,8 +141,9 @@ def check_breakdown(breakdown: dict) -> None:
 
 @record
 class StepTiming:
-    """One step's duration and where it went. ``breakdown_s`` values sum to at least ``duration_s``
-    when components overlap (roofline ``max``); ``duration_s`` is authoritative. Its keys are
+    """One step's duration and where it went. The parts named in ``EXCLUSIVE_BREAKDOWN`` add up to
+    ``duration_s`` (the roofline: its ``max`` over two of them, above); the other names repeat or
+    split them; ``duration_s`` is authoritative. Its keys are
     among ``BREAKDOWN_NAMES`` (any subset; a missing recorded name is a 0 column)."""
 
     duration_s: float

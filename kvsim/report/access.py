@@ -3,8 +3,10 @@ and latency against the page size. Plots read ``summary.json`` numbers (docs/met
 
 * ``step_time_breakdown.png`` -- per run, the busy time (``busy_time_s``) split into attention
   (``step_time_breakdown_s.attention_s``), GEMMs (``linear_compute_s + compute_s``: the linear
-  layers and the LM head), overhead (``overhead_s``), swaps (``swap_s``) and the rest
-  (:func:`step_time_shares`);
+  layers and the LM head), MoE routed experts (``moe_experts_s``), KV writes (``kv_write_s``),
+  parallel communication (``parallel_comm_s``), overhead (``overhead_s``), swaps (``swap_s``) and
+  the rest (:func:`step_time_shares`; 0 where the parts add up to the step, docs/metrics.md "The
+  step-time identity");
 * ``bandwidth_utilisation.png`` -- per run, ``kv_access.hbm_bandwidth_utilisation`` (the headline
   row) and, under calibrated timing, ``kv_bandwidth_utilisation``;
 * ``latency_vs_block_size.png`` -- TTFT (p50, p99) and TPOT (p50) against ``allocator.block_size``
@@ -25,6 +27,9 @@ from kvsim.report.tables import get_path
 STEP_PARTS = (
     ("attention", "attention kernel", "#1c7ed6", ("attention_s",)),
     ("gemm", "GEMMs (linear layers + LM head)", "#f59f00", ("linear_compute_s", "compute_s")),
+    ("moe", "MoE routed experts", "#e8590c", ("moe_experts_s",)),
+    ("kv_write", "KV writes", "#15aabf", ("kv_write_s",)),
+    ("comm", "parallel communication", "#7048e8", ("parallel_comm_s",)),
     ("overhead", "per-step overhead", "#868e96", ("overhead_s",)),
     ("swap", "swaps (host link)", "#c92a2a", ("swap_s",)),
 )
@@ -90,8 +95,8 @@ def plot_step_time_breakdown(summaries: dict[str, dict], path: Path) -> Path:
     ax.set_yticks(y, labels)
     ax.set_xlim(0, 118)
     ax.set_xlabel("% of busy time (step_time_breakdown_s / busy_time_s)")
-    ax.set_title("Step time: attention vs GEMMs vs overhead vs swaps")
-    legend_outside(ax, 5)
+    ax.set_title("Step time by part")
+    legend_outside(ax, len(STEP_PARTS) + 1)
     fig.tight_layout()
     note_dropped(fig, len(labels), len(have))
     return _save(fig, path)

@@ -43,7 +43,7 @@ PLOT_CAPTIONS = {
     "prefix_hit_ratio_vs_capacity.png": "Prefix-cache hit ratio (tokens) vs KV cache capacity",
     "bandwidth_vs_block_size.png": "Attention's KV-read bandwidth utilisation (% of peak HBM) vs block size",
     "latency_vs_block_size.png": "TTFT and TPOT (p50 solid, p99 dashed) vs block size",
-    "step_time_breakdown.png": "Step time by part: attention, GEMMs, overhead, swaps (% of busy time)",
+    "step_time_breakdown.png": "Step time by part: attention, GEMMs, MoE experts, KV writes, communication, overhead, swaps (% of busy time)",
     "bandwidth_utilisation.png": "Attention's KV-read bandwidth utilisation by run",
 }
 

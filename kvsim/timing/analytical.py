@@ -32,7 +32,9 @@ without ``host_link:``, and with it ``transfer_time_s(in bytes, in copies, h2d) 
 transfer_time_s(out bytes, out copies, d2h) + tier_load_s`` (docs/transfer_model.md).
 An MoE model's dense GEMMs (attention, router, shared experts) are fitted too, and its routed
 experts, ``moe_experts_s``, are added to ``linear_s`` (the fused MoE kernel, or without one the
-larger of the touched experts' weight reads and their FLOPs, plus the MoE layers' fixed time); an
+larger of the touched experts' weight reads and their FLOPs, plus the MoE layers' fixed time; the
+breakdown's ``linear_compute_s`` is the dense GEMMs and LM head, ``moe_experts_s`` beside it, so the
+exclusive parts add up to the duration: docs/metrics.md "The step-time identity"); an
 MLA model's attention GEMMs are its own shapes (``gemm.attention_shapes``). GPUs without a fitted
 profile use the generic one at this config's ``compute_efficiency`` / ``bandwidth_efficiency``
 (docs/gemm_model.md).
@@ -80,7 +82,7 @@ from kvsim.timing.kernel import (AUTO_NAMES, KernelModel, backend_choices, load_
 ROOFLINE = "roofline"
 # decode_durations' matrix rows (fitted GEMM model); without parallelism the comm part is the float 0.0
 _FITTED_ROWS = {"kv_read_s": 0, "linear_compute_s": 1, "gemm_s": 2, "lm_head_s": 3, "attention_compute_s": 4,
-                "attention_s": 5, "decode_attention_s": 5, "parallel_comm_s": 7}
+                "attention_s": 5, "decode_attention_s": 5, "kv_write_s": 6, "parallel_comm_s": 7}
 _FITTED_ROWS_NO_COMM = {k: v for k, v in _FITTED_ROWS.items() if k != "parallel_comm_s"}
 
 
@@ -214,8 +216,13 @@ class AnalyticalTiming:
             # after the KV-write row (6) and the comm and overhead rows where the table has them
             self._experts_row = 7 + (not self._no_comm) + (self._overhead_row is not None)
             rows["moe_experts_s"] = self._experts_row
-        # the decode table's rows: _FITTED_ROWS' seven, then comm, overhead and experts where this model has them
-        self._decode_rows = 7 + (not self._no_comm) + (self._overhead_row is not None) + (self._experts_row is not None)
+            # linear_compute_s is the dense GEMMs + LM head (the experts are moe_experts_s); row 1, the
+            # linear layers with the experts, stays the duration's term (the same doubles as before)
+            rows["linear_compute_s"] = self._experts_row + 1
+        # the decode table's rows: _FITTED_ROWS' seven, then comm, overhead and, for an MoE model, the
+        # experts and the dense linear layers (linear_compute_s) where this model has them
+        self._decode_rows = (7 + (not self._no_comm) + (self._overhead_row is not None)
+                             + 2 * (self._experts_row is not None))
         self._decode_table = np.zeros((self._decode_rows, 0))  # grown by _grow_decode_table on first use
 
     def _fitted_parts(self, matrix: np.ndarray) -> DecodeParts:
@@ -230,7 +237,7 @@ class AnalyticalTiming:
         return {
             "weights_read_s": 0.0,
             "kv_read_s": row(0),
-            "linear_compute_s": row(1),
+            "linear_compute_s": row(1 if self._experts_row is None else self._experts_row + 1),
             "gemm_s": row(2),
             "lm_head_s": row(3),
             "attention_compute_s": row(4),
@@ -239,6 +246,7 @@ class AnalyticalTiming:
             "prefill_attention_s": 0.0,
             "overhead_s": self.cfg.step_overhead_s if self._overhead_row is None else row(self._overhead_row),
             "swap_s": 0.0,
+            "kv_write_s": row(6),
             "parallel_comm_s": 0.0 if no_comm else row(7),
         } | ({} if self._experts_row is None else {"moe_experts_s": row(self._experts_row)})
 
@@ -272,6 +280,7 @@ class AnalyticalTiming:
             rows.append(self.overhead.decode_row(n))
         if self._experts_row is not None:
             rows.append(experts)
+            rows.append(layers + lm)  # linear_compute_s: the dense GEMMs and the LM head
         assert len(rows) == self._decode_rows, "decode table rows out of step with _decode_rows"
         self._decode_table = np.array(rows)
 
@@ -314,7 +323,8 @@ class AnalyticalTiming:
             return self._fitted_step(shape, num_tokens, seqs, kv_read, kv_write, attn_kv_s, pre_kv, pre_att,
                                      swap_s, comm_s, overhead_s)
         weights_s = self.weights.scalar_s(num_tokens)
-        kv_s = attn_kv_s + kv_write / self.bandwidth_bytes_per_s
+        kv_write_s = kv_write / self.bandwidth_bytes_per_s
+        kv_s = attn_kv_s + kv_write_s
         linear_s = self.linear_flops_per_token * num_tokens / self.flops_per_s
         if pre_kv and self.prefill_attention_flops_per_pair != self.attention_flops_per_pair:
             dec_pairs = T - pre_kv  # MLA: the decode queries' pairs and the prefill chunks' priced apart
@@ -344,6 +354,7 @@ class AnalyticalTiming:
             "prefill_attention_s": pre_att,
             "overhead_s": overhead_s,
             "swap_s": swap_s,
+            "kv_write_s": kv_write_s,
             "parallel_comm_s": comm_s,
         }
         if self.experts is not None:
@@ -357,7 +368,7 @@ class AnalyticalTiming:
         if (num_tokens if num_tokens > seqs else seqs) >= g._size:
             g._grow(num_tokens if num_tokens > seqs else seqs)
         layers_s, lm_s = g._layers_list[num_tokens], g._lm_list[seqs]  # = g.linear_s(num_tokens, seqs)
-        linear_s = layers_s + lm_s
+        linear_s = dense_s = layers_s + lm_s
         if self.routed is not None:  # MoE: the routed experts (the decode table's linear row holds them too)
             experts_s = self.routed.scalar_s(num_tokens)
             linear_s = linear_s + experts_s
@@ -386,7 +397,7 @@ class AnalyticalTiming:
         breakdown = {
             "weights_read_s": 0.0,
             "kv_read_s": attn_kv_s + kv_write_s,
-            "linear_compute_s": linear_s,
+            "linear_compute_s": dense_s,
             "gemm_s": layers_s,
             "lm_head_s": lm_s,
             "attention_compute_s": attn_flops_s,
@@ -395,6 +406,7 @@ class AnalyticalTiming:
             "prefill_attention_s": pre_s,
             "overhead_s": overhead_s,
             "swap_s": swap_s,
+            "kv_write_s": kv_write_s,
             "parallel_comm_s": comm_s,
         }
         if self.routed is not None:
@@ -460,7 +472,8 @@ class AnalyticalTiming:
             comm_s = (self._comm_s_per_step + self._comm_s_per_token * num_seqs if self._comm_linear
                       else self.comm.array_s(num_seqs))
         weights_s = self.weights.array_s(num_seqs)
-        kv_s = attn_kv_s + num_seqs * kvb / self.bandwidth_bytes_per_s
+        kv_write_s = num_seqs * kvb / self.bandwidth_bytes_per_s
+        kv_s = attn_kv_s + kv_write_s
         linear_s = self.linear_flops_per_token * num_seqs / self.flops_per_s
         attn_s = self.attention_flops_per_pair * kv_tokens_read / self.flops_per_s
         duration = np.maximum(weights_s + kv_s, linear_s + attn_s)
@@ -487,6 +500,7 @@ class AnalyticalTiming:
             "prefill_attention_s": 0.0,
             "overhead_s": overhead_s,
             "swap_s": 0.0,
+            "kv_write_s": kv_write_s,
             "parallel_comm_s": comm_s,
         }
         if self.experts is not None:

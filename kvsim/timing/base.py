@@ -105,12 +105,23 @@ def split_kv_tokens(shape: BatchShape) -> tuple[float, float]:
 RECORDED_BREAKDOWN: tuple[str, ...] = (
     "weights_read_s", "kv_read_s", "linear_compute_s", "attention_compute_s", "attention_s",
     "overhead_s", "swap_s", "compute_s", "decode_attention_s", "prefill_attention_s", "gemm_s", "lm_head_s",
-    "elementwise_s",
+    "elementwise_s", "kv_write_s", "moe_experts_s", "parallel_comm_s",
 )
-# Reported but not a step-table column (yet): adding a column changes every step table's schema,
-# so it waits for a release that may change result files (docs/validation.md, "parallel_comm_s is
-# not a steps column"); the time is inside ``duration_s`` all the same.
-UNRECORDED_BREAKDOWN: tuple[str, ...] = ("parallel_comm_s", "moe_experts_s")
+# The step's exclusive parts (docs/metrics.md "Steps", "The step-time identity"): under every timing
+# model but the analytical roofline they add up to ``duration_s`` (within float rounding); the other
+# names are sub-parts of these (gemm_s, lm_head_s, elementwise_s; decode/prefill_attention_s) or the
+# roofline's two sides (weights_read_s, kv_read_s, attention_compute_s), so
+#     duration_s == attention_s + linear_compute_s + compute_s + moe_experts_s + kv_write_s
+#                   + overhead_s + swap_s + parallel_comm_s                        (sequential kernels)
+#     duration_s == max(weights_read_s + kv_read_s, linear_compute_s + attention_compute_s)
+#                   + moe_experts_s + overhead_s + swap_s + parallel_comm_s        (gemm_model: roofline)
+EXCLUSIVE_BREAKDOWN: tuple[str, ...] = (
+    "attention_s", "linear_compute_s", "compute_s", "moe_experts_s", "kv_write_s", "overhead_s", "swap_s",
+    "parallel_comm_s",
+)
+# Reported but not a step-table column: none since parallel_comm_s and moe_experts_s became columns
+# (docs/metrics.md changelog); a name added here is refused by no row but recorded by none.
+UNRECORDED_BREAKDOWN: tuple[str, ...] = ()
 BREAKDOWN_NAMES: frozenset[str] = frozenset(RECORDED_BREAKDOWN + UNRECORDED_BREAKDOWN)
 
 
@@ -130,8 +141,9 @@ def check_breakdown(breakdown: dict) -> None:
 
 @record
 class StepTiming:
-    """One step's duration and where it went. ``breakdown_s`` values sum to at least ``duration_s``
-    when components overlap (roofline ``max``); ``duration_s`` is authoritative. Its keys are
+    """One step's duration and where it went. The parts named in ``EXCLUSIVE_BREAKDOWN`` add up to
+    ``duration_s`` (the roofline: its ``max`` over two of them, above); the other names repeat or
+    split them; ``duration_s`` is authoritative. Its keys are
     among ``BREAKDOWN_NAMES`` (any subset; a missing recorded name is a 0 column)."""
 
     duration_s: float

@@ -110,8 +110,8 @@ class FittedDecodeSteps:
                 duration = d
             if ov_row is not None:
                 col = col + (ov,)
-            if ex_row is not None:
-                col = col + (r[ex_row][n],)
+            if ex_row is not None:  # the routed experts, then the dense linear layers (linear_compute_s)
+                col = col + (r[ex_row][n], r[ex_row + 1][n])
             durations.append(duration)
             columns.append(col)
             t += duration

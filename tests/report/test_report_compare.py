@@ -196,11 +196,18 @@ def test_step_time_shares_by_hand():
 
     s = {"busy_time_s": 10.0, "step_time_breakdown_s": {"attention_s": 3.0, "linear_compute_s": 5.0, "compute_s": 0.5,
                                                          "overhead_s": 1.0, "swap_s": 0.25}}
+    none = {"moe": 0.0, "kv_write": 0.0, "comm": 0.0}  # an older summary without these parts
     assert step_time_shares(s) == pytest.approx({"attention": 0.3, "gemm": 0.55, "overhead": 0.1, "swap": 0.025,
-                                                 "rest": 0.025})
+                                                 "rest": 0.025, **none})
     over = {"busy_time_s": 4.0, "step_time_breakdown_s": {"attention_s": 3.0, "linear_compute_s": 3.0}}
     got = step_time_shares(over)  # overlapping terms (a roofline max): scaled to the busy time, no rest
-    assert got == pytest.approx({"attention": 0.5, "gemm": 0.5, "overhead": 0.0, "swap": 0.0, "rest": 0.0})
+    assert got == pytest.approx({"attention": 0.5, "gemm": 0.5, "overhead": 0.0, "swap": 0.0, "rest": 0.0, **none})
+    # the MoE experts, KV writes and communication are parts of their own: a whole step, no rest
+    full = {"busy_time_s": 10.0, "step_time_breakdown_s": {"attention_s": 2.0, "linear_compute_s": 3.0,
+                                                            "moe_experts_s": 2.5, "kv_write_s": 0.5,
+                                                            "parallel_comm_s": 1.0, "overhead_s": 1.0}}
+    assert step_time_shares(full) == pytest.approx({"attention": 0.2, "gemm": 0.3, "moe": 0.25, "kv_write": 0.05,
+                                                    "comm": 0.1, "overhead": 0.1, "swap": 0.0, "rest": 0.0})
     assert step_time_shares({"busy_time_s": 0.0, "step_time_breakdown_s": {}}) is None
     assert step_time_shares({}) is None
 

@@ -127,7 +127,7 @@ def mean_context(line: LogLine, interval_s: float, capacity_tokens: int, block: 
 def _deployment(case_id: str, overrides: tuple[str, ...] = ()):
     """The case's scenario, its timing model and its KV geometry (16-token pages as in vLLM)."""
     from kvsim.config import load_scenario
-    from kvsim.simulate import build_allocator, build_timing, host_transfers
+    from kvsim.build import build_allocator, build_timing, host_transfers
 
     scn = load_scenario(SCENARIOS / f"{case_id}.yaml", list(overrides)).base
     block = build_allocator(scn, case_id)[0].block_size

@@ -22,7 +22,8 @@ from kvsim.errors import Interrupted, KvsimError, SimulationLimitError, TraceErr
 from kvsim.dropped import Dropped, warnings_for
 from kvsim.outdir import MARKER, RESUME_FILE, atomic_out_dir, check_out_dir
 from kvsim.results import write_json, write_parquet, write_text_atomic, write_yaml
-from kvsim.simulate import RunResult, build_trace, resolved_dict
+from kvsim.config.resolved import resolved_dict
+from kvsim.simulate import RunResult, build_trace
 from kvsim.simulate import run as run_scenario
 
 if TYPE_CHECKING:  # pandas is imported where used (import cost: tests/test_import_cost.py)

@@ -86,8 +86,7 @@ def _cmd_validate(args) -> int:
     from kvsim.api import TraceCache
     from kvsim.config import load_scenario
     from kvsim.dropped import Dropped, predict_rejections, warnings_for
-    from kvsim.simulate import (build_allocator, build_timing, check_token_budget, check_trace_supported,
-                                 host_transfers)
+    from kvsim.build import build_allocator, build_timing, check_token_budget, check_trace_supported, host_transfers
 
     check_command_fits_file("validate", args.file)
     loaded = load_scenario(args.file, args.set or [])

@@ -127,7 +127,7 @@ def reject_reasons(scn, trace, where: str = "scenario") -> list[str]:
     these requests rejected and never sends them, as ``kvsim run`` does."""
     from kvsim.kv.base import KVRequest
     from kvsim.metrics.request_log import RequestLog
-    from kvsim.simulate import build_allocator, build_scheduler
+    from kvsim.build import build_allocator, build_scheduler
 
     allocator, _ = build_allocator(scn, where)
     max_len = scn.model.max_model_len_tokens

@@ -46,6 +46,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kvsim.replica",),  # one engine replica's state and fast-path install (plain Python)
     ("kvsim.engine",),
     ("kvsim.config",),
+    ("kvsim.build",),  # a run's parts (allocator, timing, scheduler, replicas) built from a scenario
     ("kvsim.simulate",),
     ("kvsim.results", "kvsim.plots"),
     ("kvsim.dropped",),

@@ -140,7 +140,8 @@ def _prepare_out(out: Path, force: bool = False) -> Path:
     """Refuse to replace a directory that is not an earlier calibration (kvsim.outdir); return the
     hidden temp dir to write into."""
     from kvsim.errors import ConfigError
-    from kvsim.outdir import _new_temp, check_out_dir, clean_leftovers
+    from kvsim.outdir import check_out_dir, clean_leftovers
+    from kvsim.outdir.atomic import _new_temp
 
     try:
         check_out_dir(out, "calibrate", force=force, legacy=_legacy_marker, what="a calibration directory")

@@ -239,7 +239,7 @@ def evaluation_key(scn, report: dict, percentiles: dict[str, float]) -> str:
     evaluation stored under its key in ``capacity.json`` is reused instead of simulated again."""
     import hashlib
 
-    from kvsim.simulate import resolved_dict
+    from kvsim.config.resolved import resolved_dict
     from kvsim.version import __version__
 
     payload = {"scenario": resolved_dict(scn), "trace": report.get("sha256") or report.get("spec_sha256"),

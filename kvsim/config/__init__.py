@@ -8,7 +8,8 @@ and, where there is a closed set, the valid choices.
 The package's modules, one concept each: ``sections`` (the plain sections: model, GPU, KV budget,
 ...), ``profiles`` (``engine_profile:``, the defaults of one engine version), ``scenario`` (the
 :class:`Scenario` model and its checks across sections), ``messages`` (validation errors as one
-line) and ``load`` (files, ``--set``, variants). This module re-exports what callers use.
+line), ``load`` (files, ``--set``, variants) and ``resolved`` (the resolved form and the config hash).
+This module re-exports what callers use.
 """
 
 from __future__ import annotations

@@ -136,7 +136,7 @@ class Scenario(StrictModel):
         """``gpu: NAME`` and ``{preset: NAME, ...}`` record the preset (``gpu.preset``, from the
         preset's own fields) whatever name overrides it. A mapping of every field named exactly
         like a preset is that preset, as it always was (old scenario.resolved.yaml files, which
-        write no ``preset`` for a GPU named after its preset: kvsim.simulate.resolved_dict)."""
+        write no ``preset`` for a GPU named after its preset: kvsim.config.resolved.resolved_dict)."""
         v = _preset("gpu", v, GPUS)
         if isinstance(v, dict) and "preset" not in v and v.get("name") in GPUS:
             v = {**v, "preset": v["name"]}

@@ -344,7 +344,8 @@ def replay_to_dir(loaded, out: Path | None, *, model: str | None = None, threads
     from kvsim.outdir import atomic_out_dir, check_out_dir
     from kvsim.realengine.vllm_engine import require_vllm
     from kvsim.results import write_json, write_yaml
-    from kvsim.simulate import build_trace, resolved_dict
+    from kvsim.config.resolved import resolved_dict
+    from kvsim.simulate import build_trace
     from kvsim.version import __version__
 
     if device not in ("cpu", "cuda"):

@@ -303,7 +303,8 @@ def in_memory_runs(results) -> list[Run]:
 
 
 def _in_memory_run(name: str, res) -> Run:
-    from kvsim.simulate import RunResult, resolved_dict
+    from kvsim.config.resolved import resolved_dict
+    from kvsim.simulate import RunResult
 
     if isinstance(res, dict):
         return Run(label=name, path=None, summary=res, params={})

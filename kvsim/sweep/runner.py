@@ -42,7 +42,7 @@ SWEEP_OUTPUTS = ("sweep.resolved.yaml", "points", "errors", "index.parquet", "in
 
 def _resolved_matches(point_dir: Path, point) -> bool:
     """Was ``point_dir`` produced from exactly this point's scenario?"""
-    from kvsim.simulate import resolved_dict
+    from kvsim.config.resolved import resolved_dict
 
     try:
         doc = yaml.safe_load((point_dir / "scenario.resolved.yaml").read_text(encoding="utf-8")) or {}

@@ -377,7 +377,7 @@ def _validate_point(raw: dict, where: str, check_capacity: bool, base_dir: Path)
         except KvsimError as e:
             raise ConfigError(f"{where}: trace.file: {e}") from None
     if check_capacity:
-        from kvsim.simulate import build_allocator
+        from kvsim.build import build_allocator
 
         try:
             build_allocator(scn, where)

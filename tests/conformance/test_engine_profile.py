@@ -13,7 +13,7 @@ import pytest
 from kvsim.config import Scenario, load_scenario
 from kvsim.config.profiles import DEFAULT_PROFILE, PROFILES, profile_fills
 from kvsim.hw import GPUS
-from kvsim.simulate import config_hash, resolved_dict
+from kvsim.config.resolved import config_hash, resolved_dict
 
 BASE = {"trace": {"file": "x.csv"}, "model": "Llama-2-7B"}
 

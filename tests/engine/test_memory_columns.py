@@ -23,6 +23,7 @@ import pytest
 import kvsim.simulate as simulate
 from helpers import make_scenario, make_trace
 from kvsim.metrics import recorder as recorder_mod
+from kvsim.metrics import steps as steps_mod
 from kvsim.metrics.requests import STATUS_NAMES, requests_table
 from kvsim.sched.request import Request, RequestStatus
 
@@ -134,12 +135,12 @@ def step_table(num_rows: int, chunk_rows: int) -> pa.Table:
 def test_steps_frame_matches_to_pandas(num_rows, chunk_rows, tmp_path):
     table = step_table(num_rows, chunk_rows)
     ref = table.to_pandas()
-    got = simulate.steps_frame(simulate._table_columns([table]))
+    got = steps_mod.steps_frame(steps_mod._table_columns([table]))
     pd.testing.assert_frame_equal(got, ref, check_exact=True)
     assert list(got.columns) == list(recorder_mod.STEP_COLUMNS)
     path = tmp_path / "steps.parquet"
     pq.write_table(table, path)
-    from_file = simulate.steps_frame(simulate._file_columns(path))
+    from_file = steps_mod.steps_frame(steps_mod._file_columns(path))
     pd.testing.assert_frame_equal(from_file, pq.read_table(path).to_pandas(), check_exact=True)
 
 
@@ -148,7 +149,7 @@ def test_table_columns_drops_the_only_reference():
     probe = weakref.ref(table)
     box = [table]
     del table
-    cols = simulate._table_columns(box)
+    cols = steps_mod._table_columns(box)
     name, arr = next(cols)
     assert box == [] and probe() is None  # the generator's own (shrinking) copies remain, not the original
     assert name == "step" and arr.flags.writeable
@@ -177,7 +178,7 @@ def test_run_releases_requests_and_recorder_before_converting_steps(monkeypatch)
         recorders.append(weakref.ref(self))
 
     seen = {}
-    real_steps_frame = simulate.steps_frame
+    real_steps_frame = steps_mod.steps_frame
 
     def steps_frame(columns):
         seen["requests_alive"] = live_requests()
@@ -185,7 +186,7 @@ def test_run_releases_requests_and_recorder_before_converting_steps(monkeypatch)
         return real_steps_frame(columns)
 
     monkeypatch.setattr(recorder_mod.StepRecorder, "__init__", init)
-    monkeypatch.setattr(simulate, "steps_frame", steps_frame)
+    monkeypatch.setattr(steps_mod, "steps_frame", steps_frame)  # where steps_table looks it up
     gc.collect()
     before = live_requests()
     res = simulate.run(scn, trace=trace)

@@ -301,7 +301,7 @@ def test_late_kinds_are_listed_and_gone_after_unregistering(tmp_path, late_polic
 ])
 def test_bare_eviction_kind_is_shorthand_and_written_back_as_a_mapping(bare, mapping):
     from kvsim.config import validate_scenario
-    from kvsim.simulate import config_hash, resolved_dict
+    from kvsim.config.resolved import config_hash, resolved_dict
 
     def scn(eviction):
         return validate_scenario({"trace": {"file": "unused.csv"}, "model": "OPT-13B",

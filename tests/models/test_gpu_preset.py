@@ -15,7 +15,7 @@ from kvsim.config.sections import GPUConfig
 from kvsim.errors import ConfigError
 from kvsim.hw import GPUS
 from kvsim.models.memory import CUDA_TOTAL
-from kvsim.simulate import resolved_dict
+from kvsim.config.resolved import resolved_dict
 from kvsim.timing import gemm
 from kvsim.timing.gpu_memory import FALLBACK_GPU, dram_latency_s
 from kvsim.timing.moe_kernel import peak_flops_s

@@ -67,7 +67,7 @@ def test_host_keys_without_no_p2p_are_refused_in_one_line(tmp_path):
 
 
 def test_the_default_resolved_form_has_no_new_keys():
-    from kvsim.simulate import resolved_dict
+    from kvsim.config.resolved import resolved_dict
 
     assert "gpu_p2p" not in resolved_dict(scenario(parallel={"tensor": 2}))["parallel"]
     assert resolved_dict(scenario(parallel={"tensor": 2, "gpu_p2p": False}))["parallel"]["gpu_p2p"] is False
@@ -88,7 +88,7 @@ def test_a_run_without_p2p_is_slower_and_deterministic(tmp_path):
 
 
 def _host_timing(**parallel):
-    from kvsim.simulate import build_timing, host_transfers
+    from kvsim.build import build_timing, host_transfers
 
     scn = scenario(parallel={"tensor": 2, "gpu_p2p": False, **parallel})
     return scn.parallel_plan(), build_timing(scn, 16, Path("."), host_transfers(scn, "s"), "s")[0]
@@ -120,7 +120,7 @@ def test_host_allreduce_ll_false_keeps_the_ring_model_bit_for_bit():
 
 
 def test_host_allreduce_ll_with_p2p_is_refused_and_absent_from_the_resolved_form():
-    from kvsim.simulate import resolved_dict
+    from kvsim.config.resolved import resolved_dict
 
     with pytest.raises(ValueError, match="gpu_p2p: false"):
         scenario(parallel={"tensor": 2, "host_allreduce_ll": False})
@@ -131,7 +131,7 @@ def test_host_allreduce_ll_with_p2p_is_refused_and_absent_from_the_resolved_form
 
 @pytest.mark.parametrize("gemm_model", ["fitted", "roofline"])
 def test_step_time_and_decode_durations_agree_with_the_ll_protocol(gemm_model):
-    from kvsim.simulate import build_timing, host_transfers
+    from kvsim.build import build_timing, host_transfers
     from kvsim.timing.base import decode_shape
 
     scn = scenario(parallel={"tensor": 2, "gpu_p2p": False}, timing={"kind": "analytical", "gemm_model": gemm_model})

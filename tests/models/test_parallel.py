@@ -11,7 +11,7 @@ from kvsim.errors import ConfigError
 from kvsim.hw import GPUS, MODELS
 from kvsim.models.geometry import KVGeometry
 from kvsim.models.parallel import layers_per_stage, plan
-from kvsim.simulate import build_allocator
+from kvsim.build import build_allocator
 from kvsim.timing.analytical import AnalyticalTiming, AnalyticalTimingConfig
 from kvsim.timing.base import BatchShape
 from kvsim.timing.context import TimingContext

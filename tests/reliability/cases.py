@@ -185,7 +185,7 @@ XFAIL_SET_STRING_SCALAR = (
     "kvsim.config._set_dotted; the error then blames kv_dtype's value and never mentions --set")
 XFAIL_CALIB_WHERE = (
     "a missing calibration directory is reported as 'timing.file: ...' without the scenario file: "
-    "kvsim/simulate.py run() builds the timing model without prefixing CalibrationError with `where`")
+    "kvsim/build.py build_timing() builds the timing model without prefixing CalibrationError with `where`")
 XFAIL_CALIB_NUMPY = (
     "the bad value is shown as a numpy repr, 'got np.float64(-1.0)' "
     "(kvsim/timing/calibrated.py load_calibration_dir formats df['median_s'].iloc[i] with !r)")

@@ -15,7 +15,8 @@ from kvsim.kv.paged import PagedAllocator
 from kvsim.metrics.request_log import RequestLog
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.scheduler import Scheduler
-from kvsim.simulate import resolved_dict, run
+from kvsim.config.resolved import resolved_dict
+from kvsim.simulate import run
 
 
 def _sched(n, blocks=64, **cfg):

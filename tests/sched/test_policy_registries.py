@@ -17,7 +17,8 @@ from kvsim.kv.reservation import (MaxReservation, Pow2ReservationConfig, reserva
 from kvsim.registry import RESERVATIONS, ROUTERS, VICTIMS, PolicyConfig, Registry
 from kvsim.sched.router import Router
 from kvsim.sched.victim import build_victim_policy
-from kvsim.simulate import config_hash, resolved_dict, run
+from kvsim.config.resolved import config_hash, resolved_dict
+from kvsim.simulate import run
 
 BASE = {"trace": {"file": "unused.csv"}, "model": "OPT-13B"}
 

@@ -13,7 +13,8 @@ from kvsim.errors import ConfigError
 from kvsim.kv.base import KVRequest, cdiv
 from kvsim.metrics.request_log import RequestLog
 from kvsim.sched.shape import StepDraft
-from kvsim.simulate import build_allocator, build_scheduler, run
+from kvsim.build import build_allocator, build_scheduler
+from kvsim.simulate import run
 
 # two single-sequence requests, a 4-sample group admitted after them (the latest-admitted victim
 # once they grow), then one more single-sequence request, on a 4,000-token cache

@@ -8,7 +8,7 @@ from sweep_helpers import REPO
 
 from kvsim.api import run
 from kvsim.config import load_scenario
-from kvsim.simulate import build_allocator
+from kvsim.build import build_allocator
 from kvsim.sweep import load_sweep
 
 STUDIES = REPO / "scenarios" / "studies"

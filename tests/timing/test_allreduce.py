@@ -62,7 +62,7 @@ def test_curves_are_non_decreasing_envelopes_of_the_readings():
 
 def _default_timing(gpu, tp):
     from kvsim.config import load_mapping
-    from kvsim.simulate import build_timing, host_transfers
+    from kvsim.build import build_timing, host_transfers
     scn = load_mapping({"model": "Llama-3-70B", "gpu": gpu, "parallel": {"tensor": tp},
                         "trace": {"synthetic": {"preset": "sharegpt", "num_requests": 1,
                                                 "arrival": {"process": "poisson", "rate_per_s": 1}}}}, Path(".")).base

@@ -14,7 +14,8 @@ from engine.test_fast_engine import assert_same, random_rows
 from helpers import make_scenario, make_trace
 from kvsim.hw import GPUS, MODELS
 from kvsim.models.geometry import KVGeometry
-from kvsim.simulate import resolved_dict, run
+from kvsim.config.resolved import resolved_dict
+from kvsim.simulate import run
 from kvsim.timing.analytical import AnalyticalTiming, AnalyticalTimingConfig
 from kvsim.timing.base import BatchShape, decode_shape
 from kvsim.timing.context import TimingContext

@@ -189,7 +189,7 @@ def test_mla_attention_flops_follow_vllms_absorbed_decode_and_mha_prefill():
 @pytest.mark.parametrize("gemm_model", ["roofline", "fitted"])
 def test_mla_steps_price_decode_and_prefill_pairs_with_their_own_flops(gemm_model):
     from kvsim.config import load_mapping
-    from kvsim.simulate import build_timing, host_transfers
+    from kvsim.build import build_timing, host_transfers
     from kvsim.timing.base import BatchShape, decode_shape
 
     scn = load_mapping({"model": "DeepSeek-V3", "gpu": "H200-141GB", "parallel": {"tensor": 8},

@@ -10,7 +10,7 @@ import pytest
 
 from helpers import make_scenario
 from kvsim.hw import GPUS, MODELS
-from kvsim.simulate import resolved_dict
+from kvsim.config.resolved import resolved_dict
 from kvsim.timing.analytical import AnalyticalTiming, AnalyticalTimingConfig
 from kvsim.timing.base import BatchShape, decode_shape
 from kvsim.models.geometry import KVGeometry

@@ -12,7 +12,8 @@ from kvsim.errors import ConfigError
 from kvsim.kv.paged import PagedAllocator
 from kvsim.kv.tiers import OffloadConfig, TierConfig
 from kvsim.kv.protocol import allocator_capabilities
-from kvsim.simulate import host_transfers, run
+from kvsim.build import host_transfers
+from kvsim.simulate import run
 from kvsim.timing import transfer as T
 from kvsim.timing.analytical import AnalyticalTiming, AnalyticalTimingConfig
 from kvsim.timing.base import BatchShape

@@ -148,7 +148,7 @@ def test_bad_link_profile_file_names_file_and_key(tmp_path):
 
 
 def test_absent_host_link_leaves_the_resolved_scenario_as_before():
-    from kvsim.simulate import resolved_dict
+    from kvsim.config.resolved import resolved_dict
 
     plain = load_scenario(QUICKSTART).base
     assert "host_link" not in resolved_dict(plain)

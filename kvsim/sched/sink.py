@@ -1,8 +1,8 @@
 """Where the scheduler writes requests that end: the :class:`RequestSink` protocol.
 
 The scheduler owns requests while they are queued or running; when one finishes (``Scheduler._finish``)
-or is rejected on arrival (``Scheduler.add_request``) it appends the request to its sink and drops
-it. The sink is owned above the scheduler: :func:`kvsim.simulate.run` builds one
+or is rejected on arrival (``Scheduler.add_request``) or while planning (``swap_space_full``, a
+preempted group that can never run again) it appends the request to its sink and drops it. The sink is owned above the scheduler: :func:`kvsim.simulate.run` builds one
 :class:`kvsim.metrics.request_log.RequestLog` shared by every replica and hands it to each
 :class:`~kvsim.sched.scheduler.Scheduler`. Declaring the protocol here keeps the import edge
 one way (metrics imports sched, never the reverse; docs/architecture.md, "Layers").

@@ -17,14 +17,10 @@ import pyarrow as pa
 
 from kvsim.errors import TraceError
 from kvsim.trace.arrays import split_flat
+from kvsim.trace.schema import MAX_TOKENS
 
 # Token counts and keys must fit comfortably in int64 after float parsing.
 MAX_EXACT_FLOAT_INT = 2**53
-# The most tokens a trace may give one request's prompt or output: ~4.3 billion, a thousand times
-# the longest context windows, so no real request is refused; and small enough that int64 never
-# overflows downstream: prompt + output, a sum over 2**31 requests, or a count times a KV footprint
-# of up to 2**31 bytes per token all stay below 2**63.
-MAX_TOKENS = 2**32
 
 
 class SlowPath(Exception):

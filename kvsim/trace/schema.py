@@ -19,6 +19,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+# The most tokens a trace may give one request's prompt or output: ~4.3 billion, a thousand times
+# the longest context windows, so no real request is refused; and small enough that int64 never
+# overflows downstream: prompt + output, a sum over 2**31 requests, or a count times a KV footprint
+# of up to 2**31 bytes per token all stay below 2**63. Loaders (kvsim.trace.coerce) and the
+# synthetic spec (kvsim.trace.spec) both enforce it.
+MAX_TOKENS = 2**32
+# The most requests a synthetic spec may ask for (num_requests, or duration_s x rate_per_s).
+MAX_REQUESTS = 100_000_000
+
 
 @dataclass(frozen=True, eq=False)
 class Trace:

@@ -11,6 +11,7 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kvsim.config_base import Count, Number, Tokens
+from kvsim.trace.schema import MAX_REQUESTS, MAX_TOKENS
 
 
 class _Strict(BaseModel):
@@ -19,20 +20,23 @@ class _Strict(BaseModel):
 
 # ---- token-length distributions (all produce integers >= 1) ---------------------------------
 
+# Every length field is at most MAX_TOKENS (2**32), the bound a trace file may give (kvsim.trace.coerce),
+# so a generated trace always loads back.
+
 
 class FixedLength(_Strict):
     """Every request has ``value`` tokens."""
 
     kind: Literal["fixed"] = "fixed"
-    value: Tokens = Field(ge=1)
+    value: Tokens = Field(ge=1, le=MAX_TOKENS)
 
 
 class UniformLength(_Strict):
     """Uniform on the integers ``low..high`` (both inclusive)."""
 
     kind: Literal["uniform"] = "uniform"
-    low: Tokens = Field(ge=1)
-    high: Tokens = Field(ge=1)
+    low: Tokens = Field(ge=1, le=MAX_TOKENS)
+    high: Tokens = Field(ge=1, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _ordered(self):
@@ -46,15 +50,16 @@ class LognormalLength(_Strict):
     normal) or ``cv`` (std/mean of the log-normal itself: ``sigma = sqrt(ln(1 + cv^2))``).
 
     Samples are rounded to the nearest integer and clipped to ``[min_tokens, max_tokens]``
-    (clipping shifts the mean slightly; the presets keep it within 1 %).
+    (clipping shifts the mean slightly; the presets keep it within 1 %); ``max_tokens`` defaults
+    to 2**32, the most a trace may give.
     """
 
     kind: Literal["lognormal"] = "lognormal"
-    mean: Number = Field(gt=0)
+    mean: Number = Field(gt=0, le=MAX_TOKENS)
     sigma: float | None = Field(default=None, ge=0)
     cv: float | None = Field(default=None, ge=0)
-    min_tokens: Tokens = Field(default=1, ge=1)
-    max_tokens: Tokens | None = Field(default=None, ge=1)
+    min_tokens: Tokens = Field(default=1, ge=1, le=MAX_TOKENS)
+    max_tokens: Tokens | None = Field(default=None, ge=1, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _one_spread(self):
@@ -70,7 +75,7 @@ class ZipfLength(_Strict):
 
     kind: Literal["zipf"] = "zipf"
     exponent: float = Field(gt=0)
-    min_tokens: Tokens = Field(default=1, ge=1)
+    min_tokens: Tokens = Field(default=1, ge=1, le=MAX_TOKENS)
     max_tokens: Tokens = Field(ge=1, le=10_000_000)
 
     @model_validator(mode="after")
@@ -137,7 +142,7 @@ class SystemPromptSpec(_Strict):
     request; the prompt length of those requests is ``tokens`` + the sampled length.
     """
 
-    tokens: Tokens = Field(ge=1)
+    tokens: Tokens = Field(ge=1, le=MAX_TOKENS)
     fraction: float = Field(default=1.0, ge=0, le=1)
 
 
@@ -212,7 +217,7 @@ class SyntheticTraceSpec(_Strict):
     give requests something to share.
     """
 
-    num_requests: Count | None = Field(default=None, ge=1, le=100_000_000)
+    num_requests: Count | None = Field(default=None, ge=1, le=MAX_REQUESTS)
     duration_s: float | None = Field(default=None, gt=0)
     seed: int | None = Field(default=None, ge=0)
     preset: PresetName | None = None
@@ -229,6 +234,10 @@ class SyntheticTraceSpec(_Strict):
     def _complete(self):
         if (self.num_requests is None) == (self.duration_s is None):
             raise ValueError("give exactly one of num_requests or duration_s")
+        if self.duration_s is not None and self.duration_s * self.arrival.rate_per_s > MAX_REQUESTS:
+            raise ValueError(f"duration_s ({self.duration_s:g}) x arrival.rate_per_s ({self.arrival.rate_per_s:g}) "
+                             f"expects {self.duration_s * self.arrival.rate_per_s:.3g} requests; at most "
+                             f"{MAX_REQUESTS:,} (the num_requests limit)")
         if self.preset is None and (self.prompt_tokens is None or self.output_tokens is None):
             raise ValueError("give prompt_tokens and output_tokens, or a preset (sharegpt, alpaca)")
         return self

@@ -38,7 +38,7 @@ import numpy as np
 
 from kvsim.errors import TraceError
 from kvsim.trace.arrays import split_flat
-from kvsim.trace.schema import Trace
+from kvsim.trace.schema import MAX_REQUESTS, MAX_TOKENS, Trace
 from kvsim.trace.spec import (
     ArrivalSpec,
     EmpiricalLength,
@@ -103,7 +103,7 @@ def sample_lengths(dist, n: int, rng: np.random.Generator, field: str = "prompt_
         sigma = dist.sigma if dist.sigma is not None else math.sqrt(math.log1p(dist.cv**2))
         mu = math.log(dist.mean) - sigma**2 / 2  # so that E[X] = mean
         x = np.rint(rng.lognormal(mu, sigma, size=n))
-        hi = dist.max_tokens if dist.max_tokens is not None else np.iinfo(np.int64).max // 4
+        hi = dist.max_tokens if dist.max_tokens is not None else MAX_TOKENS
         return np.clip(x, dist.min_tokens, hi).astype(np.int64)
     if isinstance(dist, ZipfLength):
         support = np.arange(dist.min_tokens, dist.max_tokens + 1, dtype=np.float64)
@@ -170,6 +170,9 @@ def generate_trace(spec: SyntheticTraceSpec, seed: int | None = None, base_dir: 
         has_sys = _system_prompt_mask(spec, n, rngs["system_prompt"])
         sys_tokens = spec.system_prompt.tokens if spec.system_prompt else 0
         prompt = message + np.where(has_sys, sys_tokens, 0)
+        if n and int(prompt.max()) > MAX_TOKENS:
+            raise TraceError(f"synthetic trace: request {int(np.argmax(prompt > MAX_TOKENS))}: system_prompt.tokens + "
+                             f"prompt_tokens = {int(prompt.max())} tokens; a prompt may have at most {MAX_TOKENS} (2**32)")
         keys = _single_turn_keys(prompt, has_sys, sys_tokens, spec.prefix_block_tokens) if spec.system_prompt else None
         session = None
     else:
@@ -253,6 +256,9 @@ def _conversations(spec, rngs, prompt_dist, output_dist, empirical):
         turns = sample_lengths(conv.turns, len(starts), rngs["turns"], "turns", empirical)
     n_conv = len(starts)
     n = int(turns.sum())
+    if n > MAX_REQUESTS:
+        raise TraceError(f"synthetic trace: {len(starts)} conversations x conversation.turns make {n} requests; "
+                         f"at most {MAX_REQUESTS:,} (the num_requests limit)")
     message = sample_lengths(prompt_dist, n, rngs["prompt"], "prompt_tokens", empirical)
     output = sample_lengths(output_dist, n, rngs["output"], "output_tokens", empirical)
     think = conv.think_time_s
@@ -281,6 +287,10 @@ def _conversations(spec, rngs, prompt_dist, output_dist, empirical):
         inherit = len(carry_keys)
         for i in range(i0, i0 + int(turns[c])):
             length = history + int(message[i])
+            if length > MAX_TOKENS:
+                raise TraceError(f"synthetic trace: conversation {c}, turn {i - i0 + 1}: the accumulated prompt "
+                                 f"(system prompt + earlier prompts and outputs + message) has {length} tokens; a prompt "
+                                 f"may have at most {MAX_TOKENS} (2**32): use fewer turns or shorter lengths")
             need = -(-length // block)
             fresh = np.arange(next_key, next_key + need - inherit, dtype=np.int64)
             next_key += need - inherit

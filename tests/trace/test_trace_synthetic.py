@@ -198,3 +198,61 @@ def test_spec_validation(bad, needle):
     with pytest.raises(ValidationError) as info:
         SyntheticTraceSpec.model_validate(bad)
     assert needle in str(info.value)
+
+
+# ---- every length field is bounded like a trace file's token counts (coerce.MAX_TOKENS) --------
+
+BIG = 5_000_000_000  # above 2**32
+
+
+@pytest.mark.parametrize("field, dist", [
+    ("prompt_tokens", {"kind": "fixed", "value": BIG}),
+    ("output_tokens", {"kind": "uniform", "low": 1, "high": 1e25}),
+    ("prompt_tokens", {"kind": "uniform", "low": BIG, "high": BIG}),
+    ("prompt_tokens", {"kind": "lognormal", "mean": 1e25, "cv": 1}),
+    ("prompt_tokens", {"kind": "lognormal", "mean": 5, "cv": 1, "max_tokens": BIG}),
+    ("prompt_tokens", {"kind": "lognormal", "mean": 5, "cv": 1, "min_tokens": BIG}),
+    ("prompt_tokens", {"kind": "zipf", "exponent": 1, "min_tokens": BIG}),
+])
+def test_length_fields_are_bounded_by_max_tokens(field, dist):
+    from kvsim.trace.coerce import MAX_TOKENS
+
+    with pytest.raises(ValidationError) as info:
+        spec(**{"preset": "sharegpt", field: dist, "num_requests": 3})
+    assert f"less than or equal to {MAX_TOKENS}" in str(info.value)
+    with pytest.raises(ValidationError, match=str(MAX_TOKENS)):
+        spec(preset="sharegpt", num_requests=3, system_prompt={"tokens": BIG})
+
+
+def test_lognormal_without_max_tokens_is_clipped_to_max_tokens():
+    from kvsim.trace.coerce import MAX_TOKENS
+
+    t = generate_trace(spec(prompt_tokens={"kind": "lognormal", "mean": MAX_TOKENS, "sigma": 3},
+                            output_tokens={"kind": "fixed", "value": 1}, num_requests=200))
+    assert t.prompt_tokens.max() == MAX_TOKENS
+
+
+def test_system_prompt_plus_message_and_accumulated_turns_are_bounded():
+    from kvsim.errors import TraceError
+
+    with pytest.raises(TraceError, match=r"request 0: system_prompt.tokens \+ prompt_tokens = 4294967312"):
+        generate_trace(spec(prompt_tokens={"kind": "fixed", "value": 2**32}, output_tokens={"kind": "fixed", "value": 1},
+                            system_prompt={"tokens": 16}, prefix_block_tokens=1 << 20, num_requests=3))
+    with pytest.raises(TraceError, match=r"conversation 0, turn 3: the accumulated prompt .* 6000000010 tokens"):
+        generate_trace(spec(prompt_tokens={"kind": "fixed", "value": 2_000_000_000},
+                            output_tokens={"kind": "fixed", "value": 5}, prefix_block_tokens=1 << 20,
+                            conversation={"turns": {"kind": "fixed", "value": 3}}, num_requests=3))
+
+
+def test_duration_times_rate_is_capped_like_num_requests():
+    with pytest.raises(ValidationError, match=r"expects 1e\+12 requests; at most 100,000,000"):
+        spec(duration_s=1e9, arrival={"rate_per_s": 1000})
+    assert len(generate_trace(spec(duration_s=10, arrival={"rate_per_s": 10}))) > 0
+
+
+def test_conversation_turns_over_a_duration_are_capped():
+    from kvsim.errors import TraceError
+
+    with pytest.raises(TraceError, match=r"make 4000000000 requests; at most 100,000,000"):
+        generate_trace(spec(duration_s=1, arrival={"rate_per_s": 1, "process": "constant"},
+                            conversation={"turns": {"kind": "fixed", "value": 4_000_000_000}}))

@@ -47,9 +47,22 @@ def arrow_key_lists(col, where: str, lines: np.ndarray, row_label: str, strict: 
     values = col.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
     if pa.types.is_null(values.type):  # every list of the chunk is empty
         return [np.zeros(0, np.int64) for _ in range(len(col))]
-    if not pa.types.is_integer(values.type) or values.null_count:
+    if not pa.types.is_integer(values.type):
         fail(int(np.argmax(lengths > 0)), f"prefix keys must be a list of integers, got a list of {values.type}")
-    flat = values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    ends = offsets[1:] - offsets[0]  # each row's end within ``values``
+
+    def row_of(j: int) -> int:  # the row holding element j of ``values``
+        return int(np.searchsorted(ends, j, side="right"))
+
+    if values.null_count:
+        j = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
+        r = row_of(j)
+        fail(r, f"prefix key list holds a missing (null) key (key {j - int(ends[r] - lengths[r]) + 1} of {int(lengths[r])})")
+    flat = values.to_numpy(zero_copy_only=False)
+    if flat.dtype == np.uint64 and len(flat) and flat.max() > np.iinfo(np.int64).max:
+        j = int(np.argmax(flat > np.iinfo(np.int64).max))
+        fail(row_of(j), f"prefix keys must hold 64-bit integers (at most 2**63 - 1), got {int(flat[j])}")
+    flat = flat.astype(np.int64, copy=False)
     return split_flat(flat, lengths)
 
 

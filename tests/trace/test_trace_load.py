@@ -465,3 +465,49 @@ def test_azure_parquet_with_typed_timestamps_still_loads(tmp_path):
     col = pa.array([dt.datetime(2023, 11, 16, 18, 15, 46), dt.datetime(2023, 11, 16, 18, 15, 47, 500000)], pa.timestamp("us"))
     pq.write_table(pa.table({"TIMESTAMP": col, "ContextTokens": [5, 5], "GeneratedTokens": [1, 1]}), path)
     assert load_trace(path).arrival_s.tolist() == [0.0, 1.5]
+
+
+# ---- parquet: duplicate columns, null keys and uint64 keys are one-line errors naming the row ------
+
+def _parquet(tmp_path, name, keys=None, **columns):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = {"arrival_s": [0.0, 1.0, 2.0], "prompt_tokens": [32, 32, 32], "output_tokens": [1, 1, 1]}
+    if keys is not None:
+        data.update(prefix_block_tokens=[16, 16, 16], prefix_keys=keys)
+    path = tmp_path / name
+    pq.write_table(pa.table({**data, **columns}), path)
+    return path
+
+
+def test_parquet_duplicate_column_names(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "dup.parquet"
+    pq.write_table(pa.table([[0.0], [10], [10], [5]],
+                            names=["arrival_s", "prompt_tokens", "prompt_tokens", "output_tokens"]), path)
+    expect_error(path, "schema: duplicate column name(s) 'prompt_tokens'")
+
+
+def test_csv_duplicate_column_names(write_text):
+    expect_error(write_text("dup.csv", "arrival_s,prompt_tokens,prompt_tokens,output_tokens\n0,1,1,1\n"),
+                 "line 1: duplicate column name(s) 'prompt_tokens'")
+
+
+def test_parquet_null_key_names_its_row(tmp_path):
+    import pyarrow as pa
+
+    keys = pa.array([[1, 2], [1, 2], [1, None]], pa.list_(pa.int64()))
+    msg = expect_error(_parquet(tmp_path, "n.parquet", keys), "row 3", "null", "key 2 of 2")
+    assert "list of int64" not in msg
+
+
+def test_parquet_uint64_key_above_int64_is_refused(tmp_path):
+    import pyarrow as pa
+
+    keys = pa.array([[1, 2], [1, 2], [1, 2**64 - 1]], pa.list_(pa.uint64()))
+    expect_error(_parquet(tmp_path, "u.parquet", keys), "row 3", "64-bit integers", str(2**64 - 1))
+    ok = pa.array([[1, 2], [1, 2], [1, 2**63 - 1]], pa.list_(pa.uint64()))
+    assert load_trace(_parquet(tmp_path, "ok.parquet", ok)).prefix_keys[2].tolist() == [1, 2**63 - 1]

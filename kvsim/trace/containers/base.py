@@ -9,6 +9,8 @@ from typing import ClassVar, Literal
 import numpy as np
 import pandas as pd
 
+from kvsim.errors import TraceError
+
 
 @dataclass(frozen=True)
 class Chunk:
@@ -42,3 +44,11 @@ class Container:
 
     def chunks(self) -> Iterator[Chunk]:  # pragma: no cover - interface
         raise NotImplementedError
+
+
+def refuse_duplicate_columns(columns: list[str], where: str, at: str) -> None:
+    """One TraceError if a column name repeats (CSV header, parquet schema); ``at`` says where."""
+    dupes = sorted({c for c in columns if columns.count(c) > 1})
+    if dupes:
+        raise TraceError(f"{where}: {at}: duplicate column name(s) {', '.join(repr(c) for c in dupes)}; "
+                         f"each column may appear once")

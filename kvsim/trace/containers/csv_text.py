@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.errors import TraceError
-from kvsim.trace.containers.base import Chunk, Container
+from kvsim.trace.containers.base import Chunk, Container, refuse_duplicate_columns
 from kvsim.trace.fileio import TEXT_FORMATS, LineReader, OpenTrace
 
 _PANDAS_FIELDS_RE = re.compile(r"Expected (\d+) fields in line (\d+), saw (\d+)")
@@ -37,9 +37,7 @@ class CsvContainer(Container):
         except csv.Error as exc:
             raise TraceError(f"{where}: line 1: cannot read the CSV header: {exc}") from None
         self.columns = [c.strip() for c in row]
-        dupes = sorted({c for c in self.columns if self.columns.count(c) > 1})
-        if dupes:
-            raise TraceError(f"{where}: line 1: duplicate column name(s) {', '.join(repr(c) for c in dupes)}")
+        refuse_duplicate_columns(self.columns, where, "line 1")
         self.metadata = {}
         self._text_columns = [c for c in text_columns if c in self.columns]
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from kvsim.errors import TraceError
 from kvsim.trace.coerce import arrow_key_lists
-from kvsim.trace.containers.base import Chunk, Container
+from kvsim.trace.containers.base import Chunk, Container, refuse_duplicate_columns
 
 
 class ParquetContainer(Container):
@@ -29,6 +29,7 @@ class ParquetContainer(Container):
             raise TraceError(f"{where}: cannot read the parquet file: {exc}") from None
         schema = self._file.schema_arrow
         self.columns = list(schema.names)
+        refuse_duplicate_columns(self.columns, where, "schema")
         meta = schema.metadata or {}
         self.metadata = {k.decode(): v.decode() for k, v in meta.items()}
         if self._file.metadata.num_rows == 0:

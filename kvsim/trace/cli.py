@@ -179,6 +179,8 @@ def load_spec(path: str | Path):
     from kvsim.yamlio import load_yaml
 
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory; expected a spec file (YAML)")
     if not path.is_file():
         raise ConfigError(f"{path}: spec file does not exist")
     try:

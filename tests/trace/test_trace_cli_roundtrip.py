@@ -151,6 +151,23 @@ def test_generate_bad_spec_is_config_error(tmp_path, text, needle):
     assert str(spec) in str(info.value) and needle in str(info.value)
 
 
+def test_generate_spec_directory_says_directory(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        run(["trace", "generate", str(tmp_path), str(tmp_path / "o.csv")])
+    assert str(tmp_path) in str(info.value) and "is a directory" in str(info.value)
+    assert "does not exist" not in str(info.value)
+
+
+def test_generate_length_above_max_tokens_is_config_error_naming_the_field(tmp_path):
+    spec = tmp_path / "big.yaml"
+    spec.write_text("num_requests: 3\narrival: {rate_per_s: 1}\nprompt_tokens: {kind: fixed, value: 5000000000}\n"
+                    "output_tokens: {kind: fixed, value: 5}\n")
+    with pytest.raises(ConfigError) as info:
+        run(["trace", "generate", str(spec), str(tmp_path / "o.csv")])
+    assert "prompt_tokens.fixed.value" in str(info.value) and "4294967296" in str(info.value)
+    assert not (tmp_path / "o.csv").exists()
+
+
 def test_standalone_main_prints_one_line_errors(tmp_path, capsys):
     assert main(["stats", str(tmp_path / "none.jsonl")]) == 2
     err = capsys.readouterr().err

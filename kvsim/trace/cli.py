@@ -58,8 +58,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_stats)
 
     p = sub.add_parser("convert", help="convert a trace to kvsim's generic schema",
-                       description="Convert a trace to the generic schema; OUT's extension (.csv, "
-                                   ".jsonl, .parquet, optionally + .gz for text) picks the container.")
+                       description="Convert a trace to the generic schema; OUT's extension picks the container: "
+                                   ".csv, .jsonl (.json and .ndjson also write JSON lines, one object per line, not "
+                                   "a JSON array), .parquet (.pq); text may end in .gz.")
     p.add_argument("input", metavar="IN", help="source trace file")
     p.add_argument("output", metavar="OUT", help="output file (an existing file only with --force, unless kvsim "
                                                  "wrote it into a kvsim output directory)")
@@ -72,7 +73,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="generate a synthetic trace from a YAML spec",
                        description="Generate a synthetic trace from a SyntheticTraceSpec YAML file.")
     p.add_argument("spec", metavar="SPEC.yaml", help="generator spec (see docs/traces.md)")
-    p.add_argument("output", metavar="OUT", help="output file (.csv, .jsonl, .parquet, + .gz); an existing file "
+    p.add_argument("output", metavar="OUT", help="output file (.csv, .jsonl, .parquet, + .gz for text; .json and "
+                                                 ".ndjson also write JSON lines, .pq parquet); an existing file "
                                                  "only with --force")
     p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     p.add_argument("--seed", type=nonnegative_int, default=None, help="seed >= 0 (default: the spec's seed, else 0)")

@@ -34,7 +34,8 @@ CONTAINERS = ("csv", "jsonl", "parquet")
 
 
 def container_of(path: Path) -> tuple[str, bool]:
-    """(container, gzip?) from the file name: ``.csv``, ``.jsonl`` (``.json``), ``.parquet``, + ``.gz``."""
+    """(container, gzip?) from the file name: ``.csv``, ``.jsonl`` (also ``.json``, ``.ndjson``: JSON lines,
+    not a JSON array), ``.parquet`` (``.pq``), + ``.gz`` for text."""
     suffixes = [s.lower() for s in path.suffixes]
     gz = bool(suffixes) and suffixes[-1] == ".gz"
     ext = suffixes[-2] if gz and len(suffixes) > 1 else (suffixes[-1] if suffixes and not gz else "")

@@ -231,3 +231,14 @@ def test_kvsim_process_prints_one_warning_line(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.splitlines() == [f"kvsim: warning: {path}: sorted the requests by arrival time: 1 arrival(s) "
                                         f"were earlier than the one before (first at line 3; on_unsorted: sort)"]
+
+
+def test_convert_help_names_every_output_extension(capsys):
+    from kvsim.trace.write import container_of
+
+    with pytest.raises(SystemExit):
+        run(["trace", "convert", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for ext in (".csv", ".jsonl", ".json", ".ndjson", ".parquet", ".pq", ".gz"):
+        assert ext in text, ext
+    assert container_of(Path("x.json")) == ("jsonl", False)

@@ -511,3 +511,11 @@ def test_parquet_uint64_key_above_int64_is_refused(tmp_path):
     expect_error(_parquet(tmp_path, "u.parquet", keys), "row 3", "64-bit integers", str(2**64 - 1))
     ok = pa.array([[1, 2], [1, 2], [1, 2**63 - 1]], pa.list_(pa.uint64()))
     assert load_trace(_parquet(tmp_path, "ok.parquet", ok)).prefix_keys[2].tolist() == [1, 2**63 - 1]
+
+
+def test_azure_timestamps_with_utc_offsets_are_converted_to_utc(write_text):
+    """docs/traces.md: a stamp with an offset is converted to UTC; one without is taken as UTC."""
+    text = AZURE_HEADER + ("2023-11-16 18:00:00.0+05:00,10,1\n"   # 13:00 UTC
+                           "2023-11-16 13:00:01.0,10,1\n"          # 1 s later
+                           "2023-11-16 13:00:03.0Z,10,1\n")
+    assert load_trace(write_text("z.csv", text)).arrival_s.tolist() == [0.0, 1.0, 3.0]

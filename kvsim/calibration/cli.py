@@ -106,7 +106,9 @@ def register(subparsers) -> None:
                                     "calibration directory and write a backend profile YAML usable as "
                                     "timing.attention_backend. Prints the fitted values and the fit's MAPE as JSON.")
     ft.add_argument("dir", metavar="DIR")
-    ft.add_argument("--out", dest="fit_out", metavar="PROFILE.yaml", required=True)
+    ft.add_argument("--out", dest="fit_out", metavar="PROFILE.yaml", required=True,
+                    help="profile file to write: an earlier `calibrate fit` output there is replaced; any other "
+                         "existing file is refused unless --force")
     ft.add_argument("--template", default="vllm-paged-v1",
                     help="backend whose flags, min_split_tokens, dram_chunk_half_bytes and query_head_reads are "
                          "kept (default vllm-paged-v1, old name vllm-2023-paged: no split-KV, like our Triton "

@@ -106,16 +106,23 @@ def measure_copy(env: BenchEnv, nbytes: int) -> dict:
 
 # -- GEMMs and elementwise ------------------------------------------------------------------------------
 def measure_gemms(env: BenchEnv, tokens: tuple[int, ...], lm_head_tokens: tuple[int, ...],
-                  out_of_time: Callable[[], bool]) -> list[dict]:
+                  out_of_time: Callable[[], bool], done: frozenset = frozenset()) -> list[dict]:
+    """Each GEMM weight over its token counts, leaving out the (op, tokens) pairs in ``done``."""
     rows: list[dict] = []
     dt = env.act_dtype
     el = torch.tensor([], dtype=dt).element_size()
     for salt, (op, (n, k)) in enumerate(gemm_shapes(env.model).items()):
+        ms = [m for m in (lm_head_tokens if op == S.GEMM_LM_HEAD else tokens) if (op, m) not in done]
+        if not ms:
+            continue
+        if out_of_time():  # no weights allocated for points that will not run
+            env.skipped += [f"{op} tokens={m}" for m in ms]
+            continue
         w_bytes = n * k * el
         n_rot = rotations_for(w_bytes, max(1, env.mem_budget_bytes // w_bytes), env.timer.calls, env.cache_bytes)
         gen = env.generator(100 + salt)
         weights = [fill_random(n * k, dt, env.device, gen).view(n, k) for _ in range(n_rot)]
-        for m in (lm_head_tokens if op == S.GEMM_LM_HEAD else tokens):
+        for m in ms:
             if out_of_time():
                 env.skipped.append(f"{op} tokens={m}")
                 continue
@@ -135,7 +142,8 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def measure_elementwise(env: BenchEnv, tokens: tuple[int, ...], out_of_time: Callable[[], bool]) -> list[dict]:
+def measure_elementwise(env: BenchEnv, tokens: tuple[int, ...], out_of_time: Callable[[], bool],
+                        done: frozenset = frozenset()) -> list[dict]:
     """Per layer: RMSNorm before attention and MLP, RoPE on q and k, SiLU(gate)*up, two residual
     adds -- the non-GEMM, non-attention work, as separate eager torch kernels."""
     m, dt = env.model, env.act_dtype
@@ -146,6 +154,8 @@ def measure_elementwise(env: BenchEnv, tokens: tuple[int, ...], out_of_time: Cal
     rows = []
     el = torch.tensor([], dtype=dt).element_size()
     for tok in tokens:
+        if (S.ELEMENTWISE, tok) in done:
+            continue
         if out_of_time():
             env.skipped.append(f"elementwise tokens={tok}")
             continue
@@ -232,7 +242,7 @@ def _paged_pool(env: BenchEnv, kv_dtype: str, tokens_needed: int, salt: int):
 def measure_decode_paged(env: BenchEnv, kv_dtype: str, block_sizes: tuple[int, ...],
                          points: list[tuple[int, int]], out_of_time: Callable[[], bool]) -> list[dict]:
     """Decode attention over a paged cache, every (block size, batch, context) point."""
-    if not points:
+    if not points or not block_sizes:
         return []
     m = env.model
     hq, d = m.num_attention_heads, m.head_dim
@@ -294,7 +304,7 @@ def measure_decode_paged(env: BenchEnv, kv_dtype: str, block_sizes: tuple[int, .
 def measure_prefill(env: BenchEnv, kv_dtype: str, block_sizes: tuple[int, ...], points: list[tuple[int, int]],
                     out_of_time: Callable[[], bool]) -> list[dict]:
     """One prefill chunk (batch 1) of ``new`` tokens over ``cached`` tokens already in the cache."""
-    if not points:
+    if not points or not block_sizes:
         return []
     m = env.model
     hq, d = m.num_attention_heads, m.head_dim

@@ -47,8 +47,9 @@ def register(subparsers) -> None:
                                                           "with --engine vllm: the model's config.json (or its folder)")
     p.add_argument("--gpu-name", help="label for meta.json and the default path (default: preset name of the "
                                       "CUDA device where known, else its name; 'cpu' on CPU)")
-    p.add_argument("--time-budget-s", type=positive_float, help="stop measuring after about this many seconds "
-                                                        "(phases get shares; skipped points are listed in meta.json)")
+    p.add_argument("--time-budget-s", type=positive_float, help="stop measuring after about this many seconds: first one "
+                   "point of every op the timing model needs, then the rest of the grid in phase shares (skipped points "
+                   "are listed in meta.json); too small for that first pass: exit 2, nothing written")
     p.add_argument("--decode-impl", choices=["auto", "triton", "torch"], default="auto",
                    help="auto: Triton kernel on CUDA, torch reference on CPU; triton on CPU needs TRITON_INTERPRET=1")
     p.add_argument("--kv-dtypes", nargs="+", choices=["fp16", "bf16", "fp8"], help="restrict the KV dtypes")
@@ -105,7 +106,9 @@ def register(subparsers) -> None:
                                     "calibration directory and write a backend profile YAML usable as "
                                     "timing.attention_backend. Prints the fitted values and the fit's MAPE as JSON.")
     ft.add_argument("dir", metavar="DIR")
-    ft.add_argument("--out", dest="fit_out", metavar="PROFILE.yaml", required=True)
+    ft.add_argument("--out", dest="fit_out", metavar="PROFILE.yaml", required=True,
+                    help="profile file to write: an earlier `calibrate fit` output there is replaced; any other "
+                         "existing file is refused unless --force")
     ft.add_argument("--template", default="vllm-paged-v1",
                     help="backend whose flags, min_split_tokens, dram_chunk_half_bytes and query_head_reads are "
                          "kept (default vllm-paged-v1, old name vllm-2023-paged: no split-KV, like our Triton "

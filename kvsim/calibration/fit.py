@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -226,6 +227,9 @@ def run_fit(dir_: str, out: str, *, template: str = "vllm-paged-v1", gpu: str | 
         raise CalibrationError(f"{data.meta_path}: field 'gpu_name' is {gpu_name!r}, not a GPU preset; give --gpu "
                                f"(one of {', '.join(sorted(GPUS))}) for its peak bandwidth and SM count")
     spec = GPUS[gpu_name]
+    if meta.get("device") == "cpu":  # a warning, not an error: plumbing data can still test the fit
+        print(f"kvsim calibrate fit: warning: {data.meta_path} records device 'cpu' (plumbing data, not GPU "
+              f"timings): the profile fitted for {gpu_name} will not describe that GPU", file=sys.stderr)
     if kv_dtype is None:
         kv_dtype = next((d for d in meta["kv_dtypes"] if d in ("fp16", "bf16")), None)
         if kv_dtype is None:

@@ -1,7 +1,9 @@
 """``kvsim calibrate``: check, measure the grid, write ``meta.json`` + ``measurements.csv`` atomically.
 
-Phases, in order (after the self-check and the copy, each measuring phase gets a share of what is
-left of ``time_budget_s``; time a phase leaves unused passes on):
+Phases, in order (after the self-check and the copy, a first pass measures one point of every op the
+calibrated timing model needs -- ``schema.missing_ops`` -- against the whole of ``time_budget_s``; then
+each measuring phase gets a share of what is left, and time a phase leaves unused passes on; a run whose
+budget cannot cover the first pass writes nothing and fails, naming the missing ops):
 
 1. correctness self-check of the Triton kernel on the device (aborts the run on failure: timing a
    wrong kernel is worthless);
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import re
@@ -222,6 +225,12 @@ class _PhaseClock:
             acc += share
             self.deadlines[phase] = now + left * acc
 
+    def out_of_budget(self) -> Callable[[], bool]:
+        """Deadline check against the whole budget (the first pass)."""
+        if self.budget is None:
+            return lambda: False
+        return lambda: time.monotonic() - self.t_start > self.budget
+
     def out_of_time_for(self, phase: str, part: int = 0, parts: int = 1) -> Callable[[], bool]:
         """Deadline check for slice ``part`` of ``parts`` of ``phase``: called when the slice starts,
         it gets an equal share of the phase's remaining time (a slow KV dtype cannot starve the rest)."""
@@ -255,35 +264,76 @@ def _selfcheck(impl: str, dev, grid: Grid, spec: ModelSpec, log) -> dict:
 
 
 def _measure(B, env, grid: Grid, spec: ModelSpec, kv_dtypes: tuple, mem_budget: int, clock: _PhaseClock,
-             log) -> tuple[list[dict], float, dict[str, list]]:
-    """Phases 2-6 (copy, GEMMs and elementwise, paged decode, prefill, contiguous): (rows, copy
-    bandwidth, decode points dropped for memory per KV dtype)."""
+             log) -> tuple[list[dict], float, dict[str, list], dict]:
+    """Phases 2-6 (copy; a first pass of one point per op the timing model needs; then GEMMs and
+    elementwise, paged decode, prefill, contiguous): (rows, copy bandwidth, decode points dropped for
+    memory per KV dtype, the first pass's record: seconds before it, its seconds, points done and planned)."""
     rows: list[dict] = []
     copy_row = B.measure_copy(env, grid.copy_bytes)
     rows.append(copy_row)
     copy_bw = copy_row["achieved_bandwidth_bytes_per_s"]
     log(f"copy: {copy_bw / 1e9:.1f} GB/s (bytes read + written)")
 
-    clock.set_deadlines()
-    rows += B.measure_gemms(env, grid.gemm_tokens, grid.lm_head_tokens, clock.out_of_time_for("gemm"))
-    rows += B.measure_elementwise(env, grid.gemm_tokens, clock.out_of_time_for("gemm"))
-
-    # paged decode: each dtype gets an equal slice of the phase so a truncated run keeps all dtypes
-    dropped_points: dict[str, list] = {}
-    for i, dt in enumerate(kv_dtypes):
+    # first pass: the cheapest point of every op the calibrated timing model needs, before any extra point
+    t0 = time.monotonic()
+    first = clock.out_of_budget()
+    kept_by, dropped_points = {}, {}
+    for dt in kv_dtypes:
         kept, dropped = decode_points(grid, spec, dt, mem_budget)
-        dropped_points[dt] = [list(p) for p in dropped]
-        rows += B.measure_decode_paged(env, dt, grid.block_sizes, kept,
-                                       clock.out_of_time_for("decode", i, len(kv_dtypes)))
+        kept_by[dt], dropped_points[dt] = kept, [list(p) for p in dropped]
     pts = prefill_points(grid, spec)
+    n_first = len(rows)
+    rows += B.measure_gemms(env, grid.gemm_tokens[:1], grid.lm_head_tokens[:1], first)
+    rows += B.measure_elementwise(env, grid.gemm_tokens[:1], first)
+    for dt in kv_dtypes:
+        rows += B.measure_decode_paged(env, dt, grid.block_sizes[:1], kept_by[dt][:1], first)
+        rows += B.measure_prefill(env, dt, grid.prefill_block_sizes[:1], pts[:1], first)
+    first_pass = {"before_s": t0 - clock.t_start, "seconds": time.monotonic() - t0, "done": len(rows) - n_first,
+                  "planned": len(S.TOKEN_OPS) + len(S.PER_KV_DTYPE_OPS) * len(kv_dtypes)}
+
+    # refinement: the rest of the grid, phases sharing what is left of the budget
+    clock.set_deadlines()
+    gemm = clock.out_of_time_for("gemm")
+    rows += B.measure_gemms(env, grid.gemm_tokens[1:], grid.lm_head_tokens[1:], gemm)
+    rows += B.measure_elementwise(env, grid.gemm_tokens[1:], gemm)
+    # paged decode: each dtype gets an equal slice of the phase so a truncated run keeps all dtypes
     for i, dt in enumerate(kv_dtypes):
-        rows += B.measure_prefill(env, dt, grid.prefill_block_sizes, pts,
-                                  clock.out_of_time_for("prefill", i, len(kv_dtypes)))
+        kept, oot = kept_by[dt], clock.out_of_time_for("decode", i, len(kv_dtypes))
+        rows += B.measure_decode_paged(env, dt, grid.block_sizes[:1], kept[1:], oot)
+        rows += B.measure_decode_paged(env, dt, grid.block_sizes[1:], kept, oot)
+    for i, dt in enumerate(kv_dtypes):
+        oot = clock.out_of_time_for("prefill", i, len(kv_dtypes))
+        rows += B.measure_prefill(env, dt, grid.prefill_block_sizes[:1], pts[1:], oot)
+        rows += B.measure_prefill(env, dt, grid.prefill_block_sizes[1:], pts, oot)
     for dt in grid.contiguous_dtypes:  # the contiguous baseline
         if dt in kv_dtypes:
-            kept, _ = decode_points(grid, spec, dt, mem_budget)
-            rows += B.measure_contiguous(env, dt, kept, clock.out_of_time_for("contiguous"))
-    return rows, copy_bw, dropped_points
+            rows += B.measure_contiguous(env, dt, kept_by[dt], clock.out_of_time_for("contiguous"))
+    # time the later phases left unused flows back: GEMM/elementwise points their share skipped
+    token_skips = [k for k in env.skipped if k.split(" ", 1)[0] in S.TOKEN_OPS]
+    if token_skips and not clock.out_of_budget()():
+        env.skipped[:] = [k for k in env.skipped if k not in token_skips]
+        done = frozenset((r["op"], r["tokens"]) for r in rows if r["op"] in S.TOKEN_OPS)
+        rest = clock.out_of_budget()
+        rows += B.measure_gemms(env, grid.gemm_tokens, grid.lm_head_tokens, rest, done)
+        rows += B.measure_elementwise(env, grid.gemm_tokens, rest, done)
+    return rows, copy_bw, dropped_points, first_pass
+
+
+def check_complete(df, kv_dtypes: tuple, budget: float | None, first_pass: dict) -> None:
+    """Refuse (one line) a measurement that the calibrated timing model could not use: the ops
+    ``schema.missing_ops`` names, and, where the time budget cut the first pass, about how much would do."""
+    missing = S.missing_ops(df, kv_dtypes, S.DEFAULT_OPTIONAL_OPS)
+    if not missing:
+        return
+    msg = f"no rows for {', '.join(missing)} (the calibrated timing model needs one point of each)"
+    done, planned = first_pass["done"], first_pass["planned"]
+    if budget is not None and done < planned:
+        need = (f"about {math.ceil(first_pass['before_s'] + first_pass['seconds'] * planned / done * 1.2)} s"
+                if done else f"more than {math.ceil(first_pass['before_s'] + first_pass['seconds'])} s")
+        msg = f"--time-budget-s {budget:g} ran out: {msg}; a budget of {need} would cover them"
+    else:
+        msg += " (points dropped for memory or the model's context window: see the grid)"
+    raise CalibrationError(f"{msg}; nothing written")
 
 
 def _kv_dtypes(env, grid: Grid, dev) -> tuple:
@@ -397,11 +447,12 @@ def run_calibration(
     try:
         check = _selfcheck(impl, dev, grid, spec, log)  # 1. correctness on this device
         kv_dtypes = _kv_dtypes(env, grid, dev)
-        rows, copy_bw, dropped_points = _measure(B, env, grid, spec, kv_dtypes, mem_budget, clock, log)
+        rows, copy_bw, dropped_points, first_pass = _measure(B, env, grid, spec, kv_dtypes, mem_budget, clock, log)
 
         import pandas as pd
 
         df = pd.DataFrame(rows, columns=list(S.COLUMNS))
+        check_complete(df, kv_dtypes, budget, first_pass)  # never a directory `kvsim run` cannot use
         df.to_csv(tmp / S.CSV_FILE, index=False)
         meta = {
             "schema_version": S.SCHEMA_VERSION,

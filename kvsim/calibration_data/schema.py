@@ -32,6 +32,24 @@ LAYER_GEMMS = (GEMM_QKV, GEMM_OUT, GEMM_MLP_UP, GEMM_MLP_DOWN)
 TOKEN_OPS = (*LAYER_GEMMS, GEMM_LM_HEAD, ELEMENTWISE)  # tables over one variable: tokens
 ALL_OPS = (DECODE_PAGED, DECODE_CONTIGUOUS, PREFILL_PAGED, *TOKEN_OPS, COPY)
 REQUIRED_OPS = (DECODE_PAGED, PREFILL_PAGED, *LAYER_GEMMS)
+PER_KV_DTYPE_OPS = (DECODE_PAGED, PREFILL_PAGED)  # required once per KV dtype; the others once
+# used by the calibrated timing model's defaults (include_lm_head, include_elementwise) when present:
+# `kvsim calibrate` treats them as required too, so its directories are complete for the defaults
+DEFAULT_OPTIONAL_OPS = (GEMM_LM_HEAD, ELEMENTWISE)
+
+
+def missing_ops(df, kv_dtypes, optional=()) -> list[str]:
+    """What ``measurements.csv`` rows ``df`` lack for the calibrated timing model (kvsim.timing.calibrated):
+    ``"op"`` or ``"op dtype"`` for each of REQUIRED_OPS (decode/prefill per KV dtype in ``kv_dtypes``) and
+    each op in ``optional`` with no row. The one definition the loader and ``kvsim calibrate`` share."""
+    missing = []
+    for op in (*REQUIRED_OPS, *optional):
+        sel = df[df["op"] == op]
+        if op in PER_KV_DTYPE_OPS:
+            missing += [f"{op} {dt}" for dt in kv_dtypes if not (sel["dtype"] == dt).any()]
+        elif sel.empty:
+            missing.append(op)
+    return missing
 
 # decode_paged implementations; the timing model takes, per point, the fastest one measured
 # (an engine would launch split-K exactly where it wins).

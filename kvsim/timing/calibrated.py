@@ -155,6 +155,11 @@ class CalibratedTiming:
                 raise CalibrationError(f"{data.csv_path}: no rows with {what} (field 'op')")
             return sel
 
+        missing = S.missing_ops(df, (dt,))  # the requirement `kvsim calibrate` checks too
+        if missing:
+            op, _, mdt = missing[0].partition(" ")
+            raise CalibrationError(f"{data.csv_path}: no rows with op={op!r}" + (f" and dtype={mdt!r}" if mdt else "")
+                                   + " (field 'op')")
         impl = None if cfg.decode_impl == "best" else cfg.decode_impl
         dec = interp.best_impl(rows(S.DECODE_PAGED, dt), impl)
         if dec.empty:

@@ -105,5 +105,7 @@ class Arrivals:
     def take_ended_in_plan(self) -> list[int]:
         """Request ids the last plan ended (rejected mid-run as ``swap_space_full``), once: an engine
         frees their client slots and logs them."""
-        ended, self._ended_in_plan = self._ended_in_plan, []
+        ended = self._ended_in_plan
+        if ended:  # (no new list in the usual case: this runs at every plan)
+            self._ended_in_plan = []
         return ended

@@ -342,6 +342,11 @@ class Scenario(StrictModel):
                        f"({m.max_model_len_tokens} here; vllm/engine/arg_utils.py create_engine_config, with no "
                        f"sliding window, LoRA or speculative decoding); vllm-v0.6 keeps it off: set "
                        f"scheduler.chunked_prefill: true to follow that rule (docs/conformance.md)")
+        if self.parallel.tensor > 8:
+            link = self.gpu_spec().interconnect or "its interconnect"
+            out.append(f"note: parallel.tensor {self.parallel.tensor} spans more than one 8-GPU node; kvsim prices "
+                       f"its all-reduces over {link} as if in one node, not over the inter-node network: an "
+                       "optimistic bound (docs/models.md, 'Tensor parallel above 8')")
         caches = self.allocator_prefix_caching() or self.allocator.kind == "radix"
         if self.replicas.count > 1 and self.replicas.router.kind == "prefix_affinity" and not caches:
             out.append(f"note: replicas.router: prefix_affinity reads each replica's prefix cache, and allocator "

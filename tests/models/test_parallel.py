@@ -233,3 +233,14 @@ def test_tensor_parallel_over_pcie_is_not_faster_than_over_nvlink_under_the_defa
                                     "output_tokens": {"kind": "fixed", "value": 30}}}})
         tpot[gpu] = run(scn).summary["tpot_s"]["mean"]
     assert tpot["H100-PCIe-80GB"] > tpot["H100-SXM-80GB"]
+
+
+def test_a_tensor_degree_past_one_node_gets_a_note():
+    """tensor 16 on an NVLink preset is priced as one node's NVLink (docs/models.md, 'Tensor parallel
+    above 8'): validate and run say so; 8 and below say nothing of it."""
+    base = {"model": "Llama-3.1-405B", "gpu": "H100-SXM-80GB", "weight_dtype": "fp8",
+            "trace": {"synthetic": {"preset": "sharegpt", "num_requests": 1,
+                                    "arrival": {"process": "poisson", "rate_per_s": 1}}}}
+    notes = Scenario.model_validate({**base, "parallel": {"tensor": 16}}).notes()
+    assert any("parallel.tensor 16 spans more than one 8-GPU node" in n and "NVLink 4" in n for n in notes), notes
+    assert not any("8-GPU node" in n for n in Scenario.model_validate({**base, "parallel": {"tensor": 8}}).notes())

@@ -95,9 +95,15 @@ def test_fp8_fused_reads_faster_and_unfused_pays_the_dequant_pass():
     res = {k: r.summary for k, r in kvsim.run(kvsim.load_scenario(STUDIES / "fp8_dequant.yaml", SLICE)).items()}
     fp16, fused, unfused = (_kernel_s_per_kv_token(res[k]) for k in ("fp16", "fp8-fused", "fp8-unfused"))
     assert fused < fp16 < unfused
-    # both fp8 variants hold twice the tokens: the capacity side does not depend on fusion
-    assert res["fp8-fused"]["kv"]["capacity_tokens"] == res["fp8-unfused"]["kv"]["capacity_tokens"] \
-        == 2 * res["fp16"]["kv"]["capacity_tokens"]
+    # both fp8 variants hold twice the tokens: the capacity side does not depend on fusion. The same
+    # KV budget is cut into whole blocks, so fp8 holds 2x fp16's blocks or one more (one more when the
+    # budget's fraction of an fp16 block is at least half: so under vllm-v1's memory profile, not kvsim's)
+    kv = {k: res[k]["kv"] for k in ("fp16", "fp8-fused", "fp8-unfused")}
+    assert kv["fp8-fused"]["budget_bytes"] == kv["fp8-unfused"]["budget_bytes"] == kv["fp16"]["budget_bytes"]
+    assert kv["fp8-fused"]["capacity_tokens"] == kv["fp8-unfused"]["capacity_tokens"]
+    block = kv["fp16"]["block_size"]
+    assert 2 * kv["fp16"]["capacity_tokens"] <= kv["fp8-fused"]["capacity_tokens"] \
+        <= 2 * kv["fp16"]["capacity_tokens"] + block
     assert res["fp8-fused"]["normalized_latency_s_per_token"] < res["fp8-unfused"]["normalized_latency_s_per_token"]
 
 

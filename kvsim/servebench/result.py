@@ -45,8 +45,8 @@ class BenchResult:
     path: Path
     index: int
     model_id: str
-    request_rate: float  # requests/s; inf: every request at once
-    burstiness: float  # the gamma shape of the inter-arrival times (1: Poisson)
+    request_rate: float  # requests/s; inf: every request at once (unless ``ramp_up``)
+    burstiness: float  # the gamma shape of the inter-arrival times (1: Poisson; inf: evenly spaced)
     max_concurrency: int | None
     input_lens: list[int]
     output_lens: list[int]
@@ -58,6 +58,8 @@ class BenchResult:
     # tokens per streamed chunk the file's per-request gaps (``itls``) show: N > 1 for vLLM 0.6's
     # multi-step rounds (--num-scheduler-steps N; :func:`stream_chunk_tokens`), else 1
     chunk_tokens: int = 1
+    # vLLM's --ramp-up-strategy, --ramp-up-start-rps, --ramp-up-end-rps (the rate rises over the requests)
+    ramp_up: tuple[str, float, float] | None = None
 
     @property
     def num_requests(self) -> int:
@@ -210,12 +212,32 @@ def stream_chunk_tokens(output_lens: list[int], itls) -> int:
     return 1
 
 
+RAMP_UP_STRATEGIES = ("exponential", "linear")  # vLLM 0.32 vllm/benchmarks/serve.py _get_current_request_rate
+
+
+def _ramp_up(doc: dict, where: str) -> tuple[str, float, float] | None:
+    """vLLM's ramp-up (``ramp_up_strategy``, ``ramp_up_start_rps``, ``ramp_up_end_rps``: written only
+    with --ramp-up-strategy), or None. vLLM refuses an end below the start, and a start of 0 fails its
+    positive-rate assertion at request 0."""
+    strategy = doc.get("ramp_up_strategy")
+    if strategy is None:
+        return None
+    if strategy not in RAMP_UP_STRATEGIES:
+        raise ConfigError(f"{where}: ramp_up_strategy: expected one of {', '.join(RAMP_UP_STRATEGIES)} "
+                          f"(vllm bench serve --ramp-up-strategy), got {strategy!r}")
+    lo, hi = (_finite(doc, k, where, required=True) for k in ("ramp_up_start_rps", "ramp_up_end_rps"))
+    if not 0 < lo <= hi:
+        raise ConfigError(f"{where}: ramp_up_start_rps / ramp_up_end_rps: expected 0 < start <= end requests/s, "
+                          f"got {lo:g} and {hi:g}")
+    return strategy, lo, hi
+
+
 def _result(path: Path, docs: list[dict], index: int) -> BenchResult:
     if not 0 <= index < len(docs):
         raise ConfigError(f"{path}: --index {index}: the file holds {len(docs)} result(s) (0..{len(docs) - 1})")
     doc, where = docs[index], str(path) if len(docs) == 1 else f"{path}: result {index}"
     rate = _number(doc, "request_rate", where, required=True)
-    burst = _finite(doc, "burstiness", where)
+    burst = _number(doc, "burstiness", where)
     conc = doc.get("max_concurrency")
     if conc is not None and (isinstance(conc, bool) or not isinstance(conc, int) or conc < 1):
         raise ConfigError(f"{where}: max_concurrency: expected null or an integer >= 1, got {conc!r}")
@@ -223,7 +245,8 @@ def _result(path: Path, docs: list[dict], index: int) -> BenchResult:
         raise ConfigError(f"{where}: request_rate: expected a number > 0 (\"inf\": every request at once), "
                           f"got {doc['request_rate']!r}")
     if burst is not None and burst <= 0:
-        raise ConfigError(f"{where}: burstiness: expected a finite number > 0 (1: Poisson), got {doc['burstiness']!r}")
+        raise ConfigError(f"{where}: burstiness: expected a number > 0 (1: Poisson; inf: evenly spaced), "
+                          f"got {doc['burstiness']!r}")
     inp, out, per_request = _lengths(doc, where)
     starts = _start_times(doc, len(inp), conc is None, where)
     ttfts = doc.get("ttfts")
@@ -237,4 +260,5 @@ def _result(path: Path, docs: list[dict], index: int) -> BenchResult:
                        burstiness=1.0 if burst is None else burst, max_concurrency=conc, input_lens=inp,
                        output_lens=out, per_request=per_request, start_times=starts, published=published,
                        zero_ttft=zero,
-                       chunk_tokens=stream_chunk_tokens(out, doc.get("itls")) if per_request else 1)
+                       chunk_tokens=stream_chunk_tokens(out, doc.get("itls")) if per_request else 1,
+                       ramp_up=_ramp_up(doc, where))

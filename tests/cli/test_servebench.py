@@ -2,6 +2,7 @@
 
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
@@ -463,3 +464,53 @@ def test_a_result_file_with_a_bom_is_read(tmp_path):
     r = kvsim("servebench", str(p), "--model", "Llama-3-8B", "--gpu", "A100-80GB", "--no-test-prompt",
               "--out", str(tmp_path / "o"))
     assert r.returncode == 0, r.stderr
+
+
+def _ramp(path: Path, **extra) -> None:
+    """A vllm bench serve --ramp-up-strategy result: request_rate "inf" with the ramp's keys (vLLM 0.32)."""
+    _closed(path, **{"max_concurrency": None, "request_rate": "inf", "ramp_up_strategy": "linear",
+                     "ramp_up_start_rps": 1, "ramp_up_end_rps": 4, **extra})
+
+
+def test_a_ramp_up_follows_vllms_per_request_rates(tmp_path):
+    """QA (thirty-first session): a ramp-up's "inf" rate was replayed all at once (+5,881 % throughput).
+    vLLM 0.32's _get_current_request_rate: start + (end - start) * i / (n - 1), or start * (end / start) ** p."""
+    _ramp(tmp_path / "lin.json", burstiness=float("inf"))
+    res = result.load(tmp_path / "lin.json")
+    rates = 1 + 3 * np.arange(24) / 23
+    assert build.request_rates(res) == pytest.approx(rates)
+    t, how = build.arrivals(res, 0)
+    assert t == pytest.approx(np.cumsum(1 / rates)) and "linear ramp-up from 1 to 4" in how  # even gaps: 1 / rate
+    _ramp(tmp_path / "exp.json", ramp_up_strategy="exponential")
+    res = result.load(tmp_path / "exp.json")
+    assert build.request_rates(res) == pytest.approx(4 ** (np.arange(24) / 23))
+    t, how = build.arrivals(res, 7)
+    # gamma gaps of mean 1 / rate, not scaled to a total (vLLM scales only without a ramp-up); seeded
+    gaps = np.random.default_rng(7).gamma(shape=1.0, scale=1 / build.request_rates(res))
+    assert t == pytest.approx(np.cumsum(gaps)) and "gamma" in how and t[0] > 0
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({"ramp_up_strategy": "cubic"}, ["ramp_up_strategy", "exponential, linear", "'cubic'"]),
+    ({"ramp_up_start_rps": 0}, ["ramp_up_start_rps", "0 < start <= end"]),
+    ({"ramp_up_start_rps": 5}, ["ramp_up_start_rps", "got 5 and 4"]),
+    ({"ramp_up_end_rps": None}, ["ramp_up_end_rps", "missing"]),
+])
+def test_a_bad_ramp_up_is_one_line_exit_2(tmp_path, extra, words):
+    _ramp(tmp_path / "r.json", **extra)
+    one_line_exit_2(kvsim("servebench", str(tmp_path / "r.json"), "--model", "Llama-3-8B", "--gpu", "A100-80GB",
+                          "--out", str(tmp_path / "o")), str(tmp_path / "r.json"), *words)
+
+
+def test_burstiness_inf_sends_evenly(tmp_path):
+    """QA (thirty-first session): vllm bench serve --burstiness inf (JSON Infinity) was refused; vLLM 0.32's
+    get_request then waits 1 / rate between sends."""
+    for i, inf in enumerate((float("inf"), "inf")):
+        _closed(tmp_path / f"b{i}.json", max_concurrency=None, burstiness=inf)
+        res = result.load(tmp_path / f"b{i}.json")
+        t, how = build.arrivals(res, 0)
+        assert math.isinf(res.burstiness) and t == pytest.approx((np.arange(24) + 1) / 50.0)
+        assert "evenly spaced" in how
+    r = kvsim("servebench", str(tmp_path / "b0.json"), "--model", "Llama-3-8B", "--gpu", "A100-80GB",
+              "--out", str(tmp_path / "o"))
+    assert r.returncode == 0 and "evenly spaced arrivals (burstiness inf) at 50 req/s" in r.stdout, r.stderr

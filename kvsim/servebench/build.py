@@ -5,7 +5,7 @@ that streamed nothing still ran its prefill: 1 output token). Arrivals count fro
 start; in order of preference:
 
 * an open loop (no ``max_concurrency``) whose file has ``start_times``: the client's own send times,
-  from the start vLLM's schedule fixes (:func:`arrivals`);
+  from the benchmark's start as vLLM's schedule fixes it (:func:`arrivals`);
 * else the client's schedule as vLLM 0.32 makes it (``vllm/benchmarks/serve.py`` ``get_request`` and
   ``_get_current_request_rate``): each request's rate is the printed ``request_rate`` or, with
   ``ramp_up_strategy``, rises from ``ramp_up_start_rps`` to ``ramp_up_end_rps`` over the requests; its gap
@@ -107,13 +107,19 @@ def _load_text(result: BenchResult, seed: int) -> str:
 def arrivals(result: BenchResult, seed: int) -> tuple[np.ndarray, str]:
     """Each request's arrival at the client (s from the benchmark's start) and how it was obtained (one line).
 
-    Replayed send times (``start_times``: vLLM's ``time.perf_counter()`` at each send, on no recorded
-    base) are counted from the start that vLLM's schedule fixes (:func:`fixed_span_s`: the last send
-    less its span; the first send if that is earlier or the span is not fixed), since vLLM's duration
-    runs from ``benchmark_start_time``, taken before ``get_request`` waits the first gap."""
+    Replayed send times (``start_times``: each request's ``time.perf_counter()`` as vLLM's request
+    function starts; the file records no base, and vLLM's ``benchmark_start_time`` is not saved) count
+    from the start vLLM's schedule fixes: the last send less :func:`fixed_span_s` (vLLM's duration runs
+    from ``benchmark_start_time``, taken before ``get_request`` waits the first gap), or the first send
+    where that is earlier (a send lags its schedule, never leads it) or the span is not fixed (a
+    ramp-up with drawn gaps: the duration is then short by the first gap). This assumes vLLM 0.32's
+    schedule (the file does not print its client's version)."""
     if result.max_concurrency is None and result.start_times is not None:
         t = np.asarray(result.start_times, dtype=np.float64)
-        return t - t.min(), "the client's send times (start_times)"
+        span = fixed_span_s(result)
+        start = t.min() if span is None else min(t.min(), t.max() - span)
+        base = f"the last send less {span:g} s" if start < t.min() else "the first send"
+        return t - start, f"the client's send times (start_times), from the benchmark's start ({base})"
     return _schedule(result, seed), _load_text(result, seed)
 
 

@@ -514,3 +514,27 @@ def test_burstiness_inf_sends_evenly(tmp_path):
     r = kvsim("servebench", str(tmp_path / "b0.json"), "--model", "Llama-3-8B", "--gpu", "A100-80GB",
               "--out", str(tmp_path / "o"))
     assert r.returncode == 0 and "evenly spaced arrivals (burstiness inf) at 50 req/s" in r.stdout, r.stderr
+
+
+def test_replayed_send_times_count_from_the_benchmarks_start(tmp_path):
+    """QA (thirty-first session): replayed start_times were timed from the first send, while vLLM's duration
+    starts before get_request's first gap (+11 % throughput at 1 req/s). start_times are perf_counter
+    values on no saved base; vLLM 0.32 sends the last at num_prompts / rate after its start."""
+    _closed(tmp_path / "a.json", max_concurrency=None, request_rate=1.0, num_prompts=24,
+            start_times=[5001.0 + i for i in range(24)])
+    t, how = build.arrivals(result.load(tmp_path / "a.json"), 0)
+    assert t.tolist() == [1.0 + i for i in range(24)] and "the last send less 24 s" in how
+    # a send lags its schedule: never before the first send
+    _closed(tmp_path / "b.json", max_concurrency=None, request_rate=50.0, start_times=[7.0 + i for i in range(24)])
+    assert build.arrivals(result.load(tmp_path / "b.json"), 0)[0].tolist() == [float(i) for i in range(24)]
+    # a ramp-up's even gaps fix the span (sum of 1 / rate); its drawn gaps do not (from the first send)
+    starts = (100 + np.cumsum(1 / (1 + 3 * np.arange(24) / 23))).tolist()
+    _ramp(tmp_path / "r.json", burstiness=float("inf"), start_times=starts)
+    assert build.arrivals(result.load(tmp_path / "r.json"), 0)[0] == pytest.approx(np.asarray(starts) - 100)
+    _ramp(tmp_path / "g.json", start_times=starts)
+    assert build.arrivals(result.load(tmp_path / "g.json"), 0)[0][0] == 0.0
+    r = kvsim("servebench", str(tmp_path / "a.json"), "--model", "Llama-3-8B", "--gpu", "A100-80GB",
+              "--out", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    got = {row["metric"]: float(row["kvsim"]) for row in csv.DictReader(open(tmp_path / "o" / "comparison.csv"))}
+    assert got["request_throughput"] < 24 / 24.0  # the 24 s from the start to the last send, and more

@@ -170,6 +170,15 @@ def scenario_dict(result: BenchResult, base: dict, base_dir: Path, seed: int) ->
     return d
 
 
+def failed_note(result: BenchResult) -> str | None:
+    """One line on the printed run's failed requests (docs/validation.md: not modelled), or None."""
+    if not result.failed:
+        return None
+    return (f"{result.failed} of {result.num_requests} requests failed in the printed run (failed / errors); "
+            f"kvsim replays all {result.num_requests} like the others (failed requests are not modelled), while "
+            "the printed throughputs and latencies count only the completed ones")
+
+
 def scenario_text(result: BenchResult, d: dict, how: str, test_prompt: bool = True) -> str:
     head = [f"# kvsim servebench: {result.path.name}" + (f" (result {result.index})" if result.index else ""),
             f"# model_id {result.model_id or '(not printed)'}; {result.num_requests} requests; arrivals: {how}",
@@ -178,4 +187,6 @@ def scenario_text(result: BenchResult, d: dict, how: str, test_prompt: bool = Tr
             "# lengths: " + ("per request, as printed (input_lens, output_lens)" if result.per_request else
                              "the printed totals' means (the file has no input_lens / output_lens: "
                              "vllm bench serve --save-detailed keeps them)")]
+    if (note := failed_note(result)) is not None:
+        head.append(f"# note: {note}")
     return "\n".join(head) + "\n" + yaml.safe_dump(d, sort_keys=False, default_flow_style=False)

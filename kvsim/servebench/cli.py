@@ -211,6 +211,8 @@ def _run_one(tmp: Path, res, raw: dict, scn, where: str, test_prompt: bool) -> l
               f"0.6's multi-step scheduling, --num-scheduler-steps {res.chunk_tokens}); this run has "
               f"scheduler.num_scheduler_steps {scn.scheduler.num_scheduler_steps}: add --set "
               f"scheduler.num_scheduler_steps={res.chunk_tokens} (engine_profile vllm-v0.6)", file=sys.stderr)
+    if (note := build.failed_note(res)) is not None:
+        print(f"note: {res.path}: {note}", file=sys.stderr)
     _, how = build.arrivals(res, scn.seed)
     (tmp / "trace.csv").write_text(build.trace_text(res, scn.seed, test_prompt))
     (tmp / "scenario.yaml").write_text(build.scenario_text(res, raw, how, test_prompt))

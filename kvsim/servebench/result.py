@@ -60,6 +60,7 @@ class BenchResult:
     chunk_tokens: int = 1
     # vLLM's --ramp-up-strategy, --ramp-up-start-rps, --ramp-up-end-rps (the rate rises over the requests)
     ramp_up: tuple[str, float, float] | None = None
+    failed: int = 0  # requests the printed run counted as failed (:func:`_failed`)
 
     @property
     def num_requests(self) -> int:
@@ -232,6 +233,21 @@ def _ramp_up(doc: dict, where: str) -> tuple[str, float, float] | None:
     return strategy, lo, hi
 
 
+def _failed(doc: dict, n: int, where: str) -> int:
+    """Requests the printed run counted as failed: ``failed`` (vLLM 0.10+), else its non-empty
+    ``errors``, else ``num_prompts`` (``n``) less ``completed``."""
+    failed = _number(doc, "failed", where)
+    if failed is not None:
+        if not (0 <= failed <= n and failed == int(failed)):
+            raise ConfigError(f"{where}: failed: expected an integer 0..{n} (requests), got {doc['failed']!r}")
+        return int(failed)
+    errors = doc.get("errors")
+    if isinstance(errors, list) and len(errors) == n:
+        return sum(1 for e in errors if e)
+    done = _number(doc, "completed", where)
+    return 0 if done is None or math.isinf(done) else min(n, max(0, n - int(done)))
+
+
 def _result(path: Path, docs: list[dict], index: int) -> BenchResult:
     if not 0 <= index < len(docs):
         raise ConfigError(f"{path}: --index {index}: the file holds {len(docs)} result(s) (0..{len(docs) - 1})")
@@ -261,4 +277,4 @@ def _result(path: Path, docs: list[dict], index: int) -> BenchResult:
                        output_lens=out, per_request=per_request, start_times=starts, published=published,
                        zero_ttft=zero,
                        chunk_tokens=stream_chunk_tokens(out, doc.get("itls")) if per_request else 1,
-                       ramp_up=_ramp_up(doc, where))
+                       ramp_up=_ramp_up(doc, where), failed=_failed(doc, len(inp), where))

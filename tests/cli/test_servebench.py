@@ -538,3 +538,22 @@ def test_replayed_send_times_count_from_the_benchmarks_start(tmp_path):
     assert r.returncode == 0, r.stderr
     got = {row["metric"]: float(row["kvsim"]) for row in csv.DictReader(open(tmp_path / "o" / "comparison.csv"))}
     assert got["request_throughput"] < 24 / 24.0  # the 24 s from the start to the last send, and more
+
+
+def test_failed_requests_get_a_note(tmp_path):
+    """QA (thirty-first session): a result with failed requests ran with no word that kvsim replays them all."""
+    _closed(tmp_path / "f.json", max_concurrency=None, request_rate="inf", failed=2,
+            errors=[""] * 22 + ["Bad Request: prompt too long"] * 2)
+    assert result.load(tmp_path / "f.json").failed == 2
+    _closed(tmp_path / "e.json", errors=[""] * 23 + ["timeout"])  # no "failed" (vLLM 0.4-0.6): the errors
+    _closed(tmp_path / "c.json", completed=20)  # nor errors: num_prompts less completed
+    assert result.load(tmp_path / "e.json").failed == 1 and result.load(tmp_path / "c.json").failed == 4
+    r = kvsim("servebench", str(tmp_path / "f.json"), "--model", "Llama-3-8B", "--gpu", "A100-80GB",
+              "--out", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    note = [ln for ln in r.stderr.splitlines() if "failed" in ln]
+    assert len(note) == 1 and "2 of 24 requests failed in the printed run" in note[0]
+    assert "replays all 24" in note[0] and "# note: 2 of 24" in (tmp_path / "o" / "scenario.yaml").read_text()
+    ok = kvsim("servebench", str(tmp_path / "c.json"), "--model", "Llama-3-8B", "--gpu", "A100-80GB",
+               "--index", "0", "--out", str(tmp_path / "o2"))
+    assert ok.returncode == 0 and "4 of 24 requests failed" in ok.stderr, ok.stderr

@@ -67,6 +67,11 @@ class BenchResult:
         return len(self.input_lens)
 
 
+# what a result file is (the one-line errors of an unreadable one say it)
+READS = ("servebench reads the JSON that vllm bench serve --save-result (vLLM's benchmark_serving.py "
+         "--save-result) writes, or the JSONL of SGLang's bench_serving.py --output-file")
+
+
 def _documents(path: Path) -> list[dict]:
     try:
         text = path.read_text(encoding="utf-8-sig")  # (a BOM is no JSON error)
@@ -82,9 +87,11 @@ def _documents(path: Path) -> list[dict]:
                 try:
                     docs.append(json.loads(line))
                 except json.JSONDecodeError as e:
-                    raise ConfigError(f"{path}: line {n}: not JSON ({e.msg})") from None
+                    table = "the printed 'Serving Benchmark Result' table" if "Serving Benchmark Result" in text \
+                        else "printed text"
+                    raise ConfigError(f"{path}: line {n}: not JSON ({e.msg}); {READS}, not {table}") from None
     if not docs or not all(isinstance(d, dict) for d in docs):
-        raise ConfigError(f"{path}: expected a JSON object (vllm bench serve --save-result), or one per line")
+        raise ConfigError(f"{path}: expected a JSON object, or one per line; {READS}")
     return docs
 
 

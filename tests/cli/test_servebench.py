@@ -557,3 +557,13 @@ def test_failed_requests_get_a_note(tmp_path):
     ok = kvsim("servebench", str(tmp_path / "c.json"), "--model", "Llama-3-8B", "--gpu", "A100-80GB",
                "--index", "0", "--out", str(tmp_path / "o2"))
     assert ok.returncode == 0 and "4 of 24 requests failed" in ok.stderr, ok.stderr
+
+
+def test_the_printed_table_is_refused_naming_the_files_servebench_reads(tmp_path):
+    """QA (thirty-first session): the printed table gave only 'line 1: not JSON'."""
+    p = tmp_path / "print.txt"
+    p.write_text("INFO 10-01 benchmark_serving.py:123] Namespace(backend='vllm')\n"
+                 "============ Serving Benchmark Result ============\nSuccessful requests:   1000\n")
+    one_line_exit_2(kvsim("servebench", str(p), "--model", "Llama-3-8B", "--gpu", "A100-80GB", "--out",
+                          str(tmp_path / "o")), str(p), "line 1: not JSON", "--save-result",
+                    "SGLang's bench_serving.py --output-file", "not the printed 'Serving Benchmark Result' table")

@@ -14,11 +14,8 @@ import json
 from kvsim.errors import ConfigError
 from kvsim.cliargs import int_in, positive_int
 from kvsim.kv.base import MAX_BLOCK_TOKENS as MAX_BLOCK
+from kvsim.timing.kernel_corpus import MAX_BATCH, MAX_CONTEXT  # one launch's bounds (a readings row's too)
 
-# one launch's bounds: a GPU's batch (vLLM's max_num_seqs is 256-1,024 by default; the tables the model
-# keeps per batch size grow with it) and a context past every preset's max_model_len
-MAX_BATCH = 1 << 20
-MAX_CONTEXT = 1 << 24
 # the options of one launch's prediction (argparse dests), which --check does not take
 LAUNCH_FLAGS = ("gpu", "model", "tensor", "batch", "context", "block_size", "contiguous", "backend", "kv_dtype")
 LAUNCH_OPTIONS = tuple(f"--{f.replace('_', '-')}" for f in LAUNCH_FLAGS)

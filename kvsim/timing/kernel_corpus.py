@@ -29,6 +29,12 @@ COLUMNS = ("source_id", "source", "source_url", "source_commit", "source_date", 
            "layers", "time_us", "bandwidth_util", "l2", "reading", "reading_error", "split", "note", "timing")
 OPTIONAL_TEXT = ("note",)  # may be empty; every other field must be given ("none"/"na" say "not printed")
 INT_FIELDS = ("batch", "context", "query_heads", "kv_heads", "head_dim", "page_size", "layers")
+# one launch's bounds, for a row as for ``kvsim kernel --batch/--context`` (kvsim.kernel_cli): a GPU's batch
+# (vLLM's max_num_seqs is 256-1,024 by default; the tables the model keeps per batch size grow with it) and a
+# context past every preset's max_model_len
+MAX_BATCH = 1 << 20
+MAX_CONTEXT = 1 << 24
+INT_BOUNDS = {"batch": (MAX_BATCH, "--batch"), "context": (MAX_CONTEXT, "--context")}
 SPLITS = ("fit", "holdout")
 READINGS = ("text", "figure")
 L2_STATES = ("warm", "cold", "unknown")
@@ -115,6 +121,9 @@ def _point(vals: dict, at: str, row: int) -> KernelPoint:
             raise ConfigError(f"{at}: key '{k}' must be a whole number, got {vals[k]!r}") from None
         if ints[k] < 1:
             raise ConfigError(f"{at}: key '{k}' must be >= 1, got {ints[k]}")
+        if k in INT_BOUNDS and ints[k] > INT_BOUNDS[k][0]:
+            top, flag = INT_BOUNDS[k]
+            raise ConfigError(f"{at}: key '{k}' must be 1..{top:,} (as {flag}), got {ints[k]:,}")
     if ints["query_heads"] % ints["kv_heads"]:
         raise ConfigError(f"{at}: key 'kv_heads' must divide query_heads ({ints['query_heads']}), got {ints['kv_heads']}")
     if vals["attention"] == "mla" and ints["kv_heads"] != 1:

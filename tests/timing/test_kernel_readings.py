@@ -94,3 +94,19 @@ def test_a_file_that_is_not_text_is_refused_in_one_line(tmp_path, capsys, args):
     assert main([*args, str(f)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "binary.csv" in err[0] and "not UTF-8 text" in err[0]
+
+
+@pytest.mark.parametrize("batch, context, words", [
+    (100_000_000, 16, ["row 3", "'batch'", "1..1,048,576 (as --batch)", "got 100,000,000"]),
+    (8, 16_777_217, ["row 3", "'context'", "1..16,777,216 (as --context)", "got 16,777,217"]),
+])
+def test_a_reading_past_the_launch_bounds_is_refused(tmp_path, capsys, batch, context, words):
+    """QA (thirty-first session): one row of batch 10^8 took 12 GB and minutes; a row is bounded as --batch
+    and --context are (the shipped corpus is within them: it loads)."""
+    f = tmp_path / "big.csv"
+    f.write_text(f"{HEADER}\nH100-SXM-80GB,flashattention-paged,8,16,32,8,128,fp16,16,10\n"
+                 f"H100-SXM-80GB,flashattention-paged,{batch},{context},32,8,128,fp16,16,1000\n")
+    assert main(["kernel", "--check", "--readings", str(f)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "big.csv" in err[0] and all(w in err[0] for w in words), err
+    assert load_corpus()

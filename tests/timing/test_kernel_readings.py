@@ -110,3 +110,16 @@ def test_a_reading_past_the_launch_bounds_is_refused(tmp_path, capsys, batch, co
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "big.csv" in err[0] and all(w in err[0] for w in words), err
     assert load_corpus()
+
+
+def test_a_readings_file_with_a_bom_is_read(tmp_path, capsys):
+    """QA (thirty-first session): a UTF-8 BOM (a spreadsheet's CSV export) read as "key 'gpu_preset' is missing
+    from the header"; the user's files are read as utf-8-sig (kvsim.errors.read_user_text)."""
+    from kvsim.errors import read_user_text
+
+    f = tmp_path / "bom.csv"
+    f.write_text(f"{HEADER}\nH100-SXM-80GB,flashattention-paged,64,512,32,32,128,fp16,256,194.181\n",
+                 encoding="utf-8-sig")
+    assert main(["kernel", "--check", "--readings", str(f), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["backend"] == "flashattention-paged"
+    assert read_user_text(f, "x").startswith("gpu_preset,")

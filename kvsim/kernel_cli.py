@@ -45,14 +45,12 @@ time raised to their source's host floor (the median of its smallest-batch fit r
 floor is the measurement's, never part of the kernel model the simulator runs.
 
 --check --readings FILE compares the built-in backends with your own readings instead: a CSV with the
-columns gpu_preset (a kvsim GPU preset), backend (a built-in backend), batch, context (KV tokens per
-sequence), query_heads, kv_heads, head_dim (the heads of one GPU's launch), dtype, page_size (tokens;
+columns gpu_preset (a kvsim GPU preset), backend (a built-in backend), batch (up to 1,048,576), context
+(KV tokens per sequence, up to 16,777,216), query_heads, kv_heads, head_dim (the heads of one GPU's launch), dtype, page_size (tokens;
 for contiguous KV the context) and time_us (one launch of `layers` layers, the kernel alone: a CUDA
-graph or a profiler's kernel rows), and optionally layers (default 1), attention (gqa or mla; default
-gqa), l2 and note. It prints each reading beside the model's time and utilisation, then the error
+graph or a profiler's kernel rows), and optionally layers (default 1), attention (gqa or mla, a kind the
+backend reads: flashmla reads mla only; default gqa), l2 and note. It prints each reading beside the model's time and utilisation, then the error
 table and the targets as above, every reading counted as held out."""
-
-
 
 
 def register(subparsers) -> None:

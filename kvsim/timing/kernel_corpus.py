@@ -160,9 +160,10 @@ READING_COLUMNS = ("gpu_preset", "backend", "batch", "context", "query_heads", "
 READING_OPTIONAL = {"layers": "1", "attention": "gqa", "l2": "unknown", "note": ""}
 
 
-def load_readings(path: str | Path, backends) -> list[KernelPoint]:
+def load_readings(path: str | Path, backends: dict) -> list[KernelPoint]:
     """A CSV of READING_COLUMNS (and optionally READING_OPTIONAL's) as held-out corpus points of source ``path``;
-    a GPU that is not a kvsim preset or a backend not in ``backends`` is refused (one line, file, row, key)."""
+    a GPU that is not a kvsim preset, a backend not in ``backends`` (name -> BackendProfile) or an ``attention``
+    kind its profile does not read (``attention_kinds``) is refused (one line, file, row, key)."""
     from kvsim.hw import GPUS
 
     p = Path(path)
@@ -186,6 +187,10 @@ def load_readings(path: str | Path, backends) -> list[KernelPoint]:
         if vals["backend"] not in backends:
             raise ConfigError(f"{at}: key 'backend' must be one of {format_choices(backends)} (or an old name: "
                               f"{format_choices(BACKEND_ALIASES)}), got {vals['backend']!r}")
+        kinds = backends[vals["backend"]].attention_kinds
+        if vals["attention"] in ATTENTION and vals["attention"] not in kinds:
+            raise ConfigError(f"{at}: key 'attention' must be one of {format_choices(kinds)} for backend "
+                              f"{vals['backend']!r} (its profile's attention_kinds), got {vals['attention']!r}")
         vals |= {"source_id": p.name, "source_url": "none", "gpu": vals["gpu_preset"], "bandwidth_util": "na",
                  "reading": "text", "split": "holdout", "timing": "kernel"}
         out.append(_point(vals, at, i))

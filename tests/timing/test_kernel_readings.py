@@ -123,3 +123,17 @@ def test_a_readings_file_with_a_bom_is_read(tmp_path, capsys):
     assert main(["kernel", "--check", "--readings", str(f), "--json"]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[0])["backend"] == "flashattention-paged"
     assert read_user_text(f, "x").startswith("gpu_preset,")
+
+
+def test_a_reading_of_an_attention_kind_its_backend_does_not_read_is_refused(tmp_path, capsys):
+    """QA (thirty-first session): flashmla rows with attention gqa were accepted. The backend's profile says
+    which kinds it reads (attention_kinds, as for a run's model); flashattention-paged reads both."""
+    f = tmp_path / "mine.csv"
+    f.write_text(f"{HEADER},attention\nH100-SXM-80GB,flashmla,64,4096,128,1,576,bf16,64,300,mla\n"
+                 "H100-SXM-80GB,flashmla,64,4096,32,8,128,bf16,64,300,gqa\n")
+    assert main(["kernel", "--check", "--readings", str(f)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and all(w in err[0] for w in ("mine.csv row 3", "'attention'", "one of mla", "'flashmla'",
+                                                         "got 'gqa'")), err
+    f.write_text(f"{HEADER},attention\nH100-SXM-80GB,flashattention-paged,64,4096,128,1,576,bf16,16,300,mla\n")
+    assert main(["kernel", "--check", "--readings", str(f), "--json"]) == 0

@@ -51,10 +51,12 @@ class Interrupted(KeyboardInterrupt):
 
 
 def read_user_text(path: Path, what: str) -> str:
-    """The UTF-8 text of the user's file ``path``; a file that cannot be read (missing, a directory, no
-    permission) or is not UTF-8 text is one :class:`ConfigError` line: ``PATH: cannot read WHAT: why``."""
+    """The UTF-8 text of the user's file ``path``, without a leading byte-order mark (a spreadsheet's
+    "CSV UTF-8" export starts with one, which would otherwise join the first header key); a file that
+    cannot be read (missing, a directory, no permission) or is not UTF-8 text is one
+    :class:`ConfigError` line: ``PATH: cannot read WHAT: why``."""
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")
     except OSError as e:
         raise ConfigError(f"{path}: cannot read {what} ({e.strerror or e})") from None
     except UnicodeDecodeError as e:

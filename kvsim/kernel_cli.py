@@ -14,11 +14,8 @@ import json
 from kvsim.errors import ConfigError
 from kvsim.cliargs import int_in, positive_int
 from kvsim.kv.base import MAX_BLOCK_TOKENS as MAX_BLOCK
+from kvsim.timing.kernel_corpus import MAX_BATCH, MAX_CONTEXT  # one launch's bounds (a readings row's too)
 
-# one launch's bounds: a GPU's batch (vLLM's max_num_seqs is 256-1,024 by default; the tables the model
-# keeps per batch size grow with it) and a context past every preset's max_model_len
-MAX_BATCH = 1 << 20
-MAX_CONTEXT = 1 << 24
 # the options of one launch's prediction (argparse dests), which --check does not take
 LAUNCH_FLAGS = ("gpu", "model", "tensor", "batch", "context", "block_size", "contiguous", "backend", "kv_dtype")
 LAUNCH_OPTIONS = tuple(f"--{f.replace('_', '-')}" for f in LAUNCH_FLAGS)
@@ -48,14 +45,12 @@ time raised to their source's host floor (the median of its smallest-batch fit r
 floor is the measurement's, never part of the kernel model the simulator runs.
 
 --check --readings FILE compares the built-in backends with your own readings instead: a CSV with the
-columns gpu_preset (a kvsim GPU preset), backend (a built-in backend), batch, context (KV tokens per
-sequence), query_heads, kv_heads, head_dim (the heads of one GPU's launch), dtype, page_size (tokens;
+columns gpu_preset (a kvsim GPU preset), backend (a built-in backend), batch (up to 1,048,576), context
+(KV tokens per sequence, up to 16,777,216), query_heads, kv_heads, head_dim (the heads of one GPU's launch), dtype, page_size (tokens;
 for contiguous KV the context) and time_us (one launch of `layers` layers, the kernel alone: a CUDA
-graph or a profiler's kernel rows), and optionally layers (default 1), attention (gqa or mla; default
-gqa), l2 and note. It prints each reading beside the model's time and utilisation, then the error
+graph or a profiler's kernel rows), and optionally layers (default 1), attention (gqa or mla, a kind the
+backend reads: flashmla reads mla only; default gqa), l2 and note. It prints each reading beside the model's time and utilisation, then the error
 table and the targets as above, every reading counted as held out."""
-
-
 
 
 def register(subparsers) -> None:

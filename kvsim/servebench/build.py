@@ -1,15 +1,18 @@
 """A benchmark result's trace and scenario (pure functions: text in, text out).
 
 The trace holds the result's requests in order, with its prompt and generated lengths (a request
-that streamed nothing still ran its prefill: 1 output token). Arrivals, in order of preference:
+that streamed nothing still ran its prefill: 1 output token). Arrivals count from the benchmark's
+start; in order of preference:
 
 * an open loop (no ``max_concurrency``) whose file has ``start_times``: the client's own send times,
-  from the first;
-* ``request_rate: inf``: every request at 0;
-* else the client's schedule as vLLM 0.32 draws it (``vllm/benchmarks/serve.py`` ``get_request``):
-  gamma inter-arrival times of shape ``burstiness`` and mean ``1 / request_rate``, summed and scaled
-  so that the last request is sent at ``num_prompts / request_rate``. The draw is kvsim's (seeded by
-  the scenario's ``seed``), not the run's: same distribution, not the same times.
+  from the benchmark's start as vLLM's schedule fixes it (:func:`arrivals`);
+* else the client's schedule as vLLM 0.32 makes it (``vllm/benchmarks/serve.py`` ``get_request`` and
+  ``_get_current_request_rate``): each request's rate is the printed ``request_rate`` or, with
+  ``ramp_up_strategy``, rises from ``ramp_up_start_rps`` to ``ramp_up_end_rps`` over the requests; its gap
+  is 0 at rate inf, ``1 / rate`` at ``burstiness`` inf, else a gamma draw of shape ``burstiness`` and mean
+  ``1 / rate``; the gaps are summed and, without a ramp-up, scaled so that the last request is sent at
+  ``num_prompts / request_rate``. The draw is kvsim's (seeded by the scenario's ``seed``), not the
+  run's: same distribution, not the same times.
 
 With ``max_concurrency`` the scenario gets ``client: {max_concurrency: N}`` (kvsim/client.py), so
 each request is sent when one of the N in flight ends, as the benchmark sends them.
@@ -46,28 +49,85 @@ def prompt_keys(index: int, tokens: int) -> list[int]:
     return keys
 
 
-def arrivals(result: BenchResult, seed: int) -> tuple[np.ndarray, str]:
-    """Each request's arrival at the client (s) and how it was obtained (one line)."""
+def request_rates(result: BenchResult) -> np.ndarray:
+    """Each request's rate (requests/s) as vLLM 0.32's ``_get_current_request_rate`` gives it: the
+    printed rate, or with a ramp-up ``start + (end - start) * p`` (linear) or ``start * (end / start) ** p``
+    (exponential) at progress ``p = index / max(n - 1, 1)``."""
     n = result.num_requests
+    if result.ramp_up is None:
+        return np.full(n, result.request_rate)
+    strategy, lo, hi = result.ramp_up
+    progress = np.arange(n) / max(n - 1, 1)
+    return lo + (hi - lo) * progress if strategy == "linear" else lo * (hi / lo) ** progress
+
+
+def fixed_span_s(result: BenchResult) -> float | None:
+    """When vLLM 0.32's ``get_request`` sends the last request, counted from the benchmark's start,
+    where its code fixes it: 0 at rate inf, ``num_prompts / rate`` at a finite rate (the drawn gaps are
+    scaled to it), the sum of ``1 / rate`` with a ramp-up and burstiness inf (even gaps). None with a
+    ramp-up and drawn gaps: vLLM does not scale those."""
+    rates = request_rates(result)
+    if result.ramp_up is None:
+        return 0.0 if math.isinf(result.request_rate) else result.num_requests / result.request_rate
+    return float(np.sum(1.0 / rates)) if math.isinf(result.burstiness) else None
+
+
+def _schedule(result: BenchResult, seed: int) -> np.ndarray:
+    """vLLM 0.32's send offsets from the benchmark's start (``get_request``'s ``delay_ts``): per request
+    a gap of 0 at rate inf, ``1 / rate`` at burstiness inf, else a gamma draw of shape ``burstiness`` and
+    mean ``1 / rate`` (kvsim's draw, seeded); summed, and without a ramp-up scaled so that the last is
+    at ``num_prompts / rate``."""
+    rates = request_rates(result)
+    if np.isinf(rates).all():
+        return np.zeros(result.num_requests)
+    b = result.burstiness
+    if math.isinf(b):
+        gaps = 1.0 / rates
+    else:
+        gaps = np.random.default_rng(seed).gamma(shape=b, scale=1.0 / (rates * b))
+    t = np.cumsum(gaps)
+    if result.ramp_up is None:
+        t *= fixed_span_s(result) / t[-1]
+    return t
+
+
+def _load_text(result: BenchResult, seed: int) -> str:
+    if result.ramp_up is not None:
+        strategy, lo, hi = result.ramp_up
+        rate = f"a {strategy} ramp-up from {lo:g} to {hi:g} req/s (vLLM 0.32's per-request rates, unscaled)"
+    elif math.isinf(result.request_rate):
+        return "request_rate inf: every request at once"
+    else:
+        rate = f"{result.request_rate:g} req/s (the last at num_prompts / rate, as vLLM 0.32 scales them)"
+    if math.isinf(result.burstiness):
+        return f"evenly spaced arrivals (burstiness inf) at {rate}"
+    return f"gamma arrivals at {rate}, burstiness {result.burstiness:g} (kvsim's draw, seed {seed})"
+
+
+def arrivals(result: BenchResult, seed: int) -> tuple[np.ndarray, str]:
+    """Each request's arrival at the client (s from the benchmark's start) and how it was obtained (one line).
+
+    Replayed send times (``start_times``: each request's ``time.perf_counter()`` as vLLM's request
+    function starts; the file records no base, and vLLM's ``benchmark_start_time`` is not saved) count
+    from the start vLLM's schedule fixes: the last send less :func:`fixed_span_s` (vLLM's duration runs
+    from ``benchmark_start_time``, taken before ``get_request`` waits the first gap), or the first send
+    where that is earlier (a send lags its schedule, never leads it) or the span is not fixed (a
+    ramp-up with drawn gaps: the duration is then short by the first gap). This assumes vLLM 0.32's
+    schedule (the file does not print its client's version)."""
     if result.max_concurrency is None and result.start_times is not None:
         t = np.asarray(result.start_times, dtype=np.float64)
-        return t - t.min(), "the client's send times (start_times)"
-    if math.isinf(result.request_rate):
-        return np.zeros(n), "request_rate inf: every request at once"
-    rng = np.random.default_rng(seed)
-    gaps = rng.gamma(shape=result.burstiness, scale=1.0 / (result.request_rate * result.burstiness), size=n)
-    t = np.cumsum(gaps)
-    t *= (n / result.request_rate) / t[-1]
-    return t, (f"gamma arrivals at {result.request_rate:g} req/s, burstiness {result.burstiness:g} "
-               f"(kvsim's draw, seed {seed}; the last at num_prompts / rate, as vLLM 0.32 scales them)")
+        span = fixed_span_s(result)
+        start = t.min() if span is None else min(t.min(), t.max() - span)
+        base = f"the last send less {span:g} s" if start < t.min() else "the first send"
+        return t - start, f"the client's send times (start_times), from the benchmark's start ({base})"
+    return _schedule(result, seed), _load_text(result, seed)
 
 
-def benchmark_start_s(result: BenchResult, test_prompt: bool = True) -> float | None:
-    """Where the benchmark's clock starts in the trace when kvsim draws the arrivals: vLLM 0.32's client
-    (``get_request``) waits the first gap after its start before it sends request 0, and its duration
-    counts that wait. None where request 0 is sent at the start (replayed send times, rate inf)."""
-    if (result.max_concurrency is None and result.start_times is not None) or math.isinf(result.request_rate):
-        return None
+def benchmark_start_s(test_prompt: bool = True) -> float:
+    """Where the benchmark's clock starts in the trace: every arrival (:func:`arrivals`) counts from
+    the benchmark's start, which the trace puts at :data:`TEST_PROMPT_GAP_S` (0 without the test
+    prompt). vLLM 0.32's client waits the first gap after its start before it sends request 0, and
+    its duration counts that wait."""
     return TEST_PROMPT_GAP_S if test_prompt else 0.0
 
 
@@ -110,6 +170,15 @@ def scenario_dict(result: BenchResult, base: dict, base_dir: Path, seed: int) ->
     return d
 
 
+def failed_note(result: BenchResult) -> str | None:
+    """One line on the printed run's failed requests (docs/validation.md: not modelled), or None."""
+    if not result.failed:
+        return None
+    return (f"{result.failed} of {result.num_requests} requests failed in the printed run (failed / errors); "
+            f"kvsim replays all {result.num_requests} like the others (failed requests are not modelled), while "
+            "the printed throughputs and latencies count only the completed ones")
+
+
 def scenario_text(result: BenchResult, d: dict, how: str, test_prompt: bool = True) -> str:
     head = [f"# kvsim servebench: {result.path.name}" + (f" (result {result.index})" if result.index else ""),
             f"# model_id {result.model_id or '(not printed)'}; {result.num_requests} requests; arrivals: {how}",
@@ -118,4 +187,6 @@ def scenario_text(result: BenchResult, d: dict, how: str, test_prompt: bool = Tr
             "# lengths: " + ("per request, as printed (input_lens, output_lens)" if result.per_request else
                              "the printed totals' means (the file has no input_lens / output_lens: "
                              "vllm bench serve --save-detailed keeps them)")]
+    if (note := failed_note(result)) is not None:
+        head.append(f"# note: {note}")
     return "\n".join(head) + "\n" + yaml.safe_dump(d, sort_keys=False, default_flow_style=False)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 DESCRIPTION = """Read a serving-benchmark result (vllm bench serve --save-result, best with --save-detailed;
 benchmark_serving.py --save-result; SGLang bench_serving.py --output-file), replay its requests (lengths,
-arrivals or rate, --max-concurrency) on the deployment you name, and print the benchmark's metrics
+send times or rate, burstiness and vLLM's --ramp-up-strategy, --max-concurrency) on the deployment you name, and print the benchmark's metrics
 (throughputs; TTFT, TPOT, ITL and E2EL means, medians, p90s and p99s, as printed) from kvsim's serving
 summary beside the printed ones, with the relative error and issue 23's targets (throughput and TPOT
 means / medians within 20 %, TTFT within 35 %). The deployment is --scenario (a kvsim scenario:
@@ -211,6 +211,8 @@ def _run_one(tmp: Path, res, raw: dict, scn, where: str, test_prompt: bool) -> l
               f"0.6's multi-step scheduling, --num-scheduler-steps {res.chunk_tokens}); this run has "
               f"scheduler.num_scheduler_steps {scn.scheduler.num_scheduler_steps}: add --set "
               f"scheduler.num_scheduler_steps={res.chunk_tokens} (engine_profile vllm-v0.6)", file=sys.stderr)
+    if (note := build.failed_note(res)) is not None:
+        print(f"note: {res.path}: {note}", file=sys.stderr)
     _, how = build.arrivals(res, scn.seed)
     (tmp / "trace.csv").write_text(build.trace_text(res, scn.seed, test_prompt))
     (tmp / "scenario.yaml").write_text(build.scenario_text(res, raw, how, test_prompt))
@@ -229,7 +231,7 @@ def _run_one(tmp: Path, res, raw: dict, scn, where: str, test_prompt: bool) -> l
     # distribution over decode steps is the run's (a request table has no step times; the test
     # prompt's few steps are in it), its mean over every gap the benchmark requests' own
     serving = table_metrics(reqs, frozenset(i + shift for i in res.zero_ttft), scn.scheduler.num_scheduler_steps,
-                            build.benchmark_start_s(res, test_prompt),
+                            build.benchmark_start_s(test_prompt),
                             frozenset(i + shift for i, o in enumerate(res.output_lens) if o == 0))
     serving["itl_ms"] = {**ran.summary["serving"]["itl_ms"],
                          "mean_with_stalls": serving["itl_ms"]["mean_with_stalls"]}

@@ -45,8 +45,8 @@ class BenchResult:
     path: Path
     index: int
     model_id: str
-    request_rate: float  # requests/s; inf: every request at once
-    burstiness: float  # the gamma shape of the inter-arrival times (1: Poisson)
+    request_rate: float  # requests/s; inf: every request at once (unless ``ramp_up``)
+    burstiness: float  # the gamma shape of the inter-arrival times (1: Poisson; inf: evenly spaced)
     max_concurrency: int | None
     input_lens: list[int]
     output_lens: list[int]
@@ -58,10 +58,18 @@ class BenchResult:
     # tokens per streamed chunk the file's per-request gaps (``itls``) show: N > 1 for vLLM 0.6's
     # multi-step rounds (--num-scheduler-steps N; :func:`stream_chunk_tokens`), else 1
     chunk_tokens: int = 1
+    # vLLM's --ramp-up-strategy, --ramp-up-start-rps, --ramp-up-end-rps (the rate rises over the requests)
+    ramp_up: tuple[str, float, float] | None = None
+    failed: int = 0  # requests the printed run counted as failed (:func:`_failed`)
 
     @property
     def num_requests(self) -> int:
         return len(self.input_lens)
+
+
+# what a result file is (the one-line errors of an unreadable one say it)
+READS = ("servebench reads the JSON that vllm bench serve --save-result (vLLM's benchmark_serving.py "
+         "--save-result) writes, or the JSONL of SGLang's bench_serving.py --output-file")
 
 
 def _documents(path: Path) -> list[dict]:
@@ -79,9 +87,11 @@ def _documents(path: Path) -> list[dict]:
                 try:
                     docs.append(json.loads(line))
                 except json.JSONDecodeError as e:
-                    raise ConfigError(f"{path}: line {n}: not JSON ({e.msg})") from None
+                    table = "the printed 'Serving Benchmark Result' table" if "Serving Benchmark Result" in text \
+                        else "printed text"
+                    raise ConfigError(f"{path}: line {n}: not JSON ({e.msg}); {READS}, not {table}") from None
     if not docs or not all(isinstance(d, dict) for d in docs):
-        raise ConfigError(f"{path}: expected a JSON object (vllm bench serve --save-result), or one per line")
+        raise ConfigError(f"{path}: expected a JSON object, or one per line; {READS}")
     return docs
 
 
@@ -210,12 +220,47 @@ def stream_chunk_tokens(output_lens: list[int], itls) -> int:
     return 1
 
 
+RAMP_UP_STRATEGIES = ("exponential", "linear")  # vLLM 0.32 vllm/benchmarks/serve.py _get_current_request_rate
+
+
+def _ramp_up(doc: dict, where: str) -> tuple[str, float, float] | None:
+    """vLLM's ramp-up (``ramp_up_strategy``, ``ramp_up_start_rps``, ``ramp_up_end_rps``: written only
+    with --ramp-up-strategy), or None. vLLM refuses an end below the start, and a start of 0 fails its
+    positive-rate assertion at request 0."""
+    strategy = doc.get("ramp_up_strategy")
+    if strategy is None:
+        return None
+    if strategy not in RAMP_UP_STRATEGIES:
+        raise ConfigError(f"{where}: ramp_up_strategy: expected one of {', '.join(RAMP_UP_STRATEGIES)} "
+                          f"(vllm bench serve --ramp-up-strategy), got {strategy!r}")
+    lo, hi = (_finite(doc, k, where, required=True) for k in ("ramp_up_start_rps", "ramp_up_end_rps"))
+    if not 0 < lo <= hi:
+        raise ConfigError(f"{where}: ramp_up_start_rps / ramp_up_end_rps: expected 0 < start <= end requests/s, "
+                          f"got {lo:g} and {hi:g}")
+    return strategy, lo, hi
+
+
+def _failed(doc: dict, n: int, where: str) -> int:
+    """Requests the printed run counted as failed: ``failed`` (vLLM 0.10+), else its non-empty
+    ``errors``, else ``num_prompts`` (``n``) less ``completed``."""
+    failed = _number(doc, "failed", where)
+    if failed is not None:
+        if not (0 <= failed <= n and failed == int(failed)):
+            raise ConfigError(f"{where}: failed: expected an integer 0..{n} (requests), got {doc['failed']!r}")
+        return int(failed)
+    errors = doc.get("errors")
+    if isinstance(errors, list) and len(errors) == n:
+        return sum(1 for e in errors if e)
+    done = _number(doc, "completed", where)
+    return 0 if done is None or math.isinf(done) else min(n, max(0, n - int(done)))
+
+
 def _result(path: Path, docs: list[dict], index: int) -> BenchResult:
     if not 0 <= index < len(docs):
         raise ConfigError(f"{path}: --index {index}: the file holds {len(docs)} result(s) (0..{len(docs) - 1})")
     doc, where = docs[index], str(path) if len(docs) == 1 else f"{path}: result {index}"
     rate = _number(doc, "request_rate", where, required=True)
-    burst = _finite(doc, "burstiness", where)
+    burst = _number(doc, "burstiness", where)
     conc = doc.get("max_concurrency")
     if conc is not None and (isinstance(conc, bool) or not isinstance(conc, int) or conc < 1):
         raise ConfigError(f"{where}: max_concurrency: expected null or an integer >= 1, got {conc!r}")
@@ -223,7 +268,8 @@ def _result(path: Path, docs: list[dict], index: int) -> BenchResult:
         raise ConfigError(f"{where}: request_rate: expected a number > 0 (\"inf\": every request at once), "
                           f"got {doc['request_rate']!r}")
     if burst is not None and burst <= 0:
-        raise ConfigError(f"{where}: burstiness: expected a finite number > 0 (1: Poisson), got {doc['burstiness']!r}")
+        raise ConfigError(f"{where}: burstiness: expected a number > 0 (1: Poisson; inf: evenly spaced), "
+                          f"got {doc['burstiness']!r}")
     inp, out, per_request = _lengths(doc, where)
     starts = _start_times(doc, len(inp), conc is None, where)
     ttfts = doc.get("ttfts")
@@ -237,4 +283,5 @@ def _result(path: Path, docs: list[dict], index: int) -> BenchResult:
                        burstiness=1.0 if burst is None else burst, max_concurrency=conc, input_lens=inp,
                        output_lens=out, per_request=per_request, start_times=starts, published=published,
                        zero_ttft=zero,
-                       chunk_tokens=stream_chunk_tokens(out, doc.get("itls")) if per_request else 1)
+                       chunk_tokens=stream_chunk_tokens(out, doc.get("itls")) if per_request else 1,
+                       ramp_up=_ramp_up(doc, where), failed=_failed(doc, len(inp), where))

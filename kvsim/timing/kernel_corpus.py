@@ -29,6 +29,12 @@ COLUMNS = ("source_id", "source", "source_url", "source_commit", "source_date", 
            "layers", "time_us", "bandwidth_util", "l2", "reading", "reading_error", "split", "note", "timing")
 OPTIONAL_TEXT = ("note",)  # may be empty; every other field must be given ("none"/"na" say "not printed")
 INT_FIELDS = ("batch", "context", "query_heads", "kv_heads", "head_dim", "page_size", "layers")
+# one launch's bounds, for a row as for ``kvsim kernel --batch/--context`` (kvsim.kernel_cli): a GPU's batch
+# (vLLM's max_num_seqs is 256-1,024 by default; the tables the model keeps per batch size grow with it) and a
+# context past every preset's max_model_len
+MAX_BATCH = 1 << 20
+MAX_CONTEXT = 1 << 24
+INT_BOUNDS = {"batch": (MAX_BATCH, "--batch"), "context": (MAX_CONTEXT, "--context")}
 SPLITS = ("fit", "holdout")
 READINGS = ("text", "figure")
 L2_STATES = ("warm", "cold", "unknown")
@@ -115,6 +121,9 @@ def _point(vals: dict, at: str, row: int) -> KernelPoint:
             raise ConfigError(f"{at}: key '{k}' must be a whole number, got {vals[k]!r}") from None
         if ints[k] < 1:
             raise ConfigError(f"{at}: key '{k}' must be >= 1, got {ints[k]}")
+        if k in INT_BOUNDS and ints[k] > INT_BOUNDS[k][0]:
+            top, flag = INT_BOUNDS[k]
+            raise ConfigError(f"{at}: key '{k}' must be 1..{top:,} (as {flag}), got {ints[k]:,}")
     if ints["query_heads"] % ints["kv_heads"]:
         raise ConfigError(f"{at}: key 'kv_heads' must divide query_heads ({ints['query_heads']}), got {ints['kv_heads']}")
     if vals["attention"] == "mla" and ints["kv_heads"] != 1:
@@ -151,9 +160,10 @@ READING_COLUMNS = ("gpu_preset", "backend", "batch", "context", "query_heads", "
 READING_OPTIONAL = {"layers": "1", "attention": "gqa", "l2": "unknown", "note": ""}
 
 
-def load_readings(path: str | Path, backends) -> list[KernelPoint]:
+def load_readings(path: str | Path, backends: dict) -> list[KernelPoint]:
     """A CSV of READING_COLUMNS (and optionally READING_OPTIONAL's) as held-out corpus points of source ``path``;
-    a GPU that is not a kvsim preset or a backend not in ``backends`` is refused (one line, file, row, key)."""
+    a GPU that is not a kvsim preset, a backend not in ``backends`` (name -> BackendProfile) or an ``attention``
+    kind its profile does not read (``attention_kinds``) is refused (one line, file, row, key)."""
     from kvsim.hw import GPUS
 
     p = Path(path)
@@ -177,6 +187,10 @@ def load_readings(path: str | Path, backends) -> list[KernelPoint]:
         if vals["backend"] not in backends:
             raise ConfigError(f"{at}: key 'backend' must be one of {format_choices(backends)} (or an old name: "
                               f"{format_choices(BACKEND_ALIASES)}), got {vals['backend']!r}")
+        kinds = backends[vals["backend"]].attention_kinds
+        if vals["attention"] in ATTENTION and vals["attention"] not in kinds:
+            raise ConfigError(f"{at}: key 'attention' must be one of {format_choices(kinds)} for backend "
+                              f"{vals['backend']!r} (its profile's attention_kinds), got {vals['attention']!r}")
         vals |= {"source_id": p.name, "source_url": "none", "gpu": vals["gpu_preset"], "bandwidth_util": "na",
                  "reading": "text", "split": "holdout", "timing": "kernel"}
         out.append(_point(vals, at, i))

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
@@ -463,3 +464,106 @@ def test_a_result_file_with_a_bom_is_read(tmp_path):
     r = kvsim("servebench", str(p), "--model", "Llama-3-8B", "--gpu", "A100-80GB", "--no-test-prompt",
               "--out", str(tmp_path / "o"))
     assert r.returncode == 0, r.stderr
+
+
+def _ramp(path: Path, **extra) -> None:
+    """A vllm bench serve --ramp-up-strategy result: request_rate "inf" with the ramp's keys (vLLM 0.32)."""
+    _closed(path, **{"max_concurrency": None, "request_rate": "inf", "ramp_up_strategy": "linear",
+                     "ramp_up_start_rps": 1, "ramp_up_end_rps": 4, **extra})
+
+
+def test_a_ramp_up_follows_vllms_per_request_rates(tmp_path):
+    """QA (thirty-first session): a ramp-up's "inf" rate was replayed all at once (+5,881 % throughput).
+    vLLM 0.32's _get_current_request_rate: start + (end - start) * i / (n - 1), or start * (end / start) ** p."""
+    _ramp(tmp_path / "lin.json", burstiness=float("inf"))
+    res = result.load(tmp_path / "lin.json")
+    rates = 1 + 3 * np.arange(24) / 23
+    assert build.request_rates(res) == pytest.approx(rates)
+    t, how = build.arrivals(res, 0)
+    assert t == pytest.approx(np.cumsum(1 / rates)) and "linear ramp-up from 1 to 4" in how  # even gaps: 1 / rate
+    _ramp(tmp_path / "exp.json", ramp_up_strategy="exponential")
+    res = result.load(tmp_path / "exp.json")
+    assert build.request_rates(res) == pytest.approx(4 ** (np.arange(24) / 23))
+    t, how = build.arrivals(res, 7)
+    # gamma gaps of mean 1 / rate, not scaled to a total (vLLM scales only without a ramp-up); seeded
+    gaps = np.random.default_rng(7).gamma(shape=1.0, scale=1 / build.request_rates(res))
+    assert t == pytest.approx(np.cumsum(gaps)) and "gamma" in how and t[0] > 0
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({"ramp_up_strategy": "cubic"}, ["ramp_up_strategy", "exponential, linear", "'cubic'"]),
+    ({"ramp_up_start_rps": 0}, ["ramp_up_start_rps", "0 < start <= end"]),
+    ({"ramp_up_start_rps": 5}, ["ramp_up_start_rps", "got 5 and 4"]),
+    ({"ramp_up_end_rps": None}, ["ramp_up_end_rps", "missing"]),
+])
+def test_a_bad_ramp_up_is_one_line_exit_2(tmp_path, extra, words):
+    _ramp(tmp_path / "r.json", **extra)
+    one_line_exit_2(kvsim("servebench", str(tmp_path / "r.json"), "--model", "Llama-3-8B", "--gpu", "A100-80GB",
+                          "--out", str(tmp_path / "o")), str(tmp_path / "r.json"), *words)
+
+
+def test_burstiness_inf_sends_evenly(tmp_path):
+    """QA (thirty-first session): vllm bench serve --burstiness inf (JSON Infinity) was refused; vLLM 0.32's
+    get_request then waits 1 / rate between sends."""
+    for i, inf in enumerate((float("inf"), "inf")):
+        _closed(tmp_path / f"b{i}.json", max_concurrency=None, burstiness=inf)
+        res = result.load(tmp_path / f"b{i}.json")
+        t, how = build.arrivals(res, 0)
+        assert math.isinf(res.burstiness) and t == pytest.approx((np.arange(24) + 1) / 50.0)
+        assert "evenly spaced" in how
+    r = kvsim("servebench", str(tmp_path / "b0.json"), "--model", "Llama-3-8B", "--gpu", "A100-80GB",
+              "--out", str(tmp_path / "o"))
+    assert r.returncode == 0 and "evenly spaced arrivals (burstiness inf) at 50 req/s" in r.stdout, r.stderr
+
+
+def test_replayed_send_times_count_from_the_benchmarks_start(tmp_path):
+    """QA (thirty-first session): replayed start_times were timed from the first send, while vLLM's duration
+    starts before get_request's first gap (+11 % throughput at 1 req/s). start_times are perf_counter
+    values on no saved base; vLLM 0.32 sends the last at num_prompts / rate after its start."""
+    _closed(tmp_path / "a.json", max_concurrency=None, request_rate=1.0, num_prompts=24,
+            start_times=[5001.0 + i for i in range(24)])
+    t, how = build.arrivals(result.load(tmp_path / "a.json"), 0)
+    assert t.tolist() == [1.0 + i for i in range(24)] and "the last send less 24 s" in how
+    # a send lags its schedule: never before the first send
+    _closed(tmp_path / "b.json", max_concurrency=None, request_rate=50.0, start_times=[7.0 + i for i in range(24)])
+    assert build.arrivals(result.load(tmp_path / "b.json"), 0)[0].tolist() == [float(i) for i in range(24)]
+    # a ramp-up's even gaps fix the span (sum of 1 / rate); its drawn gaps do not (from the first send)
+    starts = (100 + np.cumsum(1 / (1 + 3 * np.arange(24) / 23))).tolist()
+    _ramp(tmp_path / "r.json", burstiness=float("inf"), start_times=starts)
+    assert build.arrivals(result.load(tmp_path / "r.json"), 0)[0] == pytest.approx(np.asarray(starts) - 100)
+    _ramp(tmp_path / "g.json", start_times=starts)
+    assert build.arrivals(result.load(tmp_path / "g.json"), 0)[0][0] == 0.0
+    r = kvsim("servebench", str(tmp_path / "a.json"), "--model", "Llama-3-8B", "--gpu", "A100-80GB",
+              "--out", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    got = {row["metric"]: float(row["kvsim"]) for row in csv.DictReader(open(tmp_path / "o" / "comparison.csv"))}
+    assert got["request_throughput"] < 24 / 24.0  # the 24 s from the start to the last send, and more
+
+
+def test_failed_requests_get_a_note(tmp_path):
+    """QA (thirty-first session): a result with failed requests ran with no word that kvsim replays them all."""
+    _closed(tmp_path / "f.json", max_concurrency=None, request_rate="inf", failed=2,
+            errors=[""] * 22 + ["Bad Request: prompt too long"] * 2)
+    assert result.load(tmp_path / "f.json").failed == 2
+    _closed(tmp_path / "e.json", errors=[""] * 23 + ["timeout"])  # no "failed" (vLLM 0.4-0.6): the errors
+    _closed(tmp_path / "c.json", completed=20)  # nor errors: num_prompts less completed
+    assert result.load(tmp_path / "e.json").failed == 1 and result.load(tmp_path / "c.json").failed == 4
+    r = kvsim("servebench", str(tmp_path / "f.json"), "--model", "Llama-3-8B", "--gpu", "A100-80GB",
+              "--out", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    note = [ln for ln in r.stderr.splitlines() if "failed" in ln]
+    assert len(note) == 1 and "2 of 24 requests failed in the printed run" in note[0]
+    assert "replays all 24" in note[0] and "# note: 2 of 24" in (tmp_path / "o" / "scenario.yaml").read_text()
+    ok = kvsim("servebench", str(tmp_path / "c.json"), "--model", "Llama-3-8B", "--gpu", "A100-80GB",
+               "--index", "0", "--out", str(tmp_path / "o2"))
+    assert ok.returncode == 0 and "4 of 24 requests failed" in ok.stderr, ok.stderr
+
+
+def test_the_printed_table_is_refused_naming_the_files_servebench_reads(tmp_path):
+    """QA (thirty-first session): the printed table gave only 'line 1: not JSON'."""
+    p = tmp_path / "print.txt"
+    p.write_text("INFO 10-01 benchmark_serving.py:123] Namespace(backend='vllm')\n"
+                 "============ Serving Benchmark Result ============\nSuccessful requests:   1000\n")
+    one_line_exit_2(kvsim("servebench", str(p), "--model", "Llama-3-8B", "--gpu", "A100-80GB", "--out",
+                          str(tmp_path / "o")), str(p), "line 1: not JSON", "--save-result",
+                    "SGLang's bench_serving.py --output-file", "not the printed 'Serving Benchmark Result' table")

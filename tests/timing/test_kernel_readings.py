@@ -94,3 +94,46 @@ def test_a_file_that_is_not_text_is_refused_in_one_line(tmp_path, capsys, args):
     assert main([*args, str(f)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "binary.csv" in err[0] and "not UTF-8 text" in err[0]
+
+
+@pytest.mark.parametrize("batch, context, words", [
+    (100_000_000, 16, ["row 3", "'batch'", "1..1,048,576 (as --batch)", "got 100,000,000"]),
+    (8, 16_777_217, ["row 3", "'context'", "1..16,777,216 (as --context)", "got 16,777,217"]),
+])
+def test_a_reading_past_the_launch_bounds_is_refused(tmp_path, capsys, batch, context, words):
+    """QA (thirty-first session): one row of batch 10^8 took 12 GB and minutes; a row is bounded as --batch
+    and --context are (the shipped corpus is within them: it loads)."""
+    f = tmp_path / "big.csv"
+    f.write_text(f"{HEADER}\nH100-SXM-80GB,flashattention-paged,8,16,32,8,128,fp16,16,10\n"
+                 f"H100-SXM-80GB,flashattention-paged,{batch},{context},32,8,128,fp16,16,1000\n")
+    assert main(["kernel", "--check", "--readings", str(f)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "big.csv" in err[0] and all(w in err[0] for w in words), err
+    assert load_corpus()
+
+
+def test_a_readings_file_with_a_bom_is_read(tmp_path, capsys):
+    """QA (thirty-first session): a UTF-8 BOM (a spreadsheet's CSV export) read as "key 'gpu_preset' is missing
+    from the header"; the user's files are read as utf-8-sig (kvsim.errors.read_user_text)."""
+    from kvsim.errors import read_user_text
+
+    f = tmp_path / "bom.csv"
+    f.write_text(f"{HEADER}\nH100-SXM-80GB,flashattention-paged,64,512,32,32,128,fp16,256,194.181\n",
+                 encoding="utf-8-sig")
+    assert main(["kernel", "--check", "--readings", str(f), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["backend"] == "flashattention-paged"
+    assert read_user_text(f, "x").startswith("gpu_preset,")
+
+
+def test_a_reading_of_an_attention_kind_its_backend_does_not_read_is_refused(tmp_path, capsys):
+    """QA (thirty-first session): flashmla rows with attention gqa were accepted. The backend's profile says
+    which kinds it reads (attention_kinds, as for a run's model); flashattention-paged reads both."""
+    f = tmp_path / "mine.csv"
+    f.write_text(f"{HEADER},attention\nH100-SXM-80GB,flashmla,64,4096,128,1,576,bf16,64,300,mla\n"
+                 "H100-SXM-80GB,flashmla,64,4096,32,8,128,bf16,64,300,gqa\n")
+    assert main(["kernel", "--check", "--readings", str(f)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and all(w in err[0] for w in ("mine.csv row 3", "'attention'", "one of mla", "'flashmla'",
+                                                         "got 'gqa'")), err
+    f.write_text(f"{HEADER},attention\nH100-SXM-80GB,flashattention-paged,64,4096,128,1,576,bf16,16,300,mla\n")
+    assert main(["kernel", "--check", "--readings", str(f), "--json"]) == 0

@@ -66,6 +66,7 @@ def _run_all(loaded: LoadedScenario, base_dir: Path, check_invariants: bool) -> 
     from kvsim.report.runs import baseline_first
 
     traces = TraceCache(base_dir, str(loaded.path))
+    check_runs_supported(loaded, {name: traces.get(scn) for name, scn in loaded.runs.items()})
     results = {name: simulate_variant(loaded, name, scn, base_dir, traces.get(scn), check_invariants=check_invariants)
                for name, scn in loaded.runs.items()}
     return {name: results[name] for name in baseline_first(list(results), loaded.base.baseline)}
@@ -84,6 +85,20 @@ def simulate_variant(loaded: LoadedScenario, name: str, scn: Scenario, base_dir:
     except KvsimError as e:
         raise loaded.run_error(name, e) from None
     return dataclasses.replace(res, name=name)
+
+
+def check_runs_supported(loaded: LoadedScenario, built: dict[str, tuple]) -> None:
+    """Before any run is simulated: what a later run would refuse of its settings and its trace
+    (``check_token_budget``, ``check_trace_supported``, as each run checks them again), so a bad
+    variant is one line up front, not after the variants before it ran."""
+    from kvsim.build import check_token_budget, check_trace_supported
+
+    for name, scn in loaded.runs.items():
+        try:
+            check_token_budget(scn, str(loaded.path))
+            check_trace_supported(scn, built[name][0], str(loaded.path))
+        except KvsimError as e:
+            raise loaded.run_error(name, e) from None
 
 
 class TraceCache:
@@ -306,6 +321,7 @@ def run_to_dir(loaded: LoadedScenario | Scenario | str | Path | dict, out: Path 
         warn(f"kvsim: {note}")
     traces = TraceCache(base_dir, str(loaded.path))
     built = {name: traces.get(scn) for name, scn in runs.items()}
+    check_runs_supported(loaded, built)
     if out is None:
         out = default_out_dir(loaded, [r for _, r in built.values()])
     out = Path(out)

@@ -212,6 +212,20 @@ def test_what_a_trace_needs_is_checked_by_validate_and_run_alike(tmp_path, extra
         assert out.returncode == 2 and needle in out.stderr and len(errors) == 1, out.stderr
 
 
+def test_a_later_variant_the_trace_refuses_is_refused_before_any_run(tmp_path):
+    """`kvsim run` checked a variant's trace-dependent settings only when it reached that variant: the
+    variants before it were simulated first, and a hidden partial directory was left behind. Now every
+    run is checked up front: one line, no output directory, nothing simulated."""
+    scn = tmp_path / "s.yaml"
+    scn.write_text("model: Llama-3.1-8B\ngpu: A100-40GB\ntrace: {synthetic: {num_requests: 20, preset: alpaca, "
+                   "arrival: {process: poisson, rate_per_s: 5}, sampling: {n: 2, fraction: 1.0}}}\n"
+                   "variants:\n  ok: {}\n  bad: {allocator: {kind: radix}}\n")
+    out = kvsim("run", str(scn), "--out", str(tmp_path / "o"), "-q", "--no-plots")
+    errors = [ln for ln in out.stderr.strip().splitlines() if not ln.startswith("kvsim: note:")]
+    assert out.returncode == 2 and "variants.bad.allocator.kind: radix" in out.stderr and len(errors) == 1, out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]  # no output, no hidden partial directory
+
+
 @pytest.mark.parametrize("expr, key", [
     ("replicas.shared_prefix_store={capacity_bytes: 1KiB}", "replicas.shared_prefix_store.capacity_bytes"),
     ("allocator.offload.cpu={capacity_bytes: 2097151}", "allocator.offload.cpu.capacity_bytes"),

@@ -144,11 +144,18 @@ class Scenario(StrictModel):
 
     @field_validator("host_link", mode="before")
     @classmethod
-    def _link_preset(cls, v):
+    def _link_preset(cls, v, info):
+        """A preset name, ``{preset: NAME, ...}`` or every field. A mapping that names neither a preset
+        nor a link (``--set host_link.granularity=run`` on a scenario without ``host_link:``) overrides
+        the link the run would use anyway, its GPU preset's (``gpu.host_link``), as ``--set gpu.FIELD``
+        overrides the GPU."""
         from kvsim.timing.transfer import link_presets
 
         if v is None:
             return v
+        gpu = info.data.get("gpu")
+        if isinstance(v, dict) and "preset" not in v and "name" not in v and gpu is not None and gpu.host_link:
+            v = {"preset": gpu.host_link, **v}
         return _preset("link", v, link_presets())
 
     @field_validator("allocator", "timing", mode="before")

@@ -113,6 +113,16 @@ def test_host_link_preset_and_overrides_in_a_scenario():
     assert scn.host_link.granularity == "run" and scn.host_link.layout == "per_layer_kv"
 
 
+def test_a_host_link_field_alone_overrides_the_gpu_presets_link():
+    """`--set host_link.FIELD=V` on a scenario without host_link: was refused for the link's missing
+    name and rates (naming the scenario file); it overrides the link the run uses anyway, the GPU
+    preset's, as `--set gpu.FIELD` overrides the GPU (docs/transfer_model.md)."""
+    plain = load_scenario(QUICKSTART).base
+    scn = load_scenario(QUICKSTART, ["host_link.granularity=run"]).base
+    assert plain.gpu.host_link and scn.host_link.granularity == "run"
+    assert scn.link_profile() == plain.link_profile()  # the same link, one field changed
+
+
 def test_old_scenarios_keep_the_legacy_link():
     scn = load_scenario(QUICKSTART, ["timing.host_link_bandwidth_bytes_per_s=32e9"]).base
     assert scn.host_link is None

@@ -190,6 +190,13 @@ def load_spec(path: str | Path):
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text") from None
     data = load_yaml(text, str(path))
+    if isinstance(data, dict) and set(data) == {"trace"} and isinstance(data["trace"], dict) \
+            and "synthetic" in data["trace"]:  # a scenario's trace: section, as docs/traces.md shows it
+        others = sorted(set(data["trace"]) - {"synthetic"})
+        if others:
+            raise ConfigError(f"{path}: trace.{others[0]}: a scenario's trace key, not a generator setting; "
+                              f"trace generate reads only trace.synthetic (or the generator keys at the top level)")
+        data = data["trace"]
     if isinstance(data, dict) and set(data) == {"synthetic"}:
         data = data["synthetic"]  # accept a file holding just a scenario's synthetic: section
     if not isinstance(data, dict):

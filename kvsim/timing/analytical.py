@@ -59,87 +59,27 @@ column/row shards (roofline: FLOP/s are the tensor ranks' together), and ``paral
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
-from pydantic import Field, field_validator, model_validator
 
-from kvsim.config_base import ByteRate, StrictModel
 from kvsim.registry import TIMING_MODELS
-from kvsim.timing.allreduce import ALLREDUCE_KINDS, StepComm
+from kvsim.timing.allreduce import StepComm
+from kvsim.timing.analytical_config import ROOFLINE, AnalyticalTimingConfig
 from kvsim.timing.base import BatchShape, DecodeParts, StepTiming, split_kv_tokens
 from kvsim.timing.fitted_steps import FittedDecodeSteps
 from kvsim.timing.fitted_linear import FittedLinear
 from kvsim.timing.context import TimingContext
-from kvsim.timing.moe import MOE_ALIGN_KINDS, WeightReads, moe_fixed_s, routed_expert_params
+from kvsim.timing.moe import WeightReads, moe_fixed_s, routed_expert_params
 from kvsim.timing import moe_kernel
-from kvsim.timing.overhead import EngineOverheadConfig, StepOverhead, async_overlap_field
-from kvsim.timing.transfer import DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, null_link_rate_is_unset, step_transfers
-from kvsim.errors import did_you_mean, format_choices
-from kvsim.timing.kernel import (AUTO_NAMES, KernelModel, backend_choices, load_backend, pages_or_estimate,
-                                 resolve_backend, unknown_backend)
+from kvsim.timing.overhead import StepOverhead
+from kvsim.timing.transfer import step_transfers
+from kvsim.timing.kernel import KernelModel, load_backend, pages_or_estimate, resolve_backend
 
-ROOFLINE = "roofline"
+__all__ = ["ROOFLINE", "AnalyticalTiming", "AnalyticalTimingConfig"]
+
 # decode_durations' matrix rows (fitted GEMM model); without parallelism the comm part is the float 0.0
 _FITTED_ROWS = {"kv_read_s": 0, "linear_compute_s": 1, "gemm_s": 2, "lm_head_s": 3, "attention_compute_s": 4,
                 "attention_s": 5, "decode_attention_s": 5, "kv_write_s": 6, "parallel_comm_s": 7}
 _FITTED_ROWS_NO_COMM = {k: v for k, v in _FITTED_ROWS.items() if k != "parallel_comm_s"}
-
-
-class AnalyticalTimingConfig(StrictModel):
-    kind: Literal["analytical"] = "analytical"
-    compute_efficiency: float = Field(0.7, gt=0, le=1, description="achieved / peak FLOP/s")
-    bandwidth_efficiency: float = Field(0.85, gt=0, le=1, description="achieved / peak HBM bandwidth for the "
-                                        "weights and KV writes (KV reads: the attention kernel model)")
-    step_overhead_s: float = Field(0.002, ge=0, description="fixed CPU/launch cost per step")
-    overhead: EngineOverheadConfig | None = Field(
-        None, description="CPU overhead that scales with the batch: per_seq_s (per scheduled sequence per "
-                          "step), per_prefill_token_s (per prompt token computed); absent: none "
-                          "(docs/engine_overhead.md)")
-    async_overlap: bool = async_overlap_field()
-    allreduce: Literal[ALLREDUCE_KINDS] = Field("nccl", description="tensor-parallel all-reduces: nccl, or the "
-                                                "engine's own (measured curves), docs/engine_overhead.md")
-    moe_align_kernel: Literal[MOE_ALIGN_KINDS] = Field("none", description="MoE: the per-layer token-alignment "
-                                                       "kernel priced (measured), docs/engine_overhead.md")
-    moe_layer_s: float = Field(0.0, ge=0, description="MoE: further fixed time per MoE layer per step (fitted)")
-    moe_kernel: str = Field("none", description="MoE: the routed experts as a fused MoE kernel fitted to public "
-                                                "benchmark_moe.py readings (auto: by weight dtype and GPU, or a "
-                                                "profile name; none: their weight bytes inside the step's "
-                                                "roofline), docs/engine_overhead.md 'MoE layers'")
-    host_link_bandwidth_bytes_per_s: ByteRate = Field(
-        DEFAULT_HOST_LINK_BANDWIDTH_BYTES_PER_S, gt=0, description="given: the legacy size-independent GPU<->host "
-        "rate for swaps instead of the GPU's link (default 64 GB/s, PCIe Gen5 x16); null: not given"
-    )
-    attention_backend: str = Field(
-        "auto", description="decode-attention kernel profile: auto (flashinfer-paged for every layout: one "
-                            "kernel generation, so layouts and page sizes compare on their own), auto-2023 "
-                            "(the old auto: vllm-paged-v1 for paged allocators, contiguous for "
-                            "contiguous/buddy), a built-in name (contiguous, flashattention-paged, "
-                            "flashinfer-paged, vllm-paged-v1 (old name vllm-2023-paged), vllm-paged-v2), a profile "
-                            ".yaml path (e.g. from `kvsim calibrate fit`), or "
-                            "roofline (KV reads at bandwidth_efficiency, no kernel model)")
-    gemm_model: Literal["fitted", "roofline"] = Field(
-        "fitted", description="linear layers and prefill attention: fitted (per-GPU GEMM model fitted to "
-                              "Vidur's profiles, docs/gemm_model.md; kernels in sequence) or roofline "
-                              "(max(weights + KV bytes at bandwidth_efficiency, FLOPs at compute_efficiency))")
-
-    _null_link_is_unset = model_validator(mode="before")(null_link_rate_is_unset)  # null: the key unset
-
-    @field_validator("moe_kernel")
-    @classmethod
-    def _known_moe_kernel(cls, v: str) -> str:
-        names = moe_kernel.kernel_choices()
-        if v in names:
-            return v
-        raise ValueError(f"unknown MoE kernel {v!r}{did_you_mean(v, names)}; valid: {format_choices(names)}")
-
-    @field_validator("attention_backend")
-    @classmethod
-    def _known_backend(cls, v: str) -> str:
-        names = [*AUTO_NAMES, ROOFLINE, *backend_choices()]
-        if v in names or v.endswith((".yaml", ".yml")):
-            return v
-        raise ValueError(unknown_backend(v, names))
 
 
 class AnalyticalTiming:

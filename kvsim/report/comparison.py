@@ -122,7 +122,7 @@ def _write_comparison(runs, meta, out: Path, say, *, metric_names: str, base_lab
 
     def cdfs(p: Path) -> None:
         reqs = {r.label: read_table(r.path / "requests.parquet", columns=["status", "ttft_s", "tpot_s", "e2e_s"])
-                for r in pick_runs(runs) if (r.path / "requests.parquet").exists()}
+                for r in pick_runs(runs)}  # every run has its tables (read_run_dir checked them)
         plot_latency_cdfs(reqs, p, total_runs=len(runs))
 
     attempt("latency_cdf.png", cdfs)

@@ -37,10 +37,7 @@ class Run:
         if self._rate is None:
             if self.path is None:
                 return None
-            p = self.path / "requests.parquet"
-            if not p.exists():
-                return None
-            a = read_table(p, columns=["arrival_s"])["arrival_s"].to_numpy()
+            a = read_table(self.path / "requests.parquet", columns=["arrival_s"])["arrival_s"].to_numpy()
             self._rate = float((len(a) - 1) / (a.max() - a.min())) if len(a) > 1 and a.max() > a.min() else math.nan
         return None if math.isnan(self._rate) else self._rate
 
@@ -103,18 +100,20 @@ def _table_error(path: Path, e: Exception) -> ConfigError:
 
 
 def check_tables(run_dir: Path) -> None:
-    """Every table of ``run_dir`` that exists is a readable Parquet file (its footer is read):
-    a corrupt table is an input error in ``compare`` and ``report`` alike, not a missing plot."""
+    """Every table of ``run_dir`` (:data:`RUN_TABLES`: kvsim writes both for every run, with or
+    without plots) is there and a readable Parquet file (its footer is read): a missing or corrupt
+    table is an input error in ``compare`` and ``report`` alike, not a run silently left out of a plot."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     for name in RUN_TABLES:
         path = Path(run_dir) / name
-        if path.exists():
-            try:
-                pq.read_metadata(path)
-            except (pa.ArrowException, OSError) as e:
-                raise _table_error(path, e) from None
+        if not path.is_file():
+            raise ConfigError(f"{path}: missing (a kvsim run directory has summary.json, {' and '.join(RUN_TABLES)})")
+        try:
+            pq.read_metadata(path)
+        except (pa.ArrowException, OSError) as e:
+            raise _table_error(path, e) from None
 
 
 def read_run_dir(run_dir: Path) -> dict:

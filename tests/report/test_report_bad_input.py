@@ -82,6 +82,19 @@ def test_corrupt_table_is_an_error_in_compare_and_report(run_copy, tmp_path, cap
 
 
 @pytest.mark.parametrize("cmd", ["compare", "report"])
+@pytest.mark.parametrize("table", ["requests.parquet", "steps.parquet"])
+def test_missing_table_is_an_error_not_a_run_left_out(run_copy, tmp_path, capsys, cmd, table):
+    """kvsim writes both tables for every run (with or without plots): one missing is damage, named,
+    not a run silently dropped from the plots (whose caption then claimed "evenly chosen")."""
+    path = run_copy / "paged-16" / table
+    path.unlink()
+    assert kvsim_main(command(cmd, run_copy, tmp_path)) == 2
+    assert one_error_line(capsys) == (f"kvsim: error: {path}: missing (a kvsim run directory has summary.json, "
+                                      "requests.parquet and steps.parquet)")
+    assert_nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("cmd", ["compare", "report"])
 def test_a_folder_with_someone_elses_summary_is_not_a_run(tmp_path, capsys, cmd):
     mine = tmp_path / "mine"
     mine.mkdir()

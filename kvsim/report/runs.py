@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
 from kvsim.errors import ConfigError, KvsimError, read_user_text
-from kvsim.report.tables import flatten, is_missing, point_labels, resolved_scenario
+from kvsim.report.tables import flatten, is_missing, point_labels, read_resolved, resolved_runs, resolved_scenario
 
 
 @dataclass
@@ -164,9 +163,7 @@ def _runs_of(p: Path, meta: dict[str, Any]) -> list[Run]:
     if _is_sweep_dir(p):
         meta["sweep"] = True
         idx = read_table(p / "index.parquet")
-        keys = []
-        if (p / "sweep.resolved.yaml").exists():
-            keys = (yaml.safe_load((p / "sweep.resolved.yaml").read_text()) or {}).get("override_keys") or []
+        keys = (read_resolved(p / "sweep.resolved.yaml") or {}).get("override_keys") or []
         keys = [k for k in keys if k in idx.columns]
         meta["override_keys"] += [k for k in keys if k not in meta["override_keys"]]
         labels = point_labels([row.to_dict() for _, row in idx.iterrows()])
@@ -217,9 +214,14 @@ def variant_order(run_dir: Path) -> list[str]:
     have = sorted(c.name for c in run_dir.iterdir() if (c / "summary.json").exists())
     runs = _scenario_runs(run_dir)
     order = [str(n) for n in runs if str(n) in have] if runs else have
-    base = next((r.get("scenario", {}).get("baseline") for r in runs.values()
-                 if isinstance(r, dict) and isinstance(r.get("scenario"), dict)), None)
-    return baseline_first(order, base)
+    return baseline_first(order, scenario_baseline(run_dir))
+
+
+def scenario_baseline(run_dir: Path) -> str | None:
+    """The ``baseline:`` variant named by ``run_dir``'s scenario.resolved.yaml, or None."""
+    base = next((r["scenario"].get("baseline") for r in _scenario_runs(Path(run_dir)).values()
+                 if isinstance(r.get("scenario"), dict)), None)
+    return base if isinstance(base, str) else None
 
 
 def baseline_first(names: list[str], baseline) -> list[str]:
@@ -247,16 +249,9 @@ def unlisted_variants(run_dir: Path) -> list[str]:
 
 
 def _scenario_runs(run_dir: Path) -> dict:
-    """The ``runs`` of ``run_dir``'s scenario.resolved.yaml, in the scenario's order ({} if none)."""
-    path = run_dir / "scenario.resolved.yaml"
-    if not path.exists():
-        return {}
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError:
-        return {}
-    runs = doc.get("runs") if isinstance(doc, dict) else None
-    return runs if isinstance(runs, dict) else {}
+    """The ``runs`` of ``run_dir``'s scenario.resolved.yaml, in the scenario's order ({} if there is
+    no such file; a damaged one is a ConfigError line: :func:`resolved_runs`)."""
+    return resolved_runs(run_dir / "scenario.resolved.yaml")
 
 
 def baseline_of(runs: list[Run], baseline: str | None = None) -> str:

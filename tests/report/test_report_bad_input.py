@@ -95,6 +95,33 @@ def test_missing_table_is_an_error_not_a_run_left_out(run_copy, tmp_path, capsys
 
 
 @pytest.mark.parametrize("cmd", ["compare", "report"])
+@pytest.mark.parametrize("text, expected", [
+    ("runs: [\n", "scenario.resolved.yaml:2:1: YAML syntax error: "),
+    ("runs: [1]\n", "scenario.resolved.yaml: damaged: runs: expected a mapping of run name -> its resolved scenario"),
+    ("", "scenario.resolved.yaml: damaged: expected the mapping kvsim writes, got an empty file"),
+])
+def test_damaged_resolved_scenario_is_an_error(run_copy, tmp_path, capsys, cmd, text, expected):
+    """A truncated or edited scenario.resolved.yaml would silently change which runs are compared,
+    their order and their baseline: one line naming it, exit 2. (Without the file, the variants are
+    the subdirectories with a summary.json, by name: a directory from an older kvsim.)"""
+    (run_copy / "scenario.resolved.yaml").write_text(text)
+    assert kvsim_main(command(cmd, run_copy, tmp_path)) == 2
+    assert one_error_line(capsys).startswith(f"kvsim: error: {run_copy}/{expected}")
+    assert_nothing_written(tmp_path)
+
+
+def test_damaged_sweep_resolved_is_named(tmp_path):
+    from kvsim.errors import ConfigError
+    from kvsim.report.tables import read_resolved
+
+    path = tmp_path / "sweep.resolved.yaml"
+    assert read_resolved(path) is None
+    path.write_text("- a\n")
+    with pytest.raises(ConfigError, match=f"^{path}: damaged: expected the mapping kvsim writes, got list"):
+        read_resolved(path)
+
+
+@pytest.mark.parametrize("cmd", ["compare", "report"])
 def test_a_folder_with_someone_elses_summary_is_not_a_run(tmp_path, capsys, cmd):
     mine = tmp_path / "mine"
     mine.mkdir()

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from kvsim.errors import ConfigError, KvsimError, read_user_text
-from kvsim.report.tables import flatten, is_missing, point_labels, read_resolved, resolved_runs, resolved_scenario
+from kvsim.report.tables import METRICS, flatten, is_missing, point_labels, read_resolved, resolved_runs, resolved_scenario
 
 
 @dataclass
@@ -48,6 +48,11 @@ def _is_sweep_dir(p: Path) -> bool:
 # Keys every kvsim summary.json has (docs/metrics.md), with their JSON type: how a run directory is recognised
 RUN_KEYS = {"name": (str, "text"), "kv": (dict, "an object"), "concurrency": (dict, "an object")}
 RUN_TABLES = ("requests.parquet", "steps.parquet")
+# Numbers every kvsim summary.json has (since the first kvsim) and every comparison plots: checked,
+# so that a hand-edited or foreign summary is one line naming the key, not an exception in a plot
+RUN_NUMBERS = (("concurrency", "max"), ("concurrency", "mean"),
+               *(("kv", f"{part}_frac") for part in ("token_states", "reservation", "internal_frag",
+                                                      "external_frag", "free")))
 
 
 def read_summary(run_dir: Path) -> dict:
@@ -69,7 +74,30 @@ def read_summary(run_dir: Path) -> dict:
     for key, (kind, what) in RUN_KEYS.items():
         if not isinstance(doc[key], kind):
             raise ConfigError(f"{path}: {key}: expected {what}, got {_json_type(doc[key])}")
+    for section, key in RUN_NUMBERS:
+        if key not in doc[section]:
+            raise ConfigError(f"{path}: {section}.{key}: missing (every kvsim run summary has it)")
+    _check_numbers(path, doc)
     return doc
+
+
+def _check_numbers(path: Path, doc: dict) -> None:
+    """Every metric of the tables (:data:`METRICS`) that ``doc`` has is a number or null, under
+    objects: else one ConfigError line naming the key (a summary from an older kvsim lacks some,
+    which show as n/a; a text or list in their place is a damaged or hand-made file)."""
+    for keys in METRICS.values():
+        node = doc
+        for i, k in enumerate(keys):
+            if not isinstance(node, dict):  # null: a section the run did not have (slo: null)
+                if node is None:
+                    break
+                raise ConfigError(f"{path}: {'.'.join(keys[:i])}: expected an object, got {_json_type(node)}")
+            if k not in node:
+                break
+            node = node[k]
+        else:
+            if node is not None and (isinstance(node, bool) or not isinstance(node, (int, float))):
+                raise ConfigError(f"{path}: {'.'.join(keys)}: expected a number, got {_json_type(node)}")
 
 
 def _json_type(v) -> str:

@@ -81,6 +81,31 @@ def test_corrupt_table_is_an_error_in_compare_and_report(run_copy, tmp_path, cap
     assert_nothing_written(tmp_path)
 
 
+def _drop_token_states(s: dict) -> None:
+    del s["kv"]["token_states_frac"]
+
+
+@pytest.mark.parametrize("cmd", ["compare", "report"])
+@pytest.mark.parametrize("edit, expected", [
+    (lambda s: s["concurrency"].update(max="lots"), "concurrency.max: expected a number, got text"),
+    (_drop_token_states, "kv.token_states_frac: missing (every kvsim run summary has it)"),
+    (lambda s: s.update(ttft_s="x"), "ttft_s: expected an object, got text"),
+    (lambda s: s.update(throughput_requests_per_s="NaN"), "throughput_requests_per_s: expected a number, got text"),
+])
+def test_summary_with_a_wrong_metric_names_the_key(run_copy, tmp_path, capsys, cmd, edit, expected):
+    """A hand-edited summary.json: one line naming the file and the key, not an exception text from
+    a plot ("could not write fragmentation_breakdown.png: KeyError: 'token_states_frac'")."""
+    import json
+
+    path = run_copy / "paged-16" / "summary.json"
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc))
+    assert kvsim_main(command(cmd, run_copy, tmp_path)) == 2
+    assert one_error_line(capsys) == f"kvsim: error: {path}: {expected}"
+    assert_nothing_written(tmp_path)
+
+
 @pytest.mark.parametrize("cmd", ["compare", "report"])
 @pytest.mark.parametrize("table", ["requests.parquet", "steps.parquet"])
 def test_missing_table_is_an_error_not_a_run_left_out(run_copy, tmp_path, capsys, cmd, table):

@@ -243,11 +243,16 @@ def _headline_section(summaries: dict[str, dict], baseline: str | None = None) -
     return out
 
 
-def _findings_section(summaries: dict[str, dict], baseline: str | None = None) -> list[str]:
-    """"Key findings": computed sentences (kvsim/report/findings.py) that open every report."""
+def _findings_section(summaries: dict[str, dict], baseline: str | None = None,
+                      dirs: dict[str, Path] | None = None) -> list[str]:
+    """"Key findings": computed sentences (kvsim/report/findings.py) that open every report; with the
+    runs' directories (``dirs``, same labels), opened by what they do not share (trace, model, ...)."""
     from kvsim.report.findings import key_findings
+    from kvsim.report.runs import load_run
+    from kvsim.report.workload import workload_differences
 
-    items = key_findings(summaries, baseline)
+    runs = [load_run(d, label, summaries[label]) for label, d in (dirs or {}).items()]
+    items = key_findings(summaries, baseline, [d.split(":", 1)[0] for d in workload_differences(runs)])
     if not items:
         return []
     return ['<h2 id="findings">Key findings</h2>',
@@ -313,7 +318,7 @@ def _variants_body(run_dir: Path, tmp: Path, shown_name: str | None = None) -> t
         body.append(_warn(f"Ignored {len(ignored)} folder(s) that scenario.resolved.yaml does not list as variants: "
                           f"{', '.join(ignored)}."))
     baseline = scenario_baseline(run_dir)
-    body += _findings_section(summaries, baseline)
+    body += _findings_section(summaries, baseline, {p.name: p for p in subs})
     body += _headline_section(summaries, baseline)
     body += _dropped_section(summaries, _trace_reports(run_dir))
     table = pd.DataFrame({n: summary_metrics(s) for n, s in summaries.items()})
@@ -363,12 +368,13 @@ def _sweep_body(sweep_dir: Path, tmp: Path) -> tuple[str, list[str]]:
     from kvsim.report.tables import point_labels
 
     idx.insert(0, "label", point_labels([r.to_dict() for _, r in idx.iterrows()]))
-    heads = {}
+    heads, dirs = {}, {}
     for _, r in idx.iterrows():
         f = sweep_dir / str(r["run_dir"]) / "summary.json"
         if r["status"] == "ok" and f.exists():
             heads[str(r["label"])] = read_run_dir(f.parent)
-    body += _findings_section(heads)
+            dirs[str(r["label"])] = f.parent
+    body += _findings_section(heads, dirs=dirs)
     body += _headline_section(heads)
     keys = [k for k in (doc.get("override_keys") or []) if k in idx.columns]
     cols = ["label"] + (["variant"] if "variant" in idx.columns else []) + keys + ["status"]

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from kvsim.errors import ConfigError, KvsimError, read_user_text
-from kvsim.report.tables import METRICS, flatten, is_missing, point_labels, read_resolved, resolved_runs, resolved_scenario
+from kvsim.report.tables import METRICS, flatten, is_missing, point_labels, read_resolved, resolved_entry, resolved_runs
 
 
 @dataclass
@@ -25,6 +25,7 @@ class Run:
     point_id: str | None = None       # sweep points only
     variant: str | None = None        # sweep points of a base with variants
     overrides: dict = field(default_factory=dict)  # sweep points: override key -> value
+    trace: dict = field(default_factory=dict)      # the trace report of scenario.resolved.yaml ({}: none)
     _rate: float | None = None
 
     @property
@@ -151,10 +152,11 @@ def read_run_dir(run_dir: Path) -> dict:
     return summary
 
 
-def _load_run(path: Path, label: str, summary: dict | None = None, **kw) -> Run:
+def load_run(path: Path, label: str, summary: dict | None = None, **kw) -> Run:
     summary = read_run_dir(path) if summary is None else summary
-    params = flatten(resolved_scenario(path) or {})
-    return Run(label=label, path=path, summary=summary, params=params, **kw)
+    entry = resolved_entry(path)
+    params = flatten(entry.get("scenario") or {})
+    return Run(label=label, path=path, summary=summary, params=params, trace=entry.get("trace") or {}, **kw)
 
 
 def collect_runs(paths: list[str | Path]) -> tuple[list[Run], dict]:
@@ -202,13 +204,13 @@ def _runs_of(p: Path, meta: dict[str, Any]) -> list[Run]:
             pid = str(row["point_id"])
             variant = row.get("variant") if isinstance(row.get("variant"), str) else None
             ov = {k: (None if is_missing(row[k]) else py_value(row[k])) for k in keys}
-            found.append(_load_run(p / str(row["run_dir"]), label, point_id=pid, variant=variant, overrides=ov))
+            found.append(load_run(p / str(row["run_dir"]), label, point_id=pid, variant=variant, overrides=ov))
     elif (p / "summary.json").exists():
         s = read_run_dir(p)
-        found.append(_load_run(p, s["name"], s))
+        found.append(load_run(p, s["name"], s))
     elif p.is_dir() and any((c / "summary.json").exists() for c in p.iterdir()):
         for name in variant_order(p):
-            found.append(_load_run(p / name, name))
+            found.append(load_run(p / name, name))
         meta["left_out"] += [str(p / name) for name in variants_without_summary(p)]
         meta["ignored"] += [str(p / name) for name in unlisted_variants(p)]
     else:
@@ -331,7 +333,7 @@ def _in_memory_run(name: str, res) -> Run:
     if isinstance(res, dict):
         return Run(label=name, path=None, summary=res, params={})
     if isinstance(res, Path):  # a run directory (kvsim.api passes a LoadedRun's)
-        return _load_run(res, name)
+        return load_run(res, name)
     if not isinstance(res, RunResult):
         raise TypeError(f"comparison_table(): {name!r}: expected a RunResult, LoadedRun or summary dict, "
                         f"got {type(res).__name__}")

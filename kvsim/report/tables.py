@@ -167,8 +167,9 @@ def resolved_runs(path: Path) -> dict:
     return runs
 
 
-def resolved_scenario(run_dir: Path) -> dict | None:
-    """The resolved scenario of a run directory (or variant subdirectory), or None."""
+def resolved_entry(run_dir: Path) -> dict:
+    """The ``runs`` entry of a run directory (or variant subdirectory) in its scenario.resolved.yaml
+    (``scenario``, ``trace`` report, ...), or {}."""
     run_dir = Path(run_dir)
     for path, name in ((run_dir / "scenario.resolved.yaml", None),
                        (run_dir.parent / "scenario.resolved.yaml", run_dir.name)):
@@ -176,10 +177,15 @@ def resolved_scenario(run_dir: Path) -> dict | None:
             continue
         runs = resolved_runs(path)
         if name is None and len(runs) == 1:
-            return next(iter(runs.values())).get("scenario")
+            return next(iter(runs.values()))
         if name is not None and name in runs:
-            return runs[name].get("scenario")
-    return None
+            return runs[name]
+    return {}
+
+
+def resolved_scenario(run_dir: Path) -> dict | None:
+    """The resolved scenario of a run directory (or variant subdirectory), or None."""
+    return resolved_entry(run_dir).get("scenario")
 
 
 def point_labels(rows: list[dict]) -> list[str]:

@@ -25,7 +25,8 @@ SCENARIO_KEYS = ("trace", "model", "gpu", "allocator", "variants", "scheduler", 
 
 def file_kind(path: str | Path) -> str | None:
     """"sweep" for a YAML mapping with a top-level ``grid:``/``points:``/``base:``/``base_file:`` and
-    no scenario keys, "scenario" for one with scenario keys and none of those; None otherwise
+    no scenario keys, "scenario" for one with scenario keys and none of those, "resolved" for kvsim's
+    own ``scenario.resolved.yaml`` (top-level ``runs:`` and ``kvsim_version:``); None otherwise
     (unreadable files are left to the loaders, which say what is wrong)."""
     from kvsim.yamlio import load_yaml
 
@@ -35,6 +36,8 @@ def file_kind(path: str | Path) -> str | None:
         return None
     if not isinstance(doc, dict):
         return None
+    if isinstance(doc.get("runs"), dict) and "kvsim_version" in doc:
+        return "resolved"  # scenario.resolved.yaml, as kvsim run writes it into a results directory
     sweep = any(k in doc for k in SWEEP_KEYS)
     scenario = any(k in doc for k in SCENARIO_KEYS)
     if sweep and not scenario:
@@ -45,8 +48,12 @@ def file_kind(path: str | Path) -> str | None:
 
 
 def check_command_fits_file(command: str, path: str) -> None:
-    """``kvsim run`` on a sweep file or ``kvsim sweep`` on a scenario: one line naming the command to use."""
+    """``kvsim run`` on a sweep file, ``kvsim sweep`` on a scenario, either on kvsim's own
+    scenario.resolved.yaml: one line naming the command or file to use."""
     kind = file_kind(path)
+    if kind == "resolved":
+        raise KvsimError(f"{path} is kvsim's resolved output of a run (top-level runs:), not a scenario: "
+                         "pass the original scenario (its scenario_file: line names it)")
     if command == "run" and kind == "sweep":
         raise KvsimError(f"{path} is a sweep file (top-level grid:/points:/base:), not a scenario: "
                          f"run it with `kvsim sweep {path}`")
@@ -113,7 +120,8 @@ def _cmd_validate(args) -> int:
         many = par.tensor * par.pipeline > 1
         gpus = (f"{par.tensor * par.pipeline} x {scn.gpu.name}, tensor {par.tensor} x pipeline {par.pipeline}"
                 if many else scn.gpu.name)
-        print(f"{name}: ok ({scn.model.name} on {gpus}, {scn.kv_dtype} KV, allocator {scn.allocator.kind}, "
+        verdict = "ok" if d.finished > 0 else "no request admissible"  # valid, but it would serve nothing
+        print(f"{name}: {verdict} ({scn.model.name} on {gpus}, {scn.kv_dtype} KV, allocator {scn.allocator.kind}, "
               f"KV capacity {alloc.capacity_tokens} tokens x {par.kv.bytes_per_token:,} bytes/token{' per GPU' * many} "
               f"<= {budget / 2**30:.2f} GiB{' per GPU' * many}; {served})")
         for note in scn.notes():
@@ -193,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("validate", help="check a scenario YAML without running it",
                        description="Check a scenario YAML and its trace without simulating: per variant, the KV "
-                                   "capacity and how many requests the simulator will reject and why (with the fix).")
+                                   "capacity and how many requests the simulator will reject and why (with the fix); "
+                                   "'ok', or 'no request admissible' when it would serve none (exit 0 either way).")
     v.add_argument("file")
     v.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a key, as for run (repeatable); " + SET_HELP_UNITS)

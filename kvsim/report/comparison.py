@@ -84,12 +84,16 @@ def _write_comparison(runs, meta, out: Path, say, *, metric_names: str, base_lab
     written: dict[str, Path] = {}
 
     from kvsim.report.findings import key_findings
+    from kvsim.report.workload import differences_note, workload_differences
 
     head = headline({r.label: r.summary for r in runs}, base_label)
     write_text_atomic(out / "headline.csv", headline_frame(head).to_csv(index=False))
     written["headline.csv"] = out / "headline.csv"
+    diffs = workload_differences(runs)
+    if diffs:
+        say(differences_note(diffs))
     if show is not None:
-        findings = key_findings({r.label: r.summary for r in runs}, base_label)
+        findings = key_findings({r.label: r.summary for r in runs}, base_label, [d.split(":", 1)[0] for d in diffs])
         if findings:
             show("Key findings\n" + "\n".join(f"- {f}" for f in findings))
         reason = f" -- {why}; another: --baseline LABEL" if why else ""
@@ -122,7 +126,7 @@ def _write_comparison(runs, meta, out: Path, say, *, metric_names: str, base_lab
 
     def cdfs(p: Path) -> None:
         reqs = {r.label: read_table(r.path / "requests.parquet", columns=["status", "ttft_s", "tpot_s", "e2e_s"])
-                for r in pick_runs(runs) if (r.path / "requests.parquet").exists()}
+                for r in pick_runs(runs)}  # every run has its tables (read_run_dir checked them)
         plot_latency_cdfs(reqs, p, total_runs=len(runs))
 
     attempt("latency_cdf.png", cdfs)

@@ -18,7 +18,7 @@ from kvsim.plots import (
     pick_evenly,
     plt,
 )
-from kvsim.report.runs import Run
+from kvsim.report.runs import Run, read_table
 from kvsim.report.series import (
     BLOCK_KEY,
     KNEE_FACTOR,
@@ -94,10 +94,8 @@ def plot_memory_over_time(runs: list[Run], path: Path, bins: int = 400) -> Path:
     fig, ax = plt.subplots(figsize=(10 + 2 * (len(runs) > 20), 4.5))
     shown = pick_runs(runs)
     for i, r in enumerate(shown):
-        steps_path = r.path / "steps.parquet"
-        if not steps_path.exists():
-            continue
-        steps = pd.read_parquet(steps_path, columns=["start_s", "duration_s", "free_bytes", "external_frag_bytes"])
+        steps = read_table(r.path / "steps.parquet",
+                           columns=["start_s", "duration_s", "free_bytes", "external_frag_bytes"])
         cap = get_path(r.summary, ("kv", "capacity_bytes"))
         t, v = _time_binned(steps, ["free_bytes", "external_frag_bytes"], bins=bins)
         if not cap or len(t) == 0:

@@ -17,6 +17,9 @@ Each sentence is derived from ``summary.json`` numbers only (docs/metrics.md def
   beside the trace's ideal (``prefix_cache.ideal_hit_ratio_tokens``), and the runs below
   ``FAR_BELOW`` (half) of their ideal, with why and what raises it.
 
+When the runs differ in trace, model, GPU or engine profile (``differ``) the findings open by
+saying so and the concurrency sentence names what got worse without a cause.
+
 With one run the sentences describe that run. A metric every run lacks is left out; a metric on
 which every run agrees is said once ("all runs: ...").
 """
@@ -101,7 +104,7 @@ def _worse_service(s: dict, b: dict) -> list[str]:
     return worse
 
 
-def _concurrency(summaries: dict[str, dict], base: str) -> str | None:
+def _concurrency(summaries: dict[str, dict], base: str, like_for_like: bool = True) -> str | None:
     """The most-requests-at-once sentence; a gain only with equal or better service (module doc)."""
     conc = {lab: _get(s, ("concurrency", "max")) for lab, s in summaries.items()}
     text = _extreme("Maximum concurrent requests", conc, base, True, lambda v: f"{v:.0f}", "Most requests at once:")
@@ -112,17 +115,24 @@ def _concurrency(summaries: dict[str, dict], base: str) -> str | None:
     if not worse:
         return text
     why = "; ".join(f"{lab}: {', '.join(w)}" for lab, w in worse.items())
+    if not like_for_like:  # another trace, model, GPU or profile: no reading of the cause
+        return text[:-1] + f", but no gain: against the baseline {why}."
     return (text[:-1] + f", but no gain: against the baseline {why} -- the extra requests in the batch "
             "are served more slowly.")
 
 
-def key_findings(summaries: dict[str, dict], baseline: str | None = None) -> list[str]:
-    """The findings for runs ``{label: summary}`` (display order); ``baseline`` defaults to the first."""
+def key_findings(summaries: dict[str, dict], baseline: str | None = None, differ: list[str] = ()) -> list[str]:
+    """The findings for runs ``{label: summary}`` (display order); ``baseline`` defaults to the first.
+    ``differ``: what the runs do not share (trace, model, gpu, engine_profile:
+    :func:`kvsim.report.workload.workload_differences`), said first; then no causal reading is made."""
     if not summaries:
         return []
     labels = list(summaries)
     base = baseline if baseline in summaries else labels[0]
     out: list[str] = []
+    if differ:
+        out.append(f"Not like for like: the runs differ in {_names(list(differ))}, so the changes below compare "
+                   "the runs as a whole, not the effect of one setting.")
 
     lost = []
     for lab, s in summaries.items():
@@ -144,7 +154,7 @@ def key_findings(summaries: dict[str, dict], baseline: str | None = None) -> lis
     out.append(_extreme("Median time to first token", ttft, base, False, _seconds, "Lowest median TTFT:"))
     tpot = {lab: _get(s, ("tpot_s", "p50")) for lab, s in summaries.items()}
     out.append(_extreme("Median time per output token", tpot, base, False, _seconds, "Lowest median TPOT:"))
-    out.append(_concurrency(summaries, base))
+    out.append(_concurrency(summaries, base, like_for_like=not differ))
 
     frag = {lab: _get(s, ("kv", "fragmentation_frac")) for lab, s in summaries.items()}
     have = {k: v for k, v in frag.items() if v is not None}

@@ -30,7 +30,7 @@ from kvsim.version import __version__
 from kvsim.errors import ConfigError, KvsimError
 from kvsim.report.priced_with import priced_with_lines
 from kvsim.report.runs import read_run_dir, read_table
-from kvsim.report.tables import fmt, summary_metrics
+from kvsim.report.tables import fmt, read_resolved, resolved_runs, summary_metrics
 
 MAX_POINT_SECTIONS = 16
 RUN_PLOTS = {
@@ -243,38 +243,25 @@ def _headline_section(summaries: dict[str, dict], baseline: str | None = None) -
     return out
 
 
-def _findings_section(summaries: dict[str, dict], baseline: str | None = None) -> list[str]:
-    """"Key findings": computed sentences (kvsim/report/findings.py) that open every report."""
+def _findings_section(summaries: dict[str, dict], baseline: str | None = None,
+                      dirs: dict[str, Path] | None = None) -> list[str]:
+    """"Key findings": computed sentences (kvsim/report/findings.py) that open every report; with the
+    runs' directories (``dirs``, same labels), opened by what they do not share (trace, model, ...)."""
     from kvsim.report.findings import key_findings
+    from kvsim.report.runs import load_run
+    from kvsim.report.workload import workload_differences
 
-    items = key_findings(summaries, baseline)
+    runs = [load_run(d, label, summaries[label]) for label, d in (dirs or {}).items()]
+    items = key_findings(summaries, baseline, [d.split(":", 1)[0] for d in workload_differences(runs)])
     if not items:
         return []
     return ['<h2 id="findings">Key findings</h2>',
             "<ul>" + "".join(f"<li>{_esc(t)}</li>" for t in items) + "</ul>"]
 
 
-def _scenario_order(run_dir: Path, names: list[str]) -> tuple[list[str], str | None]:
-    """Variant names in the scenario file's order (scenario.resolved.yaml ``runs``), and the
-    scenario's ``baseline:`` variant."""
-    path = run_dir / "scenario.resolved.yaml"
-    try:
-        runs = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("runs") or {} if path.exists() else {}
-    except yaml.YAMLError:
-        runs = {}
-    order = [n for n in runs if n in names] + [n for n in names if n not in runs]
-    baseline = next((r.get("scenario", {}).get("baseline") for r in runs.values()
-                     if isinstance(r, dict) and isinstance(r.get("scenario"), dict)), None)
-    return order, baseline if isinstance(baseline, str) else None
-
-
 def _trace_reports(run_dir: Path) -> dict[str, dict]:
-    """{run name: trace report} from ``run_dir``'s scenario.resolved.yaml (empty if unreadable)."""
-    try:
-        doc = yaml.safe_load((run_dir / "scenario.resolved.yaml").read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError):
-        return {}
-    return {str(k): (v or {}).get("trace") or {} for k, v in (doc.get("runs") or {}).items()}
+    """{run name: trace report} from ``run_dir``'s scenario.resolved.yaml (empty without one)."""
+    return {str(k): v.get("trace") or {} for k, v in resolved_runs(run_dir / "scenario.resolved.yaml").items()}
 
 
 def _dropped_section(summaries: dict[str, dict], trace_reports: dict[str, dict]) -> list[str]:
@@ -318,7 +305,7 @@ def _single_run_body(run_dir: Path, tmp: Path, shown_name: str | None = None) ->
 
 
 def _variants_body(run_dir: Path, tmp: Path, shown_name: str | None = None) -> tuple[str, list[str]]:
-    from kvsim.report.runs import unlisted_variants, variant_order, variants_without_summary
+    from kvsim.report.runs import scenario_baseline, unlisted_variants, variant_order, variants_without_summary
 
     subs = [run_dir / n for n in variant_order(run_dir)]  # scenario order, baseline first: everywhere
     summaries = {p.name: read_run_dir(p) for p in subs}
@@ -330,8 +317,8 @@ def _variants_body(run_dir: Path, tmp: Path, shown_name: str | None = None) -> t
     if ignored := unlisted_variants(run_dir):
         body.append(_warn(f"Ignored {len(ignored)} folder(s) that scenario.resolved.yaml does not list as variants: "
                           f"{', '.join(ignored)}."))
-    _, baseline = _scenario_order(run_dir, list(summaries))
-    body += _findings_section(summaries, baseline)
+    baseline = scenario_baseline(run_dir)
+    body += _findings_section(summaries, baseline, {p.name: p for p in subs})
     body += _headline_section(summaries, baseline)
     body += _dropped_section(summaries, _trace_reports(run_dir))
     table = pd.DataFrame({n: summary_metrics(s) for n, s in summaries.items()})
@@ -369,9 +356,7 @@ def _sweep_body(sweep_dir: Path, tmp: Path) -> tuple[str, list[str]]:
     from kvsim.report.comparison_plots import PLOT_CAPTIONS
 
     idx = read_table(sweep_dir / "index.parquet")
-    doc = {}
-    if (sweep_dir / "sweep.resolved.yaml").exists():
-        doc = yaml.safe_load((sweep_dir / "sweep.resolved.yaml").read_text(encoding="utf-8")) or {}
+    doc = read_resolved(sweep_dir / "sweep.resolved.yaml") or {}
     name = doc.get("name", sweep_dir.name)
     title = f"kvsim sweep: {name}"
     body = _header(title, sweep_dir, "sweep")
@@ -383,12 +368,13 @@ def _sweep_body(sweep_dir: Path, tmp: Path) -> tuple[str, list[str]]:
     from kvsim.report.tables import point_labels
 
     idx.insert(0, "label", point_labels([r.to_dict() for _, r in idx.iterrows()]))
-    heads = {}
+    heads, dirs = {}, {}
     for _, r in idx.iterrows():
         f = sweep_dir / str(r["run_dir"]) / "summary.json"
         if r["status"] == "ok" and f.exists():
             heads[str(r["label"])] = read_run_dir(f.parent)
-    body += _findings_section(heads)
+            dirs[str(r["label"])] = f.parent
+    body += _findings_section(heads, dirs=dirs)
     body += _headline_section(heads)
     keys = [k for k in (doc.get("override_keys") or []) if k in idx.columns]
     cols = ["label"] + (["variant"] if "variant" in idx.columns else []) + keys + ["status"]

@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
 from kvsim.errors import ConfigError, KvsimError, read_user_text
-from kvsim.report.tables import flatten, is_missing, point_labels, resolved_scenario
+from kvsim.report.tables import METRICS, flatten, is_missing, point_labels, read_resolved, resolved_entry, resolved_runs
 
 
 @dataclass
@@ -26,6 +25,7 @@ class Run:
     point_id: str | None = None       # sweep points only
     variant: str | None = None        # sweep points of a base with variants
     overrides: dict = field(default_factory=dict)  # sweep points: override key -> value
+    trace: dict = field(default_factory=dict)      # the trace report of scenario.resolved.yaml ({}: none)
     _rate: float | None = None
 
     @property
@@ -37,10 +37,7 @@ class Run:
         if self._rate is None:
             if self.path is None:
                 return None
-            p = self.path / "requests.parquet"
-            if not p.exists():
-                return None
-            a = read_table(p, columns=["arrival_s"])["arrival_s"].to_numpy()
+            a = read_table(self.path / "requests.parquet", columns=["arrival_s"])["arrival_s"].to_numpy()
             self._rate = float((len(a) - 1) / (a.max() - a.min())) if len(a) > 1 and a.max() > a.min() else math.nan
         return None if math.isnan(self._rate) else self._rate
 
@@ -52,6 +49,11 @@ def _is_sweep_dir(p: Path) -> bool:
 # Keys every kvsim summary.json has (docs/metrics.md), with their JSON type: how a run directory is recognised
 RUN_KEYS = {"name": (str, "text"), "kv": (dict, "an object"), "concurrency": (dict, "an object")}
 RUN_TABLES = ("requests.parquet", "steps.parquet")
+# Numbers every kvsim summary.json has (since the first kvsim) and every comparison plots: checked,
+# so that a hand-edited or foreign summary is one line naming the key, not an exception in a plot
+RUN_NUMBERS = (("concurrency", "max"), ("concurrency", "mean"),
+               *(("kv", f"{part}_frac") for part in ("token_states", "reservation", "internal_frag",
+                                                      "external_frag", "free")))
 
 
 def read_summary(run_dir: Path) -> dict:
@@ -73,7 +75,30 @@ def read_summary(run_dir: Path) -> dict:
     for key, (kind, what) in RUN_KEYS.items():
         if not isinstance(doc[key], kind):
             raise ConfigError(f"{path}: {key}: expected {what}, got {_json_type(doc[key])}")
+    for section, key in RUN_NUMBERS:
+        if key not in doc[section]:
+            raise ConfigError(f"{path}: {section}.{key}: missing (every kvsim run summary has it)")
+    _check_numbers(path, doc)
     return doc
+
+
+def _check_numbers(path: Path, doc: dict) -> None:
+    """Every metric of the tables (:data:`METRICS`) that ``doc`` has is a number or null, under
+    objects: else one ConfigError line naming the key (a summary from an older kvsim lacks some,
+    which show as n/a; a text or list in their place is a damaged or hand-made file)."""
+    for keys in METRICS.values():
+        node = doc
+        for i, k in enumerate(keys):
+            if not isinstance(node, dict):  # null: a section the run did not have (slo: null)
+                if node is None:
+                    break
+                raise ConfigError(f"{path}: {'.'.join(keys[:i])}: expected an object, got {_json_type(node)}")
+            if k not in node:
+                break
+            node = node[k]
+        else:
+            if node is not None and (isinstance(node, bool) or not isinstance(node, (int, float))):
+                raise ConfigError(f"{path}: {'.'.join(keys)}: expected a number, got {_json_type(node)}")
 
 
 def _json_type(v) -> str:
@@ -103,18 +128,20 @@ def _table_error(path: Path, e: Exception) -> ConfigError:
 
 
 def check_tables(run_dir: Path) -> None:
-    """Every table of ``run_dir`` that exists is a readable Parquet file (its footer is read):
-    a corrupt table is an input error in ``compare`` and ``report`` alike, not a missing plot."""
+    """Every table of ``run_dir`` (:data:`RUN_TABLES`: kvsim writes both for every run, with or
+    without plots) is there and a readable Parquet file (its footer is read): a missing or corrupt
+    table is an input error in ``compare`` and ``report`` alike, not a run silently left out of a plot."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     for name in RUN_TABLES:
         path = Path(run_dir) / name
-        if path.exists():
-            try:
-                pq.read_metadata(path)
-            except (pa.ArrowException, OSError) as e:
-                raise _table_error(path, e) from None
+        if not path.is_file():
+            raise ConfigError(f"{path}: missing (a kvsim run directory has summary.json, {' and '.join(RUN_TABLES)})")
+        try:
+            pq.read_metadata(path)
+        except (pa.ArrowException, OSError) as e:
+            raise _table_error(path, e) from None
 
 
 def read_run_dir(run_dir: Path) -> dict:
@@ -125,10 +152,11 @@ def read_run_dir(run_dir: Path) -> dict:
     return summary
 
 
-def _load_run(path: Path, label: str, summary: dict | None = None, **kw) -> Run:
+def load_run(path: Path, label: str, summary: dict | None = None, **kw) -> Run:
     summary = read_run_dir(path) if summary is None else summary
-    params = flatten(resolved_scenario(path) or {})
-    return Run(label=label, path=path, summary=summary, params=params, **kw)
+    entry = resolved_entry(path)
+    params = flatten(entry.get("scenario") or {})
+    return Run(label=label, path=path, summary=summary, params=params, trace=entry.get("trace") or {}, **kw)
 
 
 def collect_runs(paths: list[str | Path]) -> tuple[list[Run], dict]:
@@ -165,9 +193,7 @@ def _runs_of(p: Path, meta: dict[str, Any]) -> list[Run]:
     if _is_sweep_dir(p):
         meta["sweep"] = True
         idx = read_table(p / "index.parquet")
-        keys = []
-        if (p / "sweep.resolved.yaml").exists():
-            keys = (yaml.safe_load((p / "sweep.resolved.yaml").read_text()) or {}).get("override_keys") or []
+        keys = (read_resolved(p / "sweep.resolved.yaml") or {}).get("override_keys") or []
         keys = [k for k in keys if k in idx.columns]
         meta["override_keys"] += [k for k in keys if k not in meta["override_keys"]]
         labels = point_labels([row.to_dict() for _, row in idx.iterrows()])
@@ -178,13 +204,13 @@ def _runs_of(p: Path, meta: dict[str, Any]) -> list[Run]:
             pid = str(row["point_id"])
             variant = row.get("variant") if isinstance(row.get("variant"), str) else None
             ov = {k: (None if is_missing(row[k]) else py_value(row[k])) for k in keys}
-            found.append(_load_run(p / str(row["run_dir"]), label, point_id=pid, variant=variant, overrides=ov))
+            found.append(load_run(p / str(row["run_dir"]), label, point_id=pid, variant=variant, overrides=ov))
     elif (p / "summary.json").exists():
         s = read_run_dir(p)
-        found.append(_load_run(p, s["name"], s))
+        found.append(load_run(p, s["name"], s))
     elif p.is_dir() and any((c / "summary.json").exists() for c in p.iterdir()):
         for name in variant_order(p):
-            found.append(_load_run(p / name, name))
+            found.append(load_run(p / name, name))
         meta["left_out"] += [str(p / name) for name in variants_without_summary(p)]
         meta["ignored"] += [str(p / name) for name in unlisted_variants(p)]
     else:
@@ -218,9 +244,14 @@ def variant_order(run_dir: Path) -> list[str]:
     have = sorted(c.name for c in run_dir.iterdir() if (c / "summary.json").exists())
     runs = _scenario_runs(run_dir)
     order = [str(n) for n in runs if str(n) in have] if runs else have
-    base = next((r.get("scenario", {}).get("baseline") for r in runs.values()
-                 if isinstance(r, dict) and isinstance(r.get("scenario"), dict)), None)
-    return baseline_first(order, base)
+    return baseline_first(order, scenario_baseline(run_dir))
+
+
+def scenario_baseline(run_dir: Path) -> str | None:
+    """The ``baseline:`` variant named by ``run_dir``'s scenario.resolved.yaml, or None."""
+    base = next((r["scenario"].get("baseline") for r in _scenario_runs(Path(run_dir)).values()
+                 if isinstance(r.get("scenario"), dict)), None)
+    return base if isinstance(base, str) else None
 
 
 def baseline_first(names: list[str], baseline) -> list[str]:
@@ -248,16 +279,9 @@ def unlisted_variants(run_dir: Path) -> list[str]:
 
 
 def _scenario_runs(run_dir: Path) -> dict:
-    """The ``runs`` of ``run_dir``'s scenario.resolved.yaml, in the scenario's order ({} if none)."""
-    path = run_dir / "scenario.resolved.yaml"
-    if not path.exists():
-        return {}
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError:
-        return {}
-    runs = doc.get("runs") if isinstance(doc, dict) else None
-    return runs if isinstance(runs, dict) else {}
+    """The ``runs`` of ``run_dir``'s scenario.resolved.yaml, in the scenario's order ({} if there is
+    no such file; a damaged one is a ConfigError line: :func:`resolved_runs`)."""
+    return resolved_runs(run_dir / "scenario.resolved.yaml")
 
 
 def baseline_of(runs: list[Run], baseline: str | None = None) -> str:
@@ -309,7 +333,7 @@ def _in_memory_run(name: str, res) -> Run:
     if isinstance(res, dict):
         return Run(label=name, path=None, summary=res, params={})
     if isinstance(res, Path):  # a run directory (kvsim.api passes a LoadedRun's)
-        return _load_run(res, name)
+        return load_run(res, name)
     if not isinstance(res, RunResult):
         raise TypeError(f"comparison_table(): {name!r}: expected a RunResult, LoadedRun or summary dict, "
                         f"got {type(res).__name__}")

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-import yaml
+from kvsim.errors import ConfigError
 
 # column -> path into summary.json
 METRICS: dict[str, tuple[str, ...]] = {
@@ -136,23 +136,56 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def resolved_scenario(run_dir: Path) -> dict | None:
-    """The resolved scenario of a run directory (or variant subdirectory), or None."""
+def read_resolved(path: Path) -> dict | None:
+    """The document of a ``*.resolved.yaml`` file kvsim wrote into a results directory, or None when
+    there is none (a directory from an older kvsim, or a copy without it). A file that is there but
+    not a YAML mapping (truncated, edited) is damage: one ConfigError line naming it, never a
+    silent fallback that would change which runs are compared, their order or their baseline."""
+    from kvsim.errors import read_user_text
+    from kvsim.yamlio import load_yaml
+
+    path = Path(path)
+    if not path.exists():
+        return None
+    doc = load_yaml(read_user_text(path, "kvsim's resolved file"), str(path))
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: damaged: expected the mapping kvsim writes, got "
+                          f"{'an empty file' if doc is None else type(doc).__name__} (rerun kvsim to rewrite it)")
+    return doc
+
+
+def resolved_runs(path: Path) -> dict:
+    """``runs`` of the ``scenario.resolved.yaml`` at ``path`` ({name: {scenario: ..., ...}}, in the
+    scenario's order; {} without the file), checked as :func:`read_resolved` does."""
+    doc = read_resolved(path)
+    if doc is None:
+        return {}
+    runs = doc.get("runs")
+    if not isinstance(runs, dict) or not all(isinstance(r, dict) for r in runs.values()):
+        raise ConfigError(f"{path}: damaged: runs: expected a mapping of run name -> its resolved scenario; "
+                          "rerun kvsim to rewrite it")
+    return runs
+
+
+def resolved_entry(run_dir: Path) -> dict:
+    """The ``runs`` entry of a run directory (or variant subdirectory) in its scenario.resolved.yaml
+    (``scenario``, ``trace`` report, ...), or {}."""
     run_dir = Path(run_dir)
     for path, name in ((run_dir / "scenario.resolved.yaml", None),
                        (run_dir.parent / "scenario.resolved.yaml", run_dir.name)):
         if not path.exists():
             continue
-        try:
-            doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError:
-            return None
-        runs = doc.get("runs") or {}
+        runs = resolved_runs(path)
         if name is None and len(runs) == 1:
-            return next(iter(runs.values())).get("scenario")
+            return next(iter(runs.values()))
         if name is not None and name in runs:
-            return runs[name].get("scenario")
-    return None
+            return runs[name]
+    return {}
+
+
+def resolved_scenario(run_dir: Path) -> dict | None:
+    """The resolved scenario of a run directory (or variant subdirectory), or None."""
+    return resolved_entry(run_dir).get("scenario")
 
 
 def point_labels(rows: list[dict]) -> list[str]:

@@ -73,6 +73,31 @@ def test_scenario_commands_on_a_sweep_file_name_kvsim_sweep(tmp_path, capsys, cm
     assert len(err.splitlines()) == 1 and "is a sweep file" in err and f"kvsim sweep {sweep}" in err
 
 
+@pytest.mark.parametrize("cmd", ["run", "validate", "capacity", "sweep"])
+def test_commands_on_kvsims_resolved_output_ask_for_the_scenario(tmp_path, capsys, cmd):
+    """QA: validate on a results directory's scenario.resolved.yaml printed a ~1,000-character line
+    repeating the valid keys three times (kvsim_version, scenario_file, runs: unknown keys)."""
+    resolved = _write(tmp_path, {"kvsim_version": "0.1.0", "scenario_file": "s.yaml", "name": "tiny",
+                                 "runs": {"paged-16": {"scenario": SCENARIO}}}, "scenario.resolved.yaml")
+    argv = [cmd, str(resolved)] + (["--slo", "ttft_ms=500"] if cmd == "capacity" else [])
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"kvsim: error: {resolved} is kvsim's resolved output of a run (top-level runs:), not a "
+                   "scenario: pass the original scenario (its scenario_file: line names it)")
+
+
+def test_validate_does_not_say_ok_when_no_request_is_admissible(tmp_path, capsys):
+    """A scenario that serves nothing is valid (run would finish, every request rejected), so exit 0,
+    but its line does not say "ok"."""
+    scn = _write(tmp_path, {**SCENARIO, "kv_budget": {"tokens": 16}})
+    assert main(["validate", str(scn)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(" (")[0] for line in out if not line.startswith(" ")] == \
+        ["paged-16: no request admissible", "contiguous-max: no request admissible"]
+    assert main(["validate", str(_write(tmp_path, SCENARIO))]) == 0
+    assert capsys.readouterr().out.startswith("paged-16: ok (")
+
+
 def test_sweep_on_a_scenario_names_kvsim_run(tmp_path, capsys):
     scn = _write(tmp_path, SCENARIO)
     assert main(["sweep", str(scn), "--out", str(tmp_path / "sw")]) == 2

@@ -76,8 +76,18 @@ def test_html_is_escaped_and_complete():
 
 
 def _run_dir(path, name, s, scenario=None):
+    """A run directory as kvsim writes one: the summary ``s`` (with the keys every kvsim summary
+    has: 0 where ``s`` lacks them) and both tables (empty)."""
     path.mkdir(parents=True)
+    s = {**s, "concurrency": {"max": 0, "mean": 0.0, **s.get("concurrency", {})},
+         "kv": {**{f"{p}_frac": 0.0 for p in ("token_states", "reservation", "internal_frag", "external_frag",
+                                             "free")}, **s.get("kv", {})}}
     (path / "summary.json").write_text(json.dumps({"name": name, **s}))
+    pd.DataFrame({c: pd.Series(dtype=t) for c, t in (("status", str), ("arrival_s", float), ("ttft_s", float),
+                                                     ("tpot_s", float), ("e2e_s", float))}).to_parquet(
+        path / "requests.parquet")
+    pd.DataFrame({c: pd.Series(dtype=float) for c in ("start_s", "duration_s", "free_bytes",
+                                                      "external_frag_bytes")}).to_parquet(path / "steps.parquet")
     return path
 
 

@@ -81,6 +81,71 @@ def test_corrupt_table_is_an_error_in_compare_and_report(run_copy, tmp_path, cap
     assert_nothing_written(tmp_path)
 
 
+def _drop_token_states(s: dict) -> None:
+    del s["kv"]["token_states_frac"]
+
+
+@pytest.mark.parametrize("cmd", ["compare", "report"])
+@pytest.mark.parametrize("edit, expected", [
+    (lambda s: s["concurrency"].update(max="lots"), "concurrency.max: expected a number, got text"),
+    (_drop_token_states, "kv.token_states_frac: missing (every kvsim run summary has it)"),
+    (lambda s: s.update(ttft_s="x"), "ttft_s: expected an object, got text"),
+    (lambda s: s.update(throughput_requests_per_s="NaN"), "throughput_requests_per_s: expected a number, got text"),
+])
+def test_summary_with_a_wrong_metric_names_the_key(run_copy, tmp_path, capsys, cmd, edit, expected):
+    """A hand-edited summary.json: one line naming the file and the key, not an exception text from
+    a plot ("could not write fragmentation_breakdown.png: KeyError: 'token_states_frac'")."""
+    import json
+
+    path = run_copy / "paged-16" / "summary.json"
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc))
+    assert kvsim_main(command(cmd, run_copy, tmp_path)) == 2
+    assert one_error_line(capsys) == f"kvsim: error: {path}: {expected}"
+    assert_nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("cmd", ["compare", "report"])
+@pytest.mark.parametrize("table", ["requests.parquet", "steps.parquet"])
+def test_missing_table_is_an_error_not_a_run_left_out(run_copy, tmp_path, capsys, cmd, table):
+    """kvsim writes both tables for every run (with or without plots): one missing is damage, named,
+    not a run silently dropped from the plots (whose caption then claimed "evenly chosen")."""
+    path = run_copy / "paged-16" / table
+    path.unlink()
+    assert kvsim_main(command(cmd, run_copy, tmp_path)) == 2
+    assert one_error_line(capsys) == (f"kvsim: error: {path}: missing (a kvsim run directory has summary.json, "
+                                      "requests.parquet and steps.parquet)")
+    assert_nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("cmd", ["compare", "report"])
+@pytest.mark.parametrize("text, expected", [
+    ("runs: [\n", "scenario.resolved.yaml:2:1: YAML syntax error: "),
+    ("runs: [1]\n", "scenario.resolved.yaml: damaged: runs: expected a mapping of run name -> its resolved scenario"),
+    ("", "scenario.resolved.yaml: damaged: expected the mapping kvsim writes, got an empty file"),
+])
+def test_damaged_resolved_scenario_is_an_error(run_copy, tmp_path, capsys, cmd, text, expected):
+    """A truncated or edited scenario.resolved.yaml would silently change which runs are compared,
+    their order and their baseline: one line naming it, exit 2. (Without the file, the variants are
+    the subdirectories with a summary.json, by name: a directory from an older kvsim.)"""
+    (run_copy / "scenario.resolved.yaml").write_text(text)
+    assert kvsim_main(command(cmd, run_copy, tmp_path)) == 2
+    assert one_error_line(capsys).startswith(f"kvsim: error: {run_copy}/{expected}")
+    assert_nothing_written(tmp_path)
+
+
+def test_damaged_sweep_resolved_is_named(tmp_path):
+    from kvsim.errors import ConfigError
+    from kvsim.report.tables import read_resolved
+
+    path = tmp_path / "sweep.resolved.yaml"
+    assert read_resolved(path) is None
+    path.write_text("- a\n")
+    with pytest.raises(ConfigError, match=f"^{path}: damaged: expected the mapping kvsim writes, got list"):
+        read_resolved(path)
+
+
 @pytest.mark.parametrize("cmd", ["compare", "report"])
 def test_a_folder_with_someone_elses_summary_is_not_a_run(tmp_path, capsys, cmd):
     mine = tmp_path / "mine"

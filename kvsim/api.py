@@ -109,14 +109,17 @@ class TraceCache:
         self.where = where
         self._cache: dict[str, tuple] = {}
 
-    def get(self, scn: Scenario):
+    def get(self, scn: Scenario, where: str | None = None):
+        """(trace, report) of ``scn``; a trace that cannot be built is one TraceError line naming
+        ``where`` (default: the cache's) and ``trace.file`` or ``trace``."""
         key = json.dumps([scn.trace.model_dump(mode="json"), scn.seed, scn.model.max_model_len_tokens],
                          sort_keys=True)
         if key not in self._cache:
             try:
                 self._cache[key] = build_trace(scn, self.base_dir)
             except TraceError as e:
-                raise TraceError(f"{self.where}: trace: {e}") from None
+                field = "trace.file" if scn.trace.file is not None else "trace"
+                raise TraceError(f"{where or self.where}: {field}: {e}") from None
         return self._cache[key]
 
 
@@ -171,10 +174,18 @@ def default_out_dir(loaded: LoadedScenario, reports: list[dict]) -> Path:
 VARIANT_FILES = ("summary.json", "requests.parquet", "steps.parquet")  # a finished variant has them all
 
 
+def run_inputs(scn: Scenario, report: dict) -> dict:
+    """What a run's results are made from: ``scenario`` (resolved) and ``trace`` (its build report:
+    a file's sha256/content_sha256, a synthetic spec's hash and seed, the transforms' counts), in
+    JSON form. ``scenario.resolved.yaml`` records it per run; a run is reused (an interrupted
+    run's variant, a sweep's complete point) only when it is unchanged."""
+    return json.loads(json.dumps({"scenario": resolved_dict(scn), "trace": report}, default=str))
+
+
 def _fingerprint(scn: Scenario, report: dict, plots: bool, check_invariants: bool) -> dict:
-    """What a finished variant was made from (its resolved scenario, trace, kvsim version, flags):
+    """What a finished variant was made from (:func:`run_inputs`, kvsim version, flags):
     an interrupted run's variant is reused only when this is unchanged."""
-    doc = {"kvsim_version": __version__, "scenario": resolved_dict(scn), "trace": report, "plots": plots,
+    doc = {"kvsim_version": __version__, **run_inputs(scn, report), "plots": plots,
            "check_invariants": check_invariants}
     return json.loads(json.dumps(doc, sort_keys=True, default=str))
 
@@ -231,7 +242,7 @@ def _write_resolved(tmp: Path, loaded: LoadedScenario, built: dict, summaries: d
     kernel) each one resolved; and the engine
     profile with the keys it filled and each one's source (``engine_profile: {name, filled, sources}``)."""
     def entry(name: str, scn) -> dict:
-        e = {"scenario": resolved_dict(scn), "trace": built[name][1],
+        e = {**run_inputs(scn, built[name][1]),
              "engine_profile": {**scn.profile_filled(), "sources": scn.profile_sources()}}
         if summaries is not None:
             e["attention_backend"] = summaries[name]["kv_access"]["attention_backend"]

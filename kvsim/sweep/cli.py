@@ -68,7 +68,8 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="rerun points that are already complete; also replace another kvsim command's output at --out")
     p.add_argument("--no-plots", action="store_true", help="skip per-point PNG plots")
     p.add_argument("--no-report", action="store_true", help="skip compare/ and report.html at the end")
-    p.add_argument("--dry-run", action="store_true", help="validate and list the points (id, overrides); run nothing")
+    p.add_argument("--dry-run", action="store_true", help="validate every point as kvsim run would (each distinct trace built once) and list "
+                        "the points (id, overrides); run nothing")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or log lines")
     p.set_defaults(func=_cmd_sweep)
     return p

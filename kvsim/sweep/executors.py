@@ -12,8 +12,9 @@
 * ``inline`` -- run in this process, one point after another (debugging, notebooks); a crash here
   is the caller's crash.
 
-Every task is tried ``1 + retries`` times at most; a task that still fails is reported with its
-last error, never dropped.
+Every task is tried ``1 + retries`` times at most (a :class:`~kvsim.errors.ConfigError`, bad input
+that every attempt would meet, once only: local and inline executors); a task that still fails is
+reported with its last error, never dropped.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def _run_inline(tasks, on_outcome, retries, on_retry) -> None:
             try:
                 res = run_point(task)
             except Exception as e:  # noqa: BLE001 -- recorded, retried
-                if attempt <= retries:
+                if attempt <= retries and not isinstance(e, ConfigError):
                     if on_retry:
                         on_retry(task["point_id"], attempt, _one_line(e))
                     continue
@@ -106,7 +107,7 @@ def _run_local(tasks, on_outcome, jobs, retries, on_retry) -> None:
 
     def fail_or_retry(task, e: BaseException) -> None:
         pid = task["point_id"]
-        if attempts[pid] <= retries:
+        if attempts[pid] <= retries and not isinstance(e, ConfigError):  # bad input fails every attempt
             if on_retry:
                 on_retry(pid, attempts[pid], _one_line(e))
             pending.append(task)

@@ -11,7 +11,8 @@ Layout of ``SWEEP_DIR``::
 
 A point is *complete* when its run directory is complete (:func:`kvsim.results.is_complete_run_dir`),
 its results can be read (:func:`kvsim.report.runs.read_run_dir`: summary.json, the tables' Parquet
-footers) and it was made from the same resolved scenario; complete points are skipped on a rerun, so an
+footers) and it was made from the same resolved scenario and trace (:func:`kvsim.api.run_inputs`: a
+trace file's content hash, not only its path); complete points are skipped on a rerun, so an
 interrupted sweep resumes where it stopped. A *damaged* point (result files that cannot be read, e.g.
 truncated) is run again, as a stale one is. A point killed after its run directory was complete but
 before it was renamed into place (``points/.<id>.tmp-<pid>``) counts as complete: the resumed sweep
@@ -32,7 +33,7 @@ from kvsim.outdir import clean_leftovers, finish_killed_commit, open_in_place, s
 from kvsim.results import is_complete_run_dir, write_text_atomic, write_yaml
 from kvsim.sweep.executors import EXECUTORS, Outcome, execute
 from kvsim.sweep.index import STATUS_FAILED, STATUS_OK, build_index, write_index
-from kvsim.sweep.spec import LoadedSweep, _jsonable, load_sweep
+from kvsim.sweep.spec import LoadedSweep, load_sweep
 from kvsim.sweep.worker import make_task
 
 
@@ -40,17 +41,17 @@ from kvsim.sweep.worker import make_task
 SWEEP_OUTPUTS = ("sweep.resolved.yaml", "points", "errors", "index.parquet", "index.csv", "compare", "report.html")
 
 
-def _resolved_matches(point_dir: Path, point) -> bool:
-    """Was ``point_dir`` produced from exactly this point's scenario?"""
-    from kvsim.config.resolved import resolved_dict
-
+def _made_from(point_dir: Path, want: dict) -> bool:
+    """Was ``point_dir`` made from ``want`` (the point's :func:`kvsim.api.run_inputs`: its resolved
+    scenario and its trace -- a trace file's content hash, a synthetic spec's), as its
+    scenario.resolved.yaml records them?"""
     try:
         doc = yaml.safe_load((point_dir / "scenario.resolved.yaml").read_text(encoding="utf-8")) or {}
-        stored = next(iter((doc.get("runs") or {}).values()))["scenario"]
-    except (OSError, yaml.YAMLError, StopIteration, KeyError, TypeError):
+        run = next(iter((doc.get("runs") or {}).values()))
+        stored = {"scenario": run["scenario"], "trace": run["trace"]}
+    except (OSError, yaml.YAMLError, StopIteration, KeyError, TypeError, AttributeError):
         return False
-    want = yaml.safe_load(yaml.safe_dump(_jsonable(resolved_dict(point.scenario)), sort_keys=False))
-    return stored == want
+    return stored == yaml.safe_load(yaml.safe_dump(want, sort_keys=False))
 
 
 def recover_killed_points(out: Path, points, *, finish: bool = True) -> list[str]:
@@ -77,12 +78,13 @@ def recover_killed_points(out: Path, points, *, finish: bool = True) -> list[str
 
 
 def point_state(sweep: LoadedSweep, out: Path, point) -> str:
-    """``complete`` | ``stale`` (complete but from another scenario) | ``damaged`` (complete, but its
-    result files cannot be read: :func:`damage_of`) | ``missing``."""
+    """``complete`` | ``stale`` (complete but from another scenario or trace content) | ``damaged``
+    (complete, but its result files cannot be read: :func:`damage_of`) | ``missing``. ``sweep``: loaded
+    with its points checked (``run_inputs``, see :func:`_checked`)."""
     d = out / "points" / point.id
     if not is_complete_run_dir(d):
         return "missing"
-    if not _resolved_matches(d, point):
+    if not _made_from(d, sweep.run_inputs[point.id]):
         return "stale"
     return "complete" if damage_of(d) is None else "damaged"
 
@@ -132,7 +134,7 @@ def run_sweep(sweep_file_or_spec: str | Path | dict | LoadedSweep, out_dir: str 
         raise ConfigError(f"unknown executor {executor!r}; valid executors: {', '.join(EXECUTORS)}")
     sweep = sweep_file_or_spec if isinstance(sweep_file_or_spec, LoadedSweep) else \
         load_sweep(sweep_file_or_spec, base_dir=base_dir)
-    _check_trace_files(sweep)
+    sweep = _checked(sweep)
     out = _open_sweep_dir(sweep, out_dir, force)
     say = log or (lambda m: None)
     for note in recover_killed_points(out, sweep.points):
@@ -146,7 +148,7 @@ def run_sweep(sweep_file_or_spec: str | Path | dict | LoadedSweep, out_dir: str 
     for p in todo:
         if states[p.id] == "damaged":
             say(f"kvsim: note: point {p.id} is run again: {damage_of(out / 'points' / p.id)}")
-    why = [f"{n} {state}: {what}" for state, what in (("stale", "made from another scenario"),
+    why = [f"{n} {state}: {what}" for state, what in (("stale", "made from another scenario or trace"),
                                                       ("damaged", "result files that cannot be read"))
            if (n := sum(states[p.id] == state for p in todo))]
     say(f"sweep {sweep.name}: {len(sweep.points)} points, {skipped} already complete (skipped), "
@@ -213,26 +215,19 @@ def _hold_interrupts():
     return lambda: signal.signal(signal.SIGINT, old)
 
 
-def _check_trace_files(sweep: LoadedSweep) -> None:
-    """Read every trace file the points use, once each, before anything is written: a file that cannot
-    be read is an input error (one line, exit 2), not a failure of every point that would retry it."""
-    from kvsim.errors import KvsimError
-    from kvsim.trace.config import resolve_path
-    from kvsim.trace.load import load_trace
+def _checked(sweep: LoadedSweep) -> LoadedSweep:
+    """``sweep`` with every point checked as ``kvsim run`` would before simulating (its trace built,
+    once per distinct trace; :func:`kvsim.sweep.spec.check_points_supported`) and ``run_inputs`` set:
+    done by load_sweep unless it was told ``check_capacity=False``. A bad point is an input error (one
+    line, exit 2) before anything is written, not a failure of the point that would retry it."""
+    import dataclasses
 
-    seen = set()
-    for p in sweep.points:
-        t = p.scenario.trace
-        if t.file is None:
-            continue
-        key = (resolve_path(t.file, sweep.anchor.parent), t.format, t.on_unsorted, t.on_zero_output)
-        if key in seen:
-            continue
-        seen.add(key)
-        try:
-            load_trace(*key)
-        except KvsimError as e:
-            raise ConfigError(f"{sweep.path}: point {p.id}: trace.file: {e}") from None
+    from kvsim.sweep.spec import check_points_supported
+
+    if sweep.run_inputs is not None:
+        return sweep
+    return dataclasses.replace(sweep, run_inputs=check_points_supported(sweep.points, sweep.anchor.parent,
+                                                                        str(sweep.path)))
 
 
 def _open_sweep_dir(sweep: LoadedSweep, out_dir: str | Path | None, force: bool) -> Path:

@@ -14,8 +14,9 @@ When the base scenario has ``variants:``, they are expanded: every variant is co
 point above (the point's overrides apply on top of the variant's, like ``--set``), and the index
 gets a ``variant`` column.
 
-Every point's resolved :class:`~kvsim.config.Scenario` is validated (and its KV capacity checked)
-before anything runs; errors name the sweep file, the point and the key.
+Every point's resolved :class:`~kvsim.config.Scenario` is validated (its KV capacity, trace and
+what ``kvsim run`` refuses before simulating checked: :func:`check_points_supported`) before anything
+runs; errors name the sweep file, the point and the key.
 """
 
 from __future__ import annotations
@@ -159,6 +160,9 @@ class LoadedSweep:
     override_keys: list[str]     # every dotted key any point overrides, in first-seen order
     has_variants: bool
     common: dict = field(default_factory=dict)  # ``set:`` plus --set overrides, applied to every point
+    # point id -> what its run is made from (kvsim.api.run_inputs: resolved scenario, trace report);
+    # None when loaded with check_capacity=False (run_sweep checks the points then)
+    run_inputs: dict[str, dict] | None = None
 
     def loaded_scenario(self, point: SweepPoint) -> LoadedScenario:
         return LoadedScenario(path=self.anchor, name=point.id, base=point.scenario, variants={})
@@ -266,8 +270,46 @@ def load_sweep(source: str | Path | dict, *, base_dir: str | Path | None = None,
         if both:
             raise ConfigError(f"{where}: points[{i}]: key {both[0]!r} is also a grid key; set it in one place")
     points, override_keys = _expand_points(spec, base, base_raw, anchor, where, check_capacity)
+    inputs = check_points_supported(points, anchor.parent, where) if check_capacity else None
     return LoadedSweep(path=path, anchor=anchor, name=name, spec=spec, base_raw=base_raw, points=points,
-                       override_keys=override_keys, has_variants=bool(base.variants), common=common)
+                       override_keys=override_keys, has_variants=bool(base.variants), common=common,
+                       run_inputs=inputs)
+
+
+def check_points_supported(points: list[SweepPoint], base_dir: Path, where: str) -> dict[str, dict]:
+    """What ``kvsim run`` would refuse of each point before simulating (its trace cannot be built,
+    ``check_token_budget``, ``check_trace_supported``: kvsim.api.check_runs_supported's checks), every
+    point up front, each distinct trace built once. Returns point id -> :func:`kvsim.api.run_inputs`;
+    raises one ConfigError naming the sweep and the point(s)."""
+    from kvsim.api import TraceCache, run_inputs
+    from kvsim.build import check_token_budget, check_trace_supported
+
+    traces = TraceCache(base_dir, where)
+    inputs: dict[str, dict] = {}
+    errors: list[str] = []
+    for p in points:
+        at = f"{where}: point {p.id}"
+        try:
+            trace, report = traces.get(p.scenario, at)
+        except KvsimError as e:  # every point of this trace would meet it: one line
+            raise ConfigError(str(e)) from None
+        try:
+            check_token_budget(p.scenario, at)
+            check_trace_supported(p.scenario, trace, at)
+        except KvsimError as e:
+            errors.append(str(e))
+            continue
+        inputs[p.id] = run_inputs(p.scenario, report)
+    _raise_point_errors(errors)
+    return inputs
+
+
+def _raise_point_errors(errors: list[str]) -> None:
+    """One ConfigError listing the invalid points (the first 20), if any."""
+    if errors:
+        more = f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else ""
+        head = errors[0] if len(errors) == 1 else f"{len(errors)} invalid points:\n  " + "\n  ".join(errors[:20])
+        raise ConfigError(head + more)
 
 
 def _read_sweep_source(source: str | Path | dict, base_dir: str | Path | None) -> tuple[Path, dict, Path]:
@@ -360,10 +402,7 @@ def _expand_points(spec, base: Scenario, base_raw: dict, anchor: Path, where: st
                     continue
                 points.append(SweepPoint(id=pid, name=pname, variant=vname, overrides=overrides, raw=merged,
                                          scenario=scn))
-    if errors:
-        more = f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else ""
-        head = errors[0] if len(errors) == 1 else f"{len(errors)} invalid points:\n  " + "\n  ".join(errors[:20])
-        raise ConfigError(head + more)
+    _raise_point_errors(errors)
     return points, override_keys
 
 

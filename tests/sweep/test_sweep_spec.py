@@ -88,7 +88,7 @@ def test_base_file_paths_resolve_against_the_base_file(tmp_path):
     write(tmp_path / "scn", dict(BASE, trace={"file": "../t.csv"}), "base.yaml")
     with pytest.raises(ConfigError, match=r"point base-[0-9a-f]{8}: trace.file: ../t.csv: trace file does not exist"):
         load_sweep(write(tmp_path / "sw", {"base_file": "../scn/base.yaml"}))
-    (tmp_path / "t.csv").write_text("x")
+    (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n")
     s = load_sweep(write(tmp_path / "sw", {"base_file": "../scn/base.yaml"}))
     assert s.anchor == (tmp_path / "scn" / "base.yaml").resolve()
     s2 = load_sweep(write(tmp_path / "sw", {"base": dict(BASE)}, "inline.yaml"))
@@ -106,7 +106,7 @@ def test_set_and_cli_overrides_apply_to_every_point(tmp_path):
 
 def test_in_memory_spec_resolves_against_base_dir(tmp_path):
     spec = {"name": "mem", "base": dict(BASE, trace={"file": "t.csv"}), "grid": {"kv_dtype": ["fp16"]}}
-    (tmp_path / "t.csv").write_text("x")
+    (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n")
     s = load_sweep(spec, base_dir=tmp_path)
     assert s.name == "mem" and s.anchor.parent == tmp_path.resolve()
 

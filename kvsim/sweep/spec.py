@@ -192,6 +192,18 @@ def _short(v: Any) -> str:
     return str(v)
 
 
+def _numeric_canonical(obj):
+    """``obj`` with integral floats as ints (``5.0`` -> ``5``; bools kept): what makes two points' values
+    equal when telling duplicates apart (ids keep hashing the values as written)."""
+    if isinstance(obj, float) and obj.is_integer():
+        return int(obj)
+    if isinstance(obj, dict):
+        return {k: _numeric_canonical(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_numeric_canonical(v) for v in obj]
+    return obj
+
+
 def point_hash(variant: str | None, overrides: dict[str, Any]) -> str:
     """Short deterministic hash of what a point changes (not its name)."""
     payload = json.dumps({"variant": variant, "overrides": overrides}, sort_keys=True, default=str,
@@ -205,18 +217,38 @@ def _slug_text(text: str) -> str:
 
 
 def point_slug(name: str | None, variant: str | None, overrides: dict[str, Any], limit: int = 48) -> str:
-    """Readable part of a point id: its name, else ``<last key part>-<value>`` joined by ``_``."""
-    parts = []
-    if variant:
-        parts.append(variant)
+    """Readable part of a point id: its name, else ``<last key part>-<value>`` joined by ``_``,
+    prefixed by the variant. Longer than ``limit``: :func:`_short_slug` (no value is cut)."""
+    parts = [variant] if variant else []
     if name:
         parts.append(name)
     else:
         for k, v in overrides.items():
             val = v if not isinstance(v, dict) else (v.get("kind") or v.get("preset") or "map")
-            parts.append(f"{k.split('.')[-1]}-{_short(val)}")
-    slug = _slug_text("_".join(parts))[:limit].rstrip("-._")
+            parts.append((k.split(".")[-1], _short(val)))
+    text = [p if isinstance(p, str) else f"{p[0]}-{p[1]}" for p in parts]
+    slug = _slug_text("_".join(text))
+    if len(slug) > limit:
+        slug = _short_slug(parts, limit)
     return slug or "base"
+
+
+def _short_slug(parts: list, limit: int) -> str:
+    """A slug of at most ``limit`` characters that never cuts a value: each key shortened to the
+    initials of its words (``max_num_batched_tokens`` -> ``mnbt``), then only the leading parts that
+    fit whole. Only a first part longer than ``limit`` alone (a long name or value) is cut."""
+    def initials(key: str) -> str:
+        words = key.split("_")
+        return "".join(w[:1] for w in words) if len(words) > 1 else key
+
+    texts = [_slug_text(p if isinstance(p, str) else f"{initials(p[0])}-{p[1]}") for p in parts]
+    kept = ""
+    for t in filter(None, texts):
+        joined = f"{kept}_{t}" if kept else t
+        if len(joined) > limit:
+            break
+        kept = joined
+    return kept or texts[0][:limit].rstrip("-._")
 
 
 def _format_sweep_error(err: ValidationError, file: str) -> str:
@@ -374,7 +406,7 @@ def _expand_points(spec, base: Scenario, base_raw: dict, anchor: Path, where: st
 
     points: list[SweepPoint] = []
     errors: list[str] = []
-    seen: dict[str, str] = {}
+    seen: dict[tuple, str] = {}  # (name, numerically canonical hash) -> point id
     override_keys: list[str] = []
     for vname, vover in variants:
         start = base_novar if vname is None else deep_merge(base_novar, _undot(vover))
@@ -386,14 +418,16 @@ def _expand_points(spec, base: Scenario, base_raw: dict, anchor: Path, where: st
                         override_keys.append(k)
                 h = point_hash(vname, overrides)
                 pid = f"{point_slug(pname, vname, overrides)}-{h}"
-                if pid in seen:
-                    errors.append(f"{where}: point {pid} ({seen[pid]}) is listed twice with identical overrides")
+                desc = ", ".join([f"variant={vname}"] * bool(vname)
+                                 + [f"{k}={_short(v)}" for k, v in overrides.items()]) or "base"
+                same = (pname, point_hash(vname, _numeric_canonical(overrides)))  # 5 and 5.0 alike
+                if same in seen:
+                    what = "" if seen[same] == pid else f" (numerically equal to point {seen[same]})"
+                    errors.append(f"{where}: point {pid} ({desc}) is listed twice with identical overrides{what}")
                     continue
+                seen[same] = pid
                 merged = deep_merge(start, _undot(overrides)) if overrides else copy.deepcopy(start)
                 merged["name"] = pid
-                desc = ", ".join([f"variant={vname}"] * bool(vname)
-                                 + [f"{k}={_short(v)}" for k, v in overrides.items()])
-                seen[pid] = desc or "base"
                 try:
                     merged = expand_model(merged, anchor.parent, f"{where}: point {pid}")
                     scn = _validate_point(merged, f"{where}: point {pid}", check_capacity, anchor.parent)

@@ -49,6 +49,26 @@ def test_point_ids_are_deterministic_slug_plus_hash(tmp_path):
     assert len(point_slug(None, None, {f"k{i}": "v" * 30 for i in range(5)})) <= 48
 
 
+def test_a_long_slug_never_cuts_a_value():
+    """Over 48 characters: keys shortened to their words' initials, whole parts only (not
+    ``...max_num_batched_tokens-204`` for 2048); a slug that fits is unchanged (existing point dirs)."""
+    keys = ("scheduler.chunked_prefill", "scheduler.max_num_batched_tokens")
+    assert point_slug(None, None, dict(zip(keys, (False, 2048)))) == "cp-False_mnbt-2048"
+    assert point_slug(None, None, dict(zip(keys, (False, 16)))) == "chunked_prefill-False_max_num_batched_tokens-16"
+    slug = point_slug(None, "v", {"allocator.block_size": 16, "trace.synthetic.arrival.rate_per_s": 12.5,
+                                   "scheduler.max_num_batched_tokens": 123456789, "model.name": "x" * 30})
+    assert slug == "v_bs-16_rps-12.5_mnbt-123456789", slug  # the part that does not fit is left out whole
+    assert point_slug("n" * 60, None, {}) == "n" * 48
+
+
+@pytest.mark.parametrize("values", [[5, 5.0], [16, 16]])
+def test_numerically_equal_grid_values_are_one_point(tmp_path, values):
+    p = write(tmp_path, {"base": BASE, "grid": {"trace.rate_scale": values}})
+    with pytest.raises(ConfigError, match="is listed twice with identical overrides") as e:
+        load_sweep(p)
+    assert str(p) in str(e.value) and "\n" not in str(e.value)
+
+
 def test_points_times_grid_and_names(tmp_path):
     s = load_sweep(write(tmp_path, {
         "base": BASE,

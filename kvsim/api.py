@@ -89,14 +89,13 @@ def simulate_variant(loaded: LoadedScenario, name: str, scn: Scenario, base_dir:
 
 def check_runs_supported(loaded: LoadedScenario, built: dict[str, tuple]) -> None:
     """Before any run is simulated: what a later run would refuse of its settings and its trace
-    (``check_token_budget``, ``check_trace_supported``, as each run checks them again), so a bad
-    variant is one line up front, not after the variants before it ran."""
-    from kvsim.build import check_token_budget, check_trace_supported
+    (:func:`kvsim.build.check_run_supported`, as each run checks it again), so a bad variant is one
+    line up front, not after the variants before it ran."""
+    from kvsim.build import check_run_supported
 
     for name, scn in loaded.runs.items():
         try:
-            check_token_budget(scn, str(loaded.path))
-            check_trace_supported(scn, built[name][0], str(loaded.path))
+            check_run_supported(scn, built[name][0], str(loaded.path))
         except KvsimError as e:
             raise loaded.run_error(name, e) from None
 

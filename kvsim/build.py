@@ -164,6 +164,15 @@ def check_trace_supported(scn: Scenario, trace: Trace, where: str) -> None:
                           f"has {int(trace.num_samples[i])} parallel samples or beams; use allocator kind paged")
 
 
+def check_run_supported(scn: Scenario, trace: Trace, where: str) -> None:
+    """Everything a run refuses before it simulates, as one ConfigError line: the token budget
+    (:func:`check_token_budget`), then what the trace needs (:func:`check_trace_supported`). A run
+    checks it (kvsim.simulate.run), and so do ``kvsim run`` over every variant and ``kvsim sweep``
+    over every point before the first is simulated."""
+    check_token_budget(scn, where)
+    check_trace_supported(scn, trace, where)
+
+
 def check_token_budget(scn: Scenario, where: str) -> None:
     """The scheduler's token budget must hold the longest prompt when prompts are not chunked: one
     ConfigError line otherwise (``kvsim run`` and ``kvsim validate`` alike)."""

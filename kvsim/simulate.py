@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvsim.build import (build_replica, build_shared_store, check_token_budget, check_trace_supported,
-                         host_link_record, host_transfers)
+from kvsim.build import build_replica, build_shared_store, check_run_supported, host_link_record, host_transfers
 from kvsim.config import Scenario
 from kvsim.engine import Engine, EngineLimits, Replica
 from kvsim.sched.router import Router
@@ -111,8 +110,7 @@ def run(scn: Scenario, base_dir: Path | str = ".", *, trace: Trace | None = None
     replicas, budgets = [r for r, _, _ in built], [b for _, b, _ in built]
     geometry = built[0][2]  # the run's one KV geometry: the plan's, with the allocator's page size
     del built
-    check_token_budget(scn, where)
-    check_trace_supported(scn, engine_trace, where)
+    check_run_supported(scn, engine_trace, where)
     recorder = _step_recorder(geometry, steps_path)
     engine = Engine(engine_trace, recorder=recorder, max_model_len_tokens=scn.model.max_model_len_tokens,
                     check_invariants=check_invariants,

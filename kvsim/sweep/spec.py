@@ -310,11 +310,11 @@ def load_sweep(source: str | Path | dict, *, base_dir: str | Path | None = None,
 
 def check_points_supported(points: list[SweepPoint], base_dir: Path, where: str) -> dict[str, dict]:
     """What ``kvsim run`` would refuse of each point before simulating (its trace cannot be built,
-    ``check_token_budget``, ``check_trace_supported``: kvsim.api.check_runs_supported's checks), every
+    :func:`kvsim.build.check_run_supported`, as kvsim.api.check_runs_supported), every
     point up front, each distinct trace built once. Returns point id -> :func:`kvsim.api.run_inputs`;
     raises one ConfigError naming the sweep and the point(s)."""
     from kvsim.api import TraceCache, run_inputs
-    from kvsim.build import check_token_budget, check_trace_supported
+    from kvsim.build import check_run_supported
 
     traces = TraceCache(base_dir, where)
     inputs: dict[str, dict] = {}
@@ -326,8 +326,7 @@ def check_points_supported(points: list[SweepPoint], base_dir: Path, where: str)
         except KvsimError as e:  # every point of this trace would meet it: one line
             raise ConfigError(str(e)) from None
         try:
-            check_token_budget(p.scenario, at)
-            check_trace_supported(p.scenario, trace, at)
+            check_run_supported(p.scenario, trace, at)
         except KvsimError as e:
             errors.append(str(e))
             continue
